@@ -1,0 +1,306 @@
+"""The graph IR (contract 1): frozen `Graph`, `Op`, `Value`, their validation, fingerprint and JSON."""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from xsched.errors import GraphError
+
+SCHEMA = "xsched.graph/1"
+INPUT_KINDS = frozenset({"input", "param", "buffer", "tangent"})
+PHASES = frozenset({"fwd", "bwd", "loss"})
+
+
+@dataclass(frozen=True)
+class Value:
+    """A tensor: produced by one op, or a graph input when no op produces it."""
+
+    id: str
+    nbytes: int
+    kind: str = "activation"
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+    name: str | None = None  # qualified name of a param/buffer, or "input:0", "tangent:0"
+    grad_of: str | None = None  # this value is the gradient of that graph input (a param)
+    updates: str | None = None  # this value is the new content of that buffer
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operator. `call` (optional) says how to run it: see xsched/ops.py."""
+
+    id: str
+    target: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    phase: str = "fwd"
+    name: str = ""
+    workspace_bytes: int = 0
+    call: Mapping[str, Any] | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Graph:
+    """Values and ops in a valid topological order, and the values that must exist at the end."""
+
+    name: str
+    values: tuple[Value, ...]
+    ops: tuple[Op, ...]
+    outputs: tuple[str, ...]
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    # ---- lookups (derived once, the dataclass itself stays frozen) ----
+    @cached_property
+    def value(self) -> dict[str, Value]:
+        return {v.id: v for v in self.values}
+
+    @cached_property
+    def op(self) -> dict[str, Op]:
+        return {o.id: o for o in self.ops}
+
+    @cached_property
+    def op_index(self) -> dict[str, int]:
+        return {o.id: i for i, o in enumerate(self.ops)}
+
+    @cached_property
+    def producer(self) -> dict[str, str]:
+        """value id -> id of the op that produces it (graph inputs are absent)."""
+        return {v: o.id for o in self.ops for v in o.outputs}
+
+    @cached_property
+    def consumers(self) -> dict[str, tuple[str, ...]]:
+        """value id -> ids of the ops that read it, in graph order."""
+        users: dict[str, list[str]] = {v.id: [] for v in self.values}
+        for o in self.ops:
+            for v in dict.fromkeys(o.inputs):
+                users[v].append(o.id)
+        return {k: tuple(u) for k, u in users.items()}
+
+    @cached_property
+    def inputs(self) -> tuple[str, ...]:
+        """Graph inputs: values no op produces."""
+        return tuple(v.id for v in self.values if v.id not in self.producer)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """sha256 of the canonical JSON, without the graph's display name."""
+        body = self.to_dict()
+        body.pop("name")
+        text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def op_bytes(self, op_id: str) -> int:
+        """Bytes of an op's inputs + outputs + workspace: what it needs resident to run."""
+        o = self.op[op_id]
+        return sum(self.value[v].nbytes for v in set(o.inputs) | set(o.outputs)) + o.workspace_bytes
+
+    # ---- JSON ----
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "name": self.name,
+            "values": [_value_to_dict(v) for v in self.values],
+            "ops": [_op_to_dict(o) for o in self.ops],
+            "outputs": list(self.outputs),
+            **({"extra": dict(self.extra)} if self.extra else {}),
+        }
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> Graph:
+        if not isinstance(d, Mapping) or d.get("schema") != SCHEMA:
+            got = d.get("schema") if isinstance(d, Mapping) else type(d).__name__
+            raise GraphError(f"unknown graph schema {got!r}, expected {SCHEMA!r}")
+        try:
+            values = tuple(_value_from_dict(v) for v in d["values"])
+            ops = tuple(_op_from_dict(o) for o in d["ops"])
+            return Graph(str(d.get("name", "")), values, ops, tuple(d["outputs"]), dict(d.get("extra", {})))
+        except (KeyError, TypeError, ValueError) as e:
+            raise GraphError(f"malformed graph JSON: {type(e).__name__}: {e}") from e
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+    @staticmethod
+    def load(path: str | Path) -> Graph:
+        try:
+            d = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise GraphError(f"cannot read graph file {path}: {e}") from e
+        return Graph.from_dict(d)
+
+
+def _value_to_dict(v: Value) -> dict[str, Any]:
+    d: dict[str, Any] = {"id": v.id, "nbytes": v.nbytes, "kind": v.kind}
+    for k in ("shape", "dtype", "name", "grad_of", "updates"):
+        x = getattr(v, k)
+        if x is not None:
+            d[k] = list(x) if k == "shape" else x
+    d.update(v.extra)
+    return d
+
+
+def _value_from_dict(d: Mapping[str, Any]) -> Value:
+    known = {"id", "nbytes", "kind", "shape", "dtype", "name", "grad_of", "updates"}
+    shape = d.get("shape")
+    return Value(
+        id=str(d["id"]),
+        nbytes=int(d["nbytes"]),
+        kind=str(d.get("kind", "activation")),
+        shape=tuple(int(s) for s in shape) if shape is not None else None,
+        dtype=d.get("dtype"),
+        name=d.get("name"),
+        grad_of=d.get("grad_of"),
+        updates=d.get("updates"),
+        extra={k: x for k, x in d.items() if k not in known},
+    )
+
+
+def _op_to_dict(o: Op) -> dict[str, Any]:
+    d: dict[str, Any] = {
+        "id": o.id,
+        "name": o.name,
+        "target": o.target,
+        "phase": o.phase,
+        "inputs": list(o.inputs),
+        "outputs": list(o.outputs),
+        "workspace_bytes": o.workspace_bytes,
+    }
+    if o.call is not None:
+        d["call"] = o.call
+    d.update(o.extra)
+    return d
+
+
+def _op_from_dict(d: Mapping[str, Any]) -> Op:
+    known = {"id", "name", "target", "phase", "inputs", "outputs", "workspace_bytes", "call"}
+    return Op(
+        id=str(d["id"]),
+        name=str(d.get("name", "")),
+        target=str(d["target"]),
+        phase=str(d.get("phase", "fwd")),
+        inputs=tuple(str(v) for v in d["inputs"]),
+        outputs=tuple(str(v) for v in d["outputs"]),
+        workspace_bytes=int(d.get("workspace_bytes", 0)),
+        call=d.get("call"),
+        extra={k: x for k, x in d.items() if k not in known},
+    )
+
+
+# ---- validation ----
+def _validate(g: Graph) -> None:
+    values = _unique_ids(g.values, "value")
+    _unique_ids(g.ops, "op")
+    for v in g.values:
+        if not isinstance(v.nbytes, int) or v.nbytes < 0:
+            raise GraphError(f"nbytes must be a non-negative integer, got {v.nbytes!r}", value=v.id)
+    produced_by: dict[str, str] = {}
+    for o in g.ops:
+        if o.phase not in PHASES:
+            raise GraphError(f"phase must be one of {sorted(PHASES)}, got {o.phase!r}", op=o.id)
+        for v in (*o.inputs, *o.outputs):
+            if v not in values:
+                raise GraphError(f"op refers to unknown value {v!r}", op=o.id, value=v)
+        for v in o.outputs:
+            if v in produced_by:
+                raise GraphError(f"value produced by both {produced_by[v]} and {o.id}", op=o.id, value=v)
+            produced_by[v] = o.id
+    for v in g.values:
+        has_producer = v.id in produced_by
+        if not has_producer and v.kind not in INPUT_KINDS:
+            raise GraphError(f"value has no producer but kind {v.kind!r}; graph inputs are {sorted(INPUT_KINDS)}", value=v.id)
+        if has_producer and v.kind in INPUT_KINDS:
+            raise GraphError(f"value of kind {v.kind!r} is produced by op {produced_by[v.id]}", value=v.id)
+    for ref in ("grad_of", "updates"):
+        for v in g.values:
+            target = getattr(v, ref)
+            if target is not None and target not in values:
+                raise GraphError(f"{ref} names unknown value {target!r}", value=v.id)
+    for v in g.outputs:
+        if v not in values:
+            raise GraphError("graph output is an unknown value", value=v)
+    _check_order(g, produced_by)
+
+
+def _unique_ids(items: Iterable[Value] | Iterable[Op], what: str) -> set[str]:
+    seen: set[str] = set()
+    for it in items:
+        if it.id in seen:
+            raise GraphError(f"duplicate {what} id", **{what: it.id})
+        seen.add(it.id)
+    return seen
+
+
+def _check_order(g: Graph, produced_by: Mapping[str, str]) -> None:
+    position = {o.id: i for i, o in enumerate(g.ops)}
+    for i, o in enumerate(g.ops):
+        for v in o.inputs:
+            p = produced_by.get(v)
+            if p is not None and position[p] >= i:
+                cycle = find_cycle(g.ops, produced_by)
+                if cycle:
+                    raise GraphError(f"graph has a cycle: {' -> '.join(cycle)}", op=cycle[0])
+                raise GraphError(f"ops out of topological order: reads {v!r}, produced later by {p}", op=o.id, value=v)
+
+
+def find_cycle(ops: Iterable[Op], produced_by: Mapping[str, str]) -> list[str]:
+    """Op ids along one cycle (first repeated at the end), or [] when the ops form a DAG."""
+    preds = {o.id: [produced_by[v] for v in o.inputs if v in produced_by] for o in ops}
+    state: dict[str, int] = {}  # 1 = on stack, 2 = done
+    for root in preds:
+        if state.get(root):
+            continue
+        stack: list[tuple[str, int]] = [(root, 0)]
+        path: list[str] = []
+        while stack:
+            node, k = stack.pop()
+            if k == 0:
+                state[node] = 1
+                path.append(node)
+            if k < len(preds[node]):
+                stack.append((node, k + 1))
+                nxt = preds[node][k]
+                if state.get(nxt) == 1:
+                    return path[path.index(nxt) :] + [nxt]
+                if not state.get(nxt):
+                    stack.append((nxt, 0))
+            else:
+                state[node] = 2
+                path.pop()
+    return []
+
+
+def topological_order(ids: Iterable[str], edges: Iterable[tuple[str, str]], key: Any = None) -> list[str]:
+    """Deterministic (lexicographic by `key`) topological order; raises GraphError on a cycle."""
+    ids = list(ids)
+    key = key or (lambda x: x)
+    succ: dict[str, list[str]] = {i: [] for i in ids}
+    indeg = {i: 0 for i in ids}
+    for a, b in edges:
+        succ[a].append(b)
+        indeg[b] += 1
+    heap = [(key(i), i) for i in ids if indeg[i] == 0]
+    heapq.heapify(heap)
+    order: list[str] = []
+    while heap:
+        _, i = heapq.heappop(heap)
+        order.append(i)
+        for j in succ[i]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                heapq.heappush(heap, (key(j), j))
+    if len(order) != len(ids):
+        stuck = next(i for i in ids if indeg[i] > 0)
+        raise GraphError("graph has a cycle", op=stuck)
+    return order

@@ -1,0 +1,163 @@
+"""The profile (contract 2): per-device op costs and per-pair copy costs, with JSON load/save."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xsched.errors import ProfileError
+
+SCHEMA = "xsched.profile/1"
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """Cost of one op on one device."""
+
+    time_s: float
+    energy_j: float = 0.0
+    workspace_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class LinkCost:
+    """Cost of copying between an ordered pair of devices: latency + nbytes / bandwidth."""
+
+    latency_s: float
+    bytes_per_s: float
+    per_value: Mapping[str, float] = field(default_factory=dict)
+    energy_j_per_byte: float = 0.0
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What the profile knows of a device."""
+
+    kind: str
+    fingerprint: str = ""
+    memory_bytes: int = 0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Costs for one graph (by fingerprint) on a set of devices."""
+
+    graph: str
+    devices: Mapping[str, DeviceInfo]
+    compute: Mapping[str, Mapping[str, OpCost]]  # device -> op id -> cost
+    copy: Mapping[str, LinkCost] = field(default_factory=dict)  # "src->dst" -> cost
+    energy_source: Mapping[str, str] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def op_cost(self, op: str, device: str) -> OpCost | None:
+        """The cost of `op` on `device`, or None when the op cannot run there."""
+        return self.compute.get(device, {}).get(op)
+
+    def can_run(self, op: str, device: str) -> bool:
+        return op in self.compute.get(device, {})
+
+    def link(self, src: str, dst: str) -> LinkCost | None:
+        return self.copy.get(f"{src}->{dst}")
+
+    def copy_time(self, value: str, nbytes: int, src: str, dst: str) -> float | None:
+        """Seconds to copy `value` from src to dst, or None when the pair has no link."""
+        link = self.link(src, dst)
+        if link is None:
+            return None
+        if value in link.per_value:
+            return link.per_value[value]
+        return link.latency_s + (nbytes / link.bytes_per_s if link.bytes_per_s > 0 else 0.0)
+
+    def copy_energy(self, nbytes: int, src: str, dst: str) -> float:
+        link = self.link(src, dst)
+        return link.energy_j_per_byte * nbytes if link is not None else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "graph": self.graph,
+            "devices": {
+                d: {"kind": i.kind, "fingerprint": i.fingerprint, "memory_bytes": i.memory_bytes, **dict(i.extra)}
+                for d, i in self.devices.items()
+            },
+            "compute": {
+                d: {o: {"time_s": c.time_s, "energy_j": c.energy_j, "workspace_bytes": c.workspace_bytes} for o, c in ops.items()}
+                for d, ops in self.compute.items()
+            },
+            "copy": {
+                k: {
+                    "latency_s": c.latency_s,
+                    "bytes_per_s": c.bytes_per_s,
+                    "per_value": dict(c.per_value),
+                    **({"energy_j_per_byte": c.energy_j_per_byte} if c.energy_j_per_byte else {}),
+                }
+                for k, c in self.copy.items()
+            },
+            "energy_source": dict(self.energy_source),
+            **dict(self.extra),
+        }
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> Profile:
+        if not isinstance(d, Mapping) or d.get("schema") != SCHEMA:
+            got = d.get("schema") if isinstance(d, Mapping) else type(d).__name__
+            raise ProfileError(f"unknown profile schema {got!r}, expected {SCHEMA!r}")
+        try:
+            devices = {}
+            for name, info in d["devices"].items():
+                info = dict(info)
+                devices[name] = DeviceInfo(
+                    kind=str(info.pop("kind")),
+                    fingerprint=str(info.pop("fingerprint", "")),
+                    memory_bytes=int(info.pop("memory_bytes", 0)),
+                    extra=info,
+                )
+            compute = {
+                dev: {
+                    op: OpCost(float(c["time_s"]), float(c.get("energy_j") or 0.0), int(c.get("workspace_bytes", 0)))
+                    for op, c in ops.items()
+                }
+                for dev, ops in d["compute"].items()
+            }
+            copy = {
+                k: LinkCost(
+                    float(c["latency_s"]),
+                    float(c["bytes_per_s"]),
+                    {v: float(t) for v, t in c.get("per_value", {}).items()},
+                    float(c.get("energy_j_per_byte", 0.0)),
+                )
+                for k, c in d.get("copy", {}).items()
+            }
+            known = {"schema", "graph", "devices", "compute", "copy", "energy_source"}
+            return Profile(
+                graph=str(d["graph"]),
+                devices=devices,
+                compute=compute,
+                copy=copy,
+                energy_source=dict(d.get("energy_source", {})),
+                extra={k: v for k, v in d.items() if k not in known},
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ProfileError(f"malformed profile JSON: {type(e).__name__}: {e}") from e
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+    @staticmethod
+    def load(path: str | Path) -> Profile:
+        try:
+            d = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ProfileError(f"cannot read profile file {path}: corrupt or unreadable ({e})") from e
+        return Profile.from_dict(d)
+
+    def check_graph(self, graph_fingerprint: str) -> None:
+        """Raise unless this profile was made for the graph with that fingerprint."""
+        if self.graph != graph_fingerprint:
+            raise ProfileError(
+                f"profile is for graph {self.graph}, not {graph_fingerprint}: re-profile this graph (--reprofile)"
+            )

@@ -1,0 +1,29 @@
+"""The eager plan: every op once, in graph order, on one device, each value freed after its last use."""
+
+from __future__ import annotations
+
+from xsched.graph import Graph
+from xsched.plan import Compute, Plan, SolverInfo, autograd_boundary, place_frees
+from xsched.profile import Profile
+from xsched.simulate import simulate
+
+
+def eager_plan(graph: Graph, device: str = "cpu", profile: Profile | None = None) -> Plan:
+    """The plain schedule on `device`; its peak is what budgets written as "50%" refer to."""
+    homes = {v: device for v in graph.inputs}
+    steps = place_frees(graph, [Compute(o.id, device) for o in graph.ops], homes)
+    plan = Plan(
+        graph=graph.fingerprint,
+        budgets={},
+        homes=homes,
+        steps=steps,
+        solver=SolverInfo(method=f"eager:{device}", status="heuristic"),
+        boundary=autograd_boundary(graph, steps),
+    )
+    result = simulate(graph, plan, profile)
+    return Plan(**{**plan.__dict__, "predicted": result.prediction()})
+
+
+def eager_peak(graph: Graph) -> int:
+    """Peak bytes of the eager plan on one device."""
+    return max(simulate(graph, eager_plan(graph, "dev")).peak_bytes.values(), default=0)
