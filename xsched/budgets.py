@@ -15,7 +15,9 @@ _UNITS = {
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*|%)\s*$")
 
 
-def parse_budget(spec: str | int | float, eager_peak: Callable[[], int] | int | None = None, device: str | None = None) -> int:
+def parse_budget(
+    spec: str | int | float, eager_peak: Callable[[], int] | int | None = None, device: str | None = None
+) -> int:
     """Bytes for one budget. A percentage needs `eager_peak` (bytes, or a function computing it)."""
     if isinstance(spec, bool):
         raise BudgetError(f"budget must be bytes or a string, got {spec!r}", device=device)
@@ -37,7 +39,9 @@ def parse_budget(spec: str | int | float, eager_peak: Callable[[], int] | int | 
     return int(number * _UNITS[unit])
 
 
-def parse_budgets(specs: Mapping[str, str | int | float], eager_peak: Callable[[], int] | int | None = None) -> dict[str, int]:
+def parse_budgets(
+    specs: Mapping[str, str | int | float], eager_peak: Callable[[], int] | int | None = None
+) -> dict[str, int]:
     """Bytes per device for a `max_memory`-style mapping; the eager peak is computed at most once."""
     cache: list[int] = []
 

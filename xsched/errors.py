@@ -22,7 +22,9 @@ class XschedError(Exception):
         self.device = device
         self.step = step
         self.detail = message
-        where = [f"{k}={v}" for k, v in (("step", step), ("op", op), ("value", value), ("device", device)) if v is not None]
+        where = [
+            f"{k}={v}" for k, v in (("step", step), ("op", op), ("value", value), ("device", device)) if v is not None
+        ]
         super().__init__(f"[{stage}] {message}" + (f" ({', '.join(where)})" if where else ""))
 
 

@@ -219,7 +219,9 @@ def _validate(g: Graph) -> None:
     for v in g.values:
         has_producer = v.id in produced_by
         if not has_producer and v.kind not in INPUT_KINDS:
-            raise GraphError(f"value has no producer but kind {v.kind!r}; graph inputs are {sorted(INPUT_KINDS)}", value=v.id)
+            raise GraphError(
+                f"value has no producer but kind {v.kind!r}; graph inputs are {sorted(INPUT_KINDS)}", value=v.id
+            )
         if has_producer and v.kind in INPUT_KINDS:
             raise GraphError(f"value of kind {v.kind!r} is produced by op {produced_by[v.id]}", value=v.id)
     for ref in ("grad_of", "updates"):

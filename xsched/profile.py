@@ -85,7 +85,10 @@ class Profile:
                 for d, i in self.devices.items()
             },
             "compute": {
-                d: {o: {"time_s": c.time_s, "energy_j": c.energy_j, "workspace_bytes": c.workspace_bytes} for o, c in ops.items()}
+                d: {
+                    o: {"time_s": c.time_s, "energy_j": c.energy_j, "workspace_bytes": c.workspace_bytes}
+                    for o, c in ops.items()
+                }
                 for d, ops in self.compute.items()
             },
             "copy": {

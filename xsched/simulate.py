@@ -78,10 +78,14 @@ def simulate(
             op = graph.op[s.op]
             for v in op.inputs:
                 if v not in resident[s.device]:
-                    raise PlanError(f"input {v} is not resident on {s.device}", step=i, op=op.id, value=v, device=s.device)
+                    raise PlanError(
+                        f"input {v} is not resident on {s.device}", step=i, op=op.id, value=v, device=s.device
+                    )
             cost = profile.op_cost(op.id, s.device) if profile is not None else None
             if profile is not None and cost is None:
-                raise PlanError(f"op cannot run on {s.device} (no cost in the profile)", step=i, op=op.id, device=s.device)
+                raise PlanError(
+                    f"op cannot run on {s.device} (no cost in the profile)", step=i, op=op.id, device=s.device
+                )
             workspace = max(op.workspace_bytes, cost.workspace_bytes if cost else 0)
             bump(i, s.device, used[s.device] + sum(nbytes[v] for v in op.outputs) + workspace, op=op.id)
             for v in op.outputs:
@@ -100,14 +104,22 @@ def simulate(
             if s.src == s.dst:
                 raise PlanError("copy to the device it comes from", step=i, value=s.value, device=s.src)
             if s.value not in resident[s.src]:
-                raise PlanError(f"value is not resident on {s.src}", step=i, value=s.value, device=s.src, op=graph.producer.get(s.value))
+                raise PlanError(
+                    f"value is not resident on {s.src}",
+                    step=i,
+                    value=s.value,
+                    device=s.src,
+                    op=graph.producer.get(s.value),
+                )
             if s.value in resident[s.dst]:
                 raise PlanError(f"value is already resident on {s.dst}", step=i, value=s.value, device=s.dst)
             t = 0.0
             if profile is not None:
                 ct = profile.copy_time(s.value, nbytes[s.value], s.src, s.dst)
                 if ct is None:
-                    raise PlanError(f"no copy link {s.src}->{s.dst} in the profile", step=i, value=s.value, device=s.dst)
+                    raise PlanError(
+                        f"no copy link {s.src}->{s.dst} in the profile", step=i, value=s.value, device=s.dst
+                    )
                 t = ct
                 energy += profile.copy_energy(nbytes[s.value], s.src, s.dst)
             resident[s.dst].add(s.value)
@@ -162,7 +174,9 @@ def _check_end(graph: Graph, plan: Plan, resident: Mapping[str, set[str]], compu
     for v in graph.outputs:
         where = [d for d, r in resident.items() if v in r]
         if not where:
-            raise PlanError("graph output is not resident anywhere at the end", step=n, value=v, op=graph.producer.get(v))
+            raise PlanError(
+                "graph output is not resident anywhere at the end", step=n, value=v, op=graph.producer.get(v)
+            )
         need = must_end_on.get(v)
         if need is not None and need not in where:
             raise PlanError(f"output must end on {need}, its param's or buffer's home", step=n, value=v, device=need)

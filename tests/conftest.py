@@ -1,0 +1,40 @@
+"""Shared test fixtures: small hand-made graphs and random DAGs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from xsched.graph import Graph, Op, Value
+
+BENCH = __import__("pathlib").Path(__file__).resolve().parents[2] / "shared" / "bench" / "graphs"
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def chain_graph(sizes: list[int], *, train: bool = False) -> Graph:
+    """x -> op0 -> v0 -> op1 -> v1 ...; with train=True a mirrored backward chain reading the forward values."""
+    values = [Value("x", 8, "input")]
+    ops = []
+    prev = "x"
+    for i, n in enumerate(sizes):
+        values.append(Value(f"a{i}", n))
+        ops.append(Op(f"f{i}", "t.fwd", (prev,), (f"a{i}",), "fwd"))
+        prev = f"a{i}"
+    outputs = [prev]
+    if train:
+        grad = prev
+        for i in reversed(range(len(sizes))):
+            src = f"a{i - 1}" if i else "x"
+            values.append(Value(f"g{i}", sizes[i]))
+            ops.append(Op(f"b{i}", "t.bwd", (grad, src), (f"g{i}",), "bwd"))
+            grad = f"g{i}"
+        outputs = [grad]
+    return Graph("chain", tuple(values), tuple(ops), tuple(outputs))
