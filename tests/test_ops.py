@@ -1,0 +1,169 @@
+"""Op encoding (xsched.ops): JSON round-trips, running encoded ops, realistic random inputs, clear errors."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from xsched.capture import capture
+from xsched.errors import CaptureError, XschedError
+from xsched.graph import Graph, Op, Value
+from xsched.ops import decode, encode_literal, is_executable, op_input_tensors, resolve, run_op
+
+
+def _json(x):
+    return json.loads(json.dumps(x, allow_nan=False))
+
+
+@pytest.mark.parametrize(
+    "x",
+    [
+        3,
+        -2.5,
+        True,
+        None,
+        "tanh",
+        [1, [2, 3]],
+        (4, 5),
+        torch.Size([2, 3]),
+        torch.float16,
+        torch.int64,
+        torch.strided,
+        torch.channels_last,
+        float("-inf"),
+    ],
+)
+def test_literal_round_trip_through_json(x):
+    back = decode(_json(encode_literal(x)), {}, torch.device("cpu"))
+    want = list(x) if isinstance(x, (tuple, torch.Size)) else x
+    assert back == want
+
+
+def test_nan_and_device_and_constant_round_trip():
+    assert math.isnan(decode(_json(encode_literal(float("nan"))), {}, torch.device("cpu")))
+    # devices are rewritten to the device the op runs on
+    assert decode(_json(encode_literal(torch.device("cuda", 1))), {}, torch.device("cpu")) == torch.device("cpu")
+    c = torch.tensor([[1.5, -2.0], [0.25, 4.0]], dtype=torch.float64)
+    back = decode(_json(encode_literal(c)), {}, torch.device("cpu"))
+    assert torch.equal(back, c) and back.dtype == torch.float64
+
+
+def test_large_constant_is_an_error():
+    with pytest.raises(CaptureError, match="too large"):
+        encode_literal(torch.zeros(1000))
+
+
+def test_unencodable_argument_is_an_error():
+    with pytest.raises(CaptureError, match="cannot encode"):
+        encode_literal(object())
+
+
+def _values(*specs):
+    return tuple(Value(i, math.prod(s) * 4, k, s, "float32") for i, k, s in specs)
+
+
+def test_run_op_applies_view_chain_and_picks_outputs():
+    x = torch.randn(4, 6)
+    w = torch.randn(3, 4)
+    # mm(w, x[:, 2:5]) written as a ref into x with a folded slice
+    call = {
+        "args": [{"ref": "w"}, {"ref": "x", "view": [["aten.slice.Tensor", [1, 2, 5]]]}],
+        "kwargs": {},
+        "outs": [[]],
+    }
+    op = Op("o", "aten.mm.default", ("w", "x"), ("y",), call=_json(call))
+    (y,) = run_op(op, {"x": x, "w": w})
+    assert torch.equal(y, w @ x[:, 2:5])
+    # multi-output op: var_mean returns (var, mean); keep only the mean
+    call = {"args": [{"ref": "x"}, [1]], "kwargs": {"correction": 0}, "outs": [[1]]}
+    op = Op("o2", "aten.var_mean.correction", ("x",), ("m",), call=call)
+    (m,) = run_op(op, {"x": x})
+    assert torch.equal(m, torch.var_mean(x, 1, correction=0)[1])
+
+
+def test_run_op_errors_name_the_op_and_value():
+    op = Op("o", "aten.relu.default", ("x",), ("y",), call={"args": [{"ref": "x"}], "kwargs": {}, "outs": [[]]})
+    with pytest.raises(XschedError, match="not available") as e:
+        run_op(op, {})
+    assert e.value.stage == "execute" and e.value.op == "o" and e.value.value == "x"
+    bare = Op("b", "t.fwd", ("x",), ("y",))  # like an imported bench graph: no call
+    assert not is_executable(bare)
+    with pytest.raises(XschedError, match="no executable call") as e:
+        run_op(bare, {"x": torch.ones(1)})
+    assert e.value.stage == "execute" and e.value.op == "b"
+    with pytest.raises(XschedError, match="unknown torch op"):
+        resolve("aten.no_such_op.default")
+    bad = Op(
+        "c", "aten.mm.default", ("x",), ("y",), call={"args": [{"ref": "x"}, {"ref": "x"}], "kwargs": {}, "outs": [[]]}
+    )
+    with pytest.raises(XschedError, match="aten.mm.default failed") as e:
+        run_op(bad, {"x": torch.ones(2, 3)})
+    assert e.value.op == "c"
+
+
+class _Emb(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(7, 5)
+        self.out = nn.Linear(5, 11)
+
+    def forward(self, idx, tgt):
+        h = self.out(self.emb(idx))
+        picked = torch.gather(h, 1, tgt.unsqueeze(1).clamp(max=4))
+        return nn.functional.cross_entropy(h, tgt) + picked.mean()
+
+
+def test_op_input_tensors_are_valid_for_indexing_ops():
+    g = capture(_Emb(), (torch.randint(0, 7, (64,)), torch.randint(0, 11, (64,))))
+    by_packet = {o.target.split(".")[1]: o for o in g.ops}
+    checks = {
+        "embedding": lambda o, t: t[o.inputs[1]].max() < 7,
+        "embedding_dense_backward": lambda o, t: t[o.inputs[1]].max() < 7,
+        "nll_loss_forward": lambda o, t: t[o.call["args"][1]["ref"]].max() < 11,
+        "gather": lambda o, t: t[o.call["args"][2]["ref"]].max() < 11,
+    }
+    gen = torch.Generator().manual_seed(0)
+    for packet, ok in checks.items():
+        op = by_packet[packet]
+        tensors = op_input_tensors(g, op, "cpu", gen)
+        assert set(tensors) == set(op.inputs)
+        ints = [t for t in tensors.values() if not t.is_floating_point()]
+        assert ints and all(t.min() >= 0 for t in ints)
+        assert ok(op, tensors), packet
+        # indices must span more than one value (random, not constant)
+        assert all(t.unique().numel() > 1 for t in ints)
+        for t in tensors.values():
+            if t.is_floating_point():
+                assert t.abs().min() > 0 or (t != 0).float().mean() > 0.99
+        run_op(op, tensors)  # valid inputs: the op runs
+
+
+def test_op_input_tensors_positive_variance_bool_masks_and_shapes():
+    x = Value("x", 4 * 6 * 4, "input", (4, 6), "float32")
+    var = Value("var", 6 * 4, "input", (6,), "float32")
+    mask = Value("m", 24, "input", (4, 6), "bool")
+    y = Value("y", 96, "activation", (4, 6), "float32")
+    ops = (
+        Op("o", "aten.rsqrt.default", ("var",), ("r",), call={"args": [{"ref": "var"}], "kwargs": {}, "outs": [[]]}),
+        Op("w", "aten.where.self", ("m", "x"), ("y",), call={"args": [{"ref": "m"}, {"ref": "x"}, 0.0], "outs": [[]]}),
+    )
+    g = Graph("t", (x, var, mask, y, Value("r", 24, "activation", (6,), "float32")), ops, ("y", "r"))
+    t = op_input_tensors(g, g.ops[0], "cpu")
+    assert (t["var"] > 0).all()
+    t = op_input_tensors(g, g.ops[1], "cpu")
+    assert t["m"].dtype == torch.bool and 0 < t["m"].sum() < t["m"].numel()
+    assert t["x"].shape == (4, 6) and t["x"].std() > 0.5
+    # the same generator seed gives the same inputs (profiles are reproducible)
+    a = op_input_tensors(g, g.ops[1], "cpu", torch.Generator().manual_seed(5))
+    b = op_input_tensors(g, g.ops[1], "cpu", torch.Generator().manual_seed(5))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_op_input_tensors_rejects_non_executable_op():
+    g = Graph("t", (Value("x", 4, "input"), Value("y", 4)), (Op("o", "t.fwd", ("x",), ("y",)),), ("y",))
+    with pytest.raises(XschedError, match="no executable call"):
+        op_input_tensors(g, g.ops[0], "cpu")

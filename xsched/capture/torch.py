@@ -1,0 +1,373 @@
+"""nn.Module + example inputs -> the joint forward+backward aten Graph, and binding/unbinding its tensors.
+
+Design: we trace one function, `forward; torch.autograd.grad(outputs, params, tangents)`, with
+`make_fx` on fake tensors under a `FunctionalTensorMode`. This is what AOTAutograd does inside, but
+done directly so we own the whole joint graph and its bookkeeping: AOTAutograd's partitioner hook
+sees the joint graph without the metadata that says which outputs are buffer updates or regenerated
+views, and torch.export's joint export needs a scalar loss output. Owning the trace gives us:
+- functionalization (BN running stats become outputs; in-place ops on inputs are detected and rejected),
+- fake tensors, so data-dependent control flow and shapes fail loudly (we report the user's file:line
+  and module path) and capture costs no real compute or memory,
+- the traced order of the autograd engine, so random ops run in eager order (dropout reproduces).
+The traced FX graph is then lowered to an xsched Graph by xsched.capture.fxgraph (views folded).
+"""
+
+from __future__ import annotations
+
+import bisect
+import sysconfig
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
+from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
+from torch.nn.utils.stateless import _reparametrize_module
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
+
+from xsched.capture.fxgraph import Slot, TraceInfo, build_graph
+from xsched.errors import CaptureError, XschedError
+from xsched.graph import Graph
+from xsched.ops import resolve_ref
+
+
+@dataclass(frozen=True)
+class CapturedOutputs:
+    """What one training step of the captured graph produced, in the model's terms."""
+
+    outputs: tuple[torch.Tensor, ...]  # the model's forward outputs (flattened), views applied
+    grads: dict[str, torch.Tensor]  # param qualified name -> gradient
+    buffers: dict[str, torch.Tensor]  # buffer qualified name -> new value
+    input_grads: dict[int, torch.Tensor] = field(default_factory=dict)  # input position -> gradient
+
+
+def capture(model: nn.Module, example_inputs: tuple, *, inference: bool = False, name: str | None = None) -> Graph:
+    """Trace `model(*example_inputs)` (and its backward unless `inference`) into a Graph.
+
+    Graph inputs: params ("param:<name>"), buffers ("buffer:<name>"), tensor inputs ("input:<i>")
+    and, for training, one tangent per forward output that requires grad ("tangent:<i>").
+    Outputs: the forward outputs, param (and input) gradients, and updated buffers.
+    """
+    if not isinstance(model, nn.Module):
+        raise CaptureError(f"capture needs an nn.Module, got {type(model).__name__}")
+    if not isinstance(example_inputs, tuple):
+        example_inputs = (example_inputs,)
+    params = dict(model.named_parameters())
+    buffers = dict(model.named_buffers())
+    input_pos = [i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor)]
+    modules = _ModuleTracker(model)
+    out_meta = _forward_outputs(model, params, buffers, example_inputs, modules)
+    wants_grad = [not inference and m.requires_grad for m in out_meta]
+    grad_params = [] if inference else [k for k, p in params.items() if p.requires_grad]
+    grad_inputs = [] if inference else [i for i in input_pos if example_inputs[i].requires_grad]
+    slots = (
+        [Slot("param", k, f"param:{k}") for k in params]
+        + [Slot("buffer", k, f"buffer:{k}") for k in buffers]
+        + [Slot("input", str(i), f"input:{i}") for i in input_pos]
+        + [Slot("tangent", str(i), f"tangent:{i}") for i, w in enumerate(wants_grad) if w]
+    )
+    n_param, n_buf, n_in = len(params), len(buffers), len(input_pos)
+    record: dict[str, Any] = {}
+
+    def joint(*flat: torch.Tensor) -> list[torch.Tensor]:
+        ps, bs = flat[:n_param], flat[n_param : n_param + n_buf]
+        xs, ts = flat[n_param + n_buf : n_param + n_buf + n_in], flat[n_param + n_buf + n_in :]
+        args = list(example_inputs)
+        for i, x in zip(input_pos, xs):
+            args[i] = x
+        state = {**dict(zip(params, ps)), **dict(zip(buffers, bs))}
+        # the traced tensors stay swapped in through backward too: activation checkpointing re-runs the
+        # forward there and must see them, not the real parameters
+        with _reparametrize_module(model, state, tie_weights=True):
+            with torch.enable_grad() if not inference else torch.no_grad():
+                outs = _tensor_leaves(model(*args))
+            record["forward_nodes"] = modules._graph_len()  # nodes traced before backward starts
+            diff = [o for o, w in zip(outs, wants_grad) if w]
+            wrt = [ps[list(params).index(k)] for k in grad_params] + [xs[input_pos.index(i)] for i in grad_inputs]
+            grads = torch.autograd.grad(diff, wrt, list(ts), allow_unused=True) if diff and wrt else [None] * len(wrt)
+        record["grads"] = [g is not None for g in grads]
+        return [*outs, *(g for g in grads if g is not None), *bs]
+
+    gm, mutated = _trace(joint, [*params.values(), *buffers.values(), *(example_inputs[i] for i in input_pos)],
+                         [torch.empty(m.shape, dtype=m.dtype, device=m.device) for m, w in zip(out_meta, wants_grad) if w],
+                         inference, modules)  # fmt: skip
+    _reject_mutations(mutated, [f"param {k}" for k in params], [f"input input:{i}" for i in input_pos], n_buf)
+    grad_names = [f"param:{k}" for k in grad_params] + [f"input:{i}" for i in grad_inputs]
+    got = [nm for nm, ok in zip(grad_names, record["grads"]) if ok]
+    n_out = len(out_meta)
+    info = TraceInfo(
+        slots=tuple(slots),
+        n_outputs=n_out,
+        grad_of=tuple(got),
+        updates=tuple(f"buffer:{k}" for k, m in zip(buffers, mutated[n_param : n_param + n_buf]) if m),
+        update_positions=tuple(n_out + len(got) + j for j, m in enumerate(mutated[n_param : n_param + n_buf]) if m),
+        node_module=modules.node_module,
+        inference=inference,
+        training=model.training,
+        input_requires_grad={i: bool(example_inputs[i].requires_grad) for i in input_pos},
+        unused_grads=tuple(nm for nm, ok in zip(grad_names, record["grads"]) if not ok),
+        forward_nodes=record["forward_nodes"],
+    )
+    return build_graph(gm, info, name or type(model).__name__)
+
+
+def bind_inputs(
+    graph: Graph, model: nn.Module, inputs: tuple, tangents: tuple | None = None
+) -> dict[str, torch.Tensor]:
+    """Value id -> tensor for every graph input. Tangents are indexed by forward-output position
+    (or given in tangent order); None means ones, as `loss.backward()` would use."""
+    if not isinstance(inputs, tuple):
+        inputs = (inputs,)
+    params = dict(model.named_parameters())
+    buffers = dict(model.named_buffers())
+    n_out = len(graph.extra.get("forward_outputs", []))
+    tangent_vals = [graph.value[v] for v in graph.inputs if graph.value[v].kind == "tangent"]
+    env: dict[str, torch.Tensor] = {}
+    for vid in graph.inputs:
+        v = graph.value[vid]
+        name = v.name or ""
+        if v.kind == "param" and name in params:
+            env[vid] = params[name].detach()
+        elif v.kind == "buffer" and name in buffers:
+            env[vid] = buffers[name].detach()
+        elif v.kind == "input" and name.startswith("input:") and int(name[6:]) < len(inputs):
+            env[vid] = inputs[int(name[6:])].detach()
+        elif v.kind == "tangent":
+            pos = int(name.split(":")[1])
+            if tangents is None:
+                env[vid] = torch.ones(v.shape or (), dtype=getattr(torch, v.dtype or "float32"))
+            elif len(tangents) == n_out:
+                env[vid] = tangents[pos]
+            elif len(tangents) == len(tangent_vals):
+                env[vid] = tangents[tangent_vals.index(v)]
+            else:
+                raise CaptureError(
+                    f"got {len(tangents)} tangents; expected {n_out} (one per output) or {len(tangent_vals)}", value=vid
+                )
+        else:
+            raise CaptureError(f"cannot bind graph input {name!r}: the model or the inputs do not have it", value=vid)
+        if v.shape is not None and tuple(env[vid].shape) != tuple(v.shape):
+            raise CaptureError(f"{name} has shape {list(env[vid].shape)}, the graph expects {list(v.shape)}", value=vid)
+    return env
+
+
+def unpack_outputs(graph: Graph, values: Mapping[str, torch.Tensor]) -> CapturedOutputs:
+    """The model-level view of a run's outputs: forward outputs, grads by param name, new buffers."""
+    x = graph.extra
+    try:
+        return CapturedOutputs(
+            outputs=tuple(resolve_ref(r, values) for r in x.get("forward_outputs", [])),
+            grads={k: resolve_ref(r, values) for k, r in x.get("grads", {}).items()},
+            buffers={k: resolve_ref(r, values) for k, r in x.get("buffer_updates", {}).items()},
+            input_grads={int(k): resolve_ref(r, values) for k, r in x.get("input_grads", {}).items()},
+        )
+    except XschedError as e:
+        raise XschedError(f"graph output missing from the run: {e.detail}", stage="execute", value=e.value) from e
+
+
+# ---- tracing ----
+def _reject_mutations(mutated: list[bool], params: list[str], inputs: list[str], n_buffers: int) -> None:
+    """In-place updates are fine on buffers (they become outputs); on params or inputs they are an error."""
+    flags = mutated[: len(params)] + mutated[len(params) + n_buffers :]
+    for what, hit in zip(params + inputs, flags):
+        if hit:
+            raise CaptureError(f"the model mutates {what} in place; capture supports in-place updates of buffers only")
+
+
+@dataclass(frozen=True)
+class _OutMeta:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    requires_grad: bool
+
+
+def _tensor_leaves(out: Any) -> list[torch.Tensor]:
+    leaves = [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
+    for k, t in enumerate(leaves):
+        if t.is_complex():
+            raise CaptureError(f"forward output {k} is complex; complex outputs are not supported")
+    return leaves
+
+
+def _forward_outputs(
+    model: nn.Module, params: dict, buffers: dict, inputs: tuple, modules: _ModuleTracker
+) -> list[_OutMeta]:
+    """Run forward once on fake tensors to learn the outputs (the tangents' shapes)."""
+    with FakeTensorMode(allow_non_fake_inputs=False) as mode, modules.active():
+        fake = lambda t: mode.from_tensor(t)  # noqa: E731
+        state = {k: fake(p) for k, p in params.items()} | {k: fake(b) for k, b in buffers.items()}
+        args = tuple(fake(x) if isinstance(x, torch.Tensor) else x for x in inputs)
+        with _located(modules):
+            outs = _tensor_leaves(torch.func.functional_call(model, state, args))
+        return [_OutMeta(tuple(o.shape), o.dtype, o.device, o.requires_grad and o.is_floating_point()) for o in outs]
+
+
+def _trace(
+    joint: Callable[..., list[torch.Tensor]], primals: list[torch.Tensor], tangents: list[torch.Tensor],
+    inference: bool, modules: _ModuleTracker,
+) -> tuple[torch.fx.GraphModule, list[bool]]:  # fmt: skip
+    """make_fx of `joint` under functionalization; also which primals it mutated in place."""
+    mutated: list[bool] = []
+
+    def functional(*flat: torch.Tensor) -> list[torch.Tensor]:
+        with FunctionalTensorMode():
+            wrapped = [FunctionalTensor.to_functional(t) for t in flat]
+            outs = joint(*wrapped)
+            for t in outs:
+                torch._sync(t)
+            for t in wrapped[: len(primals)]:
+                torch._sync(t)
+                if torch._functionalize_has_metadata_mutation(t.elem):
+                    raise CaptureError("the model changes the shape or strides of an input in place")
+                mutated.append(torch._functionalize_has_data_mutation(t.elem))
+        return [torch._from_functional_tensor(t.elem) for t in outs]
+
+    flat = [p.detach().requires_grad_(p.requires_grad and not inference) for p in primals] + tangents
+    with modules.active(), _located(modules):
+        gm = make_fx(functional, tracing_mode="fake")(*flat)
+    return gm, mutated
+
+
+class _ModuleTracker:
+    """Module path and class active when each FX node was created (via global module hooks)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.names = {id(m): (name, type(m).__name__) for name, m in model.named_modules()}
+        self.stack: list[tuple[str, str]] = []
+        self.events: list[tuple[int, tuple[tuple[str, str], ...]]] = []
+        self._index: tuple[list[int], list[tuple[tuple[str, str], ...]]] | None = None
+
+    def _graph_len(self) -> int:
+        mode = get_proxy_mode()
+        return len(mode.tracer.graph.nodes) if mode is not None else -1
+
+    def _enter(self, path: str, cls: str) -> None:
+        self.stack.append((path, cls))
+        self.events.append((self._graph_len(), tuple(self.stack)))
+
+    def _exit(self) -> None:
+        if self.stack:
+            self.stack.pop()
+            self.events.append((self._graph_len(), tuple(self.stack)))
+
+    def _pre(self, module: nn.Module, args: Any) -> None:
+        if id(module) in self.names:
+            self._enter(*self.names[id(module)])
+
+    def _post(self, module: nn.Module, args: Any, out: Any) -> None:
+        if id(module) in self.names:
+            self._exit()
+
+    def active(self) -> _Hooks:
+        return _Hooks(self)
+
+    def node_module(self, index: int) -> tuple[tuple[str, str], ...]:
+        """(path, class) stack, outermost first, active when the index-th traced node was created."""
+        if self._index is None:
+            events = [e for e in self.events if e[0] >= 0]
+            self._index = ([at for at, _ in events], [stack for _, stack in events])
+        at, stacks = self._index
+        k = bisect.bisect_right(at, index)
+        return stacks[k - 1] if k else ()
+
+
+class _Hooks:
+    def __init__(self, tracker: _ModuleTracker) -> None:
+        self.tracker = tracker
+
+    def __enter__(self) -> None:
+        self.tracker.stack.clear()
+        self.tracker.events.clear()
+        self.tracker._index = None
+        self.handles = [
+            nn.modules.module.register_module_forward_pre_hook(self.tracker._pre),
+            nn.modules.module.register_module_forward_hook(self.tracker._post),
+        ]
+        self.mode = _LossFunctions(self.tracker)
+        self.mode.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.mode.__exit__(*exc)
+        for h in self.handles:
+            h.remove()
+
+
+_LOSS_FNS = {"cross_entropy", "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div"}
+
+
+class _LossFunctions(TorchFunctionMode):
+    """Marks the ops traced inside functional losses (F.cross_entropy, F.mse_loss, ...) as a "Loss" frame."""
+
+    def __init__(self, tracker: _ModuleTracker) -> None:
+        super().__init__()
+        self.tracker = tracker
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = getattr(func, "__name__", "")
+        is_loss = getattr(func, "__module__", "") == "torch.nn.functional" and (
+            name.endswith("_loss") or name in _LOSS_FNS
+        )
+        if not is_loss:
+            return func(*args, **(kwargs or {}))
+        path = self.tracker.stack[-1][0] if self.tracker.stack else ""
+        self.tracker._enter(path, f"F.{name}:Loss")
+        out = func(*args, **(kwargs or {}))
+        self.tracker._exit()
+        return out
+
+
+class _located:
+    """Turn any failure while tracing into a CaptureError naming the user's file:line and module path."""
+
+    def __init__(self, modules: _ModuleTracker) -> None:
+        self.modules = modules
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, kind: type | None, exc: BaseException | None, tb: Any) -> None:
+        if exc is None or not isinstance(exc, Exception):
+            return
+        path = (self.modules.stack[-1][0] if self.modules.stack else "") or "<root>"
+        where = _user_frame(exc)
+        if getattr(exc, "located", False):
+            return
+        if isinstance(exc, CaptureError):
+            raise _mark(CaptureError(f"{exc.detail} at {where} in module {path}")) from exc
+        if (
+            isinstance(exc, (DataDependentOutputException, DynamicOutputShapeException))
+            or "data-dependent" in str(exc).lower()
+        ):
+            why = "data-dependent control flow or shape (a Python branch on a tensor value, .item(), nonzero, boolean masking)"
+        else:
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        raise _mark(CaptureError(f"cannot capture: {why} at {where} in module {path}")) from exc
+
+
+def _mark(e: CaptureError) -> CaptureError:
+    e.located = True  # type: ignore[attr-defined]
+    return e
+
+
+_SKIP_DIRS = tuple(
+    str(Path(p).resolve())
+    for p in (Path(torch.__file__).parent, Path(__file__).parent.parent, sysconfig.get_paths()["stdlib"])
+)
+
+
+def _user_frame(exc: BaseException) -> str:
+    """file:line of the innermost traceback frame outside torch, xsched and the standard library."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    cause = exc.__cause__ or exc.__context__
+    if cause is not None:
+        frames = frames + traceback.extract_tb(cause.__traceback__)
+    user = [f for f in frames if not str(Path(f.filename).resolve()).startswith(_SKIP_DIRS)]
+    f = user[-1] if user else (frames[-1] if frames else None)
+    return f"{f.filename}:{f.lineno}" if f else "<unknown>"

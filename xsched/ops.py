@@ -1,0 +1,303 @@
+"""The executable op encoding (Op.call): JSON-able args with value refs and folded view chains, and running one op.
+
+An op's `call` is `{"args": [...], "kwargs": {...}, "outs": [[0], [1]]}`. Tensor arguments are refs
+`{"ref": value_id, "view": [[view_target, [args...]], ...]}`: the base value with the chain of view ops
+(view, t, expand, getitem of a split, ...) that capture folded away, applied in order. Other leaves:
+numbers, bools, strings, None, lists, `{"dtype": "float32"}`, `{"device": "cpu"}` (rewritten to the run
+device), `{"layout": ..}`, `{"memory_format": ..}`, `{"float": "inf"}` (non-finite floats, which JSON lacks)
+and small constants `{"tensor": nested list, "dtype": ..}`. `outs[i]` is the index path of output value i
+inside the op's return.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import cache
+from typing import Any
+
+import torch
+
+from xsched.errors import CaptureError, XschedError
+from xsched.graph import Graph, Op
+
+MAX_INLINE_NUMEL = 64  # larger constant tensors belong in the graph as inputs, not in an op's JSON
+
+Ref = dict[str, Any]
+
+
+# ---- targets ----
+# Functionalization turns eager's `empty_like(x).bernoulli_(p)` (dropout) into `bernoulli.p(x, p)`, whose
+# kernel allocates a contiguous result: for a non-contiguous x it draws the same numbers in a different
+# element order than eager. Running these as the in-place op on `empty_like(x)` (x's strides) is the
+# same function and reproduces eager bit for bit.
+_RANDOM_INPLACE = {
+    "aten.bernoulli.p": "aten.bernoulli_.float",
+    "aten.bernoulli.Tensor": "aten.bernoulli_.Tensor",
+    "aten.uniform.default": "aten.uniform_.default",
+    "aten.normal_functional.default": "aten.normal_.default",
+    "aten.exponential.default": "aten.exponential_.default",
+    "aten.cauchy.default": "aten.cauchy_.default",
+    "aten.geometric.default": "aten.geometric_.default",
+    "aten.log_normal.default": "aten.log_normal_.default",
+    "aten.random.default": "aten.random_.default",
+    "aten.random.from": "aten.random_.from",
+    "aten.random.to": "aten.random_.to",
+}
+
+
+class _FillFresh:
+    """A functional random op run as its in-place twin on a fresh tensor laid out like its input."""
+
+    def __init__(self, functional: torch._ops.OpOverload, inplace: Callable[..., Any]) -> None:
+        self.functional, self.inplace = functional, inplace
+        self.tags, self._schema = functional.tags, functional._schema
+
+    def __call__(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self.inplace(torch.empty_like(x), *args, **kwargs)
+
+
+@cache
+def resolve(target: str) -> Callable[..., Any]:
+    """Target name -> callable: "aten.convolution.default" -> torch.ops.aten.convolution.default, "getitem" -> x[i]."""
+    if target == "getitem":
+        return lambda x, i: x[i]
+    parts = target.split(".")
+    if len(parts) != 3:
+        raise XschedError(f"op target {target!r} is not of the form namespace.name.overload", stage="execute")
+    try:
+        fn = getattr(getattr(getattr(torch.ops, parts[0]), parts[1]), parts[2])
+    except (AttributeError, RuntimeError) as e:
+        raise XschedError(f"unknown torch op {target!r}: {e}", stage="execute") from e
+    if target in _RANDOM_INPLACE:
+        return _FillFresh(fn, resolve(_RANDOM_INPLACE[target]))
+    return fn
+
+
+def target_name(fn: Any) -> str:
+    """The inverse of `resolve` for an OpOverload."""
+    if isinstance(fn, torch._ops.OpOverload):
+        return f"{fn.namespace}.{fn._schema.name.split('::')[-1]}.{fn._overloadname}"
+    raise CaptureError(f"cannot encode op target {fn!r}: not an operator overload")
+
+
+# ---- encoding of non-tensor values ----
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def encode_literal(x: Any) -> Any:
+    """A non-tensor Python argument -> JSON-able form. Tensors must be turned into refs by the caller."""
+    if x is None or isinstance(x, (bool, int, str)):
+        return x
+    if isinstance(x, float):
+        return x if math.isfinite(x) else {"float": repr(x)}
+    if isinstance(x, (list, tuple, torch.Size)):
+        return [encode_literal(y) for y in x]
+    if isinstance(x, torch.dtype):
+        return {"dtype": dtype_name(x)}
+    if isinstance(x, torch.device):
+        return {"device": str(x)}
+    if isinstance(x, torch.layout):
+        return {"layout": str(x).removeprefix("torch.")}
+    if isinstance(x, torch.memory_format):
+        return {"memory_format": str(x).removeprefix("torch.")}
+    if isinstance(x, torch.Tensor):
+        return encode_constant(x)
+    raise CaptureError(f"cannot encode argument of type {type(x).__name__}: {x!r}")
+
+
+def encode_constant(t: torch.Tensor) -> dict[str, Any]:
+    """A small constant tensor inlined into an op's args."""
+    if t.numel() > MAX_INLINE_NUMEL:
+        raise CaptureError(
+            f"constant tensor of shape {list(t.shape)} is too large to inline (> {MAX_INLINE_NUMEL} elements); "
+            "register it as a buffer so it becomes a graph input"
+        )
+    if t.is_complex():
+        raise CaptureError("complex constant tensors are not supported")
+    return {"tensor": t.detach().cpu().tolist(), "dtype": dtype_name(t.dtype)}
+
+
+# ---- decoding ----
+def decode(x: Any, env: Mapping[str, torch.Tensor], device: torch.device) -> Any:
+    """JSON-able argument -> Python value, looking refs up in `env` (value id -> tensor)."""
+    if isinstance(x, list):
+        return [decode(y, env, device) for y in x]
+    if not isinstance(x, dict):
+        return x
+    if "ref" in x:
+        if x["ref"] not in env:
+            raise XschedError("input value is not available", stage="execute", value=x["ref"])
+        return apply_view(env[x["ref"]], x.get("view", ()))
+    if "dtype" in x and "tensor" in x:
+        return torch.tensor(x["tensor"], dtype=getattr(torch, x["dtype"]), device=device)
+    if "dtype" in x:
+        return getattr(torch, x["dtype"])
+    if "device" in x:
+        return device
+    if "layout" in x:
+        return getattr(torch, x["layout"])
+    if "memory_format" in x:
+        return getattr(torch, x["memory_format"])
+    if "float" in x:
+        return float(x["float"])
+    raise XschedError(f"cannot decode argument {x!r}", stage="execute")
+
+
+def apply_view(t: torch.Tensor, chain: Sequence[Sequence[Any]]) -> Any:
+    """Apply a folded view chain [[target, [args...]], ...] to a base tensor."""
+    for target, args in chain:
+        t = resolve(target)(t, *decode(list(args), {}, getattr(t, "device", torch.device("cpu"))))
+    return t
+
+
+def resolve_ref(ref: Mapping[str, Any], env: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The tensor a {"ref", "view"} mapping names (e.g. a forward output that is a view of its base)."""
+    if ref["ref"] not in env:
+        raise XschedError("value is not available", stage="execute", value=ref["ref"])
+    return apply_view(env[ref["ref"]], ref.get("view", ()))
+
+
+def iter_refs(x: Any) -> Iterator[Ref]:
+    """Every tensor ref inside an encoded argument tree."""
+    if isinstance(x, list):
+        for y in x:
+            yield from iter_refs(y)
+    elif isinstance(x, dict):
+        if "ref" in x:
+            yield x  # type: ignore[misc]
+        else:
+            for y in x.values():
+                yield from iter_refs(y)
+
+
+# ---- running ----
+def is_executable(op: Op) -> bool:
+    """True when `op.call` says how to run it and its target is a known torch op."""
+    if not isinstance(op.call, Mapping) or "outs" not in op.call:
+        return False
+    try:
+        resolve(op.target)
+    except XschedError:
+        return False
+    return True
+
+
+def run_op(op: Op, env: Mapping[str, torch.Tensor], device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
+    """Run `op` on `device` with inputs from `env`; its output tensors, in `op.outputs` order."""
+    if not is_executable(op):
+        raise XschedError(
+            f"op {op.target!r} has no executable call (imported graphs carry costs only; capture a model to run it)",
+            stage="execute",
+            op=op.id,
+        )
+    device = torch.device(device)
+    call = op.call
+    assert call is not None
+    try:
+        args = decode(list(call.get("args", [])), env, device)
+        kwargs = {k: decode(v, env, device) for k, v in call.get("kwargs", {}).items()}
+        result = resolve(op.target)(*args, **kwargs)
+    except XschedError as e:
+        raise XschedError(e.detail, stage="execute", op=op.id, value=e.value, device=str(device)) from e
+    except (RuntimeError, TypeError, ValueError, IndexError) as e:
+        raise XschedError(f"{op.target} failed: {e}", stage="execute", op=op.id, device=str(device)) from e
+    outs = []
+    for path in call["outs"]:
+        r = result
+        for i in path:
+            r = r[i]
+        outs.append(r)
+    return tuple(outs)
+
+
+# ---- realistic random inputs (for profiling one op in isolation) ----
+_POSITIVE_OPS = {"log", "log2", "log10", "log1p", "sqrt", "rsqrt", "reciprocal", "pow", "lgamma", "digamma"}
+_POSITIVE_ARGS = {"running_var", "var"}
+_DIM_INDEX_OPS = {"gather", "scatter", "scatter_add", "scatter_reduce", "index_select", "index_add", "index_copy"}
+_DIM_INDEX_OPS |= {"index_fill", "take_along_dim"}
+
+
+def op_input_tensors(
+    graph: Graph, op: Op, device: torch.device | str, generator: torch.Generator | None = None
+) -> dict[str, torch.Tensor]:
+    """Random inputs for `op` from its input values' shapes and dtypes, valid for the op.
+
+    Floats are standard normal (positive where the op needs it: log, sqrt, a variance); bools are
+    random masks; integer tensors used as indices are drawn below the size they index (embedding
+    rows, gather's dim, loss classes, pooling windows), other integers below the smallest size.
+    """
+    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    if not is_executable(op):
+        raise XschedError("op has no executable call; cannot make inputs for it", stage="execute", op=op.id)
+    env: dict[str, torch.Tensor] = {}
+    for vid in dict.fromkeys(op.inputs):
+        v = graph.value[vid]
+        if v.shape is None or v.dtype is None:
+            raise XschedError("input value has no shape/dtype", stage="execute", op=op.id, value=vid)
+        env[vid] = _random_tensor(tuple(v.shape), getattr(torch, v.dtype), gen)
+    bounds, positive = _input_constraints(op, env)
+    for vid, t in env.items():
+        if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
+            if vid in positive:
+                t.abs_().add_(0.5)
+            continue
+        hi = bounds.get(vid, _fallback_bound(op, env))
+        t.random_(0, max(int(hi), 1), generator=gen)
+    return {k: t.to(device) for k, t in env.items()}
+
+
+def _random_tensor(shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=gen) < 0.5
+    if dtype.is_floating_point or dtype.is_complex:
+        return torch.randn(shape, generator=gen, dtype=dtype)
+    return torch.zeros(shape, dtype=dtype)  # filled once the bounds are known
+
+
+def _fallback_bound(op: Op, env: Mapping[str, torch.Tensor]) -> int:
+    dims = [s for t in env.values() if t.is_floating_point() for s in t.shape if s > 0]
+    return min(dims, default=16)
+
+
+def _named_args(op: Op, env: Mapping[str, torch.Tensor]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Schema argument name -> (encoded argument, decoded argument with the placeholder inputs)."""
+    fn = resolve(op.target)
+    call = op.call or {}
+    names = [a.name for a in fn._schema.arguments] if hasattr(fn, "_schema") else []
+    encoded = {**dict(zip(names, call.get("args", []))), **call.get("kwargs", {})}
+    return encoded, {k: decode(v, env, torch.device("cpu")) for k, v in encoded.items()}
+
+
+def _input_constraints(op: Op, env: Mapping[str, torch.Tensor]) -> tuple[dict[str, int], set[str]]:
+    """(value id -> exclusive upper bound for index values, value ids that must be positive)."""
+    encoded, named = _named_args(op, env)
+    packet = op.target.split(".")[1].removesuffix("_").removeprefix("_")
+    bounds: dict[str, int] = {}
+    positive: set[str] = set()
+
+    def bound(argname: str, hi: int) -> None:
+        for r in iter_refs(encoded.get(argname)):
+            bounds[r["ref"]] = min(bounds.get(r["ref"], hi), hi)
+
+    self_t = named.get("self", named.get("input"))
+    if "embedding" in packet and "indices" in named:
+        w = named.get("weight")
+        bound("indices", w.shape[0] if isinstance(w, torch.Tensor) else int(named.get("num_weights", 1)))
+    elif packet.startswith("nll_loss") or packet.startswith("cross_entropy") or packet.startswith("multi_margin"):
+        if isinstance(self_t, torch.Tensor):
+            bound("target", self_t.shape[1] if self_t.dim() >= 2 else self_t.shape[0])
+    elif packet in _DIM_INDEX_OPS and isinstance(self_t, torch.Tensor) and "dim" in named:
+        bound("index", self_t.shape[named["dim"]] if self_t.dim() else 1)
+    elif packet in {"index", "index_put", "index_put_impl", "unsafe_index", "unsafe_index_put"}:
+        for k, r in enumerate(encoded.get("indices") or []):
+            if isinstance(r, dict) and "ref" in r and isinstance(self_t, torch.Tensor):
+                bounds[r["ref"]] = min(bounds.get(r["ref"], self_t.shape[k]), self_t.shape[k])
+    elif "pool" in packet and "indices" in named and isinstance(self_t, torch.Tensor):
+        bound("indices", math.prod(self_t.shape[2:]) if self_t.dim() > 2 else 1)
+    for name in _POSITIVE_ARGS:
+        positive.update(r["ref"] for r in iter_refs(encoded.get(name)))
+    if packet in _POSITIVE_OPS:
+        positive.update(r["ref"] for r in iter_refs(encoded.get("self")))
+    return bounds, positive
