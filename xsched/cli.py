@@ -86,11 +86,14 @@ def _parse_budget_flags(flags: Sequence[str]) -> dict[str, str]:
 
 
 def cmd_plan(a: argparse.Namespace) -> int:
+    from xsched.devices.base import split_device_list
+    from xsched.profiling import load_profile
+
     graph = Graph.load(a.graph)
-    profile = Profile.load(a.profile)
-    profile.check_graph(graph.fingerprint)
+    # Planning for another machine is allowed (graph check only); --reprofile re-measures a stale profile here.
+    profile = load_profile(a.profile, graph, reprofile=a.reprofile, check_machine=a.reprofile)
     budgets = _parse_budget_flags(a.budget)
-    devices = a.devices.split(",") if a.devices else None
+    devices = split_device_list(a.devices) if a.devices else None
     if a.method == "eager" and not budgets:
         from xsched.solve.eager import eager_plan
 
@@ -151,6 +154,18 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_devices(a: argparse.Namespace) -> int:
+    from xsched.profiling import cli_devices
+
+    return cli_devices(a)
+
+
+def cmd_profile(a: argparse.Namespace) -> int:
+    from xsched.profiling import cli_profile
+
+    return cli_profile(a)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="xsched", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -182,8 +197,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-limit", type=float, default=60.0)
     p.add_argument("--gap", type=float, default=1e-4)
     p.add_argument("--solver", default="highs")
+    p.add_argument(
+        "--reprofile", action="store_true", help="re-profile when the profile is stale for this graph or machine"
+    )
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(run=cmd_plan)
+
+    d = sub.add_parser("devices", help="this machine's devices and the simulated device specs")
+    d.add_argument("--json", action="store_true")
+    d.add_argument("--no-sim", action="store_true", help="hide simulated specs")
+    d.set_defaults(run=cmd_devices)
+
+    f = sub.add_parser("profile", help="measure every op on every device and every copy between them")
+    f.add_argument("model", help="zoo:NAME, file.py:factory or graph.json")
+    f.add_argument("--devices", default="cpu", help="e.g. cpu,cpu:threads=1,clock=thread,cuda:0,sim:h100,sim:h100#1")
+    f.add_argument("-o", "--output", help="default: profiles/<graph>-<fingerprint>-<devices>.json")
+    f.add_argument("--batch", type=int)
+    f.add_argument("--scale", default="default")
+    f.add_argument("--reps", type=int, help="most samples per op and round")
+    f.add_argument("--max-time", type=float, help="seconds; after this the remaining ops are measured quickly")
+    f.add_argument("--pageable", action="store_true", help="copy costs for pageable host memory (default pinned)")
+    f.add_argument("--quiet", action="store_true")
+    f.set_defaults(run=cmd_profile)
 
     s = sub.add_parser("simulate", help="validate a plan and predict its time, memory and energy")
     s.add_argument("graph")

@@ -1,0 +1,166 @@
+"""Simulated devices: spec files, the roofline against hand-computed numbers, instances and copy links."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from xsched.devices import DeviceError, get_device
+from xsched.devices.energy import modelled_energy
+from xsched.devices.sim import all_specs, load_spec, spec_files
+from xsched.graph import Graph, Op, Value
+
+SHIPPED = {
+    "h100-sxm",
+    "h200",
+    "a100-40gb",
+    "rtx4090",
+    "l4",
+    "t4",
+    "xeon-8480",
+    "iris-xe-max",
+    "i9-10920x",
+    "uhd-p630",
+    "xeon-e2176g",
+}
+
+
+def mm_graph(m: int, k: int, n: int, dtype: str = "float32", call: bool = True) -> Graph:
+    size = {"float32": 4, "float16": 2, "bfloat16": 2}[dtype]
+    values = (
+        Value("a", m * k * size, "input", (m, k), dtype),
+        Value("b", k * n * size, "param", (k, n), dtype),
+        Value("c", m * n * size, "activation", (m, n), dtype),
+    )
+    enc = {"args": [{"ref": "a"}, {"ref": "b"}], "kwargs": {}, "outs": [[]]} if call else None
+    return Graph("mm", values, (Op("op0", "aten.mm.default", ("a", "b"), ("c",), call=enc),), ("c",))
+
+
+def sim_time(device: str, g: Graph) -> float:
+    return get_device(device).measure_op(g, g.op["op0"]).time_s
+
+
+def test_every_spec_ships_and_cites_its_source():
+    files = spec_files()
+    assert SHIPPED <= set(files)
+    for name in SHIPPED:
+        text = files[name].read_text()
+        assert re.search(r"^#.*(Source|ARK|datasheet).*", text, re.M | re.I), name
+        assert re.search(r"^#.*https?://", text, re.M), f"{name}: no source URL in a comment"
+        spec = load_spec(name)
+        assert spec.peak("float32") > 0 and spec.memory_bandwidth > 0 and spec.max_power_w > spec.idle_power_w >= 0
+
+
+def test_matmul_matches_the_hand_computed_roofline():
+    m, k, n = 4096, 4096, 4096  # compute-bound on an H100: 2mnk / 67 TFLOP/s
+    flops, nbytes = 2 * m * n * k, 4 * (m * k + k * n + m * n)
+    expect = max(flops / 67e12, nbytes / 3.35e12) + 5e-6
+    m_ = get_device("sim:h100").measure_op(mm_graph(m, k, n), mm_graph(m, k, n).op["op0"])
+    assert m_.flops == flops and m_.time_s == pytest.approx(expect) and m_.energy_source == "model"
+    m, k, n = 8192, 8, 8192  # memory-bound: bytes / 3.35 TB/s
+    flops, nbytes = 2 * m * n * k, 4 * (m * k + k * n + m * n)
+    assert nbytes / 3.35e12 > flops / 67e12
+    assert sim_time("sim:h100", mm_graph(m, k, n)) == pytest.approx(nbytes / 3.35e12 + 5e-6)
+
+
+def test_dtype_picks_the_peak_and_unlisted_dtypes_run_at_float32():
+    g = mm_graph(4096, 4096, 4096, "bfloat16")
+    assert sim_time("sim:h100", g) == pytest.approx(2 * 4096**3 / 989e12 + 5e-6, rel=1e-6)
+    assert "bfloat16" not in load_spec("t4").peak_flops
+    assert sim_time("sim:t4", g) == pytest.approx(2 * 4096**3 / 8.1e12 + 5e-6, rel=1e-6)
+
+
+def test_time_is_monotone_in_size():
+    times = [sim_time("sim:a100", mm_graph(s, s, s)) for s in (1, 8, 64, 256, 1024, 2048, 4096)]
+    assert times == sorted(times) and times[0] == pytest.approx(5e-6, rel=0.01)
+
+
+def test_energy_is_power_times_time_at_roofline_utilisation():
+    dev = get_device("sim:l4")
+    g = mm_graph(2048, 2048, 2048)
+    m = dev.measure_op(g, g.op["op0"])
+    busy = m.time_s - dev.spec.launch_overhead_s
+    assert m.energy_j == pytest.approx(modelled_energy(m.time_s, dev.spec.power, busy / m.time_s))
+
+
+def test_ops_without_a_call_get_a_bandwidth_only_roofline():
+    g = mm_graph(1024, 1024, 1024, call=False)
+    m = get_device("sim:h100").measure_op(g, g.op["op0"])
+    assert m.flops == 0.0 and m.time_s == pytest.approx(3 * 1024 * 1024 * 4 / 3.35e12 + 5e-6)
+
+
+def test_instances_share_a_spec_and_talk_over_the_peer_link():
+    a, b, c = get_device("sim:h100"), get_device("sim:h100#1"), get_device("sim:a100")
+    assert a.name != b.name and a.fingerprint == b.fingerprint != c.fingerprint
+    assert (a.instance, b.instance) == (0, 1) and a.spec.name == "h100-sxm"
+    n = 1 << 30
+    assert a.copy_seconds(b, n, outgoing=True) == pytest.approx(5e-6 + n / 450e9)
+    staged = a.copy_seconds(c, n, outgoing=True)
+    assert staged == pytest.approx(10e-6 + n / 64e9 + 10e-6 + n / 32e9)  # through host memory, both PCIe links
+    cpu = get_device("cpu")
+    assert a.copy_seconds(cpu, n, outgoing=True, pinned=True) == pytest.approx(10e-6 + n / 64e9)
+    assert a.copy_seconds(cpu, n, outgoing=False, pinned=False) == pytest.approx(10e-6 + n / 25e9)
+    xeon = get_device("sim:xeon")
+    assert xeon.copy_seconds(a, n, outgoing=True) == pytest.approx(10e-6 + n / 64e9)  # the GPU's link
+    assert xeon.copy_seconds(cpu, n, outgoing=True) == pytest.approx(1e-6 + n / 153.6e9)  # a host memcpy
+
+
+def test_bad_sim_names_and_specs(tmp_path):
+    with pytest.raises(DeviceError, match="no device spec named 'h999'.*h100-sxm"):
+        get_device("sim:h999")
+    with pytest.raises(DeviceError, match="needs a spec"):
+        get_device("sim:")
+    with pytest.raises(DeviceError, match="instance after '#'"):
+        get_device("sim:h100#x")
+    bad = tmp_path / "bad.toml"
+    bad.write_text(
+        'kind = "gpu"\nmemory_bytes = 1\n[peak_flops]\nfloat32 = 1e12\n[link]\nbandwidth = 1e9\nlatency_s = 0\n'
+    )
+    with pytest.raises(DeviceError, match="lacks field 'memory_bandwidth'"):
+        get_device(f"sim:{bad}")
+    bad.write_text('kind = "gpu"\n[peak_flops]\nfloat16 = 1e12\n[link]\n')
+    with pytest.raises(DeviceError, match="lacks peak_flops.float32"):
+        get_device(f"sim:{bad}")
+    bad.write_text("name = [unclosed\n")
+    with pytest.raises(DeviceError, match="cannot read device spec"):
+        get_device(f"sim:{bad}")
+
+
+def test_spec_from_a_path_and_from_the_search_path(tmp_path, monkeypatch):
+    text = load_spec("t4").path
+    spec = tmp_path / "mygpu.toml"
+    spec.write_text(open(text).read().replace('name = "t4"', 'name = "mygpu"'))
+    assert get_device(f"sim:{spec}").spec.name == "mygpu"
+    monkeypatch.setenv("XSCHED_DEVICES_PATH", str(tmp_path))
+    assert get_device("sim:mygpu").spec.peak("float32") == 8.1e12
+    assert "mygpu" in all_specs()
+    (tmp_path / "broken.toml").write_text("kind = \n")
+    assert "broken" not in all_specs() and "mygpu" in all_specs()  # one broken file does not hide the others
+    with pytest.raises(DeviceError, match="broken.toml"):
+        get_device("sim:broken")
+
+
+def test_a_simulated_cpu_leaves_a_real_accelerator_link_to_its_plugin():
+    from xsched.devices.base import Device
+    from xsched.profiling import copy_seconds
+
+    class Accel(Device):
+        kind = "accel"
+        memory_bytes = 1
+        description = "a real accelerator"
+
+        def fingerprint_parts(self):
+            return {}
+
+        def measure_op(self, graph, op, policy=None):
+            raise NotImplementedError
+
+        def copy_seconds(self, other, nbytes, *, outgoing, pinned=True):
+            return 1.0 + outgoing if other.is_host else None
+
+    xeon, accel = get_device("sim:xeon"), Accel("accel:0")
+    assert xeon.is_host and not accel.is_host and not get_device("sim:t4").is_host
+    assert copy_seconds(xeon, accel, 10) == 1.0 and copy_seconds(accel, xeon, 10) == 2.0
+    with pytest.raises(DeviceError, match="neither the accel nor the accel plugin"):
+        copy_seconds(accel, Accel("accel:1"), 10)
