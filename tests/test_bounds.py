@@ -1,0 +1,108 @@
+"""Memory lower bounds: sound (no valid plan beats them), tight where hand-countable, and clear errors below them."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import BENCH, chain_graph
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_heuristics import DEVICES, train_dags, two_device_profile
+
+from xsched.budgets import format_bytes
+from xsched.errors import BudgetError, ProfileError
+from xsched.graph import Graph, Op, Value
+from xsched.importers import import_networkx
+from xsched.simulate import simulate
+from xsched.solve import heuristics as H
+from xsched.solve.bounds import check_budgets, lower_bounds
+from xsched.solve.eager import eager_peak
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(train_dags(), st.data())
+def test_bounds_are_sound_and_never_reject_budgets_a_heuristic_meets(g, data):
+    b_runs = data.draw(st.sampled_from([lambda o: True, lambda o: o.phase == "fwd", lambda o: False]))
+    profile = two_device_profile(g, b_runs=b_runs)
+    homes = {v: data.draw(st.sampled_from(DEVICES)) for v in g.inputs}
+    bounds = lower_bounds(g, profile, DEVICES, homes)
+    budgets = {d: data.draw(st.integers(0, 2 * eager_peak(g) + 50)) for d in DEVICES}
+    for fn in H.HEURISTICS.values():
+        for b in ({}, budgets):
+            try:
+                plan = fn(g, profile, b, list(DEVICES), homes)
+            except BudgetError:
+                continue
+            peaks = simulate(g, plan, profile).peak_bytes
+            for d in DEVICES:
+                assert peaks.get(d, 0) >= bounds[d].bytes, (d, bounds[d])
+            check_budgets(g, profile, b, DEVICES, homes)  # a plan exists, so the check must pass
+
+
+@settings(max_examples=80, deadline=None)
+@given(train_dags())
+def test_one_device_bound_is_the_largest_op_plus_what_must_stay(g):
+    homes = {v: "a" for v in g.inputs}
+    homed = sum(g.value[v].nbytes for v in g.inputs)
+    biggest = max(
+        sum(g.value[v].nbytes for v in (set(o.inputs) | set(o.outputs)) - set(g.inputs)) + o.workspace_bytes
+        for o in g.ops
+    )
+    grads = sum(v.nbytes for v in g.values if v.grad_of)
+    assert lower_bounds(g, None, ["a"], homes)["a"].bytes == homed + max(biggest, grads)
+
+
+def test_budget_below_the_bound_names_device_bound_and_op():
+    g = chain_graph([10, 500, 5])
+    bound = lower_bounds(g, None, ["d"], {"x": "d"})["d"]
+    assert bound.bytes == 8 + 10 + 500 and bound.op == "f1"
+    check_budgets(g, None, {"d": bound.bytes}, ["d"], {"x": "d"})
+    with pytest.raises(BudgetError) as e:
+        check_budgets(g, None, {"d": bound.bytes - 1}, ["d"], {"x": "d"})
+    assert e.value.device == "d" and e.value.op == "f1"
+    assert format_bytes(bound.bytes) in str(e.value) and "f1" in str(e.value) and "d needs at least" in str(e.value)
+
+
+def test_op_that_fits_nowhere_lists_every_device():
+    g = chain_graph([10, 500, 5])
+    profile = two_device_profile(g)
+    with pytest.raises(BudgetError, match="no device can run op f1") as e:
+        check_budgets(g, profile, {"a": 300, "b": 400}, DEVICES, {"x": "a"})
+    msg = str(e.value)
+    assert f"a needs at least {format_bytes(518)}" in msg and f"b needs at least {format_bytes(510)}" in msg
+    assert e.value.op == "f1" and e.value.device == "b"  # b is the closest to fitting
+    check_budgets(g, profile, {"a": 300, "b": 510}, DEVICES, {"x": "a"})
+
+
+def test_op_bound_only_on_the_device_that_alone_can_run_it():
+    g = chain_graph([10, 500, 5])
+    profile = two_device_profile(g, b_runs=lambda o: o.id != "f1")
+    bounds = lower_bounds(g, profile, DEVICES, {"x": "b"})
+    assert bounds["a"].bytes == 510 and bounds["a"].op == "f1" and "can run only on a" in bounds["a"].reason
+    assert bounds["b"].bytes == 8 and bounds["b"].op is None
+
+
+def test_param_gradient_must_fit_at_home():
+    x, w = Value("x", 8, "input"), Value("w", 100, "param")
+    y, gw = Value("y", 8), Value("gw", 100, grad_of="w")
+    g = Graph("g", (x, w, y, gw), (Op("f", "t", ("x", "w"), ("y",)), Op("b", "t", ("y", "x"), ("gw",), "bwd")), ("gw",))
+    bound = lower_bounds(g, two_device_profile(g), DEVICES, {"x": "b", "w": "a"})["a"]
+    assert bound.bytes == 200 and "outputs that must end there" in bound.reason
+
+
+def test_bad_homes_and_unrunnable_ops_are_named():
+    g = chain_graph([10, 20])
+    with pytest.raises(BudgetError, match="not among the devices") as e:
+        check_budgets(g, None, {}, ["a"], {"x": "gpu"})
+    assert e.value.value == "x" and e.value.device == "gpu"
+    profile = two_device_profile(g, b_runs=lambda o: False)
+    with pytest.raises(ProfileError, match="cannot run on any of b") as e:
+        check_budgets(g, profile, {}, ["b"], {"x": "b"})
+    assert e.value.op == "f0"
+
+
+@pytest.mark.parametrize("name", ["random_layered_n100", "checkmate_vgg16_train"])
+def test_bench_bounds_below_the_eager_peak(name):
+    g, profile = import_networkx(BENCH / f"{name}.json")
+    b = lower_bounds(g, profile, ["bench"], {})["bench"]
+    assert 0 < b.bytes <= eager_peak(g)
+    assert b.bytes == max(g.op_bytes(o.id) for o in g.ops)

@@ -1,0 +1,127 @@
+"""Memory lower bounds per device, and the infeasibility check that runs before any solver."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from xsched.budgets import format_bytes
+from xsched.errors import BudgetError, ProfileError
+from xsched.graph import Graph, Op
+from xsched.plan import required_homes
+from xsched.profile import Profile
+
+
+@dataclass(frozen=True)
+class Bound:
+    """No valid plan peaks below `bytes` on a device; `op` (if any) and `reason` say what sets it."""
+
+    bytes: int
+    op: str | None
+    reason: str
+
+
+def runnable_on(graph: Graph, profile: Profile | None, devices: Sequence[str]) -> dict[str, list[str]]:
+    """op id -> the devices (of `devices`) it can run on; a profile without an entry means it cannot."""
+    return {o.id: [d for d in devices if profile is None or profile.can_run(o.id, d)] for o in graph.ops}
+
+
+def op_need(graph: Graph, op: Op, device: str, homes: Mapping[str, str], profile: Profile | None) -> int:
+    """Bytes op needs on `device` on top of the inputs homed there: its other inputs, outputs and workspace."""
+    cost = profile.op_cost(op.id, device) if profile is not None else None
+    workspace = max(op.workspace_bytes, cost.workspace_bytes if cost else 0)
+    own = set(op.inputs) | set(op.outputs)
+    return sum(graph.value[v].nbytes for v in own if homes.get(v) != device) + workspace
+
+
+def _homed(graph: Graph, homes: Mapping[str, str], device: str) -> int:
+    return sum(graph.value[v].nbytes for v, d in homes.items() if d == device)
+
+
+def lower_bounds(
+    graph: Graph, profile: Profile | None, devices: Sequence[str], homes: Mapping[str, str]
+) -> dict[str, Bound]:
+    """Per device: the inputs homed there (never freed) plus the larger of (a) the outputs that must
+    end there and (b) the biggest need of an op that can run only there."""
+    where = runnable_on(graph, profile, devices)
+    end_on = required_homes(graph, homes)
+    bounds: dict[str, Bound] = {}
+    for d in devices:
+        homed = _homed(graph, homes, d)
+        base = f"{format_bytes(homed)} of graph inputs homed on {d}"
+        ending = sum(graph.value[v].nbytes for v, h in end_on.items() if h == d)
+        best = Bound(
+            homed + ending, None, base + (f" + {format_bytes(ending)} of outputs that must end there" if ending else "")
+        )
+        for op in graph.ops:
+            if where[op.id] != [d]:
+                continue
+            need = op_need(graph, op, d, homes, profile)
+            if homed + need > best.bytes:
+                why = f"{base} + {format_bytes(need)} for op {op.id} ({op.name or op.target}: inputs, outputs, workspace), which can run only on {d}"
+                best = Bound(homed + need, op.id, why)
+        bounds[d] = best
+    return bounds
+
+
+def check_budgets(
+    graph: Graph,
+    profile: Profile | None,
+    budgets: Mapping[str, int],
+    devices: Sequence[str],
+    homes: Mapping[str, str],
+) -> None:
+    """Raise BudgetError when no plan can meet the budgets (necessary conditions only).
+
+    The message names the device, the bound in human units and the op that sets it; when no
+    device can run some op, it lists for each device the smallest budget that op needs there.
+    """
+    for v, d in homes.items():
+        if d not in devices:
+            raise BudgetError(
+                f"graph input is homed on {d}, which is not among the devices {list(devices)}",
+                stage="solve",
+                value=v,
+                device=d,
+            )
+    where = runnable_on(graph, profile, devices)
+    for op in graph.ops:
+        if not where[op.id]:
+            raise ProfileError(
+                f"op cannot run on any of {', '.join(devices)} (no cost in the profile)", stage="solve", op=op.id
+            )
+    bounds = lower_bounds(graph, profile, devices, homes)
+    for d, b in bounds.items():
+        if d in budgets and b.bytes > budgets[d]:
+            raise BudgetError(
+                f"budget {format_bytes(budgets[d])} on {d} is below the lower bound {format_bytes(b.bytes)}: {b.reason}. "
+                + _all_bounds(bounds, budgets),
+                stage="solve",
+                device=d,
+                op=b.op,
+            )
+    for op in graph.ops:
+        needs = {d: _homed(graph, homes, d) + op_need(graph, op, d, homes, profile) for d in where[op.id]}
+        if any(d not in budgets or n <= budgets[d] for d, n in needs.items()):
+            continue
+        per_device = "; ".join(
+            f"{d} needs at least {format_bytes(needs[d])} (has {format_bytes(budgets[d])}): homed inputs + op {op.id}'s inputs, outputs and workspace"
+            if d in needs
+            else f"{d} cannot run op {op.id}"
+            for d in devices
+        )
+        tightest = min(needs, key=lambda d: needs[d] - budgets[d])
+        raise BudgetError(
+            f"no device can run op {op.id} ({op.name or op.target}) within its budget: {per_device}",
+            stage="solve",
+            op=op.id,
+            device=tightest,
+        )
+
+
+def _all_bounds(bounds: Mapping[str, Bound], budgets: Mapping[str, int]) -> str:
+    parts = []
+    for d, b in bounds.items():
+        has = f"has {format_bytes(budgets[d])}" if d in budgets else "unlimited"
+        parts.append(f"{d} needs at least {format_bytes(b.bytes)} ({has}; set by {b.op or 'homed inputs/outputs'})")
+    return "Smallest budgets that could work: " + "; ".join(parts)
