@@ -16,6 +16,8 @@ from xsched.plan import Compute, Copy
 from xsched.profile import DeviceInfo, LinkCost, OpCost, Profile
 from xsched.simulate import simulate
 from xsched.solve import heuristics as H
+from xsched.solve import remat as RM
+from xsched.solve import routing as RT
 from xsched.solve.eager import eager_peak, eager_plan
 
 DEVICES = ("a", "b")
@@ -92,9 +94,9 @@ def test_eager_heuristic_is_the_eager_plan_and_checkpointing_keeping_everything_
     ref = eager_plan(g, "a", profile)
     plan = H.eager(g, profile, {"a": eager_peak(g)}, ["a"], homes)
     assert plan.steps == ref.steps
-    kept_all = H.checkpoint_plan(g, set(H.droppable(g)), "a", profile)
+    kept_all = RM.checkpoint_plan(g, set(RM.droppable(g)), "a", profile)
     assert kept_all.steps == ref.steps
-    nothing_kept = H.checkpoint_plan(g, set(), "a", profile)
+    nothing_kept = RM.checkpoint_plan(g, set(), "a", profile)
     check(g, nothing_kept, profile, {})
     computes = [s.op for s in nothing_kept.steps if isinstance(s, Compute)]
     assert all(computes.count(o.id) == 1 for o in g.ops if o.phase == "bwd")  # only forward ops are recomputed
@@ -106,13 +108,13 @@ def test_eviction_meets_the_budget_it_was_given(g, data):
     profile = two_device_profile(g)
     budget = data.draw(st.integers(0, eager_peak(g)))
     try:
-        computes = H.evict_computes(g, "a", budget, profile)
+        computes = RM.evict_computes(g, "a", budget, profile)
     except BudgetError as e:
         assert e.device == "a" and e.op in g.op
         return
-    plan = H.finish(
+    plan = RT.finish(
         g,
-        H.route(g, computes, {v: "a" for v in g.inputs}, profile),
+        RT.route(g, computes, {v: "a" for v in g.inputs}, profile),
         "t",
         {"a": budget},
         {v: "a" for v in g.inputs},
@@ -124,16 +126,16 @@ def test_eviction_meets_the_budget_it_was_given(g, data):
 
 def test_sqrt_checkpointing_on_a_training_chain_cuts_the_peak_and_recomputes_the_segments():
     g = chain_graph([100] * 36, train=True)
-    keep = H.sqrt_keep(g)
+    keep = RM.sqrt_keep(g)
     assert len(keep) == 6  # every 6th of the 36 forward activations
-    plan = H.checkpoint_plan(g, keep, "d")
+    plan = RM.checkpoint_plan(g, keep, "d")
     eager = eager_plan(g, "d")
     r = simulate(g, plan)
     assert r.peak_bytes["d"] < 0.5 * simulate(g, eager).peak_bytes["d"]
     # each dropped activation is recomputed exactly once, after the forward pass
     last_fwd = max(i for i, s in enumerate(plan.steps) if isinstance(s, Compute) and s.op == "f35")
     recomputed = [s.op for s in plan.steps[last_fwd + 1 :] if isinstance(s, Compute) and g.op[s.op].phase == "fwd"]
-    assert sorted(recomputed) == sorted(g.producer[v] for v in set(H.droppable(g)) - keep)
+    assert sorted(recomputed) == sorted(g.producer[v] for v in set(RM.droppable(g)) - keep)
     assert r.computes == len(g.ops) + len(recomputed)
 
 
@@ -141,13 +143,13 @@ def test_checkpoint_search_is_budget_driven_on_a_training_chain():
     g = chain_graph([100] * 36, train=True)
     profile = Profile(g.fingerprint, {"d": DeviceInfo("cpu")}, {"d": {o.id: OpCost(1.0) for o in g.ops}})
     peak = eager_peak(g)
-    loose = H.checkpoint_search(g, profile, {"d": peak}, ["d"], {"x": "d"})
+    loose = RM.checkpoint_search(g, profile, {"d": peak}, ["d"], {"x": "d"})
     assert loose.predicted.time_s == len(g.ops)  # nothing to recompute when the eager plan fits
-    tight = H.checkpoint_search(g, profile, {"d": int(0.3 * peak)}, ["d"], {"x": "d"})
+    tight = RM.checkpoint_search(g, profile, {"d": int(0.3 * peak)}, ["d"], {"x": "d"})
     assert tight.predicted.peak_bytes["d"] <= 0.3 * peak < peak
-    assert len(g.ops) < tight.predicted.time_s <= H.sqrt_checkpoint(g, profile, {}, ["d"], {"x": "d"}).predicted.time_s
+    assert len(g.ops) < tight.predicted.time_s <= RM.sqrt_checkpoint(g, profile, {}, ["d"], {"x": "d"}).predicted.time_s
     with pytest.raises(BudgetError, match="on d") as e:
-        H.checkpoint_search(g, profile, {"d": 250}, ["d"], {"x": "d"})
+        RM.checkpoint_search(g, profile, {"d": 250}, ["d"], {"x": "d"})
     assert e.value.device == "d"
 
 
@@ -185,9 +187,9 @@ def test_param_gradient_is_copied_to_its_home():
     y, gw = Value("y", 8), Value("gw", 16, grad_of="w")
     g = Graph("g", (x, w, y, gw), (Op("f", "t", ("x", "w"), ("y",)), Op("b", "t", ("y", "x"), ("gw",), "bwd")), ("gw",))
     profile = two_device_profile(g)
-    steps = H.insert_copies(g, {"f": "b", "b": "b"}, {"x": "a", "w": "a"}, profile)
+    steps = RT.insert_copies(g, {"f": "b", "b": "b"}, {"x": "a", "w": "a"}, profile)
     assert steps[-1] == Copy("gw", "b", "a") or Copy("gw", "b", "a") in steps
-    plan = H.finish(g, steps, "t", {}, {"x": "a", "w": "a"}, profile, 0.0)
+    plan = RT.finish(g, steps, "t", {}, {"x": "a", "w": "a"}, profile, 0.0)
     assert simulate(g, plan, profile).time_s == pytest.approx(2.0 + 3 * 0.1 + 8 + 16 + 16)
 
 

@@ -130,7 +130,7 @@ def test_milp_plan_slower_than_its_warm_start_gives_the_warm_start_back(monkeypa
     from dataclasses import replace
 
     from xsched.plan import SolverInfo
-    from xsched.solve.heuristics import checkpoint_plan
+    from xsched.solve.remat import checkpoint_plan
 
     profile = two_device_profile(G)
     slow = checkpoint_plan(G, set(), "a", profile, homes={"x": "a"})  # recomputes every forward value

@@ -1,0 +1,162 @@
+"""Routing: a list of computes over devices -> steps with the copies and frees they need, checked by the simulator."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
+
+from xsched.budgets import format_bytes
+from xsched.errors import BudgetError, PlanError
+from xsched.graph import Graph
+from xsched.plan import Compute, Copy, Plan, SolverInfo, Step, autograd_boundary, place_frees, required_homes
+from xsched.profile import Profile
+from xsched.simulate import simulate
+
+# ---------------------------------------------------------------- routing: computes -> steps with copies and frees
+
+
+def route(
+    graph: Graph,
+    computes: Iterable[Compute],
+    homes: Mapping[str, str],
+    profile: Profile | None = None,
+    *,
+    early_home_copies: bool = False,
+) -> tuple[Step, ...]:
+    """Steps running `computes` in order, with the copies their inputs need and frees after last uses.
+
+    An input not resident on the op's device is copied there right before the op, from the resident
+    device with the cheapest link. Outputs that must end on a param's or buffer's home are copied
+    there at the end (or right after they are produced with `early_home_copies`, which frees the
+    producing device sooner at the price of holding them longer at home).
+    """
+    where: dict[str, list[str]] = {v: [d] for v, d in homes.items()}
+    must_end_on = required_homes(graph, homes)
+    steps: list[Step] = []
+
+    def copy_to(v: str, dst: str, op: str | None) -> None:
+        if v not in where:
+            raise PlanError("value is read before any step produces it", stage="solve", op=op, value=v, device=dst)
+        steps.append(Copy(v, _cheapest_source(v, where[v], dst, graph, profile, op), dst))
+        where[v].append(dst)
+
+    for c in computes:
+        op = graph.op[c.op]
+        for v in dict.fromkeys(op.inputs):
+            if c.device not in where.get(v, ()):
+                copy_to(v, c.device, op.id)
+        steps.append(c)
+        for v in op.outputs:
+            on = where.setdefault(v, [])
+            if c.device not in on:
+                on.append(c.device)
+            if early_home_copies and must_end_on.get(v, c.device) not in on:
+                copy_to(v, must_end_on[v], op.id)
+    for v, home in must_end_on.items():
+        if home not in where.get(v, ()):
+            copy_to(v, home, graph.producer.get(v))
+    return place_frees(graph, steps, homes)
+
+
+def _cheapest_source(
+    v: str, held: Sequence[str], dst: str, graph: Graph, profile: Profile | None, op: str | None
+) -> str:
+    if profile is None:
+        return held[0]
+    times = [(t, d) for d in held if (t := profile.copy_time(v, graph.value[v].nbytes, d, dst)) is not None]
+    if not times:
+        raise PlanError(
+            f"no copy link from {', '.join(held)} to {dst} in the profile", stage="solve", op=op, value=v, device=dst
+        )
+    return min(times)[1]
+
+
+def insert_copies(
+    graph: Graph, assignment: Mapping[str, str], homes: Mapping[str, str], profile: Profile | None = None
+) -> tuple[Step, ...]:
+    """Every op once, in graph order, on its assigned device, with the copies and frees that needs."""
+    missing = [o.id for o in graph.ops if o.id not in assignment]
+    if missing:
+        raise PlanError(f"{len(missing)} ops have no device in the assignment", stage="solve", op=missing[0])
+    return route(graph, (Compute(o.id, assignment[o.id]) for o in graph.ops), homes, profile)
+
+
+def finish(
+    graph: Graph,
+    steps: Sequence[Step],
+    name: str,
+    budgets: Mapping[str, int],
+    homes: Mapping[str, str],
+    profile: Profile | None,
+    started: float,
+    **extra: object,
+) -> Plan:
+    """Wrap steps in a Plan, check it with the simulator and attach its predicted figures.
+
+    Over a budget is a BudgetError naming the device, its peak and the step where the peak is reached.
+    """
+    plan = Plan(
+        graph=graph.fingerprint,
+        budgets=dict(budgets),
+        homes=dict(homes),
+        steps=tuple(steps),
+        solver=SolverInfo(method=f"heuristic:{name}", status="heuristic", extra=extra),
+        boundary=autograd_boundary(graph, steps),
+    )
+    result = simulate(graph, plan, profile, check_budgets=False)
+    for d, budget in budgets.items():
+        peak = result.peak_bytes.get(d, 0)
+        if peak > budget:
+            i = result.peak_step[d]
+            s = plan.steps[i] if i >= 0 else None
+            op = s.op if isinstance(s, Compute) else graph.producer.get(s.value) if isinstance(s, Copy) else None
+            what = f"compute of {op}" if isinstance(s, Compute) else f"copy of {s.value}" if s else "the homed inputs"
+            raise BudgetError(
+                f"{name} plan peaks at {format_bytes(peak)} on {d} (budget {format_bytes(budget)}) at step {i}, {what}",
+                stage="solve",
+                device=d,
+                op=op,
+            )
+    solver = replace(plan.solver, solve_s=time.perf_counter() - started)
+    return replace(plan, solver=solver, predicted=result.prediction())
+
+
+def route_and_finish(graph, computes, name, budgets, homes, profile, started, **extra) -> Plan:  # noqa: ANN001
+    """finish(route(...)); when that is over budget, retry with home copies right after production."""
+    computes = list(computes)
+    try:
+        return finish(graph, route(graph, computes, homes, profile), name, budgets, homes, profile, started, **extra)
+    except BudgetError:
+        if not required_homes(graph, homes):
+            raise
+        early = route(graph, computes, homes, profile, early_home_copies=True)
+        return finish(graph, early, name, budgets, homes, profile, started, **extra)
+
+
+def best_single_device(
+    build: Callable[[str], Plan], graph: Graph, profile: Profile | None, devices: Sequence[str], name: str
+) -> Plan:
+    """The fastest plan `build(device)` over the devices that can run every op; BudgetError if none fits."""
+    plans: list[Plan] = []
+    failures: list[str] = []
+    for d in devices:
+        if profile is not None and not all(profile.can_run(o.id, d) for o in graph.ops):
+            failures.append(f"{d}: cannot run every op")
+            continue
+        try:
+            plans.append(build(d))
+        except BudgetError as e:
+            failures.append(f"{d}: {e.detail}")
+    if not plans:
+        raise BudgetError(
+            f"no single device can hold the {name} plan: " + "; ".join(failures),
+            stage="solve",
+            device=devices[0] if devices else None,
+        )
+    return min(plans, key=lambda p: p.predicted.time_s or 0.0)
+
+
+def op_workspace(op, device: str, profile: Profile | None) -> int:  # noqa: ANN001
+    cost = profile.op_cost(op.id, device) if profile is not None else None
+    return max(op.workspace_bytes, cost.workspace_bytes if cost else 0)
