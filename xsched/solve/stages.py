@@ -62,9 +62,7 @@ class Stages:
     s_at: dict[tuple[int, int], list] = field(default_factory=dict)  # (d,t) -> values with S[d,t,v]
     r_at: dict[tuple[int, int], list] = field(default_factory=dict)  # (d,t) -> ops with R[d,t,i], ascending
     f_at: dict[tuple[int, int, int], list] = field(default_factory=dict)  # (d,t,k) -> values with F[d,t,v,k]
-    f_of: dict[tuple[int, int, int], list] = field(
-        default_factory=dict
-    )  # (d,t,v) -> ops reading v there, ascending (F at all but the last op)
+    f_of: dict[tuple[int, int, int], list] = field(default_factory=dict)  # (d,t,v) -> ops reading v, ascending
 
     @property
     def dev_range(self) -> range:
