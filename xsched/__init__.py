@@ -6,6 +6,17 @@ from xsched.plan import Compute, Copy, Free, Plan
 from xsched.profile import Profile
 from xsched.simulate import SimResult, simulate
 
+
+def __getattr__(name: str):  # noqa: ANN202 - lazy: solving imports Pyomo, wrapping imports the executor
+    import importlib
+
+    if name == "solve":
+        return importlib.import_module("xsched.solve")  # a callable package: xsched.solve(graph, profile, budgets)
+    if name == "wrap":
+        return importlib.import_module("xsched.execute.wrap").wrap
+    raise AttributeError(f"module 'xsched' has no attribute {name!r}")
+
+
 __all__ = [
     "BudgetError",
     "CaptureError",
@@ -23,4 +34,6 @@ __all__ = [
     "Value",
     "XschedError",
     "simulate",
+    "solve",
+    "wrap",
 ]

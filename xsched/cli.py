@@ -166,6 +166,18 @@ def cmd_profile(a: argparse.Namespace) -> int:
     return cli_profile(a)
 
 
+def cmd_run(a: argparse.Namespace) -> int:
+    from xsched.execute.report import cli_run
+
+    return cli_run(a)
+
+
+def cmd_demo(a: argparse.Namespace) -> int:
+    from xsched.demo import run_demo
+
+    return run_demo(a.model, a.scale, a.gpu, a.gpu_budget, a.time_limit)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="xsched", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -220,12 +232,28 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--quiet", action="store_true")
     f.set_defaults(run=cmd_profile)
 
+    r = sub.add_parser("run", help="run a plan on real devices: predicted vs measured time, peak memory, energy")
+    r.add_argument("model", help="zoo:NAME or path/to/file.py:factory (the model the plan was made for)")
+    r.add_argument("plan", help="plan JSON")
+    r.add_argument("--iters", type=int, default=10)
+    r.add_argument("--batch", type=int)
+    r.add_argument("--scale", default="default", help="zoo size knob: tiny, small, default")
+    r.add_argument("--profile", help="profile JSON for predictions (default: a bandwidth cost model, labelled)")
+    r.set_defaults(run=cmd_run)
+
     s = sub.add_parser("simulate", help="validate a plan and predict its time, memory and energy")
     s.add_argument("graph")
     s.add_argument("profile", nargs="?", help="profile JSON (without it: validity and memory only)")
     s.add_argument("plan")
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=cmd_simulate)
+    m = sub.add_parser("demo", help="the whole pipeline on a zoo model: capture, profile, solve, simulate, run")
+    m.add_argument("--model", default="resnet18")
+    m.add_argument("--scale", default="tiny")
+    m.add_argument("--gpu", default="sim:rtx4090", help="a simulated GPU (sim:<spec>) or cuda:0")
+    m.add_argument("--gpu-budget", default="4GiB")
+    m.add_argument("--time-limit", type=float, default=20.0)
+    m.set_defaults(run=cmd_demo)
     return ap
 
 

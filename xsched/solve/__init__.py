@@ -1,5 +1,22 @@
-"""Solvers: each turns a graph, a profile and budgets into a simulator-checked `Plan`."""
+"""Solvers: each turns a graph, a profile and budgets into a simulator-checked `Plan`.
 
-from xsched.solve.eager import eager_plan
+`xsched.solve(graph, profile, budgets, ...)` is `xsched.solve.api.solve`: the package itself is callable,
+so the submodules (`xsched.solve.milp`, `.heuristics`, ...) stay reachable under the same name.
+"""
 
-__all__ = ["eager_plan"]
+import sys
+import types
+
+from xsched.solve.api import solve
+from xsched.solve.eager import eager_peak, eager_plan
+from xsched.solve.options import SolverOptions
+
+
+class _CallablePackage(types.ModuleType):
+    def __call__(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN204
+        return solve(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage
+
+__all__ = ["SolverOptions", "eager_peak", "eager_plan", "solve"]
