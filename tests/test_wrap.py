@@ -1,0 +1,190 @@
+"""The drop-in module: training steps, eval/no_grad, repeated calls and new input shapes, against eager PyTorch."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.testing import assert_close
+
+from xsched.errors import XschedError
+from xsched.execute.wrap import XschedModule, wrap
+from xsched.plan import Compute, Copy
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def mlp(depth: int = 6, width: int = 48) -> nn.Module:
+    """Dropout and batch norm in every block: recomputation must replay masks and update stats once."""
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.BatchNorm1d(width), nn.ReLU(), nn.Dropout(0.3)]
+    return nn.Sequential(*layers, nn.Linear(width, 10)).train()
+
+
+def batch(n: int = 256, width: int = 48, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, width, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
+def train(model: nn.Module, steps: int, seed: int = 5, calls: int = 1) -> list[torch.Tensor]:
+    """SGD steps; `calls` forward calls per iteration, their losses summed. Returns the losses."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    torch.manual_seed(seed)
+    losses = []
+    for k in range(steps):
+        loss = sum(nn.functional.cross_entropy(model(x), y) for x, y in (batch(seed=k * 2 + j) for j in range(calls)))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return losses
+
+
+def assert_same_state(a: nn.Module, b: nn.Module) -> None:
+    for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
+        assert_close(p, q, rtol=1e-5, atol=1e-6, msg=lambda m, n=n: f"param {n}: {m}")
+    for (n, p), (_, q) in zip(a.named_buffers(), b.named_buffers()):
+        assert_close(p, q, rtol=1e-5, atol=1e-6, msg=lambda m, n=n: f"buffer {n}: {m}")
+
+
+@pytest.mark.parametrize(
+    "budgets,method",
+    [({"cpu": "100%"}, "eager"), ({"cpu": "50%"}, "auto"), ({"cpu:0": "45%", "cpu:1": "100%"}, "greedy")],
+    ids=["eager", "recompute-50%", "two-devices"],
+)
+def test_trains_like_eager(budgets: dict, method: str) -> None:
+    """Dropout + batch norm, SGD with momentum, 3 steps: losses, params and running stats equal eager's."""
+    eager = mlp()
+    model = copy.deepcopy(eager)
+    w = wrap(model, batch()[:1], budgets, method=method)
+    c = next(iter(w.compiled.values()))
+    if method == "auto":  # the 50% budget forces recomputation
+        assert sum(isinstance(s, Compute) for s in c.plan.steps) > len(c.graph.ops)
+    if method == "greedy":
+        assert any(isinstance(s, Copy) for s in c.plan.steps)
+    ref = train(eager, 3)
+    got = train(w, 3)
+    for a, b in zip(got, ref):
+        assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert_same_state(model, eager)
+
+
+def test_two_calls_in_one_iteration() -> None:
+    eager = mlp()
+    model = copy.deepcopy(eager)
+    w = wrap(model, batch()[:1], {"cpu": "50%"})
+    ref = train(eager, 2, calls=2)
+    got = train(w, 2, calls=2)
+    for a, b in zip(got, ref):
+        assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert_same_state(model, eager)
+
+
+def test_grads_accumulate_like_autograd() -> None:
+    eager = mlp(depth=2)
+    model = copy.deepcopy(eager)
+    w = wrap(model, batch()[:1], {"cpu": "100%"}, method="eager")
+    x, y = batch()
+    for m in (eager, w):
+        torch.manual_seed(9)
+        for _ in range(2):  # two backward passes without zero_grad: grads add up
+            nn.functional.cross_entropy(m(x), y).backward()
+    for p, q in zip(model.parameters(), eager.parameters()):
+        assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_eval_and_no_grad_run_inference_plans() -> None:
+    eager = mlp()
+    model = copy.deepcopy(eager)
+    w = wrap(model, batch()[:1], {"cpu": "100%"}, method="eager")
+    x, _ = batch()
+    torch.manual_seed(4)
+    with torch.no_grad():  # train mode without grad: dropout draws and batch norm updates, as eager does
+        got = w(x)
+    torch.manual_seed(4)
+    with torch.no_grad():
+        want = eager(x)
+    assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert_same_state(model, eager)
+    assert not got.requires_grad
+    w.eval()
+    eager.eval()
+    got, want = w(x), eager(x)
+    assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert {k[0] for k in w.compiled} == {"train", "train-nograd", "eval"}
+    assert all(c.plan.boundary is None for k, c in w.compiled.items() if k[0] != "train")
+
+
+def test_new_input_shape_replans() -> None:
+    eager = mlp(depth=2)
+    model = copy.deepcopy(eager)
+    w = wrap(model, batch(n=64)[:1], {"cpu": "100%"}, method="eager")
+    x, y = batch(n=32)
+    torch.manual_seed(2)
+    nn.functional.cross_entropy(w(x), y).backward()
+    torch.manual_seed(2)
+    nn.functional.cross_entropy(eager(x), y).backward()
+    assert len(w.compiled) == 2
+    for p, q in zip(model.parameters(), eager.parameters()):
+        assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_given_plan_rejects_other_shapes() -> None:
+    model = mlp(depth=2)
+    first = wrap(model, batch(n=64)[:1], {"cpu": "100%"}, method="eager")
+    plan = next(iter(first.compiled.values())).plan
+    w = wrap(copy.deepcopy(model), batch(n=64)[:1], {}, plan=plan)
+    w(batch(n=64)[0]).sum().backward()
+    with pytest.raises(XschedError, match=r"differ from those of the given plan"):
+        w(batch(n=32)[0])
+
+
+def test_zoo_gpt2_output_structure_and_loss() -> None:
+    """A model returning (logits, loss): the structure comes back and loss.backward() fills param.grad."""
+    from xsched import zoo
+
+    z = zoo.build("gpt2", scale="tiny")
+    eager = z.model
+    model = copy.deepcopy(eager)
+    w = wrap(model, z.inputs, {"cpu": "100%"}, method="eager")
+    assert isinstance(w, XschedModule)
+    torch.manual_seed(1)
+    logits, loss = w(*z.inputs)
+    loss.backward()
+    torch.manual_seed(1)
+    elogits, eloss = eager(*z.inputs)
+    eloss.backward()
+    assert_close(logits, elogits, rtol=1e-5, atol=1e-6)
+    assert_close(loss, eloss, rtol=1e-5, atol=1e-6)
+    for (n, p), (_, q) in zip(model.named_parameters(), eager.named_parameters()):
+        assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=lambda m, n=n: f"{n}: {m}")
+
+
+def test_backward_twice_is_a_clear_error() -> None:
+    model = mlp(depth=1)
+    w = wrap(model, batch()[:1], {"cpu": "100%"}, method="eager")
+    out = w(batch()[0]).sum()
+    out.backward(retain_graph=True)
+    with pytest.raises(XschedError, match="second time"):
+        out.backward()
+
+
+def test_bad_budgets_are_clear_errors() -> None:
+    from xsched.errors import BudgetError
+
+    model = mlp(depth=1)
+    with pytest.raises(XschedError, match="needs devices"):
+        wrap(model, batch()[:1], {})
+    with pytest.raises(BudgetError, match="no method fits the budgets") as e:
+        wrap(model, batch()[:1], {"cpu": 1024})
+    assert "eager:" in str(e.value) and "checkpoint:" in str(e.value)  # every method's reason

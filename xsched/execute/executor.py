@@ -1,0 +1,373 @@
+"""The multi-stream executor: runs a plan with one lane per stream of the simulator's overlapped model.
+
+It generalises the reference interpreter (xsched.execute.reference) from one step at a time to one
+thread per stream: each device has a compute lane, each ordered device pair a copy lane, and each
+device a free lane. A step waits for exactly what `xsched.simulate._Clock` makes it wait for:
+- compute of op o on d: the steps that made o's inputs resident on d, and every earlier free on d;
+- copy of v from s to d: the step that made v resident on s, and every earlier free on d;
+- free of v on d: the step that made v resident on d and every read of it since (computes and copies
+  out), so no lane ever loses a tensor it still has to read (no use-after-free across streams).
+Allocations waiting for every earlier free on their device is what keeps the overlapped run within
+the plan's memory; copies wait for nothing else, so they start as early as the plan allows (prefetch).
+Random ops additionally run their first computes in plan order (the CPU generator is shared by the
+lanes), so their draws match eager PyTorch; recomputations replay the state saved at the first run.
+A slice of steps that touches one device and no copy has nothing to overlap: it runs inline in the
+calling thread, which keeps the per-step overhead of an eager plan to a closure call.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from xsched.errors import PlanError, XschedError
+from xsched.execute.compiled import RngLog, compile_inplace, compile_op, random_ops, reusable_inputs, with_rng
+from xsched.execute.reference import RunTrace, torch_device
+from xsched.execute.stores import DeviceStore
+from xsched.execute.workers import Done, Lane, Task, dependencies
+from xsched.graph import Graph
+from xsched.plan import Compute, Copy, Free, Plan, Step, required_homes
+from xsched.simulate import SimResult, simulate
+
+StepFn = Callable[["RunState"], None]
+
+
+@dataclass
+class RunState:
+    """One run (one training iteration) of a plan: the stores, the RNG log, and what the trace recorded."""
+
+    stores: dict[str, DeviceStore]
+    rng: RngLog = field(default_factory=RngLog)
+    keep: list[torch.Tensor] = field(default_factory=list)  # pinned staging buffers, alive while copies may read them
+    resident_after: list[dict[str, int]] = field(default_factory=list)
+    first: dict[str, torch.Tensor] = field(default_factory=dict)  # watched values as first computed
+    next_step: int = 0
+
+    def resident(self) -> dict[str, int]:
+        return {d: s.bytes for d, s in self.stores.items()}
+
+    def peak(self) -> dict[str, int]:
+        return {d: s.peak for d, s in self.stores.items()}
+
+
+def lane_key(s: Step) -> str:
+    if isinstance(s, Compute):
+        return f"compute:{s.device}"
+    if isinstance(s, Copy):
+        return f"copy:{s.src}->{s.dst}"
+    return f"free:{s.device}"
+
+
+class Executor:
+    """Runs `plan` on real devices. `devices` maps plan devices to torch devices (default: "cuda:N" is
+    that GPU, everything else, e.g. "cpu:0" and "cpu:1", is the CPU with its own store and lanes).
+
+    `table` maps each step kind to a function (executor, index, step) -> StepFn; STEP_KINDS is the default.
+    `watch`: values whose first computed tensor each run keeps in RunState.first, even if the plan frees it
+    and recomputes it later (the wrapper writes buffer updates from there, once per iteration).
+    `inplace`: run elementwise ops in place on an input the plan frees right after them (see
+    compiled.reusable_inputs); the same numbers and the same byte accounting, fewer allocations.
+    """
+
+    def __init__(
+        self,
+        graph: Graph,
+        plan: Plan,
+        devices: Mapping[str, torch.device | str] | None = None,
+        *,
+        check: bool = True,
+        table: Mapping[type, Callable[[Executor, int, Any], StepFn]] | None = None,
+        watch: frozenset[str] = frozenset(),
+        inplace: bool = True,
+    ) -> None:
+        if plan.graph != graph.fingerprint:
+            raise PlanError(f"plan is for graph {plan.graph}, not {graph.fingerprint} ({graph.name})", stage="execute")
+        self.graph = graph
+        self.plan = plan
+        self.sim: SimResult | None = simulate(graph, plan, None, check_budgets=False) if check else None
+        self.names = plan.devices
+        self.dev = {d: torch_device(d, devices) for d in self.names}
+        self.nbytes = {v.id: v.nbytes for v in graph.values}
+        self.random = random_ops(graph)
+        self.watch = watch
+        self.must_end_on = required_homes(graph, plan.homes)
+        self._inline: dict[tuple[int, int], bool] = {}
+        steps = plan.steps
+        self.reuse = reusable_inputs(graph, steps, watch) if inplace else {}
+        self.lane_of = [lane_key(s) for s in steps]
+        self.deps = dependencies(graph, steps, self.lane_of)
+        self.d2h = {i for i, s in enumerate(steps) if isinstance(s, Copy) and self.dev[s.src].type == "cuda"}
+        self.lanes = {k: self._make_lane(k, s) for k, s in zip(self.lane_of, steps)}
+        self._finalizer = weakref.finalize(self, _close, list(self.lanes.values()))
+        kinds = {**STEP_KINDS, **(table or {})}
+        self.fns: list[StepFn] = []
+        for i, s in enumerate(steps):
+            if type(s) not in kinds:
+                raise PlanError(f"unknown step {s!r}", stage="execute", step=i)
+            self.fns.append(kinds[type(s)](self, i, s))
+        counts: dict[str, int] = {}
+        for s in steps:
+            if isinstance(s, Compute):
+                counts[s.op] = counts.get(s.op, 0) + 1
+        self.recomputed = tuple(o for o, n in counts.items() if n > 1)
+        self._fold = kinds[Free] is prepare_free  # a custom free handler must see every free step
+        self._programs: dict[tuple[int, int], list[tuple[int, StepFn]]] = {}
+
+    # ---- lanes ----
+    def compute_stream(self, device: str) -> Any:
+        """The CUDA stream a device's compute lane issues onto: the caller's current stream, so autograd's own
+        kernels on that device are ordered with the plan's without extra synchronisation."""
+        return torch.cuda.current_stream(self.dev[device])
+
+    def _make_lane(self, key: str, s: Step) -> Lane:
+        if isinstance(s, Free):
+            return Lane(key, "free")
+        if isinstance(s, Compute):
+            cuda = self.dev[s.device].type == "cuda"
+            return Lane(key, "cuda" if cuda else "host", self.compute_stream(s.device) if cuda else None)
+        src, dst = self.dev[s.src], self.dev[s.dst]
+        if src.type == "cuda" or dst.type == "cuda":  # a side stream per direction, on the GPU end
+            return Lane(key, "cuda", torch.cuda.Stream(device=src if src.type == "cuda" else dst))
+        return Lane(key, "host")
+
+    def close(self) -> None:
+        """Stop the lane threads (also done when the executor is garbage-collected)."""
+        self._finalizer()
+
+    # ---- running ----
+    def start(self, env: Mapping[str, torch.Tensor]) -> RunState:
+        """A fresh run with the graph inputs from `env` on their homes; tangents may come later (`bind`)."""
+        st = RunState({d: DeviceStore(d, self.dev[d], self.nbytes) for d in self.names})
+        for v in self.graph.inputs:
+            home = self.plan.homes[v]
+            if v in env:
+                t = env[v]
+                st.stores[home].put(v, t if t.device == self.dev[home] else t.to(self.dev[home]))
+            elif self.graph.value[v].kind == "tangent":
+                st.stores[home].reserve(v)
+            else:
+                raise XschedError("no tensor given for graph input", stage="execute", value=v, device=home)
+        return st
+
+    def bind(self, st: RunState, env: Mapping[str, torch.Tensor]) -> None:
+        """Supply graph inputs reserved at `start` (the tangents, when backward begins)."""
+        for v, t in env.items():
+            home = self.plan.homes.get(v)
+            if home is None or v not in st.stores[home].reserved:
+                raise XschedError("bind supplies only graph inputs left out at start", stage="execute", value=v)
+            st.stores[home].put(v, t.to(self.dev[home]))
+
+    def run(self, st: RunState, start: int = 0, stop: int | None = None, *, trace: bool = False) -> None:
+        """Run steps [start, stop) and wait for them. `trace` runs them one at a time in plan order in the
+        calling thread (the reference semantics) and records the bytes resident on each device after each
+        step in `st.resident_after`."""
+        stop = len(self.plan.steps) if stop is None else stop
+        if start != st.next_step or not start <= stop <= len(self.plan.steps):
+            raise XschedError(
+                f"cannot run steps [{start}, {stop}): the run is at step {st.next_step} of {len(self.plan.steps)}",
+                stage="execute",
+                step=start,
+            )
+        with torch.no_grad():
+            if trace or self._one_device(start, stop):
+                self._run_inline(st, start, stop, trace)
+            else:
+                self._run_lanes(st, start, stop)
+        st.next_step = stop
+
+    def _one_device(self, start: int, stop: int) -> bool:
+        """True when steps [start, stop) are computes and frees on one device: nothing to overlap."""
+        if (start, stop) not in self._inline:
+            steps = self.plan.steps[start:stop]
+            one = not any(isinstance(s, Copy) for s in steps) and len({s.device for s in steps}) <= 1  # type: ignore[union-attr]
+            self._inline[(start, stop)] = one
+        return self._inline[(start, stop)]
+
+    def _run_inline(self, st: RunState, start: int, stop: int, trace: bool) -> None:
+        steps = (
+            self._program(start, stop) if not trace and self._fold else [(i, self.fns[i]) for i in range(start, stop)]
+        )
+        for i, fn in steps:
+            try:
+                fn(st)
+            except XschedError as e:
+                raise _at_step(e, i, self.plan.steps[i]) from e
+            if i in self.d2h:  # a non-blocking copy to host memory must land before host steps read it
+                torch.cuda.current_stream(self.dev[self.plan.steps[i].src]).synchronize()  # type: ignore[union-attr]
+            if trace:
+                st.resident_after.append(st.resident())
+
+    def _program(self, start: int, stop: int) -> list[tuple[int, StepFn]]:
+        """Steps [start, stop) for an untraced inline run, each row of frees on one device folded into one call
+        (the same drops in the same order, one call and one lock instead of one per value)."""
+        if (start, stop) not in self._programs:
+            out: list[tuple[int, StepFn]] = []
+            steps = self.plan.steps
+            i = start
+            while i < stop:
+                j, s = i + 1, steps[i]
+                if isinstance(s, Free):
+                    while j < stop and isinstance(steps[j], Free) and steps[j].device == s.device:  # type: ignore[union-attr]
+                        j += 1
+                    if j - i > 1:
+                        out.append((i, _drop_all(s.device, tuple(steps[k].value for k in range(i, j)))))  # type: ignore[union-attr]
+                        i = j
+                        continue
+                out.append((i, self.fns[i]))
+                i = j
+            self._programs[(start, stop)] = out
+        return self._programs[(start, stop)]
+
+    def _run_lanes(self, st: RunState, start: int, stop: int) -> None:
+        used = {self.lane_of[i]: self.lanes[self.lane_of[i]] for i in range(start, stop)}
+        for lane in used.values():
+            lane.begin()
+            if lane.kind == "cuda":  # work of earlier slices and of the caller, on the compute streams, comes first
+                for d in self.names:
+                    if self.dev[d].type == "cuda" and self.dev[d] == lane.stream.device:
+                        lane.stream.wait_stream(self.compute_stream(d))
+        dones: dict[int, Done] = {}
+        last: dict[str, Done] = {}
+        errors: list[tuple[int, BaseException]] = []
+        for i in range(start, stop):
+            done = dones[i] = Done()
+            deps = [dones[j] for j in self.deps[i] if j >= start]
+            key = self.lane_of[i]
+            used[key].submit(Task(i, self.fns[i], st, deps, done, errors))
+            last[key] = done
+        for done in last.values():
+            done.event.wait()
+        for d in self.names:  # later work on each GPU's compute stream waits for every lane's last step
+            if self.dev[d].type == "cuda":
+                cur = self.compute_stream(d)
+                for done in last.values():
+                    for _, ev in done.cuda.values():
+                        cur.wait_event(ev)
+        if errors:
+            i, e = min(errors, key=lambda x: x[0])
+            if isinstance(e, XschedError):
+                raise _at_step(e, i, self.plan.steps[i]) from e
+            raise XschedError(f"{type(e).__name__}: {e}", stage="execute", step=i) from e
+
+    def outputs(self, st: RunState) -> dict[str, torch.Tensor]:
+        """The graph outputs of a finished run, each from the device where it must end (else any holding it)."""
+        need = self.must_end_on
+        out: dict[str, torch.Tensor] = {}
+        for v in self.graph.outputs:
+            where = [d for d, store in st.stores.items() if v in store.tensors]
+            if not where:
+                raise PlanError("graph output is not resident anywhere at the end", stage="execute", value=v)
+            out[v] = st.stores[need[v] if need.get(v) in where else where[0]].tensors[v]
+        return out
+
+    def __call__(self, env: Mapping[str, torch.Tensor], *, trace: bool = False) -> RunTrace:
+        """Run the whole plan; the outputs and (with `trace`) the bytes resident after each step."""
+        st = self.start(env)
+        self.run(st, trace=trace)
+        return RunTrace(self.outputs(st), tuple(st.resident_after), self.recomputed)
+
+
+def _drop_all(device: str, values: tuple[str, ...]) -> StepFn:
+    def drop_all(st: RunState) -> None:
+        st.stores[device].drop_all(values)
+
+    return drop_all
+
+
+def _close(lanes: list[Lane]) -> None:
+    for lane in lanes:
+        lane.close()
+
+
+def _at_step(e: XschedError, i: int, s: Step) -> XschedError:
+    op = e.op or (s.op if isinstance(s, Compute) else None)
+    value = e.value or (s.value if isinstance(s, (Copy, Free)) else None)
+    device = e.device or (s.dst if isinstance(s, Copy) else s.device)
+    return XschedError(e.detail, stage=e.stage, step=i, op=op, value=value, device=device)
+
+
+# ---- step kinds: (executor, index, step) -> the function a lane runs ----
+def prepare_compute(ex: Executor, i: int, s: Compute) -> StepFn:
+    op = ex.graph.op[s.op]
+    dev = ex.dev[s.device]
+    kernel = compile_inplace(op, dev) if i in ex.reuse else compile_op(op, dev)
+    replay = with_rng(op, kernel, dev) if op.id in ex.random else None
+    sized = [(v, ex.nbytes[v], v in ex.watch) for v in op.outputs]
+    d = s.device
+
+    def compute(st: RunState) -> None:
+        store = st.stores[d]
+        outs = replay(store.tensors, st.rng) if replay is not None else kernel(store.tensors)
+        for (v, n, watched), t in zip(sized, outs):
+            if t.nbytes != n:
+                raise XschedError(f"op produced {t.nbytes} bytes for a value of {n}",
+                                  stage="execute", op=op.id, value=v, device=d)  # fmt: skip
+            store.put(v, t)
+            if watched:
+                st.first.setdefault(v, t)
+
+    return compute
+
+
+def prepare_copy(ex: Executor, i: int, s: Copy) -> StepFn:
+    move = _mover(ex, s)
+    v, src, dst = s.value, s.src, s.dst
+
+    def copy(st: RunState) -> None:
+        st.stores[dst].put(v, move(st.stores[src].tensors[v], st))
+
+    return copy
+
+
+def prepare_free(ex: Executor, i: int, s: Free) -> StepFn:
+    v, d = s.value, s.device
+
+    def free(st: RunState) -> None:
+        st.stores[d].drop(v)
+
+    return free
+
+
+STEP_KINDS: dict[type, Callable[[Executor, int, Any], StepFn]] = {
+    Compute: prepare_compute,
+    Copy: prepare_copy,
+    Free: prepare_free,
+}
+
+
+def _mover(ex: Executor, s: Copy) -> Callable[[torch.Tensor, RunState], torch.Tensor]:
+    """How one copy moves a tensor: a real clone between logical CPU devices; on CUDA, non-blocking copies
+    on the lane's side stream through pinned host memory, with record_stream telling the caching allocator
+    which other streams use each tensor, so a free never hands its memory out while a stream still reads it."""
+    src, dst = ex.dev[s.src], ex.dev[s.dst]
+    if src.type != "cuda" and dst.type != "cuda":
+        return lambda t, st: t.to(dst, copy=True)
+    side = ex.lanes[lane_key(s)].stream
+    if dst.type == "cuda":
+        reader = ex.compute_stream(s.dst)
+
+        def h2d_or_d2d(t: torch.Tensor, st: RunState) -> torch.Tensor:
+            if t.device.type == "cuda":
+                t.record_stream(side)
+            elif not t.is_pinned():
+                staged = torch.empty_like(t, device="cpu", pin_memory=True)
+                staged.copy_(t)
+                st.keep.append(staged)
+                t = staged
+            out = t.to(dst, non_blocking=True)
+            out.record_stream(reader)
+            return out
+
+        return h2d_or_d2d
+
+    def d2h(t: torch.Tensor, st: RunState) -> torch.Tensor:
+        t.record_stream(side)
+        out = torch.empty_like(t, device="cpu", pin_memory=True)
+        out.copy_(t, non_blocking=True)
+        return out
+
+    return d2h

@@ -1,0 +1,177 @@
+"""Lanes: the streams of the overlapped model, each a thread running its steps in plan order, Done handles, and
+which earlier steps each step waits for.
+
+One compute lane per device, one copy lane per ordered device pair, one free lane per device. Steps wait
+for each other across lanes through `Done` handles: host events, plus CUDA events for GPU work.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from xsched.execute.compiled import random_ops
+from xsched.graph import Graph
+from xsched.plan import Compute, Copy, Step
+
+# lane name -> (step index, CUDA event recorded after that step): events on one stream complete in order,
+# so the latest per lane stands for all earlier ones
+Events = dict[str, tuple[int, Any]]
+_NONE: Events = {}
+
+
+def merge(into: Events, more: Events) -> None:
+    for lane, (i, ev) in more.items():
+        if lane not in into or into[lane][0] < i:
+            into[lane] = (i, ev)
+
+
+class Done:
+    """Completion of one step. `event` is set once the step's host-side work is over (for a CUDA step: once
+    it is issued); `cuda` holds the CUDA events after which its device work is over."""
+
+    __slots__ = ("event", "failed", "cuda")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.failed = False
+        self.cuda: Events = _NONE
+
+    def finish(self, failed: bool = False, cuda: Events = _NONE) -> None:
+        self.failed = failed
+        self.cuda = cuda
+        self.event.set()
+
+
+class Skipped(Exception):
+    """A step whose dependency failed: it does not run, and only the first failure is reported."""
+
+
+@dataclass
+class Task:
+    index: int
+    fn: Callable[[Any], None]
+    arg: Any
+    deps: Sequence[Done]
+    done: Done
+    errors: list[tuple[int, BaseException]] = field(default_factory=list)
+
+
+class Lane:
+    """One stream. kind "host": CPU work (waits for GPU dependencies by synchronising their events);
+    "cuda": issues onto `stream` (waits for GPU dependencies with stream.wait_event, never blocking the host
+    on the GPU); "free": releases tensors once their uses are issued, handing the uses' CUDA events on to the
+    steps that wait for the free, so on the GPU a later allocation waits for the uses, not the host."""
+
+    def __init__(self, name: str, kind: str, stream: Any = None) -> None:
+        self.name = name
+        self.kind = kind
+        self.stream = stream
+        self._q: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._carry: Events = {}  # free lane: the device work every free so far waited for
+
+    def submit(self, task: Task) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=f"xsched-{self.name}", daemon=True)
+            self._thread.start()
+        self._q.put(task)
+
+    def begin(self) -> None:
+        """A new run: events of earlier runs are complete on the device (the run ended by waiting for them)."""
+        self._carry = {}
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._q.put(None)
+            self._thread.join()
+            self._thread = None
+
+    def _loop(self) -> None:
+        torch.set_grad_enabled(False)  # grad mode is per thread; plan steps never build an autograd graph
+        with torch.cuda.stream(self.stream) if self.stream is not None else nullcontext():
+            while (task := self._q.get()) is not None:
+                run_task(self, task)
+
+    def wait(self, dep: Done) -> None:
+        dep.event.wait()
+        if dep.failed:
+            raise Skipped
+        if self.kind == "cuda":
+            for _, ev in dep.cuda.values():
+                self.stream.wait_event(ev)
+        elif self.kind == "host":
+            for _, ev in dep.cuda.values():
+                ev.synchronize()
+
+    def finished(self, index: int, deps: Sequence[Done]) -> Events:
+        """The CUDA events that mark this lane's just-finished step as done on the device."""
+        if self.kind == "cuda":
+            ev = torch.cuda.Event()
+            ev.record(self.stream)
+            return {self.name: (index, ev)}
+        if self.kind == "free":  # frees finish in order, so each stands for every earlier one on the device
+            for d in deps:
+                merge(self._carry, d.cuda)
+            return dict(self._carry) if self._carry else _NONE
+        return _NONE
+
+
+def run_task(lane: Lane, task: Task) -> None:
+    """Wait for the task's dependencies, run it, and always mark it done (failed or not) so no lane hangs."""
+    try:
+        for dep in task.deps:
+            lane.wait(dep)
+        task.fn(task.arg)
+        task.done.finish(cuda=lane.finished(task.index, task.deps))
+    except Skipped:
+        task.done.finish(failed=True)
+    except BaseException as e:  # noqa: BLE001 - reported by the run that submitted the task
+        task.errors.append((task.index, e))
+        task.done.finish(failed=True)
+
+
+def dependencies(graph: Graph, steps: tuple[Step, ...], lanes: list[str]) -> list[tuple[int, ...]]:
+    """For each step, the earlier steps on other lanes it waits for (the simulator's _Clock, by index).
+
+    Of several steps on one lane only the latest is kept: a lane finishes its steps in order.
+    """
+    ready: dict[tuple[str, str], int] = {}
+    reads: dict[tuple[str, str], list[int]] = {}
+    freed: dict[str, int] = {}
+    randoms = random_ops(graph)
+    first_random: int | None = None
+    seen: set[str] = set()
+    out: list[tuple[int, ...]] = []
+    for i, s in enumerate(steps):
+        deps: list[int | None]
+        if isinstance(s, Compute):
+            op = graph.op[s.op]
+            deps = [ready.get((v, s.device)) for v in op.inputs] + [freed.get(s.device)]
+            for v in op.inputs:
+                reads.setdefault((v, s.device), []).append(i)
+            for v in op.outputs:
+                ready[(v, s.device)] = i
+            if op.id in randoms and op.id not in seen:  # first draws in plan order, as eager PyTorch draws them
+                deps.append(first_random)
+                first_random = i
+                seen.add(op.id)
+        elif isinstance(s, Copy):
+            deps = [ready.get((s.value, s.src)), freed.get(s.dst)]
+            reads.setdefault((s.value, s.src), []).append(i)
+            ready[(s.value, s.dst)] = i
+        else:
+            deps = [ready.get((s.value, s.device)), *reads.pop((s.value, s.device), [])]
+            freed[s.device] = i
+        latest: dict[str, int] = {}
+        for j in deps:
+            if j is not None and lanes[j] != lanes[i] and latest.get(lanes[j], -1) < j:
+                latest[lanes[j]] = j
+        out.append(tuple(sorted(latest.values())))
+    return out

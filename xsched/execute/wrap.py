@@ -1,0 +1,334 @@
+"""The drop-in training module: `wrap(model, inputs, budgets)` captures, plans and runs a model through the executor.
+
+Its forward runs the plan's steps before the autograd boundary inside a torch.autograd.Function and its
+backward runs the rest, so `loss.backward()` and `optimizer.step()` work unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
+
+from xsched.capture.torch import capture
+from xsched.errors import BudgetError, XschedError
+from xsched.execute.compiled import getter
+from xsched.execute.executor import Executor, RunState
+from xsched.execute.reference import torch_device
+from xsched.graph import Graph
+from xsched.ops import resolve_ref
+from xsched.plan import Compute, Plan
+from xsched.profile import DeviceInfo, LinkCost, OpCost, Profile
+
+AUTO_METHODS = ("eager", "checkpoint", "greedy", "sqrt")
+
+
+def cost_profile(graph: Graph, devices: Sequence[str]) -> Profile:
+    """A modelled profile (no measurement): each op costs the bytes it touches over the device's bandwidth,
+    each copy a latency plus bytes over the link's bandwidth. Labelled "model" for energy (none is modelled)."""
+    kinds = {d: "cuda" if d.startswith("cuda") else "cpu" for d in devices}
+    bandwidth = {"cpu": 2e10, "cuda": 1e12}
+    compute = {d: {o.id: OpCost(2e-6 + graph.op_bytes(o.id) / bandwidth[kinds[d]]) for o in graph.ops} for d in devices}
+    copy = {
+        f"{a}->{b}": LinkCost(1e-5, 1.2e10 if "cuda" in (kinds[a], kinds[b]) else 1e10)
+        for a in devices
+        for b in devices
+        if a != b
+    }
+    info = {d: DeviceInfo(kinds[d]) for d in devices}
+    return Profile(graph.fingerprint, info, compute, copy, dict.fromkeys(devices, "model"), {"modelled": True})
+
+
+def solve_plan(
+    graph: Graph,
+    budgets: Mapping[str, str | int],
+    devices: Sequence[str] | None = None,
+    method: str = "auto",
+    profile: Profile | None = None,
+    time_limit: float | None = None,
+) -> Plan:
+    """A plan for `graph` within `budgets`: method "auto" tries the heuristics eager, checkpoint, greedy and
+    sqrt in that order (the first that fits wins); any other method goes to xsched.solve.api.solve."""
+    from xsched.solve.api import solve
+
+    devices = list(devices) if devices is not None else list(budgets)
+    if not devices:
+        raise XschedError("wrap needs devices: give budgets per device or devices", stage="execute")
+    profile = profile or cost_profile(graph, devices)
+    options = None
+    if method == "milp" and time_limit is not None:
+        from xsched.solve.options import SolverOptions
+
+        options = SolverOptions(time_limit_s=time_limit)
+    if method != "auto":
+        return solve(graph, profile, budgets, devices, method=method, options=options)
+    why: list[str] = []
+    for m in AUTO_METHODS:
+        try:
+            return solve(graph, profile, budgets, devices, method=m)
+        except BudgetError as e:
+            why.append(f"{m}: {e.detail}")
+    raise BudgetError("no method fits the budgets: " + "; ".join(why), stage="solve")
+
+
+def _signature(inputs: tuple) -> tuple:
+    return tuple(
+        ("tensor", tuple(x.shape), x.dtype, x.requires_grad) if isinstance(x, torch.Tensor) else ("const", repr(x))
+        for x in inputs
+    )
+
+
+def _output_spec(model: nn.Module, inputs: tuple) -> tuple[TreeSpec, list[Any]]:
+    """The structure of model(*inputs), found on fake tensors: its treespec and non-tensor leaves (None at tensors)."""
+    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+        state = {k: mode.from_tensor(t) for k, t in [*model.named_parameters(), *model.named_buffers()]}
+        args = tuple(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs)
+        with torch.no_grad():
+            out = torch.func.functional_call(model, state, args)
+    leaves, spec = tree_flatten(out)
+    return spec, [None if isinstance(x, torch.Tensor) else x for x in leaves]
+
+
+@dataclass
+class Compiled:
+    """One captured graph with its plan and executor, for one input signature and mode."""
+
+    graph: Graph
+    plan: Plan
+    executor: Executor
+    spec: TreeSpec
+    leaves: list[Any]
+    params: list[nn.Parameter]  # trained params, the plan function's autograd inputs (the tensor inputs follow)
+    grad_refs: list[dict | None]  # for each autograd input (params, then tensor inputs): its grad's ref
+    grad_get: list[Any]  # the same, decoded once: outputs -> the grad tensor (see compiled.getter), or None
+    held: list[tuple[str, torch.Tensor, bool]]  # graph input id, param or buffer, snapshot it per call?
+    fed: list[tuple[str, int]]  # graph input id, position among the call's inputs
+    updates: list[tuple[dict, torch.Tensor]]  # ref of a buffer's new value, the module buffer it goes to
+
+    def structure(self, outs: Sequence[torch.Tensor]) -> Any:
+        it = iter(outs)
+        return tree_unflatten([next(it) if x is None else x for x in self.leaves], self.spec)
+
+
+class _Run:
+    """One call of the wrapped module: its executor run, split at the autograd boundary."""
+
+    def __init__(self, c: Compiled, inputs: tuple) -> None:
+        self.c = c
+        env: dict[str, torch.Tensor] = {}
+        for vid, t, snapshot in c.held:  # a snapshot of updated buffers: the update is written back mid-run
+            env[vid] = t.detach().clone() if snapshot else t.detach()
+        for vid, pos in c.fed:
+            env[vid] = inputs[pos].detach()
+        self.state: RunState | None = c.executor.start(env)
+        self.pending = list(c.updates)
+
+    def run(self, start: int, stop: int | None) -> None:
+        assert self.state is not None
+        self.c.executor.run(self.state, start, stop)
+        if self.pending:
+            self._write_buffers()
+
+    def _write_buffers(self) -> None:
+        """Write each buffer update into the module once, as soon as it is first computed (so a second call in
+        the same iteration reads it, as in eager PyTorch), from that first computation, never a recompute."""
+        assert self.state is not None
+        first = self.state.first
+        ready = [(ref, buf) for ref, buf in self.pending if ref["ref"] in first]
+        if ready:
+            with torch.no_grad():
+                torch._foreach_copy_([b for _, b in ready], [resolve_ref(r, first) for r, _ in ready])
+            self.pending = [(ref, buf) for ref, buf in self.pending if ref["ref"] not in first]
+
+    def forward(self) -> tuple[torch.Tensor, ...]:
+        assert self.state is not None
+        self.run(0, self.c.plan.boundary)
+        resident: dict[str, torch.Tensor] = {}
+        for store in self.state.stores.values():
+            for k, t in store.tensors.items():
+                resident.setdefault(k, t)
+        try:
+            return tuple(resolve_ref(r, resident) for r in self.c.graph.extra["forward_outputs"])
+        except XschedError as e:
+            raise XschedError(
+                "a forward output is not resident at the autograd boundary", stage="execute", value=e.value
+            ) from e
+
+    def backward(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        assert self.state is not None, "backward through the wrapped module twice"
+        g = self.c.graph
+        tangents = {}
+        for vid in g.inputs:
+            v = g.value[vid]
+            if v.kind == "tangent":
+                gr = grads[int((v.name or "").split(":")[1])]
+                tangents[vid] = gr if gr is not None else torch.zeros(v.shape or (), dtype=getattr(torch, v.dtype))
+        self.c.executor.bind(self.state, tangents)
+        self.run(self.c.plan.boundary or 0, None)
+        outs = self.c.executor.outputs(self.state)
+        self.state = None  # frees every store of this run
+        return [g(outs) if g is not None else None for g in self.c.grad_get]
+
+
+class _PlanFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, run: _Run, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+        ctx.run = run
+        outs = run.forward()
+        ctx.mark_non_differentiable(*[o for o in outs if not o.is_floating_point()])
+        return outs
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[Any, ...]:  # type: ignore[override]
+        run, ctx.run = ctx.run, None
+        if run is None:
+            raise XschedError("backward through the wrapped module's graph a second time", stage="execute")
+        return (None, *run.backward(grads))
+
+
+class XschedModule(nn.Module):
+    """A model run by xsched plans. Training calls (train mode, grad enabled) run the training plan through
+    autograd; `torch.no_grad()` or `.eval()` runs an inference plan, captured and solved at first use.
+
+    A call whose inputs differ in shape or dtype from every plan so far is re-captured and re-planned under
+    the same budgets (each signature's plan is kept), unless the module was built from a given `plan`:
+    then it raises XschedError, since that plan only fits the graph it was made for.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        example_inputs: tuple,
+        budgets: Mapping[str, str | int],
+        devices: Sequence[str] | None = None,
+        method: str = "auto",
+        time_limit: float | None = None,
+        profile: Profile | None = None,
+        plan: Plan | None = None,
+        inplace: bool = True,
+    ) -> None:
+        super().__init__()
+        self.inplace = inplace  # Executor's in-place reuse of dying inputs (off: every op allocates, as captured)
+        self.module = model
+        self.budgets = dict(budgets)
+        self.devices = list(devices) if devices is not None else (list(budgets) or (list(plan.devices) if plan else []))
+        self.method, self.time_limit, self.profile = method, time_limit, profile
+        self.fixed_plan = plan
+        self.compiled: dict[tuple, Compiled] = {}
+        inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+        first = self._compile(("train", _signature(inputs)), inputs, inference=False, plan=plan)
+        self._move_to_homes(first)
+
+    def _move_to_homes(self, c: Compiled) -> None:
+        """Params and buffers live on their plan home's torch device, so grads land where autograd expects them."""
+        home_of = {
+            c.graph.value[v].name: d for v, d in c.plan.homes.items() if c.graph.value[v].kind in ("param", "buffer")
+        }
+        with torch.no_grad():
+            for name, t in [*self.module.named_parameters(), *self.module.named_buffers()]:
+                dev = torch_device(home_of[name], c.executor.dev) if name in home_of else t.device
+                if t.device != dev:
+                    t.data = t.data.to(dev)
+
+    def _compile(self, key: tuple, inputs: tuple, *, inference: bool, plan: Plan | None = None) -> Compiled:
+        graph = capture(self.module, inputs, inference=inference, name=type(self.module).__name__)
+        if plan is None:
+            profile = self.profile if self.profile is not None and self.profile.graph == graph.fingerprint else None
+            plan = solve_plan(graph, self.budgets, self.devices or None, self.method, profile, self.time_limit)
+        spec, leaves = _output_spec(self.module, inputs)
+        c = self._bindings(graph, plan, inputs, spec, leaves)
+        self.compiled[key] = c
+        return c
+
+    def _bindings(self, graph: Graph, plan: Plan, inputs: tuple, spec: TreeSpec, leaves: list[Any]) -> Compiled:
+        """Resolve, once per graph, which module tensor or call input feeds each graph input and where each
+        grad and buffer update goes. The module's parameter and buffer objects are taken as they are now
+        (updating them in place, as optimizers and load_state_dict do, is seen; replacing them is not)."""
+        params = dict(self.module.named_parameters())
+        buffers = dict(self.module.named_buffers())
+        updates = graph.extra.get("buffer_updates", {})
+        held, fed = [], []
+        reread = _read_after_update(graph, plan)
+        for vid in graph.inputs:
+            v = graph.value[vid]
+            if v.kind == "param":
+                held.append((vid, params[v.name], False))
+            elif v.kind == "buffer":
+                held.append((vid, buffers[v.name], vid in reread))
+            elif v.kind == "input":
+                fed.append((vid, int((v.name or "").split(":")[1])))
+        grads = graph.extra.get("grads", {})
+        input_grads = {int(k): r for k, r in graph.extra.get("input_grads", {}).items()}
+        trained = [n for n, p in params.items() if p.requires_grad]
+        tensors = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)]
+        refs = [grads.get(n) for n in trained] + [input_grads.get(i) for i in tensors]
+        watch = frozenset(r["ref"] for r in updates.values())
+        ex = Executor(graph, plan, watch=watch, inplace=self.inplace)
+        ends = ex.must_end_on
+        get = [None if r is None else getter(r, ex.dev[ends.get(r["ref"], plan.devices[0])]) for r in refs]
+        return Compiled(graph, plan, ex, spec, leaves, [params[n] for n in trained], refs, get, held, fed,
+                        [(r, buffers[n]) for n, r in updates.items()])  # fmt: skip
+
+    def _get(self, mode: str, inputs: tuple) -> Compiled:
+        key = (mode, _signature(inputs))
+        if key in self.compiled:
+            return self.compiled[key]
+        if self.fixed_plan is not None:
+            raise XschedError(
+                f"inputs {_describe(inputs)} differ from those of the given plan's graph (or need an inference "
+                f"plan, mode {mode!r}); wrap without plan= to re-plan per input shape",
+                stage="execute",
+            )
+        return self._compile(key, inputs, inference=mode != "train")
+
+    def forward(self, *inputs: Any) -> Any:
+        if self.training and torch.is_grad_enabled():
+            c = self._get("train", inputs)
+            run = _Run(c, inputs)
+            outs = _PlanFunction.apply(run, *c.params, *[x for x in inputs if isinstance(x, torch.Tensor)])
+            return c.structure(outs)
+        c = self._get("train-nograd" if self.training else "eval", inputs)
+        run = _Run(c, inputs)
+        outs = run.forward()
+        if c.plan.boundary is not None:
+            run.run(c.plan.boundary, None)
+        return c.structure(outs)
+
+
+def _read_after_update(graph: Graph, plan: Plan) -> set[str]:
+    """Buffers some step reads after their update was first computed (recomputation of a batch norm): these
+    need a per-call snapshot, since the update is written into the module buffer as soon as it exists."""
+    of = {graph.value[v].updates: v for v in graph.outputs if graph.value[v].updates}
+    updated: set[str] = set()
+    out: set[str] = set()
+    for s in plan.steps:
+        if isinstance(s, Compute):
+            op = graph.op[s.op]
+            out.update(b for b in op.inputs if of.get(b) in updated)
+            updated.update(op.outputs)
+    return out
+
+
+def _describe(inputs: tuple) -> str:
+    return ", ".join(f"{list(x.shape)}:{str(x.dtype).removeprefix('torch.')}" if isinstance(x, torch.Tensor) else repr(x)
+                     for x in inputs)  # fmt: skip
+
+
+def wrap(
+    model: nn.Module,
+    example_inputs: Any,
+    budgets: Mapping[str, str | int],
+    devices: Sequence[str] | None = None,
+    method: str = "auto",
+    time_limit: float | None = None,
+    profile: Profile | None = None,
+    plan: Plan | None = None,
+    inplace: bool = True,
+) -> XschedModule:
+    """`model` as a module whose training steps run an xsched plan within `budgets` (see XschedModule)."""
+    return XschedModule(model, example_inputs, budgets, devices, method, time_limit, profile, plan, inplace)
