@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import math
 import textwrap
@@ -12,7 +13,7 @@ import torch
 
 import xsched.devices.cpu as cpu_mod
 from xsched.devices import Device, DeviceError, Policy, available_devices, fit_link, get_device, plugin, plugins
-from xsched.devices.base import parse_options, relative_spread, repeat_until_stable, split_device_list
+from xsched.devices.base import Measurement, parse_options, relative_spread, repeat_until_stable, split_device_list
 from xsched.devices.cpu import CpuDevice, thread_clock
 from xsched.devices.energy import RaplReader, modelled_energy
 from xsched.devices.sim import SimDevice
@@ -205,6 +206,47 @@ def test_cpu_energy_is_rapl_when_readable_else_model(monkeypatch, tmp_path):
     monkeypatch.setattr(cpu_mod, "rapl", lambda: RaplReader(tmp_path / "rapl"))
     m = get_device("cpu").measure_op(g, g.op["op0"], FAST)
     assert m.energy_source == "rapl" and m.energy_j == 0.0  # the fake counter does not move
+
+
+def two_op_graph(bad: bool = False) -> Graph:
+    """mm then relu; with bad, the relu is given an unknown target, so it cannot run."""
+    g = mm_graph()
+    relu = Op("op1", "aten.nonexistent_op.default" if bad else "aten.relu.default", ("c",), ("d",))
+    relu = dataclasses.replace(relu, call={"args": [{"ref": "c"}], "kwargs": {}, "outs": [[]]})
+    d = Value("d", g.value["c"].nbytes, "activation", g.value["c"].shape, "float32")
+    return Graph("mm_relu", (*g.values, d), (*g.ops, relu), ("d",))
+
+
+def test_cpu_measure_ops_interleaves_the_ops(monkeypatch):
+    from xsched import ops
+
+    seen, real = [], ops.run_op
+    monkeypatch.setattr(ops, "run_op", lambda op, *a, **k: (seen.append(op.id), real(op, *a, **k))[1])
+    g = two_op_graph()
+    policy = Policy(warmup=1, min_reps=3, max_reps=3, max_time_s=10.0)
+    found = get_device("cpu:threads=1").measure_ops(g, g.ops, policy)
+    # one set-up call each, then one warm-up sweep and three timed sweeps, each op once per sweep, in graph order
+    assert seen == ["op0", "op1"] * (1 + 1 + 3)
+    assert all(isinstance(m, Measurement) and m.time_s > 0 and m.reps == 3 for m in found)
+
+
+def test_cpu_measure_ops_leaves_out_what_cannot_run_and_splits_big_sweeps(monkeypatch):
+    g = two_op_graph(bad=True)
+    found = get_device("cpu").measure_ops(g, g.ops, FAST)
+    assert isinstance(found[0], Measurement) and found[0].time_s > 0
+    assert isinstance(found[1], str) and "op1" in found[1]
+    monkeypatch.setattr(cpu_mod, "SWEEP_BYTES", 1)  # every op a sweep of its own: still one result per op, in order
+    g = two_op_graph()
+    assert [m.reps > 0 for m in get_device("cpu").measure_ops(g, g.ops, FAST)] == [True, True]  # type: ignore[union-attr]
+
+
+def test_cpu_measure_ops_energy_is_rapl_when_readable(monkeypatch, tmp_path):
+    g = two_op_graph()
+    _rapl_tree(tmp_path / "rapl", {"intel-rapl:0": (5_000, 10_000)})
+    monkeypatch.setattr(cpu_mod, "rapl", lambda: RaplReader(tmp_path / "rapl"))
+    assert {m.energy_source for m in get_device("cpu").measure_ops(g, g.ops, FAST)} == {"rapl"}  # type: ignore[union-attr]
+    monkeypatch.setattr(cpu_mod, "rapl", lambda: RaplReader(tmp_path / "none"))
+    assert {m.energy_source for m in get_device("cpu").measure_ops(g, g.ops, FAST)} == {"model"}  # type: ignore[union-attr]
 
 
 def test_cpu_to_cpu_copy_is_a_timed_memcpy():

@@ -99,6 +99,35 @@ def test_same_signature_measured_once(graph, monkeypatch):
     assert len(calls) == 3 * len(groups) and set(p.compute["counting"]) == {o.id for o in graph.ops}
 
 
+def test_each_round_hands_the_device_all_ops_in_graph_order(graph):
+    rounds = []
+
+    class Batch(Device):
+        kind = "batch"
+        memory_bytes = 1
+        description = "measures a round at once"
+
+        def fingerprint_parts(self):
+            return {}
+
+        def measure_op(self, graph, op, policy=None):
+            raise AssertionError("profile_graph should call measure_ops")
+
+        def measure_ops(self, graph, ops, policy=None):
+            rounds.append([o.id for o in ops])
+            return [
+                "no vector unit" if o.target == "aten.relu.default" else Measurement(1e-3, 0.0, "model") for o in ops
+            ]
+
+    p = profile_graph(graph, [Batch("batch")], **{**FAST, "rounds": 2})
+    order = [o.id for o in graph.ops]
+    assert len(rounds) == 2 and rounds[0] == sorted(rounds[0], key=order.index)
+    assert len(rounds[0]) == len(signature_groups(graph))
+    relus = {o.id for o in graph.ops if o.target == "aten.relu.default"}
+    assert relus and set(p.extra["unsupported"]["batch"]) == relus and not relus & set(p.compute["batch"])
+    assert not {o for ids in rounds[1:] for o in ids} & relus  # an op found unrunnable is not asked for again
+
+
 def test_ops_a_device_cannot_run_are_left_out(graph):
     class NoMm(Device):
         kind = "nomm"

@@ -98,7 +98,7 @@ def profile_graph(
 
     Ops with one signature are measured once per round; a real device goes `rounds` times through all of them and
     keeps each op's median over the rounds, so a burst of load from other processes spoils one round of an op,
-    not its cost. Once `max_total_s` is spent, the remaining measurements get the quick policy.
+    not its cost. Once `max_total_s` is spent, the remaining rounds get the quick policy.
     `pinned` says which host memory the `copy` entries assume; the other kind's fit is in extra["links"].
     An op a device cannot run is left out of that device's costs (contract 2), its reason in extra["unsupported"].
     """
@@ -177,18 +177,19 @@ def _measure_device(
     max_total_s: float | None,
     bar: Any,
 ) -> dict[tuple[str, ...], list[Measurement] | str]:
-    """Per signature group: its measurements over the rounds, or why the device cannot run it."""
+    """Per signature group: its measurements over the rounds, or why the device cannot run it. Each round hands
+    the device the runnable groups' first ops at once (Device.measure_ops), in graph order as signature_groups."""
     found: dict[tuple[str, ...], list[Measurement] | str] = {tuple(ids): [] for ids in groups.values()}
     for _ in range(rounds):
-        for op_ids, ms in found.items():
-            bar.update()
-            if isinstance(ms, str):
-                continue
-            late = max_total_s is not None and time.perf_counter() - start >= max_total_s
-            try:
-                ms.append(d.measure_op(graph, graph.op[op_ids[0]], policy.quick() if late else policy))
-            except Exception as e:  # this op cannot run on this device: contract 2 says leave it out
-                found[op_ids] = f"{type(e).__name__}: {e}"
+        todo = [k for k, ms in found.items() if not isinstance(ms, str)]
+        late = max_total_s is not None and time.perf_counter() - start >= max_total_s  # checked once per round
+        results = d.measure_ops(graph, [graph.op[k[0]] for k in todo], policy.quick() if late else policy)
+        for op_ids, m in zip(todo, results, strict=True):
+            if isinstance(m, str):
+                found[op_ids] = m
+            else:
+                found[op_ids].append(m)  # type: ignore[union-attr]
+        bar.update(len(found))
     return found
 
 

@@ -129,6 +129,17 @@ class Device(ABC):
     def measure_op(self, graph: Graph, op: Op, policy: Policy = DEFAULT_POLICY) -> Measurement:
         """Time (and energy, workspace) of one call of `op`; raise when the op cannot run here."""
 
+    def measure_ops(self, graph: Graph, ops: Sequence[Op], policy: Policy = DEFAULT_POLICY) -> list[Measurement | str]:
+        """One round over `ops`: per op its measurement, or why it cannot run here. By default each op on its own;
+        a plugin may instead interleave them in the given order, so each call follows a different op as in a step."""
+        found: list[Measurement | str] = []
+        for op in ops:
+            try:
+                found.append(self.measure_op(graph, op, policy))
+            except Exception as e:  # this op cannot run on this device: contract 2 says leave it out
+                found.append(f"{type(e).__name__}: {e}")
+        return found
+
     def copy_seconds(self, other: Device, nbytes: int, *, outgoing: bool, pinned: bool = True) -> float | None:
         """Seconds to move `nbytes` from self to other (outgoing) or from other to self; None: this plugin cannot tell."""
         return None
