@@ -19,6 +19,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny ops on 2 shared cores: intra-op threads only add contention (6x slower here), so use one."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def chain_graph(sizes: list[int], *, train: bool = False) -> Graph:
     """x -> op0 -> v0 -> op1 -> v1 ...; with train=True a mirrored backward chain reading the forward values."""
     values = [Value("x", 8, "input")]

@@ -30,13 +30,7 @@ from xsched.solve.eager import eager_peak
 TWO = ("cpu:0", "cpu:1")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny ops on 2 shared cores: intra-op threads only add contention (6x slower here), so use one."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def unit_profile(graph: Graph, devices: tuple[str, ...]) -> Profile:

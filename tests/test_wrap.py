@@ -13,13 +13,7 @@ from xsched.errors import XschedError
 from xsched.execute.wrap import XschedModule, wrap
 from xsched.plan import Compute, Copy
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def mlp(depth: int = 6, width: int = 48) -> nn.Module:
