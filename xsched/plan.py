@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
@@ -235,10 +235,6 @@ def place_frees(graph: Graph, steps: Sequence[Step], homes: Mapping[str, str]) -
         out.append(s)
         out.extend(Free(v, d) for v, d in free_after.get(i, []))
     return tuple(out)
-
-
-def compute_steps(steps: Iterable[Step]) -> list[Compute]:
-    return [s for s in steps if isinstance(s, Compute)]
 
 
 def autograd_boundary(graph: Graph, steps: Sequence[Step]) -> int | None:
