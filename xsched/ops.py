@@ -74,6 +74,21 @@ def resolve(target: str) -> Callable[..., Any]:
     return fn
 
 
+@cache
+def is_random_target(target: str) -> bool:
+    """Ops that draw from the RNG (dropout, bernoulli, rand*): recomputing them must replay the same state."""
+    try:
+        fn = resolve(target)
+    except XschedError:
+        return False
+    return torch.Tag.nondeterministic_seeded in getattr(fn, "tags", ())
+
+
+def random_ops(graph: Graph) -> frozenset[str]:
+    """Ids of the ops of `graph` that draw from the RNG."""
+    return frozenset(o.id for o in graph.ops if is_random_target(o.target))
+
+
 def target_name(fn: Any) -> str:
     """The inverse of `resolve` for an OpOverload."""
     if isinstance(fn, torch._ops.OpOverload):

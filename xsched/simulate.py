@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 from xsched.errors import PlanError
 from xsched.graph import Graph
-from xsched.plan import Compute, Copy, Free, Plan, Prediction, required_homes
+from xsched.lanes import overlapped_spans, step_waits
+from xsched.ops import random_ops
+from xsched.plan import Compute, Copy, Free, Plan, Prediction, required_homes, rng_domain
 from xsched.profile import Profile
 
 
@@ -25,7 +27,7 @@ class SimResult:
     time_s: float | None  # sequential: sum of compute and copy times
     makespan_s: float | None  # overlapped: one compute stream per device, one copy stream per pair
     energy_j: float | None
-    step_span: tuple[tuple[float, float], ...]  # overlapped (start, end) of each step
+    step_span: tuple[tuple[float, float], ...]  # overlapped (start, end) of each step (xsched.lanes); none untimed
     computes: int
     copies: int
     copy_bytes: int
@@ -60,7 +62,9 @@ def simulate(
     timed = profile is not None
     seq_time = 0.0
     energy = 0.0
-    clock = _Clock(plan.homes)
+    durations: list[float] = []
+    randoms = random_ops(graph)
+    drawn_from: dict[str, str] = {}  # random op -> the RNG of its first run
     after: list[dict[str, int]] = []
     computed: set[str] = set()
     copy_bytes = n_copies = n_computes = 0
@@ -92,10 +96,16 @@ def simulate(
                 if v not in resident[s.device]:
                     resident[s.device].add(v)
                     used[s.device] += nbytes[v]
+            if op.id in randoms and drawn_from.setdefault(op.id, rng_domain(s.device)) != rng_domain(s.device):
+                raise PlanError(
+                    f"random op runs on {s.device} after a first run drawing from the {drawn_from[op.id]} RNG: "
+                    "its draws cannot be replayed there",
+                    step=i, op=op.id, device=s.device,
+                )  # fmt: skip
             t = cost.time_s if cost else 0.0
             seq_time += t
             energy += cost.energy_j if cost else 0.0
-            clock.compute(op.inputs, op.outputs, s.device, t)
+            durations.append(t)
             computed.add(op.id)
             n_computes += 1
         elif isinstance(s, Copy):
@@ -126,7 +136,7 @@ def simulate(
             used[s.dst] += nbytes[s.value]
             bump(i, s.dst, used[s.dst], value=s.value)
             seq_time += t
-            clock.copy(s.value, s.src, s.dst, t)
+            durations.append(t)
             copy_bytes += nbytes[s.value]
             n_copies += 1
         elif isinstance(s, Free):
@@ -136,20 +146,21 @@ def simulate(
                 raise PlanError("graph input freed on its home device", step=i, value=s.value, device=s.device)
             resident[s.device].discard(s.value)
             used[s.device] -= nbytes[s.value]
-            clock.free(s.value, s.device)
+            durations.append(0.0)
         else:
             raise PlanError(f"unknown step {s!r}", step=i)
         after.append(dict(used))
 
     _check_end(graph, plan, resident, computed)
+    spans = overlapped_spans(plan.steps, durations, step_waits(graph, plan.steps, randoms)) if timed else []
     return SimResult(
         peak_bytes=peak,
         peak_step=peak_step,
         resident_after=tuple(after),
         time_s=seq_time if timed else None,
-        makespan_s=clock.makespan if timed else None,
+        makespan_s=max((e for _, e in spans), default=0.0) if timed else None,
         energy_j=energy if timed else None,
-        step_span=tuple(clock.spans),
+        step_span=tuple(spans),
         computes=n_computes,
         copies=n_copies,
         copy_bytes=copy_bytes,
@@ -180,45 +191,3 @@ def _check_end(graph: Graph, plan: Plan, resident: Mapping[str, set[str]], compu
         need = must_end_on.get(v)
         if need is not None and need not in where:
             raise PlanError(f"output must end on {need}, its param's or buffer's home", step=n, value=v, device=need)
-
-
-class _Clock:
-    """Overlapped timing: each step starts when its stream is free and its dependencies are done.
-
-    Steps on one stream run in plan order. An allocating step on a device also waits for the frees
-    before it on that device, so the overlapped run never needs more memory than the plan frees.
-    """
-
-    def __init__(self, homes: Mapping[str, str]) -> None:
-        self.ready: dict[tuple[str, str], float] = {(v, d): 0.0 for v, d in homes.items()}
-        self.last_read: dict[tuple[str, str], float] = {}
-        self.stream: dict[tuple[str, ...], float] = {}
-        self.freed: dict[str, float] = {}
-        self.spans: list[tuple[float, float]] = []
-        self.makespan = 0.0
-
-    def _run(self, stream: tuple[str, ...], deps: float, t: float) -> float:
-        start = max(self.stream.get(stream, 0.0), deps)
-        end = start + t
-        self.stream[stream] = end
-        self.spans.append((start, end))
-        self.makespan = max(self.makespan, end)
-        return end
-
-    def compute(self, inputs: tuple[str, ...], outputs: tuple[str, ...], d: str, t: float) -> None:
-        deps = max([self.ready[(v, d)] for v in inputs] + [self.freed.get(d, 0.0)])
-        end = self._run(("compute", d), deps, t)
-        for v in inputs:
-            self.last_read[(v, d)] = max(self.last_read.get((v, d), 0.0), end)
-        for v in outputs:
-            self.ready[(v, d)] = end
-
-    def copy(self, v: str, src: str, dst: str, t: float) -> None:
-        end = self._run(("copy", src, dst), max(self.ready[(v, src)], self.freed.get(dst, 0.0)), t)
-        self.last_read[(v, src)] = max(self.last_read.get((v, src), 0.0), end)
-        self.ready[(v, dst)] = end
-
-    def free(self, v: str, d: str) -> None:
-        at = max(self.ready[(v, d)], self.last_read.pop((v, d), 0.0))
-        self.freed[d] = max(self.freed.get(d, 0.0), at)
-        self.spans.append((at, at))

@@ -15,7 +15,7 @@ import torch
 
 from xsched.errors import PlanError, XschedError
 from xsched.graph import Graph, Op
-from xsched.ops import resolve, run_op
+from xsched.ops import is_random_target, run_op
 from xsched.plan import Compute, Copy, Free, Plan, Step, required_homes
 
 
@@ -40,11 +40,7 @@ def torch_device(name: str, devices: Mapping[str, torch.device | str] | None = N
 
 def is_random(op: Op) -> bool:
     """Ops that draw from the RNG (dropout, bernoulli, rand*): recomputing them must replay the same state."""
-    try:
-        fn = resolve(op.target)
-    except XschedError:
-        return False
-    return torch.Tag.nondeterministic_seeded in getattr(fn, "tags", ())
+    return is_random_target(op.target)
 
 
 @dataclass

@@ -16,9 +16,10 @@ from typing import Any
 
 import torch
 
-from xsched.execute.compiled import random_ops
 from xsched.graph import Graph
-from xsched.plan import Compute, Copy, Step
+from xsched.lanes import lane_of, step_waits
+from xsched.ops import random_ops
+from xsched.plan import Step
 
 # lane name -> (step index, CUDA event recorded after that step): events on one stream complete in order,
 # so the latest per lane stands for all earlier ones
@@ -138,40 +139,6 @@ def run_task(lane: Lane, task: Task) -> None:
 
 
 def dependencies(graph: Graph, steps: tuple[Step, ...], lanes: list[str]) -> list[tuple[int, ...]]:
-    """For each step, the earlier steps on other lanes it waits for (the simulator's _Clock, by index).
-
-    Of several steps on one lane only the latest is kept: a lane finishes its steps in order.
-    """
-    ready: dict[tuple[str, str], int] = {}
-    reads: dict[tuple[str, str], list[int]] = {}
-    freed: dict[str, int] = {}
-    randoms = random_ops(graph)
-    first_random: int | None = None
-    seen: set[str] = set()
-    out: list[tuple[int, ...]] = []
-    for i, s in enumerate(steps):
-        deps: list[int | None]
-        if isinstance(s, Compute):
-            op = graph.op[s.op]
-            deps = [ready.get((v, s.device)) for v in op.inputs] + [freed.get(s.device)]
-            for v in op.inputs:
-                reads.setdefault((v, s.device), []).append(i)
-            for v in op.outputs:
-                ready[(v, s.device)] = i
-            if op.id in randoms and op.id not in seen:  # first draws in plan order, as eager PyTorch draws them
-                deps.append(first_random)
-                first_random = i
-                seen.add(op.id)
-        elif isinstance(s, Copy):
-            deps = [ready.get((s.value, s.src)), freed.get(s.dst)]
-            reads.setdefault((s.value, s.src), []).append(i)
-            ready[(s.value, s.dst)] = i
-        else:
-            deps = [ready.get((s.value, s.device)), *reads.pop((s.value, s.device), [])]
-            freed[s.device] = i
-        latest: dict[str, int] = {}
-        for j in deps:
-            if j is not None and lanes[j] != lanes[i] and latest.get(lanes[j], -1) < j:
-                latest[lanes[j]] = j
-        out.append(tuple(sorted(latest.values())))
-    return out
+    """For each step, the earlier steps on other lanes it waits for: xsched.lanes, the simulator's model."""
+    assert lanes == [lane_of(s) for s in steps], "executor lanes are the overlapped model's lanes"
+    return step_waits(graph, steps, random_ops(graph))
