@@ -422,3 +422,36 @@ def test_slow_lp_falls_back_to_the_structural_restriction(monkeypatch: pytest.Mo
     plan = checked(g, solve_milp(g, prof, budgets, ["bench"], {}, SolverOptions(time_limit_s=20.0)), prof, budgets)
     base = sum(prof.op_cost(o.id, "bench").time_s for o in g.ops)
     assert plan.predicted.time_s / base - 1 <= 0.023
+
+
+def _shared_draw(target: str) -> tuple[Graph, Profile]:
+    """One 1 MB value `m` made by `target` from nothing and read on both a CPU and a GPU (each reader runs on one
+    of them only); computing `m` takes 1 ms anywhere, copying it over the 1 MB/s link takes 1 s."""
+    g = Graph(
+        "draw",
+        (Value("m", 10**6), Value("p", 4), Value("q", 4)),
+        (
+            Op("r", target, (), ("m",)),
+            Op("b", "aten.sum.default", ("m",), ("p",)),
+            Op("c", "aten.sum.default", ("m",), ("q",)),
+        ),
+        ("p", "q"),
+    )
+    compute = {"cpu": {"r": OpCost(1e-3), "b": OpCost(1e-3)}, "cuda:0": {"r": OpCost(1e-3), "c": OpCost(1e-3)}}
+    links = {"cpu->cuda:0": LinkCost(1e-3, 1e6), "cuda:0->cpu": LinkCost(1e-3, 1e6)}
+    return g, Profile(g.fingerprint, {"cpu": DeviceInfo("cpu"), "cuda:0": DeviceInfo("cuda")}, compute, links)
+
+
+@pytest.mark.parametrize(("target", "random"), [("aten.rand.default", True), ("aten.zeros.default", False)])
+def test_a_random_op_draws_from_one_rng_only(target: str, random: bool) -> None:
+    """Running `m`'s maker on both devices saves the 1 s copy, but a random maker drawing from the CPU's and then
+    the GPU's generator gives two different `m`: the MILP must copy instead (the deterministic control may not)."""
+    g, profile = _shared_draw(target)
+    plan = solve_milp(g, profile, {}, ("cpu", "cuda:0"), {})
+    simulate(g, plan, profile)
+    ran_on = {s.device for s in plan.steps if isinstance(s, Compute) and s.op == "r"}
+    copies = [s for s in plan.steps if isinstance(s, Copy)]
+    if random:
+        assert len(ran_on) == 1 and [c.value for c in copies] == ["m"]
+    else:
+        assert ran_on == {"cpu", "cuda:0"} and not copies

@@ -243,3 +243,17 @@ def test_two_device_split_with_copies_is_valid_and_dropping_a_copy_is_named(g, d
         with pytest.raises(PlanError) as e:
             simulate(g, make_plan(g, rest, homes=homes))
         assert e.value.value == c.value
+
+
+def test_random_op_rerun_must_draw_from_the_same_rng():
+    """A random op first run on the CPU may be recomputed on another logical CPU, not on a GPU."""
+    g = Graph("draw", (Value("m", 8), Value("p", 4)), (Op("r", "aten.rand.default", (), ("m",)),
+              Op("b", "aten.sum.default", ("m",), ("p",))), ("p",))  # fmt: skip
+
+    def rerun_on(dev: str) -> Plan:
+        return make_plan(g, [Compute("r", "cpu:0"), Free("m", "cpu:0"), Compute("r", dev), Compute("b", dev)], {})
+
+    simulate(g, rerun_on("cpu:1"))
+    with pytest.raises(PlanError, match="cannot be replayed") as e:
+        simulate(g, rerun_on("cuda:0"))
+    assert (e.value.op, e.value.step, e.value.device) == ("r", 2, "cuda:0")

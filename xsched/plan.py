@@ -177,6 +177,12 @@ def step_from_dict(d: Mapping[str, Any], index: int) -> Step:
     raise PlanError(f"unknown step kind {kind!r}", stage="plan", step=index)
 
 
+def rng_domain(device: str) -> str:
+    """The RNG a plan device draws from: "cuda:N" draws from that GPU's generator, every other device from the
+    CPU's. A random op recomputed in another domain cannot replay its first run's draws."""
+    return device if device.startswith("cuda") else "cpu"
+
+
 def required_homes(graph: Graph, homes: Mapping[str, str]) -> dict[str, str]:
     """Output value -> the device where it must be resident at the end (param grads, buffer updates)."""
     need: dict[str, str] = {}

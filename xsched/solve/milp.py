@@ -189,6 +189,13 @@ def build_model(st: Stages, options: SolverOptions) -> pyo.ConcreteModel:
         nxt = s(d, t + 1, v)  # a value freed in stage t is not kept into t+1 and is not at its (variable) home
         for kept in ([nxt] if not isinstance(nxt, int) else []) + ([H[v, d]] if v in st.h_values else []):
             m.free.add(sum(fs) + kept <= 1)
+    m.K = pyo.Var(st.k_keys, domain=pyo.Binary)  # K[i,r]: random op i draws from RNG r (where devices span several)
+    m.draws = pyo.ConstraintList()  # a random op runs in one RNG domain only, so recomputes replay its draws
+    for i in dict.fromkeys(i for i, _ in st.k_keys):
+        m.draws.add(sum(m.K[i, r] for r in st.rngs) <= 1)
+    for d, t, i in st.r_keys:
+        if (i, st.rng[d]) in m.K:
+            m.draws.add(R[d, t, i] <= m.K[i, st.rng[d]])
     u_defs: list = []  # (U, its defining expression) in chain order, to evaluate a MIP start
     m.start_mem = pyo.ConstraintList()  # resident values + copies arriving fit the budget during the copies
     m.run_mem = (
@@ -229,6 +236,8 @@ def set_start(m: pyo.ConcreteModel, st: Stages, sol: Solution) -> None:
     for group, on in ((m.R, sol.r_on), (m.S, sol.s_on), (m.C, sol.c_on), (m.H, sol.h_on)):
         for k in group:
             group[k].set_value(1 if k in on else 0)
+    for i, r in st.k_keys:
+        m.K[i, r].set_value(1 if any(st.rng[d] == r and i == j for d, _, j in sol.r_on) else 0)
     for key in st.f_keys:
         d, t, v, k = key
         kept = st.home.get(v) == d or (d, t + 1, v) in sol.s_on or (v, d) in sol.h_on

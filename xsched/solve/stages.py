@@ -9,6 +9,8 @@ from typing import Any
 
 from xsched.errors import PlanError, ProfileError
 from xsched.graph import Graph
+from xsched.ops import random_ops
+from xsched.plan import rng_domain
 from xsched.profile import Profile
 from xsched.solve.options import SolverOptions
 
@@ -54,6 +56,9 @@ class Stages:
     s_keys: list[tuple[int, int, int]] = field(default_factory=list)
     c_keys: list[tuple[int, int, int, int]] = field(default_factory=list)
     h_keys: list[tuple[int, int]] = field(default_factory=list)
+    rng: list[str] = field(default_factory=list)  # [d] -> the RNG device d draws from (plan.rng_domain)
+    rngs: tuple[str, ...] = ()  # the distinct RNGs of the devices
+    k_keys: list[tuple[int, str]] = field(default_factory=list)  # (random op, RNG), only when rngs has several
     f_keys: list[tuple[int, int, int, int]] = field(default_factory=list)
     copy_time: dict[tuple[int, int, int, int], float] = field(default_factory=dict)
     copy_energy: dict[tuple[int, int, int, int], float] = field(default_factory=dict)
@@ -196,6 +201,11 @@ def _keys(st: Stages, runs: list[list[bool]], may: list[set[int]], link: Mapping
             st.r_at[(d, t)] = ops
             st.r_keys += [(d, t, i) for i in ops]
     st.h_keys = [(v, d) for v in st.free_home for d in range(nd)]
+    st.rng = [rng_domain(d) for d in st.devices]
+    st.rngs = tuple(dict.fromkeys(st.rng))
+    if len(st.rngs) > 1:
+        randoms = random_ops(st.graph)
+        st.k_keys = [(i, r) for i, op in enumerate(st.graph.ops) if op.id in randoms for r in st.rngs]
     for v in range(len(st.mem)):
         lo, hi = st.s_lo[v], st.s_hi[v]
         for d in sorted(may[v]):
