@@ -40,7 +40,7 @@ def solve(
     heuristic that fits; if the MILP finds no incumbent in its time limit, or only one slower than
     that heuristic plan, the heuristic plan is returned with status "heuristic" and
     extra["fallback_from"] == "milp"; with neither, NoIncumbent is raised) or one of the heuristics
-    "eager", "greedy", "fastest", "sqrt", "checkpoint". warm_start: a plan of the caller's (same graph
+    "eager", "greedy", "fastest", "sqrt", "checkpoint", "offload". warm_start: a plan of the caller's (same graph
     and homes) that competes with the heuristics for the MILP's warm start when it meets these budgets.
     """
     if method not in METHODS:

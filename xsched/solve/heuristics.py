@@ -14,6 +14,7 @@ from xsched.errors import BudgetError, XschedError
 from xsched.graph import Graph
 from xsched.plan import Compute, Plan
 from xsched.profile import Profile
+from xsched.solve.offload import offload_search
 from xsched.solve.remat import checkpoint_search, sqrt_checkpoint
 from xsched.solve.routing import best_single_device, op_workspace, route_and_finish
 
@@ -115,6 +116,7 @@ HEURISTICS: dict[str, Callable[..., Plan]] = {
     "fastest": fastest,
     "sqrt": sqrt_checkpoint,
     "checkpoint": checkpoint_search,
+    "offload": offload_search,
 }
 
 

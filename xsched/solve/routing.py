@@ -18,13 +18,14 @@ from xsched.simulate import simulate
 
 def route(
     graph: Graph,
-    computes: Iterable[Compute],
+    computes: Iterable[Compute | Copy],
     homes: Mapping[str, str],
     profile: Profile | None = None,
     *,
     early_home_copies: bool = False,
 ) -> tuple[Step, ...]:
     """Steps running `computes` in order, with the copies their inputs need and frees after last uses.
+    Copies among `computes` are kept where they are (a caller's own transfers, e.g. offloading).
 
     An input not resident on the op's device is copied there right before the op, from the resident
     device with the cheapest link. Outputs that must end on a param's or buffer's home are copied
@@ -42,6 +43,10 @@ def route(
         where[v].append(dst)
 
     for c in computes:
+        if isinstance(c, Copy):
+            steps.append(c)
+            where.setdefault(c.value, []).append(c.dst)
+            continue
         op = graph.op[c.op]
         for v in dict.fromkeys(op.inputs):
             if c.device not in where.get(v, ()):

@@ -1,0 +1,180 @@
+"""Activation offloading: compute on one device and park values on another between two distant uses (swapping,
+as vDNN and Capuchin do), with the copy back issued a few ops early so it can hide behind compute; combined with
+checkpointing when parking alone does not fit."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+from xsched.budgets import format_bytes
+from xsched.errors import BudgetError, PlanError
+from xsched.graph import Graph
+from xsched.plan import Compute, Copy, Free, Plan, Step
+from xsched.profile import Profile
+from xsched.solve.remat import candidate_keeps, checkpoint_computes, evict_computes
+from xsched.solve.routing import finish, route
+
+PREFETCH_OPS = (8, 2, 0)  # how many computes early a copy back is issued, tried in this order
+MAX_ORDERS = 24  # checkpointing orders tried when parking alone does not fit
+
+
+def gaps(graph: Graph, computes: Sequence[Compute], homes: Mapping[str, str]) -> list[tuple[int, int, str]]:
+    """(last event, next read, value): for each value its widest stretch of computes with no use between a
+    compute that makes or reads it and the next compute reading it. Graph inputs homed on the compute device
+    stay (they are never freed there); a stretch ending in a recompute needs no parking."""
+    last: dict[str, int] = {}
+    best: dict[str, tuple[int, int]] = {}
+    for k, c in enumerate(computes):
+        op = graph.op[c.op]
+        for v in op.inputs:
+            if v in last and homes.get(v) != c.device and k - last[v] > 1:
+                i, j = best.get(v, (0, 0))
+                if k - last[v] > j - i:
+                    best[v] = (last[v], k)
+            last[v] = k
+        for v in op.outputs:
+            last[v] = k
+    return [(i, j, v) for v, (i, j) in best.items()]
+
+
+def with_parking(
+    computes: Sequence[Compute],
+    parked: Sequence[tuple[int, int, str]],
+    store: str,
+    prefetch: int,
+    homes: Mapping[str, str],
+) -> list[Compute | Copy]:
+    """`computes` with each parked value copied to `store` after compute i (unless `store` is its home, which
+    holds it anyway) and back `prefetch` computes before compute j (never before i + 1). route() adds the other
+    copies and the frees (after each residency's last read: the copy out frees the compute device until the
+    copy back)."""
+    out_after: dict[int, list[str]] = {}
+    back_before: dict[int, list[str]] = {}
+    for i, j, v in parked:
+        if homes.get(v) != store:
+            out_after.setdefault(i, []).append(v)
+        back_before.setdefault(max(i + 1, j - prefetch), []).append(v)
+    steps: list[Compute | Copy] = []
+    for k, c in enumerate(computes):
+        steps += [Copy(v, store, c.device) for v in back_before.get(k, ())]
+        steps.append(c)
+        steps += [Copy(v, c.device, store) for v in out_after.get(k, ())]
+    return steps
+
+
+def _parked_plan(graph, computes, parked, store, homes, profile, prefetch, defer=False) -> Plan:  # noqa: ANN001
+    """The routed plan, simulated, budgets not checked. With `defer`, the frees that follow a copy out wait
+    until after the next compute on the device, which then need not wait for the copy (more memory, less time)."""
+    steps = route(graph, with_parking(computes, parked, store, prefetch, homes), homes, profile)
+    if defer:
+        steps = deferred_frees(steps, {v for _, _, v in parked})
+    return finish(graph, steps, "offload", {}, homes, profile, 0.0)
+
+
+def deferred_frees(steps: Sequence[Step], parked: set[str]) -> tuple[Step, ...]:
+    """Each free of a parked value right after its copy out moved behind the next compute on that device."""
+    out: list[Step] = []
+    waiting: dict[str, list[Free]] = {}  # device -> frees to place after its next compute
+    for k, s in enumerate(steps):
+        prev = steps[k - 1] if k else None
+        if isinstance(s, Free) and s.value in parked and isinstance(prev, Copy) and prev.value == s.value:
+            waiting.setdefault(s.device, []).append(s)
+            continue
+        if isinstance(s, Copy) and any(f.value == s.value for f in waiting.get(s.dst, ())):
+            out += [f for f in waiting[s.dst] if f.value == s.value]  # back before the next compute: free first
+            waiting[s.dst] = [f for f in waiting[s.dst] if f.value != s.value]
+        out.append(s)
+        if isinstance(s, Compute):
+            out += waiting.pop(s.device, [])
+    return (*out, *(f for fs in waiting.values() for f in fs))
+
+
+def _time(plan: Plan) -> float:
+    return plan.predicted.makespan_s or plan.predicted.time_s or 0.0
+
+
+def _fits(plan: Plan, budgets: Mapping[str, int], devices: Sequence[str]) -> bool:
+    return all(plan.predicted.peak_bytes.get(d, 0) <= budgets[d] for d in devices if d in budgets)
+
+
+def recompute_orders(graph: Graph, device: str, budget: int | None, profile: Profile | None) -> list[list[Compute]]:
+    """At most MAX_ORDERS checkpointing orders, fewest recomputes first, evenly spread over the keep sets; then
+    eviction's order at the budget (it fits the compute device with nothing parked, when it exists)."""
+    orders = sorted((checkpoint_computes(graph, k, device) for k in candidate_keeps(graph)), key=len)
+    step = max(1, len(orders) / MAX_ORDERS)
+    orders = [orders[int(k * step)] for k in range(min(len(orders), MAX_ORDERS))]
+    if budget is not None:
+        try:
+            orders.append(evict_computes(graph, device, budget, profile))
+        except BudgetError:
+            pass  # no eviction order fits the budget alone: parking must do the rest
+    return orders
+
+
+def offload_search(
+    graph: Graph, profile: Profile | None, budgets: Mapping[str, int], devices: Sequence[str], homes: Mapping[str, str]
+) -> Plan:
+    """The fastest fitting plan that computes on one device and parks values on another: graph order first,
+    then checkpoint keep sets (fewest recomputes first) when parking every gap is not enough."""
+    t0 = time.perf_counter()
+    pairs = [(c, s) for c in devices for s in devices if c != s]
+    if not pairs:
+        raise BudgetError("offloading needs two devices", stage="solve")
+    failures: list[str] = []
+    plans: list[tuple[float, tuple, dict]] = []
+    for c, store in pairs:
+        if profile is not None and not all(profile.can_run(o.id, c) for o in graph.ops):
+            failures.append(f"{c}: cannot run every op")
+            continue
+        orders = [[Compute(o.id, c) for o in graph.ops], *recompute_orders(graph, c, budgets.get(c), profile)]
+        try:
+            found = _first_fit(graph, orders, store, budgets, homes, profile)
+        except PlanError as e:  # e.g. no copy link between the two devices in the profile
+            failures.append(f"compute on {c}, park on {store}: {e.detail}")
+            continue
+        if isinstance(found, str):
+            failures.append(f"compute on {c}, park on {store}: {found}")
+        else:
+            plans.append(found)
+    if not plans:
+        has = ", ".join(f"{d} {format_bytes(b)}" for d, b in budgets.items())
+        raise BudgetError("offload: " + "; ".join(failures) + f" (budgets: {has})", stage="solve")
+    (_, steps, extra) = min(plans, key=lambda p: p[0])
+    return finish(graph, steps, "offload", budgets, homes, profile, t0, **extra)
+
+
+def _first_fit(graph, orders, store, budgets, homes, profile) -> tuple[float, tuple, dict] | str:  # noqa: ANN001
+    """(makespan, steps, facts) of the first order (cheapest first) that fits when parking its widest gaps
+    (bytes x computes, largest first). Parking more frees the compute device and fills the store, so take the
+    fewest values that fit the compute device (bisection), at the earliest prefetch distance that fits, and
+    keep it if the store holds them. Else why not, in words."""
+    why = f"no order fits {orders[0][0].device}, even parking every gap"
+    for n, computes in enumerate(orders):
+        c = computes[0].device
+        cands = sorted(gaps(graph, computes, homes), key=lambda g: -(g[1] - g[0]) * graph.value[g[2]].nbytes)
+        if not _fits(_parked_plan(graph, computes, cands, store, homes, profile, 0), budgets, [c]):
+            continue  # parking every gap with no prefetch is the leanest this order gets on its compute device
+        for prefetch in PREFETCH_OPS:
+
+            def plan_of(k: int, prefetch: int = prefetch, computes: list = computes, cands: list = cands) -> Plan:
+                return _parked_plan(graph, computes, cands[:k], store, homes, profile, prefetch)
+
+            if not _fits(plan_of(len(cands)), budgets, [c]):
+                continue
+            lo, hi = 0, len(cands)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if _fits(plan_of(mid), budgets, [c]) else (mid + 1, hi)
+            plan = plan_of(lo)
+            if not _fits(plan, budgets, [c]):  # the peak is not monotone in the prefix: park every gap
+                lo, plan = len(cands), plan_of(len(cands))
+            if not _fits(plan, budgets, list(budgets)):
+                why = f"what {computes[0].device} must park to fit overflows {store}, in every order that fits"
+                break  # a later order recomputes more and parks less
+            deferred = _parked_plan(graph, computes, cands[:lo], store, homes, profile, prefetch, defer=True)
+            defer = _fits(deferred, budgets, list(budgets)) and _time(deferred) < _time(plan)
+            plan = deferred if defer else plan
+            facts = {"parked": lo, "prefetch_ops": prefetch, "deferred_frees": defer, "order": n}
+            return _time(plan), plan.steps, facts | {"recomputes": len(computes) - len(graph.ops)}
+    return why
