@@ -182,3 +182,24 @@ def test_bad_budgets_are_clear_errors() -> None:
     with pytest.raises(BudgetError, match="no method fits the budgets") as e:
         wrap(model, batch()[:1], {"cpu": 1024})
     assert "eager:" in str(e.value) and "checkpoint:" in str(e.value)  # every method's reason
+
+
+def test_grads_reach_param_grad_without_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The grads the backward plan computes become param.grad as they are (autograd steals them, views of the
+    plan's tensors included): no copy per parameter per step."""
+    import importlib
+
+    wrap_module = importlib.import_module("xsched.execute.wrap")
+    model = mlp(depth=2)
+    w = wrap(model, batch()[:1], {"cpu": "100%"}, method="eager")
+    handed: list[int] = []
+    backward = wrap_module._Run.backward
+
+    def spy(self, grads):  # noqa: ANN001, ANN202
+        out = backward(self, grads)
+        handed.extend(g.data_ptr() for g in out if g is not None)
+        return out
+
+    monkeypatch.setattr(wrap_module._Run, "backward", spy)
+    w(batch()[0]).sum().backward()
+    assert handed == [p.grad.data_ptr() for p in model.parameters()]

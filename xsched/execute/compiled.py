@@ -40,8 +40,28 @@ def _direct(fn: Any) -> Callable[..., Any]:
     return getattr(fn, "_op", fn) if isinstance(fn, torch._ops.OpOverload) else fn
 
 
+# Folded views as the Tensor methods that run the same aten op: PyTorch's generated bindings parse their
+# arguments faster than an OpOverload's generic schema path (~0.3-0.5 us of a 1-2 us call, on every view of
+# every call). Value: the most positional arguments the method takes (expand's `implicit` is keyword-only).
+_VIEW_METHODS = {
+    "aten.view.default": (torch.Tensor.view, 1),
+    "aten.t.default": (torch.Tensor.t, 0),
+    "aten.transpose.int": (torch.Tensor.transpose, 2),
+    "aten.permute.default": (torch.Tensor.permute, 1),
+    "aten.expand.default": (torch.Tensor.expand, 1),
+    "aten.unsqueeze.default": (torch.Tensor.unsqueeze, 1),
+    "aten.detach.default": (torch.Tensor.detach, 0),
+}
+
+
+def view_fn(target: str, nargs: int) -> Callable[..., Any]:
+    """The callable applying view `target` to a tensor and `nargs` more positional arguments."""
+    method, most = _VIEW_METHODS.get(target, (None, -1))
+    return method if method is not None and nargs <= most else _direct(resolve(target))
+
+
 def _view_fns(chain: Sequence[Sequence[Any]], device: torch.device) -> list[tuple[Callable[..., Any], list[Any]]]:
-    return [(_direct(resolve(target)), decode(list(args), {}, device)) for target, args in chain]
+    return [(view_fn(target, len(args)), decode(list(args), {}, device)) for target, args in chain]
 
 
 def getter(x: Any, device: torch.device) -> Getter:
@@ -132,10 +152,20 @@ class RngLog:
         self.states: dict[str, torch.Tensor] = {}
 
 
-def with_rng(op: Op, kernel: Kernel, device: torch.device) -> Callable[[Store, RngLog], tuple[torch.Tensor, ...]]:
+def with_rng(
+    op: Op, kernel: Kernel, device: torch.device, record: bool = True
+) -> Callable[[Store, RngLog], tuple[torch.Tensor, ...]]:
     """Wrap a random op's kernel: the first run records the generator state, a rerun draws the same numbers
-    and then leaves the generator where it was, so the run's random stream matches eager PyTorch."""
+    and then leaves the generator where it was, so the run's random stream matches eager PyTorch. Without
+    `record` (an op the plan computes once) it only holds the generator's lock: there is nothing to replay."""
     lock = _rng_lock(device)
+    if not record:
+
+        def locked(store: Store, log: RngLog) -> tuple[torch.Tensor, ...]:
+            with lock:
+                return kernel(store)
+
+        return locked
 
     def run(store: Store, log: RngLog) -> tuple[torch.Tensor, ...]:
         with lock:

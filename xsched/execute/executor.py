@@ -12,13 +12,13 @@ the plan's memory; copies wait for nothing else, so they start as early as the p
 Random ops additionally run their first computes in plan order (the CPU generator is shared by the
 lanes), so their draws match eager PyTorch; recomputations replay the state saved at the first run.
 A slice of steps that touches one device and no copy has nothing to overlap: it runs inline in the
-calling thread, which keeps the per-step overhead of an eager plan to a closure call.
+calling thread as one generated function (xsched.execute.program), about a call per op.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,7 @@ import torch
 
 from xsched.errors import PlanError, XschedError
 from xsched.execute.compiled import RngLog, compile_inplace, compile_op, random_ops, reusable_inputs, with_rng
+from xsched.execute.program import inline_program
 from xsched.execute.reference import RunTrace, torch_device
 from xsched.execute.stores import DeviceStore
 from xsched.execute.workers import Done, Lane, Task, dependencies
@@ -96,6 +97,9 @@ class Executor:
         self.watch = watch
         self.must_end_on = required_homes(graph, plan.homes)
         self._inline: dict[tuple[int, int], bool] = {}
+        self._homes = [(d, tuple(v for v in graph.inputs if plan.homes[v] == d and graph.value[v].kind != "tangent"),
+                        tuple(v for v in graph.inputs if plan.homes[v] == d and graph.value[v].kind == "tangent"))
+                       for d in self.names]  # fmt: skip
         steps = plan.steps
         self.reuse = reusable_inputs(graph, steps, watch) if inplace else {}
         self.lane_of = [lane_key(s) for s in steps]
@@ -103,19 +107,21 @@ class Executor:
         self.d2h = {i for i, s in enumerate(steps) if isinstance(s, Copy) and self.dev[s.src].type == "cuda"}
         self.lanes = {k: self._make_lane(k, s) for k, s in zip(self.lane_of, steps)}
         self._finalizer = weakref.finalize(self, _close, list(self.lanes.values()))
+        counts: dict[str, int] = {}
+        for s in steps:
+            if isinstance(s, Compute):
+                counts[s.op] = counts.get(s.op, 0) + 1
+        self.recomputed = tuple(o for o, n in counts.items() if n > 1)
+        self.recomputed_random = self.random & frozenset(self.recomputed)  # only these need their RNG state saved
         kinds = {**STEP_KINDS, **(table or {})}
         self.fns: list[StepFn] = []
         for i, s in enumerate(steps):
             if type(s) not in kinds:
                 raise PlanError(f"unknown step {s!r}", stage="execute", step=i)
             self.fns.append(kinds[type(s)](self, i, s))
-        counts: dict[str, int] = {}
-        for s in steps:
-            if isinstance(s, Compute):
-                counts[s.op] = counts.get(s.op, 0) + 1
-        self.recomputed = tuple(o for o, n in counts.items() if n > 1)
-        self._fold = kinds[Free] is prepare_free  # a custom free handler must see every free step
-        self._programs: dict[tuple[int, int], list[tuple[int, StepFn]]] = {}
+        # inline slices run as generated programs, unless a custom step kind must see its steps
+        self._generate = kinds[Compute] is prepare_compute and kinds[Free] is prepare_free
+        self._programs: dict[tuple[int, int], StepFn] = {}
 
     # ---- lanes ----
     def compute_stream(self, device: str) -> Any:
@@ -142,15 +148,24 @@ class Executor:
     def start(self, env: Mapping[str, torch.Tensor]) -> RunState:
         """A fresh run with the graph inputs from `env` on their homes; tangents may come later (`bind`)."""
         st = RunState({d: DeviceStore(d, self.dev[d], self.nbytes) for d in self.names})
-        for v in self.graph.inputs:
-            home = self.plan.homes[v]
-            if v in env:
-                t = env[v]
-                st.stores[home].put(v, t if t.device == self.dev[home] else t.to(self.dev[home]))
-            elif self.graph.value[v].kind == "tangent":
-                st.stores[home].reserve(v)
+        for d, ids, tangents in self._homes:
+            store, dev = st.stores[d], self.dev[d]
+            try:
+                tensors = {v: env[v] for v in ids}
+            except KeyError as e:
+                raise XschedError("no tensor given for graph input", stage="execute", value=e.args[0], device=d) from e
+            if dev.type == "cpu":
+                moved = [v for v, t in tensors.items() if not t.is_cpu]
             else:
-                raise XschedError("no tensor given for graph input", stage="execute", value=v, device=home)
+                moved = [v for v, t in tensors.items() if t.device != dev]
+            for v in moved:
+                tensors[v] = tensors[v].to(dev)
+            store.fill(tensors)
+            for v in tangents:
+                if v in env:
+                    store.put(v, env[v].to(dev))
+                else:
+                    store.reserve(v)
         return st
 
     def bind(self, st: RunState, env: Mapping[str, torch.Tensor]) -> None:
@@ -188,39 +203,21 @@ class Executor:
         return self._inline[(start, stop)]
 
     def _run_inline(self, st: RunState, start: int, stop: int, trace: bool) -> None:
-        steps = (
-            self._program(start, stop) if not trace and self._fold else [(i, self.fns[i]) for i in range(start, stop)]
-        )
-        for i, fn in steps:
+        if not trace and self._generate:
+            program = self._programs.get((start, stop))
+            if program is None:
+                program = self._programs[(start, stop)] = inline_program(self, start, stop)
+            program(st)
+            return
+        for i in range(start, stop):
             try:
-                fn(st)
+                self.fns[i](st)
             except XschedError as e:
                 raise _at_step(e, i, self.plan.steps[i]) from e
             if i in self.d2h:  # a non-blocking copy to host memory must land before host steps read it
                 torch.cuda.current_stream(self.dev[self.plan.steps[i].src]).synchronize()  # type: ignore[union-attr]
             if trace:
                 st.resident_after.append(st.resident())
-
-    def _program(self, start: int, stop: int) -> list[tuple[int, StepFn]]:
-        """Steps [start, stop) for an untraced inline run, each row of frees on one device folded into one call
-        (the same drops in the same order, one call and one lock instead of one per value)."""
-        if (start, stop) not in self._programs:
-            out: list[tuple[int, StepFn]] = []
-            steps = self.plan.steps
-            i = start
-            while i < stop:
-                j, s = i + 1, steps[i]
-                if isinstance(s, Free):
-                    while j < stop and isinstance(steps[j], Free) and steps[j].device == s.device:  # type: ignore[union-attr]
-                        j += 1
-                    if j - i > 1:
-                        out.append((i, _drop_all(s.device, tuple(steps[k].value for k in range(i, j)))))  # type: ignore[union-attr]
-                        i = j
-                        continue
-                out.append((i, self.fns[i]))
-                i = j
-            self._programs[(start, stop)] = out
-        return self._programs[(start, stop)]
 
     def _run_lanes(self, st: RunState, start: int, stop: int) -> None:
         used = {self.lane_of[i]: self.lanes[self.lane_of[i]] for i in range(start, stop)}
@@ -253,15 +250,20 @@ class Executor:
                 raise _at_step(e, i, self.plan.steps[i]) from e
             raise XschedError(f"{type(e).__name__}: {e}", stage="execute", step=i) from e
 
-    def outputs(self, st: RunState) -> dict[str, torch.Tensor]:
-        """The graph outputs of a finished run, each from the device where it must end (else any holding it)."""
+    def outputs(self, st: RunState, values: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
+        """The graph outputs (or those of `values`) of a finished run, each from the device where it must end
+        (else any holding it)."""
         need = self.must_end_on
         out: dict[str, torch.Tensor] = {}
-        for v in self.graph.outputs:
-            where = [d for d, store in st.stores.items() if v in store.tensors]
-            if not where:
-                raise PlanError("graph output is not resident anywhere at the end", stage="execute", value=v)
-            out[v] = st.stores[need[v] if need.get(v) in where else where[0]].tensors[v]
+        for v in self.graph.outputs if values is None else values:
+            home = need.get(v)
+            t = st.stores[home].tensors.get(v) if home is not None else None
+            if t is None:
+                where = [d for d, store in st.stores.items() if v in store.tensors]
+                if not where:
+                    raise PlanError("graph output is not resident anywhere at the end", stage="execute", value=v)
+                t = st.stores[where[0]].tensors[v]
+            out[v] = t
         return out
 
     def __call__(self, env: Mapping[str, torch.Tensor], *, trace: bool = False) -> RunTrace:
@@ -269,13 +271,6 @@ class Executor:
         st = self.start(env)
         self.run(st, trace=trace)
         return RunTrace(self.outputs(st), tuple(st.resident_after), self.recomputed)
-
-
-def _drop_all(device: str, values: tuple[str, ...]) -> StepFn:
-    def drop_all(st: RunState) -> None:
-        st.stores[device].drop_all(values)
-
-    return drop_all
 
 
 def _close(lanes: list[Lane]) -> None:
@@ -295,7 +290,7 @@ def prepare_compute(ex: Executor, i: int, s: Compute) -> StepFn:
     op = ex.graph.op[s.op]
     dev = ex.dev[s.device]
     kernel = compile_inplace(op, dev) if i in ex.reuse else compile_op(op, dev)
-    replay = with_rng(op, kernel, dev) if op.id in ex.random else None
+    replay = with_rng(op, kernel, dev, record=op.id in ex.recomputed_random) if op.id in ex.random else None
     sized = [(v, ex.nbytes[v], v in ex.watch) for v in op.outputs]
     d = s.device
 

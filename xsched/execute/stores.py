@@ -35,6 +35,12 @@ class DeviceStore:
                 self.reserved.add(vid)
                 self._grow(vid)
 
+    def fill(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Start an empty store with `tensors` resident (their dict becomes the store's)."""
+        assert not self.tensors and not self.reserved
+        self.tensors = tensors
+        self.bytes = self.peak = sum(map(self.nbytes.__getitem__, tensors))
+
     def put(self, vid: str, t: torch.Tensor) -> None:
         """Make `vid` resident; a value already resident (recomputed while held) keeps its bytes counted once."""
         with self._lock:
@@ -55,16 +61,6 @@ class DeviceStore:
             t = self.tensors.pop(vid)
             self.bytes -= self.nbytes[vid]
             return t
-
-    def drop_all(self, vids: tuple[str, ...]) -> None:
-        """drop(v) for each of `vids`, in order, under one lock."""
-        with self._lock:
-            for vid in vids:
-                if vid in self.reserved:
-                    self.reserved.discard(vid)
-                else:
-                    del self.tensors[vid]
-                self.bytes -= self.nbytes[vid]
 
     def _grow(self, vid: str) -> None:
         self.bytes += self.nbytes[vid]

@@ -13,15 +13,16 @@ from typing import Any
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.autograd.function import _SingleLevelFunction
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from xsched.capture.torch import capture
 from xsched.errors import BudgetError, XschedError
 from xsched.execute.compiled import getter
 from xsched.execute.executor import Executor, RunState
+from xsched.execute.program import gather
 from xsched.execute.reference import torch_device
 from xsched.graph import Graph
-from xsched.ops import resolve_ref
 from xsched.plan import Compute, Plan
 from xsched.profile import DeviceInfo, LinkCost, OpCost, Profile
 
@@ -96,7 +97,8 @@ def _output_spec(model: nn.Module, inputs: tuple) -> tuple[TreeSpec, list[Any]]:
 
 @dataclass
 class Compiled:
-    """One captured graph with its plan and executor, for one input signature and mode."""
+    """One captured graph with its plan and executor, for one input signature and mode, and every per-call lookup
+    resolved once: a call only zips tensors into the executor's stores and reads results back out."""
 
     graph: Graph
     plan: Plan
@@ -105,12 +107,50 @@ class Compiled:
     leaves: list[Any]
     params: list[nn.Parameter]  # trained params, the plan function's autograd inputs (the tensor inputs follow)
     grad_refs: list[dict | None]  # for each autograd input (params, then tensor inputs): its grad's ref
-    grad_get: list[Any]  # the same, decoded once: outputs -> the grad tensor (see compiled.getter), or None
     held: list[tuple[str, torch.Tensor, bool]]  # graph input id, param or buffer, snapshot it per call?
     fed: list[tuple[str, int]]  # graph input id, position among the call's inputs
     updates: list[tuple[dict, torch.Tensor]]  # ref of a buffer's new value, the module buffer it goes to
 
+    def __post_init__(self) -> None:
+        # Params and buffers go into the stores as they are: the executor runs under no_grad, so nothing it
+        # computes from them records autograd history (a forward output that is one of them is detached).
+        self.held_ids = tuple(v for v, _, snap in self.held if not snap)
+        self.held_tensors = [t for _, t, snap in self.held if not snap]
+        self.snapshots = [(v, t) for v, t, snap in self.held if snap]
+        g, ex = self.graph, self.executor
+        self.tangents = [(v, int((g.value[v].name or "").split(":")[1]), g.value[v].shape or (),
+                          getattr(torch, g.value[v].dtype)) for v in g.inputs if g.value[v].kind == "tangent"]  # fmt: skip
+        self.out_get = [(r["ref"], {d: getter(r, ex.dev[d]) for d in ex.names}) for r in g.extra["forward_outputs"]]
+        self.grad_ids = tuple(dict.fromkeys(r["ref"] for r in self.grad_refs if r is not None))
+        ends = ex.must_end_on
+        homes = {ends.get(v) for v in self.grad_ids}
+        self.grads_home = homes.pop() if len(homes) == 1 and None not in homes else None  # all on one device?
+        # store -> the grad of each autograd input (None where it has none), views applied, in one generated call
+        self.grads_of = gather(self.grad_refs, [ex.dev[ends.get(r["ref"], ex.names[0])] if r else None
+                                                for r in self.grad_refs])  # fmt: skip
+        first: dict[str, int] = {}  # value -> the step that first computes it (buffer updates are written then)
+        for i, s in enumerate(self.plan.steps):
+            if isinstance(s, Compute):
+                for v in g.op[s.op].outputs:
+                    first.setdefault(v, i)
+        self.first_step = first
+        self._writes: dict[tuple[int, int], tuple[list[torch.Tensor], list[Any]]] = {}
+        self.single = self.spec.is_leaf()
+
+    def writes(self, start: int, stop: int) -> tuple[list[torch.Tensor], list[Any]]:
+        """The buffer updates first computed in steps [start, stop): module buffers and getters of their values."""
+        if (start, stop) not in self._writes:
+            ex, steps = self.executor, self.plan.steps
+            rows = [(buf, r) for r, buf in self.updates if start <= self.first_step.get(r["ref"], -1) < stop]
+            self._writes[(start, stop)] = (
+                [buf for buf, _ in rows],
+                [getter(r, ex.dev[steps[self.first_step[r["ref"]]].device]) for _, r in rows],  # type: ignore[union-attr]
+            )
+        return self._writes[(start, stop)]
+
     def structure(self, outs: Sequence[torch.Tensor]) -> Any:
+        if self.single:
+            return outs[0]
         it = iter(outs)
         return tree_unflatten([next(it) if x is None else x for x in self.leaves], self.spec)
 
@@ -118,61 +158,58 @@ class Compiled:
 class _Run:
     """One call of the wrapped module: its executor run, split at the autograd boundary."""
 
+    __slots__ = ("c", "state")
+
     def __init__(self, c: Compiled, inputs: tuple) -> None:
         self.c = c
-        env: dict[str, torch.Tensor] = {}
-        for vid, t, snapshot in c.held:  # a snapshot of updated buffers: the update is written back mid-run
-            env[vid] = t.detach().clone() if snapshot else t.detach()
+        env = dict(zip(c.held_ids, c.held_tensors))
+        for vid, t in c.snapshots:  # updated buffers read after the update: it is written back mid-run
+            env[vid] = t.detach().clone()
         for vid, pos in c.fed:
             env[vid] = inputs[pos].detach()
         self.state: RunState | None = c.executor.start(env)
-        self.pending = list(c.updates)
 
     def run(self, start: int, stop: int | None) -> None:
+        """Run steps [start, stop), then write each buffer update first computed there into the module, once (so
+        a second call in the same iteration reads it, as in eager PyTorch), never from a recomputation."""
         assert self.state is not None
-        self.c.executor.run(self.state, start, stop)
-        if self.pending:
-            self._write_buffers()
-
-    def _write_buffers(self) -> None:
-        """Write each buffer update into the module once, as soon as it is first computed (so a second call in
-        the same iteration reads it, as in eager PyTorch), from that first computation, never a recompute."""
-        assert self.state is not None
-        first = self.state.first
-        ready = [(ref, buf) for ref, buf in self.pending if ref["ref"] in first]
-        if ready:
+        c = self.c
+        c.executor.run(self.state, start, stop)
+        bufs, gets = c.writes(start, len(c.plan.steps) if stop is None else stop)
+        if bufs:
+            first = self.state.first
             with torch.no_grad():
-                torch._foreach_copy_([b for _, b in ready], [resolve_ref(r, first) for r, _ in ready])
-            self.pending = [(ref, buf) for ref, buf in self.pending if ref["ref"] not in first]
+                torch._foreach_copy_(bufs, [get(first) for get in gets])
 
     def forward(self) -> tuple[torch.Tensor, ...]:
         assert self.state is not None
         self.run(0, self.c.plan.boundary)
-        resident: dict[str, torch.Tensor] = {}
-        for store in self.state.stores.values():
-            for k, t in store.tensors.items():
-                resident.setdefault(k, t)
-        try:
-            return tuple(resolve_ref(r, resident) for r in self.c.graph.extra["forward_outputs"])
-        except XschedError as e:
-            raise XschedError(
-                "a forward output is not resident at the autograd boundary", stage="execute", value=e.value
-            ) from e
+        stores = list(self.state.stores.items())
+        outs = []
+        for vid, get in self.c.out_get:
+            t = next((get[d](s.tensors) for d, s in stores if vid in s.tensors), None)
+            if t is None:
+                raise XschedError("a forward output is not resident at the autograd boundary", stage="execute",
+                                  value=vid)  # fmt: skip
+            outs.append(t.detach() if t.requires_grad else t)
+        return tuple(outs)
 
     def backward(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
         assert self.state is not None, "backward through the wrapped module twice"
-        g = self.c.graph
+        c = self.c
         tangents = {}
-        for vid in g.inputs:
-            v = g.value[vid]
-            if v.kind == "tangent":
-                gr = grads[int((v.name or "").split(":")[1])]
-                tangents[vid] = gr if gr is not None else torch.zeros(v.shape or (), dtype=getattr(torch, v.dtype))
-        self.c.executor.bind(self.state, tangents)
-        self.run(self.c.plan.boundary or 0, None)
-        outs = self.c.executor.outputs(self.state)
-        self.state = None  # frees every store of this run
-        return [g(outs) if g is not None else None for g in self.c.grad_get]
+        for vid, k, shape, dtype in c.tangents:
+            gr = grads[k]
+            tangents[vid] = gr if gr is not None else torch.zeros(shape, dtype=dtype)
+        c.executor.bind(self.state, tangents)
+        self.run(c.plan.boundary or 0, None)
+        st, self.state = self.state, None  # the stores of this run go when this returns
+        if c.grads_home is not None:
+            try:
+                return c.grads_of(st.stores[c.grads_home].tensors)
+            except KeyError:  # not where it must end: let outputs() find it, or say it is nowhere
+                pass
+        return c.grads_of(c.executor.outputs(st, c.grad_ids))
 
 
 class _PlanFunction(torch.autograd.Function):
@@ -189,6 +226,11 @@ class _PlanFunction(torch.autograd.Function):
         if run is None:
             raise XschedError("backward through the wrapped module's graph a second time", stage="execute")
         return (None, *run.backward(grads))
+
+
+# Function.apply's Python layer only unwraps functorch's dead wrappers, a generator step per parameter, before
+# calling the C++ apply; outside functorch transforms the wrapper calls the C++ apply directly.
+_apply_c = super(_SingleLevelFunction, _PlanFunction).apply
 
 
 class XschedModule(nn.Module):
@@ -269,9 +311,7 @@ class XschedModule(nn.Module):
         refs = [grads.get(n) for n in trained] + [input_grads.get(i) for i in tensors]
         watch = frozenset(r["ref"] for r in updates.values())
         ex = Executor(graph, plan, watch=watch, inplace=self.inplace)
-        ends = ex.must_end_on
-        get = [None if r is None else getter(r, ex.dev[ends.get(r["ref"], plan.devices[0])]) for r in refs]
-        return Compiled(graph, plan, ex, spec, leaves, [params[n] for n in trained], refs, get, held, fed,
+        return Compiled(graph, plan, ex, spec, leaves, [params[n] for n in trained], refs, held, fed,
                         [(r, buffers[n]) for n, r in updates.items()])  # fmt: skip
 
     def _get(self, mode: str, inputs: tuple) -> Compiled:
@@ -290,7 +330,8 @@ class XschedModule(nn.Module):
         if self.training and torch.is_grad_enabled():
             c = self._get("train", inputs)
             run = _Run(c, inputs)
-            outs = _PlanFunction.apply(run, *c.params, *[x for x in inputs if isinstance(x, torch.Tensor)])
+            apply = _PlanFunction.apply if torch._C._are_functorch_transforms_active() else _apply_c
+            outs = apply(run, *c.params, *[x for x in inputs if isinstance(x, torch.Tensor)])
             return c.structure(outs)
         c = self._get("train-nograd" if self.training else "eval", inputs)
         run = _Run(c, inputs)
