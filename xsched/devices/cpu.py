@@ -30,7 +30,7 @@ from xsched.devices.energy import modelled_energy, rapl
 from xsched.graph import Graph, Op
 
 SWEEP_BYTES = 2 << 30  # at most about this much input/output memory per interleaved sweep (measure_ops)
-# Used when no devices/*.toml spec matches this CPU's model: a mid-range server socket. Labelled "model".
+# Used when no xsched/devices/specs/*.toml spec matches this CPU's model: a mid-range server socket. Labelled "model".
 DEFAULT_POWER = {"idle_power_w": 10.0, "max_power_w": 65.0}
 
 

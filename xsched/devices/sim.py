@@ -1,4 +1,4 @@
-"""Simulated devices: an analytic roofline from a TOML spec in devices/ (peak FLOP/s, bandwidths, power).
+"""Simulated devices: an analytic roofline from a TOML spec in xsched/devices/specs/ (peak FLOP/s, bandwidths, power).
 
 Op time   = max(flops / peak_flops[dtype], bytes / memory_bandwidth) + launch_overhead_s, where flops come
             from torch's FlopCounterMode running the op on meta tensors and bytes are the op's input and
@@ -41,7 +41,7 @@ SPEC_PATH_ENV = "XSCHED_DEVICES_PATH"
 
 @dataclass(frozen=True)
 class DeviceSpec:
-    """A device description file (devices/*.toml)."""
+    """A device description file (xsched/devices/specs/*.toml)."""
 
     name: str
     title: str
@@ -75,9 +75,9 @@ class DeviceSpec:
 
 
 def spec_dirs() -> list[Path]:
-    """Where specs are looked up: the $XSCHED_DEVICES_PATH folders, then the checkout's top-level devices/."""
+    """Where specs are looked up: the $XSCHED_DEVICES_PATH folders, then the specs shipped with the package."""
     dirs = [Path(p) for p in os.environ.get(SPEC_PATH_ENV, "").split(os.pathsep) if p]
-    dirs.append(Path(__file__).resolve().parents[2] / "devices")
+    dirs.append(Path(__file__).resolve().parent / "specs")
     return list(dict.fromkeys(d for d in dirs if d.is_dir()))
 
 
@@ -111,7 +111,7 @@ def load_spec(name: str) -> DeviceSpec:
     for spec in all_specs().values():
         if name in spec.aliases:
             return spec
-    where = ", ".join(str(d) for d in spec_dirs()) or f"no devices/ folder (set ${SPEC_PATH_ENV})"
+    where = ", ".join(str(d) for d in spec_dirs()) or f"no spec folder (set ${SPEC_PATH_ENV})"
     raise DeviceError(
         f"no device spec named {name!r} in {where}; specs: {', '.join(sorted(files)) or 'none'}", device=f"sim:{name}"
     )
