@@ -16,7 +16,7 @@ from xsched import zoo
 from xsched.budgets import parse_budgets
 from xsched.capture.torch import bind_inputs, capture, unpack_outputs
 from xsched.errors import BudgetError, PlanError, XschedError
-from xsched.execute.executor import STEP_KINDS, Executor, dependencies, lane_key
+from xsched.execute.executor import STEP_KINDS, Executor
 from xsched.execute.reference import execute
 from xsched.execute.report import cli_run, measure
 from xsched.graph import Graph
@@ -295,15 +295,6 @@ def test_inplace_reuse_only_for_values_nothing_else_reads() -> None:
         ex.close()
     assert Executor(graph, freed, watch=frozenset({"a"})).reuse == {}  # the wrapper keeps watched tensors
     assert Executor(graph, freed, inplace=False).reuse == {}
-
-
-def test_dependencies_follow_the_simulator_clock() -> None:
-    graph, _ = _pair_graph()
-    plan = _pair_plan(graph)
-    lanes = [lane_key(s) for s in plan.steps]
-    assert lanes == ["compute:cpu:0", "copy:cpu:0->cpu:1", "free:cpu:0", "compute:cpu:1", "free:cpu:1"]
-    # copy waits for relu; each free for the step that made `a` resident and its reads; neg for the copy
-    assert dependencies(graph, plan.steps, lanes) == [(), (0,), (0, 1), (1,), (1, 3)]
 
 
 def test_failure_names_the_step_and_does_not_hang() -> None:

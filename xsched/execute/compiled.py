@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from xsched.errors import XschedError
-from xsched.execute.reference import _get_rng, _set_rng, is_random
+from xsched.execute.reference import _get_rng, _set_rng
 from xsched.graph import Graph, Op
 from xsched.ops import decode, is_executable, resolve
 
@@ -181,10 +181,6 @@ def with_rng(
                 _set_rng(device, resume)
 
     return run
-
-
-def random_ops(graph: Graph) -> frozenset[str]:
-    return frozenset(o.id for o in graph.ops if is_random(o))
 
 
 # Functional elementwise ops and their in-place twins (same kernel, so bitwise the same result): eager PyTorch

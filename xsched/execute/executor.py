@@ -25,12 +25,14 @@ from typing import Any
 import torch
 
 from xsched.errors import PlanError, XschedError
-from xsched.execute.compiled import RngLog, compile_inplace, compile_op, random_ops, reusable_inputs, with_rng
+from xsched.execute.compiled import RngLog, compile_inplace, compile_op, reusable_inputs, with_rng
 from xsched.execute.program import inline_program
 from xsched.execute.reference import RunTrace, torch_device
 from xsched.execute.stores import DeviceStore
-from xsched.execute.workers import Done, Lane, Task, dependencies
+from xsched.execute.workers import Done, Lane, Task
 from xsched.graph import Graph
+from xsched.lanes import lane_of, step_waits
+from xsched.ops import random_ops
 from xsched.plan import Compute, Copy, Free, Plan, Step, required_homes
 from xsched.simulate import SimResult, simulate
 
@@ -53,14 +55,6 @@ class RunState:
 
     def peak(self) -> dict[str, int]:
         return {d: s.peak for d, s in self.stores.items()}
-
-
-def lane_key(s: Step) -> str:
-    if isinstance(s, Compute):
-        return f"compute:{s.device}"
-    if isinstance(s, Copy):
-        return f"copy:{s.src}->{s.dst}"
-    return f"free:{s.device}"
 
 
 class Executor:
@@ -102,8 +96,8 @@ class Executor:
                        for d in self.names]  # fmt: skip
         steps = plan.steps
         self.reuse = reusable_inputs(graph, steps, watch) if inplace else {}
-        self.lane_of = [lane_key(s) for s in steps]
-        self.deps = dependencies(graph, steps, self.lane_of)
+        self.lane_of = [lane_of(s) for s in steps]
+        self.deps = step_waits(graph, steps, self.random)  # the simulator's overlapped model
         self.d2h = {i for i, s in enumerate(steps) if isinstance(s, Copy) and self.dev[s.src].type == "cuda"}
         self.lanes = {k: self._make_lane(k, s) for k, s in zip(self.lane_of, steps)}
         self._finalizer = weakref.finalize(self, _close, list(self.lanes.values()))
@@ -341,7 +335,7 @@ def _mover(ex: Executor, s: Copy) -> Callable[[torch.Tensor, RunState], torch.Te
     src, dst = ex.dev[s.src], ex.dev[s.dst]
     if src.type != "cuda" and dst.type != "cuda":
         return lambda t, st: t.to(dst, copy=True)
-    side = ex.lanes[lane_key(s)].stream
+    side = ex.lanes[lane_of(s)].stream
     if dst.type == "cuda":
         reader = ex.compute_stream(s.dst)
 

@@ -1,8 +1,6 @@
-"""Lanes: the streams of the overlapped model, each a thread running its steps in plan order, Done handles, and
-which earlier steps each step waits for.
-
-One compute lane per device, one copy lane per ordered device pair, one free lane per device. Steps wait
-for each other across lanes through `Done` handles: host events, plus CUDA events for GPU work.
+"""Lanes at run time: each lane of the overlapped model (xsched.lanes) is a thread running its steps in plan
+order, and steps wait for the steps xsched.lanes.step_waits names through `Done` handles: host events, plus
+CUDA events for GPU work.
 """
 
 from __future__ import annotations
@@ -15,11 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-
-from xsched.graph import Graph
-from xsched.lanes import lane_of, step_waits
-from xsched.ops import random_ops
-from xsched.plan import Step
 
 # lane name -> (step index, CUDA event recorded after that step): events on one stream complete in order,
 # so the latest per lane stands for all earlier ones
@@ -136,9 +129,3 @@ def run_task(lane: Lane, task: Task) -> None:
     except BaseException as e:  # noqa: BLE001 - reported by the run that submitted the task
         task.errors.append((task.index, e))
         task.done.finish(failed=True)
-
-
-def dependencies(graph: Graph, steps: tuple[Step, ...], lanes: list[str]) -> list[tuple[int, ...]]:
-    """For each step, the earlier steps on other lanes it waits for: xsched.lanes, the simulator's model."""
-    assert lanes == [lane_of(s) for s in steps], "executor lanes are the overlapped model's lanes"
-    return step_waits(graph, steps, random_ops(graph))

@@ -26,7 +26,7 @@ from xsched.graph import Graph
 from xsched.plan import Compute, Plan
 from xsched.profile import DeviceInfo, LinkCost, OpCost, Profile
 
-AUTO_METHODS = ("eager", "checkpoint", "greedy", "sqrt")
+AUTO_METHODS = ("eager", "checkpoint", "greedy", "sqrt", "offload")
 
 
 def cost_profile(graph: Graph, devices: Sequence[str]) -> Profile:
@@ -53,8 +53,8 @@ def solve_plan(
     profile: Profile | None = None,
     time_limit: float | None = None,
 ) -> Plan:
-    """A plan for `graph` within `budgets`: method "auto" tries the heuristics eager, checkpoint, greedy and
-    sqrt in that order (the first that fits wins); any other method goes to xsched.solve.api.solve."""
+    """A plan for `graph` within `budgets`: method "auto" tries the heuristics eager, checkpoint, greedy, sqrt
+    and offload in that order (the first that fits wins); any other method goes to xsched.solve.api.solve."""
     from xsched.solve.api import solve
 
     devices = list(devices) if devices is not None else list(budgets)
@@ -68,13 +68,14 @@ def solve_plan(
         options = SolverOptions(time_limit_s=time_limit)
     if method != "auto":
         return solve(graph, profile, budgets, devices, method=method, options=options)
-    why: list[str] = []
+    why: dict[str, list[str]] = {}  # reason -> the methods that gave it (a bound below the budget: all of them)
     for m in AUTO_METHODS:
         try:
             return solve(graph, profile, budgets, devices, method=m)
         except BudgetError as e:
-            why.append(f"{m}: {e.detail}")
-    raise BudgetError("no method fits the budgets: " + "; ".join(why), stage="solve")
+            why.setdefault(e.detail, []).append(m)
+    reasons = "; ".join(f"{', '.join(ms)}: {r}" for r, ms in why.items())
+    raise BudgetError("no method fits the budgets: " + reasons, stage="solve")
 
 
 def _signature(inputs: tuple) -> tuple:
