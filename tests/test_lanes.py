@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from test_simulate import make_plan, random_dags
 
 from xsched.graph import Graph, Op, Value
-from xsched.lanes import lane_of, overlapped_spans, step_waits
+from xsched.lanes import inline_free_lanes, lane_of, overlapped_spans, step_waits
 from xsched.plan import Compute, Copy, Free, Plan, SolverInfo
 from xsched.profile import DeviceInfo, LinkCost, OpCost, Profile
 from xsched.simulate import simulate
@@ -100,3 +100,10 @@ def test_overlapped_run_respects_waits_and_never_needs_more_memory_than_the_plan
     assert sim.makespan_s <= sim.time_s + 1e-9
     peaks = overlapped_peaks(g, plan, spans)
     assert all(peaks[d] <= sim.peak_bytes[d] for d in plan.devices), (peaks, sim.peak_bytes)
+    # the executor's lanes (frees that wait only on their compute lane run there) keep the same guarantee
+    lanes = inline_free_lanes(g, plan.steps)
+    inline_waits = step_waits(g, plan.steps, lanes=lanes)
+    inline_spans = overlapped_spans(plan.steps, [e - s for s, e in spans], inline_waits, lanes)
+    peaks = overlapped_peaks(g, plan, inline_spans)
+    assert all(peaks[d] <= sim.peak_bytes[d] for d in plan.devices), (peaks, sim.peak_bytes)
+    assert max(e for _, e in inline_spans) <= sim.makespan_s + 1e-9  # frees take no time: nothing waits longer

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from xsched.graph import Graph
-from xsched.plan import Compute, Copy, Step
+from xsched.plan import Compute, Copy, Free, Step
 
 
 def lane_of(step: Step) -> str:
@@ -27,13 +27,18 @@ def lane_of(step: Step) -> str:
     return f"free:{step.device}"
 
 
-def step_waits(graph: Graph, steps: Sequence[Step], random_ops: Collection[str] = ()) -> list[tuple[int, ...]]:
+def step_waits(
+    graph: Graph, steps: Sequence[Step], random_ops: Collection[str] = (), lanes: Sequence[str] | None = None
+) -> list[tuple[int, ...]]:
     """For each step, the earlier steps on other lanes it waits for, ascending. Of several steps on one lane
-    only the latest is kept: a lane finishes its steps in order, so the latest stands for all."""
-    lanes = [lane_of(s) for s in steps]
+    only the latest is kept: a lane finishes its steps in order, so the latest stands for all.
+
+    `lanes` (default lane_of) may put a free on its device's compute lane when everything it waits for is there
+    (the executor does, to run such frees inline); "the frees before it" then means the latest on each lane."""
+    lanes = list(lanes) if lanes is not None else [lane_of(s) for s in steps]
     made: dict[tuple[str, str], int] = {}  # (value, device) -> the step that put it there
     reads: dict[tuple[str, str], list[int]] = {}
-    last_free: dict[str, int] = {}
+    frees: dict[str, dict[str, int]] = {}  # device -> lane -> its latest free
     last_draw: int | None = None
     drawn: set[str] = set()
     out: list[tuple[int, ...]] = []
@@ -41,7 +46,7 @@ def step_waits(graph: Graph, steps: Sequence[Step], random_ops: Collection[str] 
         deps: list[int | None]
         if isinstance(s, Compute):
             op = graph.op[s.op]
-            deps = [made.get((v, s.device)) for v in op.inputs] + [last_free.get(s.device)]
+            deps = [made.get((v, s.device)) for v in op.inputs] + list(frees.get(s.device, {}).values())
             for v in op.inputs:
                 reads.setdefault((v, s.device), []).append(i)
             for v in op.outputs:
@@ -51,12 +56,12 @@ def step_waits(graph: Graph, steps: Sequence[Step], random_ops: Collection[str] 
                 last_draw = i
                 drawn.add(op.id)
         elif isinstance(s, Copy):
-            deps = [made.get((s.value, s.src)), last_free.get(s.dst)]
+            deps = [made.get((s.value, s.src)), *frees.get(s.dst, {}).values()]
             reads.setdefault((s.value, s.src), []).append(i)
             made[(s.value, s.dst)] = i
         else:
             deps = [made.get((s.value, s.device)), *reads.pop((s.value, s.device), [])]
-            last_free[s.device] = i
+            frees.setdefault(s.device, {})[lanes[i]] = i
         latest: dict[str, int] = {}
         for j in deps:
             if j is not None and lanes[j] != lanes[i] and latest.get(lanes[j], -1) < j:
@@ -65,14 +70,28 @@ def step_waits(graph: Graph, steps: Sequence[Step], random_ops: Collection[str] 
     return out
 
 
+def inline_free_lanes(graph: Graph, steps: Sequence[Step]) -> list[str]:
+    """lane_of for every step, except that a free whose waits are all on its device's compute lane (nothing but
+    computes there made or read the value) runs on that compute lane, in plan order: no hand-off to wait for."""
+    lanes = [lane_of(s) for s in steps]
+    for i, deps in enumerate(step_waits(graph, steps)):
+        s = steps[i]
+        if isinstance(s, Free) and all(lanes[j] == f"compute:{s.device}" for j in deps):
+            lanes[i] = f"compute:{s.device}"
+    return lanes
+
+
 def overlapped_spans(
-    steps: Sequence[Step], durations: Sequence[float], waits: Sequence[Sequence[int]]
+    steps: Sequence[Step],
+    durations: Sequence[float],
+    waits: Sequence[Sequence[int]],
+    lanes: Sequence[str] | None = None,
 ) -> list[tuple[float, float]]:
     """(start, end) of each step when every step starts as soon as its lane is free and its waits are over."""
     lane_end: dict[str, float] = {}
     spans: list[tuple[float, float]] = []
-    for s, t, deps in zip(steps, durations, waits, strict=True):
-        lane = lane_of(s)
+    for k, (s, t, deps) in enumerate(zip(steps, durations, waits, strict=True)):
+        lane = lanes[k] if lanes is not None else lane_of(s)
         start = max([lane_end.get(lane, 0.0)] + [spans[j][1] for j in deps])
         spans.append((start, start + t))
         lane_end[lane] = start + t

@@ -31,7 +31,7 @@ from xsched.execute.reference import RunTrace, torch_device
 from xsched.execute.stores import DeviceStore
 from xsched.execute.workers import Done, Lane, Task
 from xsched.graph import Graph
-from xsched.lanes import lane_of, step_waits
+from xsched.lanes import inline_free_lanes, lane_of, step_waits
 from xsched.ops import random_ops
 from xsched.plan import Compute, Copy, Free, Plan, Step, required_homes
 from xsched.simulate import SimResult, simulate
@@ -96,10 +96,11 @@ class Executor:
                        for d in self.names]  # fmt: skip
         steps = plan.steps
         self.reuse = reusable_inputs(graph, steps, watch) if inplace else {}
-        self.lane_of = [lane_of(s) for s in steps]
-        self.deps = step_waits(graph, steps, self.random)  # the simulator's overlapped model
+        # the simulator's overlapped model, with the frees that wait only on their compute lane run on it
+        self.lane_of = inline_free_lanes(graph, steps)
+        self.deps = step_waits(graph, steps, self.random, self.lane_of)
         self.d2h = {i for i, s in enumerate(steps) if isinstance(s, Copy) and self.dev[s.src].type == "cuda"}
-        self.lanes = {k: self._make_lane(k, s) for k, s in zip(self.lane_of, steps)}
+        self.lanes = {k: self._make_lane(k) for k in dict.fromkeys(self.lane_of)}
         self._finalizer = weakref.finalize(self, _close, list(self.lanes.values()))
         counts: dict[str, int] = {}
         for s in steps:
@@ -116,6 +117,7 @@ class Executor:
         # inline slices run as generated programs, unless a custom step kind must see its steps
         self._generate = kinds[Compute] is prepare_compute and kinds[Free] is prepare_free
         self._programs: dict[tuple[int, int], StepFn] = {}
+        self._groups: dict[tuple[int, int], list[tuple[int, ...]]] = {}
 
     # ---- lanes ----
     def compute_stream(self, device: str) -> Any:
@@ -123,13 +125,14 @@ class Executor:
         kernels on that device are ordered with the plan's without extra synchronisation."""
         return torch.cuda.current_stream(self.dev[device])
 
-    def _make_lane(self, key: str, s: Step) -> Lane:
-        if isinstance(s, Free):
+    def _make_lane(self, key: str) -> Lane:
+        kind, where = key.split(":", 1)  # xsched.lanes names: "compute:<d>", "copy:<src>-><dst>", "free:<d>"
+        if kind == "free":
             return Lane(key, "free")
-        if isinstance(s, Compute):
-            cuda = self.dev[s.device].type == "cuda"
-            return Lane(key, "cuda" if cuda else "host", self.compute_stream(s.device) if cuda else None)
-        src, dst = self.dev[s.src], self.dev[s.dst]
+        if kind == "compute":
+            cuda = self.dev[where].type == "cuda"
+            return Lane(key, "cuda" if cuda else "host", self.compute_stream(where) if cuda else None)
+        src, dst = (self.dev[d] for d in where.split("->"))
         if src.type == "cuda" or dst.type == "cuda":  # a side stream per direction, on the GPU end
             return Lane(key, "cuda", torch.cuda.Stream(device=src if src.type == "cuda" else dst))
         return Lane(key, "host")
@@ -221,14 +224,15 @@ class Executor:
                 for d in self.names:
                     if self.dev[d].type == "cuda" and self.dev[d] == lane.stream.device:
                         lane.stream.wait_stream(self.compute_stream(d))
-        dones: dict[int, Done] = {}
+        dones: dict[int, Done] = {}  # the last step of each task -> its Done: nothing waits for the others
         last: dict[str, Done] = {}
         errors: list[tuple[int, BaseException]] = []
-        for i in range(start, stop):
-            done = dones[i] = Done()
+        for group in self.tasks(start, stop):
+            i, key = group[0], self.lane_of[group[0]]
+            done = dones[group[-1]] = Done()
             deps = [dones[j] for j in self.deps[i] if j >= start]
-            key = self.lane_of[i]
-            used[key].submit(Task(i, self.fns[i], st, deps, done, errors))
+            fn = self.fns[i] if len(group) == 1 else self._run_group(group)
+            used[key].submit(Task(i, fn, st, deps, done, errors))
             last[key] = done
         for done in last.values():
             done.event.wait()
@@ -240,9 +244,42 @@ class Executor:
                         cur.wait_event(ev)
         if errors:
             i, e = min(errors, key=lambda x: x[0])
+            i = e.step if isinstance(e, XschedError) and e.step is not None else i
             if isinstance(e, XschedError):
                 raise _at_step(e, i, self.plan.steps[i]) from e
             raise XschedError(f"{type(e).__name__}: {e}", stage="execute", step=i) from e
+
+    def tasks(self, start: int, stop: int) -> list[tuple[int, ...]]:
+        """Steps [start, stop) cut into tasks: runs of one lane's steps, in plan order, where only the first waits
+        for another lane and only the last is waited for by another lane. One hand-off per task, not per step."""
+        if (start, stop) not in self._groups:
+            waited = {j for i in range(start, stop) for j in self.deps[i] if j >= start}
+            groups: list[list[int]] = []
+            open_: dict[str, list[int]] = {}  # lane -> its group still taking steps
+            for i in range(start, stop):
+                key = self.lane_of[i]
+                if key not in open_ or any(j >= start for j in self.deps[i]):
+                    open_[key] = []
+                    groups.append(open_[key])
+                open_[key].append(i)
+                if i in waited:
+                    del open_[key]
+            self._groups[(start, stop)] = [tuple(g) for g in groups]
+        return self._groups[(start, stop)]
+
+    def _run_group(self, group: tuple[int, ...]) -> StepFn:
+        fns, steps = self.fns, self.plan.steps
+
+        def run(st: RunState) -> None:
+            for i in group:
+                try:
+                    fns[i](st)
+                except XschedError as e:
+                    raise _at_step(e, i, steps[i]) from e
+                except Exception as e:
+                    raise XschedError(f"{type(e).__name__}: {e}", stage="execute", step=i) from e
+
+        return run
 
     def outputs(self, st: RunState, values: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
         """The graph outputs (or those of `values`) of a finished run, each from the device where it must end
