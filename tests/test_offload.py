@@ -98,3 +98,16 @@ def test_parked_plan_of_a_zoo_model_matches_eager_pytorch() -> None:
     assert plan.solver.extra["parked"] > 0
     check_against_eager("gpt2", plan, trace=True).close()
     check_against_eager("gpt2", plan, trace=False).close()
+
+
+def test_slow_link_makes_it_recompute_instead_of_parking() -> None:
+    """A copy costing five ops: parking is slower than the checkpointing orders it also tries, so the search
+    returns a plan as fast as the checkpoint search's at the same budget (cpu:1 can only store)."""
+    g = fwd_bwd(12)
+    slow = two_cpus(g, op_s=1.0, latency=5.0, bandwidth=1e9)
+    slow = Profile(g.fingerprint, slow.devices, {"cpu:0": slow.compute["cpu:0"], "cpu:1": {}}, slow.copy)
+    half, homes = eager_peak(g) // 2, {"x": "cpu:0"}
+    off = solve(g, slow, {"cpu:0": half, "cpu:1": eager_peak(g)}, TWO, "offload", homes=homes)
+    ck = solve(g, slow, {"cpu:0": half}, ("cpu:0",), "checkpoint", homes=homes)
+    assert simulate(g, off, slow).makespan_s <= simulate(g, ck, slow).makespan_s
+    assert off.solver.extra["parked"] == 0 and off.solver.extra["recomputes"] > 0

@@ -115,8 +115,8 @@ def recompute_orders(graph: Graph, device: str, budget: int | None, profile: Pro
 def offload_search(
     graph: Graph, profile: Profile | None, budgets: Mapping[str, int], devices: Sequence[str], homes: Mapping[str, str]
 ) -> Plan:
-    """The fastest fitting plan that computes on one device and parks values on another: graph order first,
-    then checkpoint keep sets (fewest recomputes first) when parking every gap is not enough."""
+    """The fastest fitting plan that computes on one device and parks values on another, over the compute orders
+    graph order (no recompute), checkpoint keep sets (fewest recomputes first) and eviction at the budget."""
     t0 = time.perf_counter()
     pairs = [(c, s) for c in devices for s in devices if c != s]
     if not pairs:
@@ -129,7 +129,7 @@ def offload_search(
             continue
         orders = [[Compute(o.id, c) for o in graph.ops], *recompute_orders(graph, c, budgets.get(c), profile)]
         try:
-            found = _first_fit(graph, orders, store, budgets, homes, profile)
+            found = _best_fit(graph, orders, store, budgets, homes, profile)
         except PlanError as e:  # e.g. no copy link between the two devices in the profile
             failures.append(f"compute on {c}, park on {store}: {e.detail}")
             continue
@@ -144,37 +144,58 @@ def offload_search(
     return finish(graph, steps, "offload", budgets, homes, profile, t0, **extra)
 
 
-def _first_fit(graph, orders, store, budgets, homes, profile) -> tuple[float, tuple, dict] | str:  # noqa: ANN001
-    """(makespan, steps, facts) of the first order (cheapest first) that fits when parking its widest gaps
-    (bytes x computes, largest first). Parking more frees the compute device and fills the store, so take the
-    fewest values that fit the compute device (bisection), at the earliest prefetch distance that fits, and
-    keep it if the store holds them. Else why not, in words."""
-    why = f"no order fits {orders[0][0].device}, even parking every gap"
+def _best_fit(graph, orders, store, budgets, homes, profile) -> tuple[float, tuple, dict] | str:  # noqa: ANN001
+    """(makespan, steps, facts) of the fastest order that fits when parking its widest gaps (bytes x computes,
+    largest first), or why none does, in words. Parking more frees the compute device and fills the store, so
+    each order parks the fewest such values that fit the compute device (bisection), at the earliest prefetch
+    distance that fits, if the store holds them. Orders whose computes alone take longer than the best plan
+    so far are skipped: parking cannot make them faster."""
+    c = orders[0][0].device
+    why = f"no order fits {c}, even parking every gap"
+    best: tuple[float, tuple, dict] | None = None
     for n, computes in enumerate(orders):
-        c = computes[0].device
-        cands = sorted(gaps(graph, computes, homes), key=lambda g: -(g[1] - g[0]) * graph.value[g[2]].nbytes)
-        if not _fits(_parked_plan(graph, computes, cands, store, homes, profile, 0), budgets, [c]):
-            continue  # parking every gap with no prefetch is the leanest this order gets on its compute device
-        for prefetch in PREFETCH_OPS:
+        if best is not None and _compute_time(graph, computes, profile) >= best[0]:
+            continue
+        found = _fit_order(graph, computes, store, budgets, homes, profile)
+        if isinstance(found, str):
+            why = found if best is None and found != "" else why
+            continue
+        if best is None or found[0] < best[0]:
+            best = (found[0], found[1], {**found[2], "order": n})
+    return best if best is not None else why
 
-            def plan_of(k: int, prefetch: int = prefetch, computes: list = computes, cands: list = cands) -> Plan:
-                return _parked_plan(graph, computes, cands[:k], store, homes, profile, prefetch)
 
-            if not _fits(plan_of(len(cands)), budgets, [c]):
-                continue
-            lo, hi = 0, len(cands)
-            while lo < hi:
-                mid = (lo + hi) // 2
-                lo, hi = (lo, mid) if _fits(plan_of(mid), budgets, [c]) else (mid + 1, hi)
-            plan = plan_of(lo)
-            if not _fits(plan, budgets, [c]):  # the peak is not monotone in the prefix: park every gap
-                lo, plan = len(cands), plan_of(len(cands))
-            if not _fits(plan, budgets, list(budgets)):
-                why = f"what {computes[0].device} must park to fit overflows {store}, in every order that fits"
-                break  # a later order recomputes more and parks less
-            deferred = _parked_plan(graph, computes, cands[:lo], store, homes, profile, prefetch, defer=True)
-            defer = _fits(deferred, budgets, list(budgets)) and _time(deferred) < _time(plan)
-            plan = deferred if defer else plan
-            facts = {"parked": lo, "prefetch_ops": prefetch, "deferred_frees": defer, "order": n}
-            return _time(plan), plan.steps, facts | {"recomputes": len(computes) - len(graph.ops)}
-    return why
+def _compute_time(graph: Graph, computes: Sequence[Compute], profile: Profile | None) -> float:
+    if profile is None:
+        return float(len(computes))
+    return sum(c.time_s for s in computes if (c := profile.op_cost(s.op, s.device)) is not None)
+
+
+def _fit_order(graph, computes, store, budgets, homes, profile) -> tuple[float, tuple, dict] | str:  # noqa: ANN001
+    """One order's plan (see _best_fit); "" when it does not fit its compute device, else why not."""
+    c = computes[0].device
+    cands = sorted(gaps(graph, computes, homes), key=lambda g: -(g[1] - g[0]) * graph.value[g[2]].nbytes)
+    if not _fits(_parked_plan(graph, computes, cands, store, homes, profile, 0), budgets, [c]):
+        return ""  # parking every gap with no prefetch is the leanest this order gets on its compute device
+    for prefetch in PREFETCH_OPS:
+
+        def plan_of(k: int, prefetch: int = prefetch) -> Plan:
+            return _parked_plan(graph, computes, cands[:k], store, homes, profile, prefetch)
+
+        if not _fits(plan_of(len(cands)), budgets, [c]):
+            continue
+        lo, hi = 0, len(cands)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if _fits(plan_of(mid), budgets, [c]) else (mid + 1, hi)
+        plan = plan_of(lo)
+        if not _fits(plan, budgets, [c]):  # the peak is not monotone in the prefix: park every gap
+            lo, plan = len(cands), plan_of(len(cands))
+        if not _fits(plan, budgets, list(budgets)):
+            return f"what {c} must park to fit overflows {store}"
+        deferred = _parked_plan(graph, computes, cands[:lo], store, homes, profile, prefetch, defer=True)
+        defer = _fits(deferred, budgets, list(budgets)) and _time(deferred) < _time(plan)
+        plan = deferred if defer else plan
+        facts = {"parked": lo, "prefetch_ops": prefetch, "deferred_frees": defer}
+        return _time(plan), plan.steps, facts | {"recomputes": len(computes) - len(graph.ops)}
+    return ""
