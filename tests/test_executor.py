@@ -133,7 +133,7 @@ def check_against_eager(name: str, plan: Plan, *, trace: bool) -> Executor:
     z, graph = workload(name)
     env = bind_inputs(graph, z.model, z.inputs)
     outs, grads, buffers = eager_reference(name, seed=7)
-    ex = Executor(graph, plan)
+    ex = Executor(graph, plan, overlap=True)
     torch.manual_seed(7)
     run = ex(env, trace=trace)
     got = unpack_outputs(graph, run.outputs)
@@ -239,7 +239,7 @@ def test_free_after_copy_waits_for_the_copy() -> None:
 
         return run
 
-    ex = Executor(graph, plan, table={Copy: slow_copy, Free: logged_free})
+    ex = Executor(graph, plan, table={Copy: slow_copy, Free: logged_free}, overlap=True)
     assert 1 in ex.deps[2]  # the free waits for the copy out of cpu:0
     out = ex(env).outputs["b"]
     assert events.index("copy") < events.index("free")
@@ -254,7 +254,7 @@ def test_inplace_reuse_is_bitwise_and_keeps_the_accounting() -> None:
         z, graph = workload(name)
         plan = eager_plan_on(graph, ("cpu:0",)) if percent == 100 else recompute_plan(name, ("cpu:0",), percent)
         env = bind_inputs(graph, z.model, z.inputs)
-        on, off = Executor(graph, plan), Executor(graph, plan, inplace=False)
+        on, off = Executor(graph, plan, overlap=True), Executor(graph, plan, inplace=False, overlap=True)
         assert on.reuse and not off.reuse
         assert {graph.op[plan.steps[i].op].target for i in on.reuse} >= {"aten.add.Tensor"}
         torch.manual_seed(5)
@@ -288,7 +288,7 @@ def test_inplace_reuse_only_for_values_nothing_else_reads() -> None:
     kept = plan(Compute("neg", "cpu:0"), Compute("relu", "cpu:0"))
     copied = plan(Compute("neg", "cpu:0"), Copy("a", "cpu:0", "cpu:1"), Compute("relu", "cpu:0"), Free("a", "cpu:0"))
     for p, reuse in ((freed, {1: "a"}), (kept, {}), (copied, {})):
-        ex = Executor(graph, p)
+        ex = Executor(graph, p, overlap=True)
         assert ex.reuse == reuse
         out = ex({"x": x}).outputs
         assert torch.equal(out["b"], torch.relu(-x))
@@ -307,7 +307,7 @@ def test_failure_names_the_step_and_does_not_hang() -> None:
 
         return run
 
-    ex = Executor(graph, plan, table={Copy: broken})
+    ex = Executor(graph, plan, table={Copy: broken}, overlap=True)
     with pytest.raises(XschedError, match="link down") as e:
         ex(env)
     assert e.value.step == 1
@@ -317,7 +317,7 @@ def test_failure_names_the_step_and_does_not_hang() -> None:
 def test_bad_inputs_are_clear_errors() -> None:
     graph, env = _pair_graph()
     plan = _pair_plan(graph)
-    ex = Executor(graph, plan)
+    ex = Executor(graph, plan, overlap=True)
     with pytest.raises(XschedError, match="no tensor given") as e:
         ex({})
     assert e.value.value == "x"
@@ -342,13 +342,31 @@ def test_matches_reference_interpreter_on_two_devices() -> None:
     env = bind_inputs(graph, z.model, z.inputs)
     torch.manual_seed(3)  # vgg16 has dropout: both runs draw from the same generator state
     ref = execute(graph, plan, env)
-    ex = Executor(graph, plan)
+    ex = Executor(graph, plan, overlap=True)
     torch.manual_seed(3)
     got = ex(env, trace=True)
     assert got.resident_after == ref.resident_after
     for k, t in ref.outputs.items():
         assert torch.equal(t, got.outputs[k])
     ex.close()
+
+
+def test_logical_cpus_run_in_plan_order_in_the_calling_thread_unless_asked() -> None:
+    """Two logical CPUs share one CPU: by default the plan runs in the calling thread (no lane starts), with the
+    overlapped run's numbers; `overlap=True` starts the lanes."""
+    z, graph = workload("gpt2")
+    plan = recompute_plan("gpt2", TWO, 50)
+    env = bind_inputs(graph, z.model, z.inputs)
+    runs = {}
+    for overlap in (None, True):
+        ex = Executor(graph, plan, overlap=overlap)
+        torch.manual_seed(7)
+        runs[overlap] = ex(env).outputs
+        started = [k for k, lane in ex.lanes.items() if lane._thread is not None]
+        assert bool(started) == bool(overlap), started
+        ex.close()
+    for k, t in runs[None].items():
+        assert torch.equal(t, runs[True][k]), k
 
 
 # ---- measurement ----
@@ -417,7 +435,7 @@ def test_independent_lanes_overlap() -> None:
 
         return run
 
-    ex = Executor(graph, plan, table={Compute: gated})
+    ex = Executor(graph, plan, table={Compute: gated}, overlap=True)
     out = ex({"x": torch.ones(4), "y": torch.ones(4)}).outputs
     assert_close(out["b"], -torch.ones(4))
     ex.close()
@@ -440,7 +458,7 @@ def test_random_ops_draw_in_plan_order_across_lanes() -> None:
     graph = Graph("draws", values, (draw("A", "x"), draw("B", "y")), ("mA", "mB"))
     steps = (Compute("A", "cpu:0"), Compute("B", "cpu:1"), Free("mA", "cpu:0"), Compute("A", "cpu:0"))
     plan = Plan(graph.fingerprint, {}, {"x": "cpu:0", "y": "cpu:1"}, steps, SolverInfo("hand"))
-    ex = Executor(graph, plan)
+    ex = Executor(graph, plan, overlap=True)
     assert 0 in ex.deps[1]  # B's first draw waits for A's
     env = {"x": torch.rand(64), "y": torch.rand(64)}
     torch.manual_seed(11)

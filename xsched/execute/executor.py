@@ -66,6 +66,10 @@ class Executor:
     and recomputes it later (the wrapper writes buffer updates from there, once per iteration).
     `inplace`: run elementwise ops in place on an input the plan frees right after them (see
     compiled.reusable_inputs); the same numbers and the same byte accounting, fewer allocations.
+    `overlap`: run a multi-device plan on its lanes (a thread per stream), overlapping them; default only when a
+    plan device is a GPU. Logical CPU devices share the CPU and its thread pool, so there is nothing to gain,
+    and the hand-offs between threads cost 6-20% of the step (docs/bench/offload.md): they run in plan order in
+    the calling thread unless asked.
     """
 
     def __init__(
@@ -78,6 +82,7 @@ class Executor:
         table: Mapping[type, Callable[[Executor, int, Any], StepFn]] | None = None,
         watch: frozenset[str] = frozenset(),
         inplace: bool = True,
+        overlap: bool | None = None,
     ) -> None:
         if plan.graph != graph.fingerprint:
             raise PlanError(f"plan is for graph {plan.graph}, not {graph.fingerprint} ({graph.name})", stage="execute")
@@ -86,6 +91,7 @@ class Executor:
         self.sim: SimResult | None = simulate(graph, plan, None, check_budgets=False) if check else None
         self.names = plan.devices
         self.dev = {d: torch_device(d, devices) for d in self.names}
+        self.overlap = overlap if overlap is not None else any(t.type == "cuda" for t in self.dev.values())
         self.nbytes = {v.id: v.nbytes for v in graph.values}
         self.random = random_ops(graph)
         self.watch = watch
@@ -185,7 +191,7 @@ class Executor:
                 step=start,
             )
         with torch.no_grad():
-            if trace or self._one_device(start, stop):
+            if trace or not self.overlap or self._one_device(start, stop):
                 self._run_inline(st, start, stop, trace)
             else:
                 self._run_lanes(st, start, stop)
@@ -200,7 +206,7 @@ class Executor:
         return self._inline[(start, stop)]
 
     def _run_inline(self, st: RunState, start: int, stop: int, trace: bool) -> None:
-        if not trace and self._generate:
+        if not trace and self._generate and self._one_device(start, stop):
             program = self._programs.get((start, stop))
             if program is None:
                 program = self._programs[(start, stop)] = inline_program(self, start, stop)
