@@ -154,23 +154,24 @@ def facts(graph: Graph, plan: Plan, profile: Profile) -> dict[str, Any]:
 def measure_interleaved(
     graph: Graph, plans: Mapping[str, Plan], env: Mapping[str, torch.Tensor], iters: int, warmup: int = 2
 ) -> dict[str, tuple[float, float, dict[str, int]]]:
-    """Per plan: median executor step time over `iters` interleaved rounds, run as usual (one lane per stream, or
-    inline when the plan has one device and no copy) and serially (every step in plan order in the calling thread,
-    trace=True: no overlap, no generated program), and the executor's resident-byte peak per device. The order
-    rotates each round, so load from other jobs spreads over all plans and modes."""
-    exs = {k: Executor(graph, p, check=False) for k, p in plans.items()}
-    runs = [(k, trace) for k in plans for trace in (False, True)]
+    """Per plan: median executor step time over `iters` interleaved rounds, run as the executor does by default
+    (logical CPUs: every step in plan order in the calling thread) and on its lanes (overlap=True: a thread per
+    stream, copies overlapping compute), and the executor's resident-byte peak per device. The order rotates each
+    round, so load from other jobs spreads over all plans and modes."""
+    exs = {(k, lanes): Executor(graph, p, check=False, overlap=lanes or None) for k, p in plans.items()
+           for lanes in (False, True)}  # fmt: skip
+    runs = list(exs)
     times: dict[tuple[str, bool], list[float]] = {r: [] for r in runs}
     peaks: dict[str, dict[str, int]] = {k: {} for k in plans}
     try:
         for r in range(warmup + iters):
-            for k, trace in runs[r % len(runs) :] + runs[: r % len(runs)]:
+            for k, lanes in runs[r % len(runs) :] + runs[: r % len(runs)]:
                 t0 = time.perf_counter()
-                st = exs[k].start(env)
-                exs[k].run(st, trace=trace)
+                st = exs[(k, lanes)].start(env)
+                exs[(k, lanes)].run(st)
                 dt = time.perf_counter() - t0
                 if r >= warmup:
-                    times[(k, trace)].append(dt)
+                    times[(k, lanes)].append(dt)
                     for d, b in st.peak().items():
                         peaks[k][d] = max(peaks[k].get(d, 0), b)
     finally:
@@ -227,7 +228,7 @@ def part_a(spec: str, args: argparse.Namespace) -> tuple[list[str], list[str], s
     env = bind_inputs(graph, z.model, z.inputs)
     runs = measure_interleaved(graph, runnable, env, args.iters)
     base_f = facts(graph, eager, profile)
-    base_t, base_serial = runs["eager"][:2]
+    base_t, base_lanes = runs["eager"][:2]
     label = f"{label[:-1]}, {len(graph.ops)} ops)"
     lines = []
     for key, (percent, method, p) in rows.items():
@@ -236,20 +237,20 @@ def part_a(spec: str, args: argparse.Namespace) -> tuple[list[str], list[str], s
             lines.append(f"| {label} | {budget} | {method} | no plan: {p.removeprefix('[solve] ')[:200]} |" + " |" * 12)
             continue
         f = facts(graph, p, profile)
-        t, serial, got = runs[key]
+        t, on_lanes, got = runs[key]
         hidden = "-" if f["hidden"] is None else f"{_pct(f['hidden'])} of {_ms(f['copy_s'])}"
         lines.append(
             f"| {label} | {budget} | {method} | {f['parked']} | {f['recomputes']} | {f['prefetch']} "
             f"| {_ms(f['seq_s'])} | {_ms(f['makespan_s'])} | {f['makespan_s'] / base_f['makespan_s']:.2f} "
-            f"| {hidden} | {_ms(t)} | **{t / base_t:.2f}** | {_ms(serial)}, {serial / base_serial:.2f} "
+            f"| {hidden} | {_ms(t)} | **{t / base_t:.2f}** | {_ms(on_lanes)}, {on_lanes / base_lanes:.2f} "
             f"| {format_bytes(f['peak'].get('cpu:0', 0))} / {format_bytes(got.get('cpu:0', 0))} "
             f"| {format_bytes(f['peak'].get('cpu:1', 0))} / {format_bytes(got.get('cpu:1', 0))} |"
         )
         log(f"  {key}: measured {t / base_t:.2f}x eager, predicted {f['makespan_s'] / base_f['makespan_s']:.2f}x")
-    t, serial, got = runs["lanes"]
+    t, on_lanes, got = runs["lanes"]
     lines.append(
         f"| {label} | 100% | eager + 1 copy (lanes control) | 0 | 0 | - | - | - | - | - | {_ms(t)} "
-        f"| **{t / base_t:.2f}** | {_ms(serial)}, {serial / base_serial:.2f} | - / {format_bytes(got.get('cpu:0', 0))} "
+        f"| **{t / base_t:.2f}** | {_ms(on_lanes)}, {on_lanes / base_lanes:.2f} | - / {format_bytes(got.get('cpu:0', 0))} "
         f"| - / {format_bytes(got.get('cpu:1', 0))} |"
     )
     note = f"{graph.name}: {1e6 * link.latency_s:.1f} us + {link.bytes_per_s / 1e9:.1f} GB/s"
@@ -339,11 +340,11 @@ Columns. predicted: the simulator with that profile; `vs eager (predicted)`: mak
 `copy time hidden` = 1 - (makespan - makespan of the same plan with every copy costing zero) / total copy time
 (the copy steps' spans in `SimResult.step_span`). `measured step`: `Executor(graph, plan)` start + run (no autograd
 wrapper), 1 torch thread, median of {iters} rounds after 2 warm-up rounds, the plans' order rotating each round;
-`vs eager`: ratio of medians to the eager plan's. `serial run`: the same plans run with `trace=True`, every step in
-plan order in the calling thread (copies not overlapped; no generated inline program, so the eager plan is slower
-this way too), as a ratio to the eager plan run the same way. `eager + 1 copy (lanes control)`: the eager plan plus
-one copy of the smallest graph output to cpu:1 at the end; the executor runs every step of a plan that has a copy
-on its lanes (a thread per stream), so this row is the cost of the lanes alone. Peaks: the simulator's / the
+`vs eager`: ratio of medians to the eager plan's. The executor's default on logical CPUs runs every step in plan
+order in the calling thread. `on lanes`: the same plans with `Executor(..., overlap=True)`, a thread per stream
+and copies overlapping compute, as a ratio to the eager plan run the same way (a one-device plan without copies
+runs inline either way). `eager + 1 copy (lanes control)`: the eager plan plus one copy of the smallest graph
+output to cpu:1 at the end, so that on lanes every step runs on a thread: the cost of the lanes alone. Peaks: the simulator's / the
 executor's resident-byte accounting (params and inputs included), the largest over the measured rounds."""
 
 NOTES_B = """\
@@ -355,7 +356,7 @@ part A: `vs eager` is predicted makespan over the eager plan's, `copy time hidde
 HEAD_A = (
     "| model | cpu:0 budget (of eager peak) | plan | parked | recomputed ops | prefetch (ops) | predicted seq "
     "| predicted makespan | vs eager (predicted) | copy time hidden (predicted) | measured step | vs eager (measured) "
-    "| serial run, vs eager serial (measured) | peak cpu:0 sim / executor | peak cpu:1 sim / executor |"
+    "| on lanes, vs eager on lanes (measured) | peak cpu:0 sim / executor | peak cpu:1 sim / executor |"
 )
 HEAD_F = (
     "| model | method | smallest cpu:0 budget | parked | recomputed ops | predicted makespan vs eager "

@@ -124,6 +124,7 @@ class Executor:
         self._generate = kinds[Compute] is prepare_compute and kinds[Free] is prepare_free
         self._programs: dict[tuple[int, int], StepFn] = {}
         self._groups: dict[tuple[int, int], list[tuple[int, ...]]] = {}
+        self._cuts: dict[tuple[int, int], list[tuple[int, int]]] = {}
 
     # ---- lanes ----
     def compute_stream(self, device: str) -> Any:
@@ -206,12 +207,34 @@ class Executor:
         return self._inline[(start, stop)]
 
     def _run_inline(self, st: RunState, start: int, stop: int, trace: bool) -> None:
-        if not trace and self._generate and self._one_device(start, stop):
-            program = self._programs.get((start, stop))
-            if program is None:
-                program = self._programs[(start, stop)] = inline_program(self, start, stop)
-            program(st)
+        if not trace and self._generate:
+            for a, b in self._runs(start, stop):  # one-device runs of computes and frees as programs, copies between
+                if b - a == 1 and isinstance(self.plan.steps[a], Copy):
+                    self._run_steps(st, a, b, trace=False)
+                    continue
+                program = self._programs.get((a, b))
+                if program is None:
+                    program = self._programs[(a, b)] = inline_program(self, a, b)
+                program(st)
             return
+        self._run_steps(st, start, stop, trace)
+
+    def _runs(self, start: int, stop: int) -> list[tuple[int, int]]:
+        """[start, stop) cut into maximal runs of computes and frees on one device, and single copies."""
+        if (start, stop) not in self._cuts:
+            steps, cuts, a = self.plan.steps, [], start
+            while a < stop:
+                b = a + 1
+                if not isinstance(steps[a], Copy):
+                    d = steps[a].device  # type: ignore[union-attr]
+                    while b < stop and not isinstance(steps[b], Copy) and steps[b].device == d:  # type: ignore[union-attr]
+                        b += 1
+                cuts.append((a, b))
+                a = b
+            self._cuts[(start, stop)] = cuts
+        return self._cuts[(start, stop)]
+
+    def _run_steps(self, st: RunState, start: int, stop: int, trace: bool) -> None:
         for i in range(start, stop):
             try:
                 self.fns[i](st)
