@@ -44,9 +44,9 @@ OVERHEAD_INTRO = """## Overhead of the eager plan (one device, no recomputation)
 Training step = zero_grad + forward + loss + backward + SGD step, the same model, inputs and thread count
 for every column, medians of interleaved iterations. `in-place reuse off`: the wrapped step with
 `wrap(..., inplace=False)` (every captured op allocates its output); `reused`: compute steps run in place
-on an input the plan frees right after them. `kernels only`: the eager plan's computes and frees as a bare
-loop over the pre-decoded ops on a plain dict (no autograd, stores, accounting or checks); `executor run`:
-the same plan through the executor.""".splitlines()
+on an input the plan frees right after them. `per-op closure loop`: the eager plan's computes and frees as a
+plain loop calling the per-op closures on a plain dict (no autograd, stores, accounting or checks); `executor
+run`: the same plan through the executor (one generated function per one-device run, so it can be faster).""".splitlines()
 
 BUDGET_INTRO = """## Budgets: 50% and 25% of the eager peak
 
