@@ -120,7 +120,8 @@ def offload_search(
     t0 = time.perf_counter()
     pairs = [(c, s) for c in devices for s in devices if c != s]
     if not pairs:
-        raise BudgetError("offloading needs two devices", stage="solve")
+        raise BudgetError(f"offloading needs two devices, got {list(devices)}", stage="solve",
+                          device=devices[0] if devices else None)  # fmt: skip
     failures: list[str] = []
     plans: list[tuple[float, tuple, dict]] = []
     for c, store in pairs:
