@@ -256,6 +256,21 @@ def test_cpu_to_cpu_copy_is_a_timed_memcpy():
     assert a.copy_seconds(get_device("sim:h100"), 1024, outgoing=True) is None  # the sim plugin answers that one
 
 
+def test_logical_cpus_are_profiled_under_their_own_names():
+    """ "cpu:0" and "cpu:1,threads=1" are the CPU under the names a plan uses: op costs for each, a link each way."""
+    from xsched.profiling import profile_graph
+
+    one = get_device("cpu:1,threads=1")
+    assert (one.name, one.index, one.threads) == ("cpu:1,threads=1", 1, 1)
+    assert get_device("cpu").index is None
+    with pytest.raises(DeviceError, match="bad device option"):
+        get_device("cpu:1,x")
+    g = mm_graph()
+    p = profile_graph(g, ["cpu:0", "cpu:1"], policy=FAST, rounds=1, progress=False)
+    assert set(p.compute) == {"cpu:0", "cpu:1"} and all(p.op_cost("op0", d).time_s > 0 for d in p.compute)
+    assert p.copy_time("c", 1 << 20, "cpu:0", "cpu:1") > 0 and p.copy_time("c", 1 << 20, "cpu:1", "cpu:0") > 0
+
+
 # ---- timing and fitting ----
 def test_repeat_until_stable_stops_when_stable_or_capped():
     calls = []

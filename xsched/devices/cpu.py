@@ -105,7 +105,12 @@ class CpuDevice(Device):
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
-        opts = parse_options(name, ["threads", "clock"])
+        # "cpu:1" or "cpu:1,threads=2": a logical CPU device (plans on cpu:0 and cpu:1 keep separate stores), the
+        # same hardware measured under its own name
+        _, _, rest = name.partition(":")
+        first, _, more = rest.partition(",")
+        self.index = int(first) if first.isdigit() else None
+        opts = parse_options(f"cpu:{more}" if self.index is not None else name, ["threads", "clock"])
         self.threads: int | None = None
         if "threads" in opts:
             if not opts["threads"].isdigit() or int(opts["threads"]) < 1:
