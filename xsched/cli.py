@@ -201,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="solve for a plan under per-device budgets")
     p.add_argument("graph")
     p.add_argument("profile")
-    p.add_argument("--method", default="eager", help="eager, milp, greedy, fastest, sqrt")
+    p.add_argument("--method", default="eager", help="eager, milp, greedy, fastest, sqrt, checkpoint, offload")
     p.add_argument(
         "--budget", action="append", default=[], help="DEVICE=SIZE, e.g. cpu=16GiB or cuda:0=50%% (repeatable)"
     )
