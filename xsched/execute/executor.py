@@ -96,7 +96,6 @@ class Executor:
         self.random = random_ops(graph)
         self.watch = watch
         self.must_end_on = required_homes(graph, plan.homes)
-        self._inline: dict[tuple[int, int], bool] = {}
         self._homes = [(d, tuple(v for v in graph.inputs if plan.homes[v] == d and graph.value[v].kind != "tangent"),
                         tuple(v for v in graph.inputs if plan.homes[v] == d and graph.value[v].kind == "tangent"))
                        for d in self.names]  # fmt: skip
@@ -200,11 +199,8 @@ class Executor:
 
     def _one_device(self, start: int, stop: int) -> bool:
         """True when steps [start, stop) are computes and frees on one device: nothing to overlap."""
-        if (start, stop) not in self._inline:
-            steps = self.plan.steps[start:stop]
-            one = not any(isinstance(s, Copy) for s in steps) and len({s.device for s in steps}) <= 1  # type: ignore[union-attr]
-            self._inline[(start, stop)] = one
-        return self._inline[(start, stop)]
+        runs = self._runs(start, stop)
+        return not runs or (len(runs) == 1 and not isinstance(self.plan.steps[start], Copy))
 
     def _run_inline(self, st: RunState, start: int, stop: int, trace: bool) -> None:
         if not trace and self._generate:

@@ -124,20 +124,21 @@ def offload_search(
                           device=devices[0] if devices else None)  # fmt: skip
     failures: list[str] = []
     plans: list[tuple[float, tuple, dict]] = []
-    for c, store in pairs:
+    for c in dict.fromkeys(c for c, _ in pairs):
         if profile is not None and not all(profile.can_run(o.id, c) for o in graph.ops):
             failures.append(f"{c}: cannot run every op")
             continue
         orders = [[Compute(o.id, c) for o in graph.ops], *recompute_orders(graph, c, budgets.get(c), profile)]
-        try:
-            found = _best_fit(graph, orders, store, budgets, homes, profile)
-        except PlanError as e:  # e.g. no copy link between the two devices in the profile
-            failures.append(f"compute on {c}, park on {store}: {e.detail}")
-            continue
-        if isinstance(found, str):
-            failures.append(f"compute on {c}, park on {store}: {found}")
-        else:
-            plans.append(found)
+        for store in (s for d, s in pairs if d == c):
+            try:
+                found = _best_fit(graph, orders, store, budgets, homes, profile)
+            except PlanError as e:  # e.g. no copy link between the two devices in the profile
+                failures.append(f"compute on {c}, park on {store}: {e.detail}")
+                continue
+            if isinstance(found, str):
+                failures.append(f"compute on {c}, park on {store}: {found}")
+            else:
+                plans.append(found)
     if not plans:
         has = ", ".join(f"{d} {format_bytes(b)}" for d, b in budgets.items())
         raise BudgetError("offload: " + "; ".join(failures) + f" (budgets: {has})", stage="solve")
@@ -159,7 +160,7 @@ def _best_fit(graph, orders, store, budgets, homes, profile) -> tuple[float, tup
             continue
         found = _fit_order(graph, computes, store, budgets, homes, profile)
         if isinstance(found, str):
-            why = found if best is None and found != "" else why
+            why = found or why  # only read when no order fits
             continue
         if best is None or found[0] < best[0]:
             best = (found[0], found[1], {**found[2], "order": n})
@@ -176,22 +177,25 @@ def _fit_order(graph, computes, store, budgets, homes, profile) -> tuple[float, 
     """One order's plan (see _best_fit); "" when it does not fit its compute device, else why not."""
     c = computes[0].device
     cands = sorted(gaps(graph, computes, homes), key=lambda g: -(g[1] - g[0]) * graph.value[g[2]].nbytes)
-    if not _fits(_parked_plan(graph, computes, cands, store, homes, profile, 0), budgets, [c]):
+    built: dict[tuple[int, int], Plan] = {}  # (values parked, prefetch) -> plan: the bisection revisits some
+
+    def plan_of(k: int, prefetch: int) -> Plan:
+        if (k, prefetch) not in built:
+            built[(k, prefetch)] = _parked_plan(graph, computes, cands[:k], store, homes, profile, prefetch)
+        return built[(k, prefetch)]
+
+    if not _fits(plan_of(len(cands), 0), budgets, [c]):
         return ""  # parking every gap with no prefetch is the leanest this order gets on its compute device
     for prefetch in PREFETCH_OPS:
-
-        def plan_of(k: int, prefetch: int = prefetch) -> Plan:
-            return _parked_plan(graph, computes, cands[:k], store, homes, profile, prefetch)
-
-        if not _fits(plan_of(len(cands)), budgets, [c]):
+        if not _fits(plan_of(len(cands), prefetch), budgets, [c]):
             continue
         lo, hi = 0, len(cands)
         while lo < hi:
             mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if _fits(plan_of(mid), budgets, [c]) else (mid + 1, hi)
-        plan = plan_of(lo)
+            lo, hi = (lo, mid) if _fits(plan_of(mid, prefetch), budgets, [c]) else (mid + 1, hi)
+        plan = plan_of(lo, prefetch)
         if not _fits(plan, budgets, [c]):  # the peak is not monotone in the prefix: park every gap
-            lo, plan = len(cands), plan_of(len(cands))
+            lo, plan = len(cands), plan_of(len(cands), prefetch)
         if not _fits(plan, budgets, list(budgets)):
             return f"what {c} must park to fit overflows {store}"
         deferred = _parked_plan(graph, computes, cands[:lo], store, homes, profile, prefetch, defer=True)
