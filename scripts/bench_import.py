@@ -10,9 +10,9 @@ from xsched.importers import import_networkx
 from xsched.simulate import simulate
 from xsched.solve.eager import eager_plan
 
-# Peaks without rematerialization under the lexicographic topological order (shared/bench/graphs/README.md).
+# Peaks without rematerialization under the lexicographic topological order (benchmarks/graphs/README.md).
 PUBLISHED_PEAK = {"random_layered_n100": 50_590, "random_layered_n250": 135_910}
-DEFAULT_DIR = Path(__file__).resolve().parents[2] / "shared" / "bench" / "graphs"
+DEFAULT_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "graphs"
 
 
 def main() -> None:

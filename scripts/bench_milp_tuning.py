@@ -27,7 +27,7 @@ from xsched.solve.heuristics import best_heuristic
 from xsched.solve.milp import NoIncumbent, solve_milp
 from xsched.solve.options import SolverOptions
 
-BENCH_DIR = Path("/work/shared/bench/graphs")
+BENCH_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "graphs"
 CASES = (
     "random_layered_n100:0.9:warm",
     "random_layered_n100:0.9:cold",

@@ -25,7 +25,7 @@ from xsched.solve.api import METHODS, solve
 from xsched.solve.eager import eager_peak, eager_plan
 from xsched.solve.options import SolverOptions
 
-BENCH_DIR = Path("/work/shared/bench/graphs")
+BENCH_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "graphs"
 
 
 def published(readme: Path) -> dict[str, list[str]]:

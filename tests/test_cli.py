@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from conftest import BENCH
 
 from xsched.cli import main
@@ -30,7 +29,6 @@ def branchy(batch=2):
 """
 
 
-@pytest.mark.skipif(not BENCH.exists(), reason="shared/bench/graphs not beside the checkout")
 def test_import_plan_simulate(tmp_path, capsys):
     g, p, plan = tmp_path / "g.json", tmp_path / "p.json", tmp_path / "plan.json"
     assert main(["import", str(BENCH / "random_layered_n100.json"), "-o", str(g), "--profile-out", str(p)]) == 0
@@ -68,7 +66,6 @@ def test_bad_inputs_exit_2_with_a_message(tmp_path, capsys):
     assert "cannot read graph file" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not BENCH.exists(), reason="shared/bench/graphs not beside the checkout")
 def test_infeasible_budget_names_device_and_bound(tmp_path, capsys):
     g, p = tmp_path / "g.json", tmp_path / "p.json"
     main(["import", str(BENCH / "random_layered_n100.json"), "-o", str(g), "--profile-out", str(p)])

@@ -12,8 +12,6 @@ from xsched.importers import import_networkx
 from xsched.simulate import simulate
 from xsched.solve.eager import eager_plan
 
-pytestmark = pytest.mark.skipif(not BENCH.exists(), reason="shared/bench/graphs not beside the checkout")
-
 
 def test_random_layered_n100_sizes_and_published_peak():
     g, p = import_networkx(BENCH / "random_layered_n100.json")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 import torch
@@ -52,15 +51,7 @@ def test_tiny_trains_one_step_with_finite_nonzero_grads(name):
     z = zoo.build(name, scale="tiny")
     assert z.name == name and z.model.training
     assert all(p.dtype == torch.float32 for p in z.model.parameters())
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        start = time.perf_counter()
-        _loss(z.model(*z.inputs)).backward()
-        elapsed = time.perf_counter() - start
-    finally:
-        torch.set_num_threads(threads)
-    assert elapsed < 0.5, f"{name} tiny fwd+bwd took {elapsed:.2f}s on one core"
+    _loss(z.model(*z.inputs)).backward()
     for k, p in z.model.named_parameters():
         assert p.grad is not None, k
         assert torch.isfinite(p.grad).all(), k
