@@ -94,7 +94,7 @@ def test_program_errors_name_step_op_value_and_device() -> None:
     ok = {"x": env["x"], "w": torch.randn(4, 4)}
     graph2, _ = toy(nbytes_b=32)
     ex = Executor(graph2, toy_plan(graph2, plan.steps))
-    with pytest.raises(XschedError, match="op produced 64 bytes for a value of 32") as e:
+    with pytest.raises(XschedError, match="produced 64 bytes for a value of 32") as e:
         ex(ok)
     assert (e.value.step, e.value.op, e.value.value) == (1, "mm", "b")
     broken = toy_plan(graph, (Compute("mm", "cpu"),))  # reads `a` before anything computes it
@@ -115,8 +115,8 @@ def test_inline_program_only_for_one_device_computes_and_frees() -> None:
     two = Plan(graph.fingerprint, {}, {"x": "cpu:0", "w": "cpu:1"}, (Compute("relu", "cpu:0"), Compute("mm", "cpu:1")),
                SolverInfo("hand"))  # fmt: skip
     with pytest.raises(XschedError, match="one device"):
-        inline_program(Executor(graph, two, check=False), 0, 2)
-    assert callable(inline_program(Executor(graph, plan, check=False), 0, 3))
+        inline_program(Executor(graph, two, check=False).prepared, 0, 2)
+    assert callable(inline_program(Executor(graph, plan, check=False).prepared, 0, 3))
 
 
 def test_gather_applies_views_and_keeps_none() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from xsched.errors import XschedError
-from xsched.execute.reference import _get_rng, _set_rng
+from xsched.execute.rng import get_rng, set_rng
 from xsched.graph import Graph, Op
 from xsched.ops import decode, is_executable, resolve
 
@@ -171,14 +171,14 @@ def with_rng(
         with lock:
             saved = log.states.get(op.id)
             if saved is None:
-                log.states[op.id] = _get_rng(device)
+                log.states[op.id] = get_rng(device)
                 return kernel(store)
-            resume = _get_rng(device)
-            _set_rng(device, saved)
+            resume = get_rng(device)
+            set_rng(device, saved)
             try:
                 return kernel(store)
             finally:
-                _set_rng(device, resume)
+                set_rng(device, resume)
 
     return run
 

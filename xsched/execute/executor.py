@@ -26,15 +26,15 @@ import torch
 
 from xsched.errors import PlanError, XschedError
 from xsched.execute.compiled import RngLog, compile_inplace, compile_op, reusable_inputs, with_rng
-from xsched.execute.program import inline_program
+from xsched.execute.program import PreparedPlan, inline_program
 from xsched.execute.reference import RunTrace, torch_device
 from xsched.execute.stores import DeviceStore
 from xsched.execute.workers import Done, Lane, Task
 from xsched.graph import Graph
+from xsched.interpret import PlanInterpreter, at_step, wrong_size
 from xsched.lanes import inline_free_lanes, lane_of, step_waits
 from xsched.ops import random_ops
-from xsched.plan import Compute, Copy, Free, Plan, Step, required_homes
-from xsched.simulate import SimResult, simulate
+from xsched.plan import Compute, Copy, Free, Plan, required_homes
 
 StepFn = Callable[["RunState"], None]
 
@@ -88,7 +88,6 @@ class Executor:
             raise PlanError(f"plan is for graph {plan.graph}, not {graph.fingerprint} ({graph.name})", stage="execute")
         self.graph = graph
         self.plan = plan
-        self.sim: SimResult | None = simulate(graph, plan, None, check_budgets=False) if check else None
         self.names = plan.devices
         self.dev = {d: torch_device(d, devices) for d in self.names}
         self.overlap = overlap if overlap is not None else any(t.type == "cuda" for t in self.dev.values())
@@ -114,13 +113,13 @@ class Executor:
         self.recomputed = tuple(o for o, n in counts.items() if n > 1)
         self.recomputed_random = self.random & frozenset(self.recomputed)  # only these need their RNG state saved
         kinds = {**STEP_KINDS, **(table or {})}
-        self.fns: list[StepFn] = []
-        for i, s in enumerate(steps):
-            if type(s) not in kinds:
-                raise PlanError(f"unknown step {s!r}", stage="execute", step=i)
-            self.fns.append(kinds[type(s)](self, i, s))
+        # checked: the plan interpreter's walk (every rule of the semantics) builds the step functions;
+        # unchecked: the same functions in plan order, for callers that validated the plan already
+        self.fns: list[StepFn] = _Prepare(self, kinds).run() if check else _unchecked(self, kinds)
         # inline slices run as generated programs, unless a custom step kind must see its steps
         self._generate = kinds[Compute] is prepare_compute and kinds[Free] is prepare_free
+        self.prepared = PreparedPlan(graph, plan, dict(self.dev), self.nbytes, self.random, self.recomputed_random,
+                                     dict(self.reuse), watch)  # fmt: skip
         self._programs: dict[tuple[int, int], StepFn] = {}
         self._groups: dict[tuple[int, int], list[tuple[int, ...]]] = {}
         self._cuts: dict[tuple[int, int], list[tuple[int, int]]] = {}
@@ -210,7 +209,7 @@ class Executor:
                     continue
                 program = self._programs.get((a, b))
                 if program is None:
-                    program = self._programs[(a, b)] = inline_program(self, a, b)
+                    program = self._programs[(a, b)] = inline_program(self.prepared, a, b)
                 program(st)
             return
         self._run_steps(st, start, stop, trace)
@@ -235,7 +234,7 @@ class Executor:
             try:
                 self.fns[i](st)
             except XschedError as e:
-                raise _at_step(e, i, self.plan.steps[i]) from e
+                raise at_step(e, i, self.plan.steps[i]) from e
             if i in self.d2h:  # a non-blocking copy to host memory must land before host steps read it
                 torch.cuda.current_stream(self.dev[self.plan.steps[i].src]).synchronize()  # type: ignore[union-attr]
             if trace:
@@ -271,7 +270,7 @@ class Executor:
             i, e = min(errors, key=lambda x: x[0])
             i = e.step if isinstance(e, XschedError) and e.step is not None else i
             if isinstance(e, XschedError):
-                raise _at_step(e, i, self.plan.steps[i]) from e
+                raise at_step(e, i, self.plan.steps[i]) from e
             raise XschedError(f"{type(e).__name__}: {e}", stage="execute", step=i) from e
 
     def tasks(self, start: int, stop: int) -> list[tuple[int, ...]]:
@@ -300,7 +299,7 @@ class Executor:
                 try:
                     fns[i](st)
                 except XschedError as e:
-                    raise _at_step(e, i, steps[i]) from e
+                    raise at_step(e, i, steps[i]) from e
                 except Exception as e:
                     raise XschedError(f"{type(e).__name__}: {e}", stage="execute", step=i) from e
 
@@ -329,16 +328,41 @@ class Executor:
         return RunTrace(self.outputs(st), tuple(st.resident_after), self.recomputed)
 
 
+class _Prepare(PlanInterpreter):
+    """The executor's preparation as hooks on the plan interpreter: each valid step gets its function."""
+
+    stage = "execute"
+
+    def __init__(self, ex: Executor, kinds: Mapping[type, Callable[[Executor, int, Any], StepFn]]) -> None:
+        super().__init__(ex.graph, ex.plan)
+        self.ex, self.kinds = ex, kinds
+        self.fns: list[StepFn] = []
+
+    def on_compute(self, i: int, s: Compute, op: Any) -> None:
+        self.fns.append(self.kinds[Compute](self.ex, i, s))
+
+    def on_copy(self, i: int, s: Copy) -> None:
+        self.fns.append(self.kinds[Copy](self.ex, i, s))
+
+    def on_free(self, i: int, s: Free) -> None:
+        self.fns.append(self.kinds[Free](self.ex, i, s))
+
+    def end(self) -> list[StepFn]:
+        return self.fns
+
+
+def _unchecked(ex: Executor, kinds: Mapping[type, Callable[[Executor, int, Any], StepFn]]) -> list[StepFn]:
+    fns = []
+    for i, s in enumerate(ex.plan.steps):
+        if type(s) not in kinds:
+            raise PlanError(f"unknown step {s!r}", stage="execute", step=i)
+        fns.append(kinds[type(s)](ex, i, s))
+    return fns
+
+
 def _close(lanes: list[Lane]) -> None:
     for lane in lanes:
         lane.close()
-
-
-def _at_step(e: XschedError, i: int, s: Step) -> XschedError:
-    op = e.op or (s.op if isinstance(s, Compute) else None)
-    value = e.value or (s.value if isinstance(s, (Copy, Free)) else None)
-    device = e.device or (s.dst if isinstance(s, Copy) else s.device)
-    return XschedError(e.detail, stage=e.stage, step=i, op=op, value=value, device=device)
 
 
 # ---- step kinds: (executor, index, step) -> the function a lane runs ----
@@ -355,8 +379,7 @@ def prepare_compute(ex: Executor, i: int, s: Compute) -> StepFn:
         outs = replay(store.tensors, st.rng) if replay is not None else kernel(store.tensors)
         for (v, n, watched), t in zip(sized, outs):
             if t.nbytes != n:
-                raise XschedError(f"op produced {t.nbytes} bytes for a value of {n}",
-                                  stage="execute", op=op.id, value=v, device=d)  # fmt: skip
+                raise wrong_size(op, v, t.nbytes, n, d)
             store.put(v, t)
             if watched:
                 st.first.setdefault(v, t)

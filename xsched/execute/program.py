@@ -13,7 +13,8 @@ the step, op, value and device.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from xsched.errors import XschedError
 from xsched.execute.compiled import (
@@ -26,11 +27,25 @@ from xsched.execute.compiled import (
     view_fn,
     with_rng,
 )
+from xsched.graph import Graph
+from xsched.interpret import at_step, wrong_size
 from xsched.ops import decode, resolve
-from xsched.plan import Compute, Free
+from xsched.plan import Compute, Free, Plan
 
-if TYPE_CHECKING:
-    from xsched.execute.executor import Executor, RunState
+
+@dataclass(frozen=True)
+class PreparedPlan:
+    """What code generation reads of a prepared plan: the executor builds it once, the programs never see the
+    executor itself."""
+
+    graph: Graph
+    plan: Plan
+    dev: Mapping[str, Any]  # plan device -> torch.device
+    nbytes: Mapping[str, int]
+    random: frozenset[str]  # ops that draw from an RNG
+    recomputed_random: frozenset[str]  # random ops computed more than once: their RNG state is saved
+    reuse: Mapping[int, str]  # compute step -> the input it may overwrite in place (compiled.reusable_inputs)
+    watch: frozenset[str]  # values whose first computed tensor a run keeps
 
 
 class _Source:
@@ -66,7 +81,7 @@ def _arg(src: _Source, x: Any, device: Any) -> str:
     return f"{src.bind(getter(x, device), 'g')}(T)"
 
 
-def _compute(src: _Source, ex: Executor, i: int, s: Compute) -> None:
+def _compute(src: _Source, ex: PreparedPlan, i: int, s: Compute) -> None:
     op, dev = ex.graph.op[s.op], ex.dev[s.device]
     call = op.call or {}
     if op.id in ex.random:  # through the kernel closure: the generator lock and the replay of recomputations
@@ -98,13 +113,13 @@ def _compute(src: _Source, ex: Executor, i: int, s: Compute) -> None:
     src.emit("del r, o" if op.outputs else "del r")  # a later free must release the outputs, as planned
 
 
-def _free(src: _Source, ex: Executor, s: Free) -> None:
+def _free(src: _Source, ex: PreparedPlan, s: Free) -> None:
     src.emit(f"if {s.value!r} in R: R.discard({s.value!r})")
     src.emit(f"else: del T[{s.value!r}]")
     src.emit(f"b -= {ex.nbytes[s.value]}")
 
 
-def inline_program(ex: Executor, start: int, stop: int) -> Callable[[RunState], None]:
+def inline_program(ex: PreparedPlan, start: int, stop: int) -> Callable[[Any], None]:
     """Steps [start, stop) of `ex.plan` (computes and frees on one device) as one function of the run state."""
     steps = ex.plan.steps[start:stop]
     if any(not isinstance(s, (Compute, Free)) for s in steps) or len({s.device for s in steps}) > 1:  # type: ignore[union-attr]
@@ -116,7 +131,7 @@ def inline_program(ex: Executor, start: int, stop: int) -> Callable[[RunState], 
             _compute(src, ex, i, s)
         else:
             _free(src, ex, s)
-    device = steps[0].device if steps else ex.names[0]  # type: ignore[union-attr]
+    device = steps[0].device if steps else ex.plan.devices[0]  # type: ignore[union-attr]
     src.ns.update(size=lambda i, j, got: _size(ex, i, j, got), failed=lambda i, e: _failed(ex, i, e), D=device)
     body = "\n".join(src.lines) or "        pass"
     text = f"""def program(st):
@@ -133,7 +148,7 @@ def inline_program(ex: Executor, start: int, stop: int) -> Callable[[RunState], 
     finally:
         S.bytes, S.peak = b, p
 """
-    exec(compile(text, f"<xsched program {ex.graph.name} [{start}, {stop})>", "exec"), src.ns)  # noqa: S102
+    exec(compile(text, f"<xsched program {ex.graph.name} [{start}, {stop})>", "exec"), src.ns)
     return src.ns["program"]
 
 
@@ -144,22 +159,18 @@ def gather(
     raises KeyError."""
     src = _Source()
     items = ["None" if r is None else _arg(src, r, d) for r, d in zip(refs, devices)]
-    exec(compile(f"def gather(T):\n    return [{', '.join(items)}]\n", "<xsched gather>", "exec"), src.ns)  # noqa: S102
+    exec(compile(f"def gather(T):\n    return [{', '.join(items)}]\n", "<xsched gather>", "exec"), src.ns)
     return src.ns["gather"]
 
 
-def _size(ex: Executor, i: int, j: int, got: int) -> XschedError:
+def _size(ex: PreparedPlan, i: int, j: int, got: int) -> XschedError:
     s = ex.plan.steps[i]
     op = ex.graph.op[s.op]  # type: ignore[union-attr]
-    v = op.outputs[j]
-    return XschedError(f"op produced {got} bytes for a value of {ex.nbytes[v]}", stage="execute", op=op.id, value=v,
-                       device=s.device)  # fmt: skip
+    return wrong_size(op, op.outputs[j], got, ex.nbytes[op.outputs[j]], s.device)  # type: ignore[union-attr]
 
 
-def _failed(ex: Executor, i: int, e: Exception) -> Exception:
+def _failed(ex: PreparedPlan, i: int, e: Exception) -> Exception:
     """The error a step function would have raised for `e`, with the step named."""
-    from xsched.execute.executor import _at_step
-
     s = ex.plan.steps[i]
     if isinstance(s, Free) and isinstance(e, KeyError):
         e = XschedError("free of a value that is not resident", stage="execute", value=s.value, device=s.device)
@@ -168,4 +179,4 @@ def _failed(ex: Executor, i: int, e: Exception) -> Exception:
     elif isinstance(s, Compute) and isinstance(e, (RuntimeError, TypeError, ValueError, IndexError)):
         op = ex.graph.op[s.op]
         e = XschedError(f"{op.target} failed: {e}", stage="execute", op=op.id, device=str(ex.dev[s.device]))
-    return _at_step(e, i, s) if isinstance(e, XschedError) else e
+    return at_step(e, i, s) if isinstance(e, XschedError) else e

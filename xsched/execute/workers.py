@@ -126,6 +126,6 @@ def run_task(lane: Lane, task: Task) -> None:
         task.done.finish(cuda=lane.finished(task.index, task.deps))
     except Skipped:
         task.done.finish(failed=True)
-    except BaseException as e:  # noqa: BLE001 - reported by the run that submitted the task
+    except BaseException as e:  # reported by the run that submitted the task
         task.errors.append((task.index, e))
         task.done.finish(failed=True)
