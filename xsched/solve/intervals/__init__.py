@@ -1,0 +1,123 @@
+"""Retention-interval solvers (Moccasin's formulation on several devices) for a fixed order: CP-SAT or HiGHS
+(linearised), with C, the number of intervals per value and device, raised while it pays and time remains."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+from xsched.errors import BudgetError
+from xsched.graph import Graph
+from xsched.plan import Plan, SolverInfo
+from xsched.profile import Profile
+from xsched.solve.intervals.cpsat import Outcome, available, solve_cpsat
+from xsched.solve.intervals.data import IntervalData, build_data, topological
+from xsched.solve.intervals.extract import first_order, hint_from_plan, to_plan
+from xsched.solve.milp import NoIncumbent
+from xsched.solve.options import SolverOptions
+
+BACKENDS = ("cpsat", "highs")
+C_START, C_MAX = 2, 4  # Moccasin finds C = 2 enough in practice; more only while it pays and time remains
+
+
+def solve_intervals(
+    graph: Graph,
+    profile: Profile,
+    budgets: Mapping[str, int],
+    devices: Sequence[str],
+    homes: Mapping[str, str],
+    options: SolverOptions = SolverOptions(),
+    *,
+    backend: str = "cpsat",
+    order: Sequence[int] | None = None,
+    warm_start: Plan | None = None,
+    seed: int = 0,
+    workers: int = 0,
+    c_max: int = C_MAX,
+) -> Plan:
+    """The best plan of the interval model for `order` (default: the warm start's first-compute order if it is
+    topological, else the graph's) within `options.time_limit_s`, checked by the simulator.
+
+    Starts at C = 2 and raises C while the last model was solved to optimality, time remains and C < c_max.
+    Raises BudgetError when the C = 2 model is infeasible (for this order and C: not a proof for other orders)
+    and NoIncumbent when no plan is found in time. `solver.extra` holds the order, C, objective, bound and the
+    build, solve and extract times."""
+    t0 = time.perf_counter()
+    limit = options.time_limit_s if options.time_limit_s is not None else 3600.0
+    devices = tuple(devices)
+    if order is None:
+        order = tuple(range(len(graph.ops)))
+        if warm_start is not None:
+            wo = tuple(dict.fromkeys(graph.op_index[s.op] for s in warm_start.steps if hasattr(s, "op")))
+            order = wo if topological(graph, wo) else order
+    order = tuple(order)
+    best: Plan | None = None
+    hint = None
+    C, times = C_START, {"build_s": 0.0, "solve_s": 0.0, "extract_s": 0.0}
+    last: Outcome | None = None
+    while True:
+        data = build_data(graph, profile, budgets, devices, homes, order, C, options.alpha_energy)
+        if hint is None and warm_start is not None:
+            hint = hint_from_plan(data, warm_start)
+        left = limit - (time.perf_counter() - t0)
+        out = _run(data, backend, left, hint, seed, workers, options)
+        times["build_s"] += out.build_s
+        times["solve_s"] += out.solve_s
+        if out.placed is not None:
+            t1 = time.perf_counter()
+            plan = to_plan(data, out.placed, SolverInfo(f"intervals-{backend}"))
+            times["extract_s"] += time.perf_counter() - t1
+            if best is None or _score(plan, options) < _score(best, options) - 1e-12:
+                best, last = plan, out
+                best_data = data
+            hint = out.placed
+        elif out.status == "infeasible" and best is None and C == C_START:
+            raise BudgetError(f"the interval model (order of {len(order)} ops, C = {C}) has no plan within the "
+                              "budgets", stage="solve", device=devices[0] if len(devices) == 1 else None)  # fmt: skip
+        if out.status != "optimal" or C >= c_max or time.perf_counter() - t0 > 0.5 * limit:
+            break
+        C += 1
+        hint = _lift(out.placed, data, build_data(graph, profile, budgets, devices, homes, order, C,
+                                                  options.alpha_energy)) if out.placed else None  # fmt: skip
+    if best is None or last is None:
+        raise NoIncumbent(f"intervals-{backend} found no plan in {time.perf_counter() - t0:.1f} s ({out.status})")
+    gap = None
+    if last.bound is not None and last.objective:
+        gap = max(0.0, last.objective - last.bound) / last.objective
+    status = "optimal" if last.status == "optimal" else "time_limit"
+    info = SolverInfo(f"intervals-{backend}", status, gap, time.perf_counter() - t0, {
+        **times, "order": [graph.ops[i].id for i in order], "C": best_data.C,
+        "objective": best_data.objective_s(last.objective), "bound": best_data.objective_s(last.bound),
+        "model_gap_note": "gap and bound of the interval model for this order and C",
+    })  # fmt: skip
+    return Plan(**{**best.__dict__, "solver": info})
+
+
+def _run(
+    data: IntervalData, backend: str, left: float, hint, seed: int, workers: int, options: SolverOptions
+) -> Outcome:  # noqa: ANN001
+    if backend == "cpsat":
+        return solve_cpsat(data, left, workers or (options.threads or 0), seed, hint, options.verbose)
+    if backend == "highs":
+        from xsched.solve.intervals.highs import solve_highs_intervals
+
+        return solve_highs_intervals(data, left, hint, options)
+    raise ValueError(f"unknown interval backend {backend!r}; choose one of {BACKENDS}")
+
+
+def _lift(placed: Mapping, old: IntervalData, new: IntervalData) -> dict:
+    """A placement of `old` (C) as one of `new` (C + 1): the same steps, in the slots of the same kind."""
+
+    def key(sl):  # noqa: ANN001, ANN202
+        return (sl.kind, sl.op, sl.values, sl.src, sl.device, sl.c)
+
+    index = {key(sl): k for k, sl in enumerate(new.slots)}
+    return {index[key(old.slots[k])]: p for k, p in placed.items() if key(old.slots[k]) in index}
+
+
+def _score(plan: Plan, options: SolverOptions) -> float:
+    p = plan.predicted
+    return (p.time_s or 0.0) + options.alpha_energy * (p.energy_j or 0.0)
+
+
+__all__ = ["BACKENDS", "available", "first_order", "solve_intervals"]
