@@ -11,12 +11,14 @@ from xsched.graph import Graph
 from xsched.plan import Plan, SolverInfo
 from xsched.profile import Profile
 from xsched.solve.intervals.cpsat import Outcome, available, solve_cpsat
-from xsched.solve.intervals.data import IntervalData, build_data, topological
+from xsched.solve.intervals.data import IntervalData, build_data
 from xsched.solve.intervals.extract import first_order, hint_from_plan, to_plan
 from xsched.solve.milp import NoIncumbent
 from xsched.solve.options import SolverOptions
+from xsched.solve.order import plan_order, topological
 
 BACKENDS = ("cpsat", "highs")
+DEFAULT_OPTIONS = SolverOptions()  # frozen: one shared default
 C_START, C_MAX = 2, 4  # Moccasin finds C = 2 enough in practice; more only while it pays and time remains
 
 
@@ -26,7 +28,7 @@ def solve_intervals(
     budgets: Mapping[str, int],
     devices: Sequence[str],
     homes: Mapping[str, str],
-    options: SolverOptions = SolverOptions(),
+    options: SolverOptions = DEFAULT_OPTIONS,
     *,
     backend: str = "cpsat",
     order: Sequence[int] | None = None,
@@ -47,9 +49,8 @@ def solve_intervals(
     devices = tuple(devices)
     if order is None:
         order = tuple(range(len(graph.ops)))
-        if warm_start is not None:
-            wo = tuple(dict.fromkeys(graph.op_index[s.op] for s in warm_start.steps if hasattr(s, "op")))
-            order = wo if topological(graph, wo) else order
+        if warm_start is not None and topological(graph, plan_order(graph, warm_start)):
+            order = plan_order(graph, warm_start)
     order = tuple(order)
     best: Plan | None = None
     hint = None
@@ -86,7 +87,7 @@ def solve_intervals(
         gap = max(0.0, last.objective - last.bound) / last.objective
     status = "optimal" if last.status == "optimal" else "time_limit"
     info = SolverInfo(f"intervals-{backend}", status, gap, time.perf_counter() - t0, {
-        **times, "order": [graph.ops[i].id for i in order], "C": best_data.C,
+        **times, "order": [graph.ops[i].id for i in plan_order(graph, best)], "model_order_kept": plan_order(graph, best) == order, "C": best_data.C,
         "objective": best_data.objective_s(last.objective), "bound": best_data.objective_s(last.bound),
         "model_gap_note": "gap and bound of the interval model for this order and C",
     })  # fmt: skip

@@ -11,6 +11,7 @@ from xsched.graph import Graph
 from xsched.ops import random_ops
 from xsched.plan import required_homes, rng_domain
 from xsched.profile import Profile
+from xsched.solve.order import topological
 
 # Events: stage j (0..T-1) of the order holds a copy event (k = -1, every copy of the stage, before its computes)
 # then one compute event per order position k = 0..j (the op at position j is computed first there, earlier
@@ -78,16 +79,6 @@ class IntervalData:
 
     def objective_s(self, cost: int) -> float:
         return cost * self.scale
-
-
-def topological(graph: Graph, order: Sequence[int]) -> bool:
-    """Every op after the producers of its inputs, each op once."""
-    if sorted(order) != list(range(len(graph.ops))):
-        return False
-    pos = {i: q for q, i in enumerate(order)}
-    idx = graph.op_index
-    return all(pos[idx[graph.producer[v]]] < pos[i] for i, op in enumerate(graph.ops) for v in op.inputs
-               if v in graph.producer)  # fmt: skip
 
 
 def build_data(
