@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from xsched.errors import XschedError
 from xsched.graph import Graph
-from xsched.plan import Compute, Plan
+from xsched.plan import Compute, Plan, SolverInfo, place_frees
 
 Scorer = Callable[[tuple[int, ...], float], "Plan | None"]  # (order, seconds) -> the solver's plan, None: none
 
@@ -116,6 +116,13 @@ def plan_order(graph: Graph, plan: Plan) -> tuple[int, ...]:
     return tuple(dict.fromkeys(graph.op_index[s.op] for s in plan.steps if isinstance(s, Compute)))
 
 
+def order_plan(graph: Graph, order: Sequence[int], device: str, homes: Mapping[str, str]) -> Plan:
+    """Every op once in `order` on `device`, each value freed after its last read: not checked against any budget
+    (a solver hint: its memory may exceed the budget, the solver repairs it)."""
+    steps = place_frees(graph, [Compute(graph.ops[i].id, device) for i in order], homes)
+    return Plan(graph=graph.fingerprint, budgets={}, homes=dict(homes), steps=steps, solver=SolverInfo("order"))
+
+
 def starting_orders(graph: Graph, warm: Plan | None = None) -> dict[str, tuple[int, ...]]:
     """Named candidate orders, duplicates dropped, the least eager peak first."""
     cands = {"graph": tuple(range(len(graph.ops))), "greedy": greedy_order(graph), "dfs": depth_first_order(graph)}
@@ -189,9 +196,12 @@ def search_order(
         if better(p):
             best, best_order, origin = p, o, name
     rng = random.Random(seed)
-    while best is not None and time_limit_s - (time.perf_counter() - t0) > per:
+    while time_limit_s - (time.perf_counter() - t0) > per:  # moves from the best order (or the first start)
         moved = False
-        for cand in neighbours(graph, best_order, rng, 4):
+        cands = neighbours(graph, best_order, rng, 4)
+        if not cands:
+            break  # no op can move (a chain): the order is forced
+        for cand in cands:
             left = time_limit_s - (time.perf_counter() - t0)
             if left <= 0.05:
                 break
@@ -200,8 +210,8 @@ def search_order(
             if better(p):
                 best, best_order, origin, moved = p, cand, origin.split("+")[0] + "+moves", True
                 break
-        if not moved and time_limit_s - (time.perf_counter() - t0) <= per:
-            break
+        if best is None and not moved:
+            best_order = cands[-1]  # no plan yet: walk on rather than circle the first start
     return best, best_order, {"orders_tried": tried, "order_origin": origin, "order_search_s": time.perf_counter() - t0}
 
 

@@ -15,7 +15,7 @@ from xsched.solve.intervals.data import IntervalData, build_data
 from xsched.solve.intervals.extract import first_order, hint_from_plan, to_plan
 from xsched.solve.milp import NoIncumbent
 from xsched.solve.options import SolverOptions
-from xsched.solve.order import plan_order, topological
+from xsched.solve.order import order_plan, plan_order, topological
 
 BACKENDS = ("cpsat", "highs")
 DEFAULT_OPTIONS = SolverOptions()  # frozen: one shared default
@@ -40,9 +40,10 @@ def solve_intervals(
     """The best plan of the interval model for `order` (default: the warm start's first-compute order if it is
     topological, else the graph's) within `options.time_limit_s`, checked by the simulator.
 
-    Starts at C = 2 and raises C while the last model was solved to optimality, time remains and C < c_max.
-    Raises BudgetError when the C = 2 model is infeasible (for this order and C: not a proof for other orders)
-    and NoIncumbent when no plan is found in time. `solver.extra` holds the order, C, objective, bound and the
+    Starts at C = 2 and raises C while the last model was solved to optimality or proven infeasible, the last
+    raise paid, time remains and C < c_max. Raises BudgetError when the model is infeasible at the last C tried
+    (for this order and C: not a proof for other orders or more intervals) and NoIncumbent when no plan is found
+    in time. `solver.extra` holds the order, C, objective, bound and the
     build, solve and extract times."""
     t0 = time.perf_counter()
     limit = options.time_limit_s if options.time_limit_s is not None else 3600.0
@@ -56,10 +57,13 @@ def solve_intervals(
     hint = None
     C, times = C_START, {"build_s": 0.0, "solve_s": 0.0, "extract_s": 0.0}
     last: Outcome | None = None
+    prev_objective: int | None = None
     while True:
         data = build_data(graph, profile, budgets, devices, homes, order, C, options.alpha_energy)
-        if hint is None and warm_start is not None:
-            hint = hint_from_plan(data, warm_start)
+        if hint is None:  # the warm start if it runs this order, else every op once in this order (over budget)
+            hint = (hint_from_plan(data, warm_start) if warm_start is not None else {}) or hint_from_plan(
+                data, order_plan(graph, order, _fastest(profile, devices), homes)
+            )
         left = limit - (time.perf_counter() - t0)
         out = _run(data, backend, left, hint, seed, workers, options)
         times["build_s"] += out.build_s
@@ -72,14 +76,17 @@ def solve_intervals(
                 best, last = plan, out
                 best_data = data
             hint = out.placed
-        elif out.status == "infeasible" and best is None and C == C_START:
-            raise BudgetError(f"the interval model (order of {len(order)} ops, C = {C}) has no plan within the "
-                              "budgets", stage="solve", device=devices[0] if len(devices) == 1 else None)  # fmt: skip
-        if out.status != "optimal" or C >= c_max or time.perf_counter() - t0 > 0.5 * limit:
-            break
+        if out.status not in ("optimal", "infeasible") or C >= c_max or time.perf_counter() - t0 > 0.5 * limit:
+            break  # stopped by the time limit, or no C left: more intervals would not get their time
+        if out.status == "optimal" and prev_objective is not None and out.objective >= prev_objective:
+            break  # C + 1 intervals did not pay: the last two optima are equal
+        prev_objective = out.objective if out.status == "optimal" else None
         C += 1
         hint = _lift(out.placed, data, build_data(graph, profile, budgets, devices, homes, order, C,
                                                   options.alpha_energy)) if out.placed else None  # fmt: skip
+    if best is None and out.status == "infeasible":
+        raise BudgetError(f"the interval model (this order of {len(order)} ops, up to C = {C} intervals) has no plan "
+                          "within the budgets", stage="solve", device=devices[0] if len(devices) == 1 else None)  # fmt: skip
     if best is None or last is None:
         raise NoIncumbent(f"intervals-{backend} found no plan in {time.perf_counter() - t0:.1f} s ({out.status})")
     gap = None
@@ -114,6 +121,12 @@ def _lift(placed: Mapping, old: IntervalData, new: IntervalData) -> dict:
 
     index = {key(sl): k for k, sl in enumerate(new.slots)}
     return {index[key(old.slots[k])]: p for k, p in placed.items() if key(old.slots[k]) in index}
+
+
+def _fastest(profile: Profile, devices: Sequence[str]) -> str:
+    """The device running the most ops, the fastest in total among those: where the order's hint computes."""
+    ops = {d: profile.compute.get(d, {}) for d in devices}
+    return min(devices, key=lambda d: (-len(ops[d]), sum(c.time_s for c in ops[d].values())))
 
 
 def _score(plan: Plan, options: SolverOptions) -> float:

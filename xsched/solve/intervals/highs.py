@@ -12,7 +12,10 @@ import pyomo.environ as pyo
 from xsched.solve.intervals.cpsat import Outcome
 from xsched.solve.intervals.data import IntervalData
 from xsched.solve.intervals.extract import Placement
+from xsched.solve.milp import NoIncumbent
 from xsched.solve.options import SolverOptions
+
+MAX_PAIRS = 40_000  # pairwise memory rows beyond which building alone eats the time limit (n100: ~20 s build)
 
 
 def build(data: IntervalData) -> pyo.ConcreteModel:
@@ -113,6 +116,9 @@ def _memory(m: pyo.ConcreteModel, data: IntervalData, s) -> None:  # noqa: ANN00
             for j in on:
                 if j != i and slots[j].starts[0] <= slots[i].starts[-1] and any(data.mem[w] for w in slots[j].values):
                     trip.append((i, j))
+    if len(trip) > MAX_PAIRS:
+        raise NoIncumbent(f"the linearised interval model needs {len(trip):,} pairwise memory rows (more than "
+                          f"{MAX_PAIRS:,}): too big for HiGHS in useful time; the CP-SAT backend takes it")  # fmt: skip
     m.p = pyo.Var(range(len(trip)), domain=pyo.Binary)  # p[t]: slot j starts no later than slot i
     m.h = pyo.Var([(t, w) for t, (_, j) in enumerate(trip) for w in slots[j].values], domain=pyo.Binary)
     # h[t, w]: value w of slot j is still held when slot i starts (o: both, memory counted)
