@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from xsched.budgets import parse_budgets
@@ -12,6 +12,7 @@ from xsched.errors import BudgetError, PlanError, XschedError
 from xsched.graph import Graph
 from xsched.plan import Plan
 from xsched.profile import Profile
+from xsched.simulate import simulate
 from xsched.solve.eager import eager_peak
 from xsched.solve.options import SolverOptions
 
@@ -127,6 +128,20 @@ class SolverEntry:
     kind: str = "exact"
     max_size: int | None = None
     doc: str = ""
+    requires: str | None = None  # an optional package it needs ("ortools"): absent, the entry is unavailable
 
     def fits(self, problem: Problem) -> bool:
         return self.max_size is None or problem.size <= self.max_size
+
+    def available(self) -> bool:
+        import importlib.util
+
+        return self.requires is None or importlib.util.find_spec(self.requires) is not None
+
+
+def validated(graph: Graph, plan: Plan, profile: Profile, budgets: Mapping[str, int]) -> Plan:
+    """The plan under `budgets`, replayed by the simulator (PlanError if invalid), with its predicted figures: the
+    one path by which any solver's plan leaves the solve stage."""
+    plan = replace(plan, budgets=dict(budgets))
+    result = simulate(graph, plan, profile)
+    return replace(plan, predicted=result.prediction())

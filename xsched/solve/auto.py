@@ -1,0 +1,157 @@
+"""`method="auto"`: the bound check, every heuristic (the best is the warm start), then the exact solver within the
+time limit; the best simulator-checked plan with its status and a gap against a lower bound, or one BudgetError
+saying whether no plan is *proven* or only *not found*, with the budgets known to work and known not to."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+
+from xsched.budgets import format_bytes
+from xsched.errors import BudgetError, XschedError
+from xsched.plan import Compute, Plan, SolverInfo
+from xsched.solve.bounds import check_budgets, lower_bounds
+from xsched.solve.options import SolverOptions
+from xsched.solve.problem import Problem, SolveResult, validated
+from xsched.solve.registry import SOLVERS
+
+EXACT_ORDER = ("portfolio", "milp")  # the first registered, available one that fits the graph's size runs
+NO_LIMIT_S = 3600.0  # time_limit_s=None: an hour
+PROBE_SHARE, PROBE_MAX_S = 0.2, 10.0  # time for finding a budget that works, after no plan was found
+PROBE_FACTORS = (1.1, 1.25, 1.5, 2.0, 4.0)  # budgets scaled by these until a heuristic fits
+
+
+def solve_auto(problem: Problem, options: SolverOptions, given: Plan | None = None) -> Plan:
+    """The best plan `auto` finds within `options.time_limit_s`; solver.extra says which member found it, the
+    lower bound (and what sets it), each member's outcome and the order the plan first computes the ops."""
+    t0 = time.perf_counter()
+    limit = options.time_limit_s if options.time_limit_s is not None else NO_LIMIT_S
+    try:
+        check_budgets(*problem.args())
+    except BudgetError as e:
+        raise _no_plan(problem, f"proven infeasible ({e.detail.split('. Smallest')[0]})", None, limit, e) from e
+    members: dict[str, str] = {}
+    best, found_by = None, None
+    for name, entry in SOLVERS.items():
+        if entry.kind != "heuristic":
+            continue
+        r = entry.fn(problem, options, None)
+        members[name] = r.status if r.plan is None else f"{r.plan.predicted.time_s:.6g} s"
+        best, found_by = _better(problem, options, best, found_by, r.plan, name)
+    if given is not None and dict(given.homes) == dict(problem.homes):
+        try:
+            best, found_by = _better(problem, options, best, found_by, given, "warm start")
+        except XschedError as e:  # over these budgets or not for this graph: not a candidate
+            members["warm start"] = e.detail
+    floor = _floor(problem, options)
+    exact: SolveResult | None = None
+    left = limit - (time.perf_counter() - t0)
+    name = _exact_method(problem)
+    if name is not None and left > 0.05 and (best is None or _objective(best, options) > floor * (1 + 1e-9)):
+        exact = SOLVERS[name].fn(problem, replace(options, time_limit_s=left), best)
+        members[name] = exact.status
+        if exact.plan is not None:
+            best, found_by = _better(problem, options, best, found_by, exact.plan, name)
+    if best is None:
+        if exact is not None and exact.status == "infeasible":
+            why = f"proven infeasible by {exact.method} ({exact.message})"
+        else:
+            why = f"not found within the time limit ({limit:g} s; {', '.join(f'{k}: {v}' for k, v in members.items())})"
+        raise _no_plan(problem, why, exact, limit - (time.perf_counter() - t0), None)
+    return _labelled(problem, options, best, found_by, exact, floor, members, time.perf_counter() - t0)
+
+
+def _better(problem: Problem, options: SolverOptions, best: Plan | None, by: str | None, plan: Plan | None,
+            name: str) -> tuple[Plan | None, str | None]:  # fmt: skip
+    """The faster (time + alpha x energy) of the best plan so far and `plan` (checked by the simulator first)."""
+    if plan is None:
+        return best, by
+    plan = validated(problem.graph, plan, problem.profile, problem.budgets)
+    if options.energy_cap_j is not None and (plan.predicted.energy_j or 0.0) > options.energy_cap_j:
+        return best, by
+    if best is None or _objective(plan, options) < _objective(best, options) * (1 - 1e-12):
+        return plan, name
+    return best, by
+
+
+def _exact_method(problem: Problem) -> str | None:
+    for name in EXACT_ORDER:
+        entry = SOLVERS.get(name)
+        if entry is not None and entry.available() and entry.fits(problem):
+            return name
+    return None
+
+
+def _objective(plan: Plan, options: SolverOptions) -> float:
+    p = plan.predicted
+    return (p.time_s or 0.0) + options.alpha_energy * (p.energy_j or 0.0)
+
+
+def _floor(problem: Problem, options: SolverOptions) -> float:
+    """Every op once on its cheapest device, no copies: a lower bound for every plan in every order."""
+    graph, profile, _, devices, _ = problem.args()
+    total = 0.0
+    for o in graph.ops:
+        costs = [c for d in devices if (c := profile.op_cost(o.id, d)) is not None]
+        total += min(c.time_s + options.alpha_energy * (c.energy_j or 0.0) for c in costs)
+    return total
+
+
+def first_order(plan: Plan) -> list[str]:
+    """The op ids in the order the plan first computes them."""
+    return list(dict.fromkeys(s.op for s in plan.steps if isinstance(s, Compute)))
+
+
+def _labelled(problem: Problem, options: SolverOptions, best: Plan, found_by: str | None,
+              exact: SolveResult | None, floor: float, members: Mapping[str, str], seconds: float) -> Plan:  # fmt: skip
+    """`best` with auto's status, gap and bound: the bound is the larger of the per-op floor and the stage MILP's
+    bound, the latter only for a plan in graph order (the stage MILP fixes the order in which ops first run)."""
+    order = first_order(best)
+    bound, source = floor, "every op once at its cheapest"
+    milp_bound = exact.extra.get("milp_bound") if exact is not None else None
+    if milp_bound is not None and order == [o.id for o in problem.graph.ops] and milp_bound > bound:
+        bound, source = float(milp_bound), "the stage MILP's bound (plans in graph order)"
+    value = _objective(best, options)
+    gap = max(0.0, value - bound) / value if value > 0 else 0.0
+    if gap <= options.mip_gap or (exact is not None and found_by == exact.method and exact.status == "optimal"):
+        status = "optimal"
+    else:
+        status = "time_limit" if exact is not None else "heuristic"
+    extra = {**best.solver.extra, "found_by": found_by, "found_by_status": best.solver.status,
+             "exact": exact.method if exact is not None else None, "bound": bound, "bound_source": source,
+             "members": dict(members), "order": order}  # fmt: skip
+    return replace(best, solver=SolverInfo("auto", status, gap, seconds, extra))
+
+
+def _no_plan(problem: Problem, why: str, exact: SolveResult | None, seconds: float,
+             cause: BudgetError | None) -> BudgetError:  # fmt: skip
+    """One short BudgetError: why there is no plan, the smallest budgets known to work, the largest known not to."""
+    budgets = problem.budgets
+    lows = lower_bounds(*[problem.graph, problem.profile, problem.devices, problem.homes])
+    if exact is not None and exact.status == "infeasible":
+        fails = ", ".join(f"{d} {format_bytes(b)}" for d, b in budgets.items())
+    else:
+        fails = ", ".join(f"{d} {format_bytes(max(lows[d].bytes - 1, 0))}" for d in budgets) + " (lower bound)"
+    works = _known_to_work(problem, min(PROBE_MAX_S, max(PROBE_SHARE * seconds, 1.0)))
+    msg = f"no plan within the budgets: {why}; smallest budget known to work: {works}; largest known not to: {fails}"
+    device = cause.device if cause is not None else (next(iter(budgets)) if len(budgets) == 1 else None)
+    return BudgetError(msg, stage="solve", device=device, op=cause.op if cause is not None else None)
+
+
+def _known_to_work(problem: Problem, seconds: float) -> str:
+    """The peaks of the first heuristic plan found at budgets scaled up by PROBE_FACTORS (within `seconds`)."""
+    t0 = time.perf_counter()
+    for f in PROBE_FACTORS:
+        if time.perf_counter() - t0 > seconds:
+            break
+        bigger = problem.with_budgets({d: int(b * f) for d, b in problem.budgets.items()})
+        for entry in SOLVERS.values():
+            if entry.kind == "heuristic":
+                r = entry.fn(bigger, SolverOptions(), None)
+                if r.plan is not None:
+                    peaks = r.plan.predicted.peak_bytes
+                    return ", ".join(f"{d} {format_bytes(peaks.get(d, 0))}" for d in problem.budgets) + (
+                        f" ({r.plan.solver.method})"
+                    )
+    return "none found"
