@@ -50,8 +50,9 @@ def solve_cpsat(
     end = data.end
     # ---- variable groups
     a = [m.NewBoolVar(f"a{k}") for k in range(len(data.slots))]  # a[k]: slot k is used (its step runs)
-    s = [m.NewIntVarFromDomain(cp_model.Domain.FromValues(list(sl.starts)), f"s{k}")
-         for k, sl in enumerate(data.slots)]  # s[k]: the event of its compute or copy  # fmt: skip
+    stage = [m.NewIntVar(0, len(sl.starts) - 1, f"j{k}") for k, sl in enumerate(data.slots)]
+    # stage[k]: which of its candidate events slot k starts at; s[k], the event, is affine in it
+    s = [sl.starts[0] + data.width * stage[k] for k, sl in enumerate(data.slots)]
     e = {(k, v): m.NewIntVar(sl.starts[0], end, f"e{k}_{v}") for k, sl in enumerate(data.slots) for v in sl.values}
     # e[k, v]: the last event value v of slot k stays resident (its memory is held over [s, e])
     ivs: dict[tuple[int, int], object] = {}  # (slot, value) -> optional interval [s, e + 1)
@@ -109,7 +110,7 @@ def solve_cpsat(
         for k, sl in enumerate(data.slots):
             m.AddHint(a[k], k in hint)
             if k in hint:
-                m.AddHint(s[k], hint[k][0])
+                m.AddHint(stage[k], (hint[k][0] - sl.starts[0]) // data.width)
                 for v, ev in zip(sl.values, hint[k][1]):
                     m.AddHint(e[(k, v)], ev)
     build_s = time.perf_counter() - t0
@@ -127,7 +128,7 @@ def solve_cpsat(
     if status not in ("optimal", "feasible"):
         return Outcome(status, None, None, None, build_s, solve_s)
     placed = {
-        k: (solver.Value(s[k]), tuple(solver.Value(e[(k, v)]) for v in sl.values))
+        k: (sl.starts[0] + data.width * solver.Value(stage[k]), tuple(solver.Value(e[(k, v)]) for v in sl.values))
         for k, sl in enumerate(data.slots)
         if solver.BooleanValue(a[k])
     }

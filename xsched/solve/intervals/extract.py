@@ -80,7 +80,9 @@ def hint_from_plan(data: IntervalData, plan: Plan) -> dict[int, tuple[int, tuple
             seen.add(i)
             if first:
                 stage = pos[i]
-            ev = event(stage, pos[i]) if first else event(stage + 1, pos[i])  # a recompute prepares the next stage
+            ev = (
+                event(stage, pos[i], data.width) if first else event(stage + 1, pos[i], data.width)
+            )  # a recompute prepares the next stage
             key, made, reads = (
                 ("compute", i, d),
                 [(vix[v], d) for v in g.ops[i].outputs],
@@ -88,7 +90,7 @@ def hint_from_plan(data: IntervalData, plan: Plan) -> dict[int, tuple[int, tuple
             )
         else:
             v = vix[s.value]
-            ev = event(stage + 1, -1) if seen else event(0, -1)
+            ev = event(stage + 1, -1, data.width) if seen else event(0, -1, data.width)
             key, made, reads = ("copy", v, dix[s.src], dix[s.dst]), [(v, dix[s.dst])], [(v, dix[s.src])]
         for r in reads:
             if r in open_:
