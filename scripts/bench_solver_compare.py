@@ -76,8 +76,14 @@ def runner(method: str, g: Graph, prof: Profile, budget: int, opts: SolverOption
         return lambda: solve(g, prof, b, method="milp", options=opts)
     if method in ("intervals-highs", "intervals-cpsat"):
         backend = method.split("-")[1]
-        return lambda: solve_intervals(g, prof, b, devs, homes, opts, backend=backend, order=tuple(range(len(g.ops))),
-                                       warm_start=warm())  # fmt: skip
+
+        def fixed() -> Plan:  # the heuristics' warm start inside the time limit
+            t0, w = time.perf_counter(), warm()
+            o = replace(opts, time_limit_s=opts.time_limit_s - (time.perf_counter() - t0))
+            return solve_intervals(g, prof, b, devs, homes, o, backend=backend, order=tuple(range(len(g.ops))),
+                                   warm_start=w)  # fmt: skip
+
+        return fixed
     if method == "order-search":
 
         def run() -> Plan:

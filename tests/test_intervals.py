@@ -12,7 +12,7 @@ from test_milp import GRAPHS, exhaustive_optimum, profile_for, tightest_budget, 
 
 from xsched.errors import BudgetError, PlanError
 from xsched.graph import Graph, Op, Value
-from xsched.plan import Copy, Plan
+from xsched.plan import Copy, Plan, SolverInfo
 from xsched.profile import LinkCost, Profile
 from xsched.simulate import simulate
 from xsched.solve.eager import eager_peak
@@ -154,3 +154,23 @@ def test_an_order_that_is_not_topological_is_refused() -> None:
     prof = profile_for(g, {"cpu": times_of(g)})
     with pytest.raises(PlanError, match="topological"):
         build_data(g, prof, {"cpu": 1000}, ["cpu"], {"x": "cpu"}, (1, 0, 2, 3), 2)
+
+
+def test_soft_budgets_find_a_first_plan_from_an_over_budget_hint() -> None:
+    pytest.importorskip("ortools")
+    from xsched.solve.intervals.cpsat import solve_cpsat
+    from xsched.solve.intervals.extract import hint_from_plan, to_plan
+    from xsched.solve.order import order_plan
+
+    g = GRAPHS["chain3_train"]
+    prof = profile_for(g, {"cpu": times_of(g)})
+    homes = {v: "cpu" for v in g.inputs}
+    budgets = {"cpu": tightest_budget(g, prof, homes)}
+    order = tuple(range(len(g.ops)))
+    data = build_data(g, prof, budgets, ["cpu"], homes, order, 2)
+    eager = order_plan(g, order, "cpu", homes)
+    assert simulate(g, eager, prof, check_budgets=False).peak_bytes["cpu"] > budgets["cpu"]  # the hint is over
+    out = solve_cpsat(data, 10.0, 1, 0, hint_from_plan(data, eager), soft=True)
+    assert out.status == "feasible"
+    plan = to_plan(data, out.placed, SolverInfo("soft"))
+    assert simulate(g, plan, prof).peak_bytes["cpu"] <= budgets["cpu"]

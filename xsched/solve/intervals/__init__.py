@@ -19,6 +19,7 @@ from xsched.solve.order import order_plan, plan_order, topological
 
 BACKENDS = ("cpsat", "highs")
 DEFAULT_OPTIONS = SolverOptions()  # frozen: one shared default
+SOFT_SHARE = 0.4  # at most this share of the time for the soft-budget phase that finds a first plan
 C_START, C_MAX = 2, 4  # Moccasin finds C = 2 enough in practice; more only while it pays and time remains
 
 
@@ -65,6 +66,13 @@ def solve_intervals(
                 data, order_plan(graph, order, _fastest(profile, devices), homes)
             )
         left = limit - (time.perf_counter() - t0)
+        if backend == "cpsat" and best is None and C == C_START and not _fits(warm_start, order, graph):
+            # no plan of this order to start from: first find one, the budgets made soft (over them costs most)
+            first = solve_cpsat(data, SOFT_SHARE * left, workers or (options.threads or 0), seed, hint, soft=True)
+            times["build_s"] += first.build_s
+            times["solve_s"] += first.solve_s
+            hint = first.placed or hint
+            left = limit - (time.perf_counter() - t0)
         out = _run(data, backend, left, hint, seed, workers, options)
         times["build_s"] += out.build_s
         times["solve_s"] += out.solve_s
@@ -121,6 +129,11 @@ def _lift(placed: Mapping, old: IntervalData, new: IntervalData) -> dict:
 
     index = {key(sl): k for k, sl in enumerate(new.slots)}
     return {index[key(old.slots[k])]: p for k, p in placed.items() if key(old.slots[k]) in index}
+
+
+def _fits(warm: Plan | None, order: Sequence[int], graph: Graph) -> bool:
+    """The warm start is a plan within the budgets running `order`: a complete hint, no soft phase needed."""
+    return warm is not None and warm.predicted is not None and plan_order(graph, warm) == tuple(order)
 
 
 def _fastest(profile: Profile, devices: Sequence[str]) -> str:

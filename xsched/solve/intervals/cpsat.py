@@ -39,8 +39,13 @@ def solve_cpsat(
     seed: int = 0,
     hint: Placement | None = None,
     verbose: bool = False,
+    soft: bool = False,
 ) -> Outcome:
-    """Solve `data` within `time_limit_s`; workers 0: one per core; hint: a (partial) placement to start from."""
+    """Solve `data` within `time_limit_s`; workers 0: one per core; hint: a (partial) placement to start from.
+
+    soft: the first phase for a hint over the budgets: each capacity may be exceeded at a cost above any plan's
+    time, and the search stops at the first plan within the budgets (status "feasible"); a plan still over them
+    comes back with status "relaxed", as a hint for the next phase."""
     try:
         from ortools.sat.python import cp_model
     except ImportError as e:
@@ -90,6 +95,7 @@ def solve_cpsat(
     for (v, _), ks in data.of_value.items():  # one residency of a value on a device at a time
         if len(ks) > 1:
             m.AddNoOverlap([ivs[(k, v)] for k in ks])
+    excess: list = []
     for d, cap in enumerate(data.capacity):  # memory: resident intervals + the running step's workspace
         if cap is None:
             continue
@@ -98,14 +104,19 @@ def solve_cpsat(
             if data.slots[k].device == d and w > 0:
                 items.append((m.NewOptionalFixedSizeIntervalVar(s[k], 1, a[k], f"w{k}"), w))
         if items:
-            m.AddCumulative([x for x, _ in items], [w for _, w in items], max(cap, 0))
+            total = sum(w for _, w in items)
+            over = m.NewIntVar(0, total if soft else 0, f"over{d}")  # bytes over the budget (soft phase only)
+            excess.append(over)
+            m.AddCumulative([x for x, _ in items], [w for _, w in items], max(cap, 0) + over)
     for groups in data.rng_groups:  # a random op runs from one RNG only, so its recomputes replay its draws
         used = [m.NewBoolVar("") for _ in groups]
         for lit, ks in zip(used, groups):
             for k in ks:
                 m.AddImplication(a[k], lit)
         m.AddAtMostOne(used)
-    m.Minimize(sum(sl.cost * a[k] for k, sl in enumerate(data.slots)))
+    run_time = sum(sl.cost * a[k] for k, sl in enumerate(data.slots))
+    heavy = sum(sl.cost for sl in data.slots) + 1  # a byte over the budget costs more than any plan's time
+    m.Minimize(run_time + heavy * sum(excess) if soft and excess else run_time)
     if hint:
         for k, sl in enumerate(data.slots):
             m.AddHint(a[k], k in hint)
@@ -120,19 +131,36 @@ def solve_cpsat(
     solver.parameters.random_seed = seed
     solver.parameters.log_search_progress = verbose
     t1 = time.perf_counter()
-    code = solver.Solve(m)
+    callback = _StopWithin(excess) if soft and excess else None
+    code = solver.Solve(m, callback)
     solve_s = time.perf_counter() - t1
     status = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible", cp_model.INFEASIBLE: "infeasible"}.get(
         code, "unknown"
     )
     if status not in ("optimal", "feasible"):
         return Outcome(status, None, None, None, build_s, solve_s)
+    if soft and any(solver.Value(x) > 0 for x in excess):
+        status = "relaxed"
     placed = {
         k: (sl.starts[0] + data.width * solver.Value(stage[k]), tuple(solver.Value(e[(k, v)]) for v in sl.values))
         for k, sl in enumerate(data.slots)
         if solver.BooleanValue(a[k])
     }
-    return Outcome(status, placed, int(solver.ObjectiveValue()), solver.BestObjectiveBound(), build_s, solve_s)
+    objective = int(sum(sl.cost for k, sl in enumerate(data.slots) if k in placed))
+    return Outcome(status if not soft or status == "relaxed" else "feasible", placed, objective,
+                   None if soft else solver.BestObjectiveBound(), build_s, solve_s)  # fmt: skip
+
+
+def _StopWithin(excess: list):  # noqa: ANN202, N802 - a CP-SAT callback class, built lazily (ortools optional)
+    """Stops the search at the first solution with no byte over the budgets."""
+    from ortools.sat.python import cp_model
+
+    class Stop(cp_model.CpSolverSolutionCallback):
+        def on_solution_callback(self) -> None:
+            if all(self.Value(x) == 0 for x in excess):
+                self.StopSearch()
+
+    return Stop()
 
 
 def _successive(data: IntervalData) -> list[tuple[int, int]]:
