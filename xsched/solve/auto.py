@@ -16,7 +16,9 @@ from xsched.solve.options import SolverOptions
 from xsched.solve.problem import Problem, SolveResult, validated
 from xsched.solve.registry import SOLVERS
 
-EXACT_ORDER = ("portfolio", "milp")  # the first registered, available one that fits the graph's size runs
+# (method, share of the time left, largest ops x devices it runs on here): registered and available ones run
+EXACT_SEQUENCE = (("milp", 0.5, 60), ("portfolio", 1.0, 10**9), ("milp", 1.0, 10**9))
+_PROOF_SCOPE = {"milp": ", for plans that first compute the ops in graph order"}
 NO_LIMIT_S = 3600.0  # time_limit_s=None: an hour
 PROBE_SHARE, PROBE_MAX_S = 0.2, 10.0  # time for finding a budget that works, after no plan was found
 PROBE_FACTORS = (1.1, 1.25, 1.5, 2.0, 4.0)  # budgets scaled by these until a heuristic fits
@@ -45,21 +47,27 @@ def solve_auto(problem: Problem, options: SolverOptions, given: Plan | None = No
         except XschedError as e:  # over these budgets or not for this graph: not a candidate
             members["warm start"] = e.detail
     floor = _floor(problem, options)
-    exact: SolveResult | None = None
-    left = limit - (time.perf_counter() - t0)
-    name = _exact_method(problem)
-    if name is not None and left > 0.05 and (best is None or _objective(best, options) > floor * (1 + 1e-9)):
-        exact = SOLVERS[name].fn(problem, replace(options, time_limit_s=left), best)
-        members[name] = exact.status
-        if exact.plan is not None:
-            best, found_by = _better(problem, options, best, found_by, exact.plan, name)
+    results: list[SolveResult] = []
+    for name, share in _exact_methods(problem):
+        left = limit - (time.perf_counter() - t0)
+        if left <= 0.05 or (best is not None and _objective(best, options) <= floor * (1 + 1e-9)):
+            break  # no time left, or a plan as fast as every op at its cheapest: nothing to gain
+        if results and results[-1].status == "optimal" and found_by == results[-1].method:
+            break  # proven optimal (in the stage MILP's formulation: plans in graph order)
+        r = SOLVERS[name].fn(problem, replace(options, time_limit_s=left * share), best)
+        results.append(r)
+        members[name] = r.status
+        best, found_by = _better(problem, options, best, found_by, r.plan, name)
     if best is None:
-        if exact is not None and exact.status == "infeasible":
-            why = f"proven infeasible by {exact.method} ({exact.message})"
+        proofs = [r for r in results if r.status == "infeasible"]
+        if proofs:
+            why = (
+                f"proven infeasible by {proofs[0].method} ({proofs[0].message}{_PROOF_SCOPE.get(proofs[0].method, '')})"
+            )
         else:
             why = f"not found within the time limit ({limit:g} s; {', '.join(f'{k}: {v}' for k, v in members.items())})"
-        raise _no_plan(problem, why, exact, limit - (time.perf_counter() - t0), None)
-    return _labelled(problem, options, best, found_by, exact, floor, members, time.perf_counter() - t0)
+        raise _no_plan(problem, why, proofs[0] if proofs else None, limit - (time.perf_counter() - t0), None)
+    return _labelled(problem, options, best, found_by, results, floor, members, time.perf_counter() - t0)
 
 
 def _better(problem: Problem, options: SolverOptions, best: Plan | None, by: str | None, plan: Plan | None,
@@ -75,12 +83,18 @@ def _better(problem: Problem, options: SolverOptions, best: Plan | None, by: str
     return best, by
 
 
-def _exact_method(problem: Problem) -> str | None:
-    for name in EXACT_ORDER:
+def _exact_methods(problem: Problem) -> list[tuple[str, float]]:
+    """The exact solvers to run, each with its share of the time left: on small graphs the stage MILP first (it
+    proves optimality or infeasibility, for plans in graph order, within seconds there), then the portfolio (other
+    orders, CP-SAT) from the best plan so far; the registry's size thresholds decide the rest."""
+    plan = []
+    for name, share, max_size in EXACT_SEQUENCE:
         entry = SOLVERS.get(name)
-        if entry is not None and entry.available() and entry.fits(problem):
-            return name
-    return None
+        if entry is not None and entry.available() and entry.fits(problem) and problem.size <= max_size:
+            plan.append((name, share))
+    if plan:
+        plan[-1] = (plan[-1][0], 1.0)  # the last one gets all the time that is left
+    return plan
 
 
 def _objective(plan: Plan, options: SolverOptions) -> float:
@@ -104,22 +118,24 @@ def first_order(plan: Plan) -> list[str]:
 
 
 def _labelled(problem: Problem, options: SolverOptions, best: Plan, found_by: str | None,
-              exact: SolveResult | None, floor: float, members: Mapping[str, str], seconds: float) -> Plan:  # fmt: skip
-    """`best` with auto's status, gap and bound: the bound is the larger of the per-op floor and the stage MILP's
-    bound, the latter only for a plan in graph order (the stage MILP fixes the order in which ops first run)."""
+              results: list[SolveResult], floor: float, members: Mapping[str, str], seconds: float) -> Plan:  # fmt: skip
+    """`best` with auto's status, gap and bound. The bound is the larger of the per-op floor (valid for every plan)
+    and the stage MILP's bound, which holds for its formulation (first computes in graph order; extraction can
+    then prune a plan below it, so it is capped at the plan's objective)."""
     order = first_order(best)
-    bound, source = floor, "every op once at its cheapest"
-    milp_bound = exact.extra.get("milp_bound") if exact is not None else None
-    if milp_bound is not None and order == [o.id for o in problem.graph.ops] and milp_bound > bound:
-        bound, source = float(milp_bound), "the stage MILP's bound (plans in graph order)"
     value = _objective(best, options)
+    bound, source = floor, "every op once at its cheapest"
+    milp_bounds = [r.extra["milp_bound"] for r in results if r.extra.get("milp_bound") is not None]
+    if milp_bounds and max(milp_bounds) > bound:
+        bound, source = min(float(max(milp_bounds)), value), "the stage MILP's bound (first computes in graph order)"
     gap = max(0.0, value - bound) / value if value > 0 else 0.0
-    if gap <= options.mip_gap or (exact is not None and found_by == exact.method and exact.status == "optimal"):
+    proven = any(r.status == "optimal" and r.method == found_by for r in results)
+    if gap <= options.mip_gap or proven:
         status = "optimal"
     else:
-        status = "time_limit" if exact is not None else "heuristic"
+        status = "time_limit" if results else "heuristic"
     extra = {**best.solver.extra, "found_by": found_by, "found_by_status": best.solver.status,
-             "exact": exact.method if exact is not None else None, "bound": bound, "bound_source": source,
+             "exact": [r.method for r in results], "bound": bound, "bound_source": source,
              "members": dict(members), "order": order}  # fmt: skip
     return replace(best, solver=SolverInfo("auto", status, gap, seconds, extra))
 
