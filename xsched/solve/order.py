@@ -172,11 +172,13 @@ def search_order(
     warm: Plan | None = None,
     seed: int = 0,
     per_try_s: float | None = None,
+    give_up: bool = False,
 ) -> tuple[Plan | None, tuple[int, ...], dict[str, object]]:
     """The best plan over starting orders then local moves from the best one, within `time_limit_s`.
 
     Each order is scored by `score(order, seconds)` (the fixed-order solver under a short limit). Returns the best
-    plan (None: no order gave one), its order, and a log (orders tried, the best order's origin)."""
+    plan (None: no order gave one), its order, and a log (orders tried, the best order's origin). give_up: stop
+    when the first order gives no plan in its time (the caller then spends the time on that order instead)."""
     t0 = time.perf_counter()
     starts = starting_orders(graph, warm)
     per = per_try_s or max(time_limit_s / (2 * len(starts) + 4), 0.5)
@@ -195,6 +197,9 @@ def search_order(
         tried += 1
         if better(p):
             best, best_order, origin = p, o, name
+        if give_up and best is None:
+            return None, best_order, {"orders_tried": tried, "order_origin": "none (no plan from the first order)",
+                                      "order_search_s": time.perf_counter() - t0}  # fmt: skip
     rng = random.Random(seed)
     while time_limit_s - (time.perf_counter() - t0) > per:  # moves from the best order (or the first start)
         moved = False

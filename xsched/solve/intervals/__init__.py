@@ -19,7 +19,7 @@ from xsched.solve.order import order_plan, plan_order, topological
 
 BACKENDS = ("cpsat", "highs")
 DEFAULT_OPTIONS = SolverOptions()  # frozen: one shared default
-SOFT_SHARE = 0.4  # at most this share of the time for the soft-budget phase that finds a first plan
+SOFT_SHARE = 0.8  # at most this share of the time for the soft-budget phase (it stops at its first plan)
 C_START, C_MAX = 2, 4  # Moccasin finds C = 2 enough in practice; more only while it pays and time remains
 
 
