@@ -101,10 +101,12 @@ def solve_intervals(
     if last.bound is not None and last.objective:
         gap = max(0.0, last.objective - last.bound) / last.objective
     status = "optimal" if last.status == "optimal" else "time_limit"
+    chosen = plan_order(graph, best)
     info = SolverInfo(f"intervals-{backend}", status, gap, time.perf_counter() - t0, {
-        **times, "order": [graph.ops[i].id for i in plan_order(graph, best)], "model_order_kept": plan_order(graph, best) == order, "C": best_data.C,
-        "objective": best_data.objective_s(last.objective), "bound": best_data.objective_s(last.bound),
-        "model_gap_note": "gap and bound of the interval model for this order and C",
+        **times, "order": [graph.ops[i].id for i in chosen], "model_order_kept": chosen == order, "C": best_data.C,
+        # the model's own figures: optimal, gap and bound hold for this order and C only, not for every plan
+        "model_objective": best_data.objective_s(last.objective) if last.objective is not None else None,
+        "model_bound": best_data.objective_s(last.bound) if last.bound is not None else None,
     })  # fmt: skip
     return Plan(**{**best.__dict__, "solver": info})
 
