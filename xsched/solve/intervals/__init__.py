@@ -19,7 +19,8 @@ from xsched.solve.order import order_plan, plan_order, topological
 
 BACKENDS = ("cpsat", "highs")
 DEFAULT_OPTIONS = SolverOptions()  # frozen: one shared default
-SOFT_SHARE = 0.8  # at most this share of the time for the soft-budget phase (it stops at its first plan)
+HARD_SHARE = 0.25  # without a plan to start from: this share of the time on the model as it is, then
+SOFT_SHARE = 0.8  # at most this share of the rest for the soft-budget phase (it stops at its first plan)
 C_START, C_MAX = 2, 4  # Moccasin finds C = 2 enough in practice; more only while it pays and time remains
 
 
@@ -67,15 +68,27 @@ def solve_intervals(
             )
         left = limit - (time.perf_counter() - t0)
         if backend == "cpsat" and best is None and C == C_START and not _fits(warm_start, order, graph):
-            # no plan of this order to start from: first find one, the budgets made soft (over them costs most)
-            first = solve_cpsat(data, SOFT_SHARE * left, workers or (options.threads or 0), seed, hint, soft=True)
-            times["build_s"] += first.build_s
-            times["solve_s"] += first.solve_s
-            hint = first.placed or hint
-            left = limit - (time.perf_counter() - t0)
-        out = _run(data, backend, left, hint, seed, workers, options)
-        times["build_s"] += out.build_s
-        times["solve_s"] += out.solve_s
+            # no plan of this order to start from: a short search on the model as it is (often enough), then one
+            # with the budgets made soft (bytes over them cost more than any plan's time) from where it stopped
+            out = _run(data, backend, HARD_SHARE * left, hint, seed, workers, options)
+            times["build_s"] += out.build_s
+            times["solve_s"] += out.solve_s
+            if out.placed is None and out.status != "infeasible":
+                soft = solve_cpsat(data, SOFT_SHARE * (limit - (time.perf_counter() - t0)),
+                                   workers or (options.threads or 0), seed, hint, soft=True)  # fmt: skip
+                times["build_s"] += soft.build_s
+                times["solve_s"] += soft.solve_s
+                hint = soft.placed or hint
+            if out.status not in ("optimal", "infeasible"):  # the rest of the time, from the best start known
+                more = _run(data, backend, limit - (time.perf_counter() - t0), out.placed or hint, seed, workers,
+                            options)  # fmt: skip
+                times["build_s"] += more.build_s
+                times["solve_s"] += more.solve_s
+                out = more if more.placed is not None or out.placed is None else out
+        else:
+            out = _run(data, backend, left, hint, seed, workers, options)
+            times["build_s"] += out.build_s
+            times["solve_s"] += out.solve_s
         if out.placed is not None:
             t1 = time.perf_counter()
             plan = to_plan(data, out.placed, SolverInfo(f"intervals-{backend}"))

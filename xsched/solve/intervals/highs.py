@@ -15,7 +15,7 @@ from xsched.solve.intervals.extract import Placement
 from xsched.solve.milp import NoIncumbent
 from xsched.solve.options import SolverOptions
 
-MAX_PAIRS = 40_000  # pairwise memory rows beyond which building alone eats the time limit (n100: ~20 s build)
+MAX_PAIRS = 15_000  # pairwise memory rows beyond which building alone eats a minute's limit (n100: 15-20 s)
 
 
 def build(data: IntervalData) -> pyo.ConcreteModel:
