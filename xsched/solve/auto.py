@@ -9,11 +9,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from xsched.budgets import format_bytes
-from xsched.errors import BudgetError, XschedError
-from xsched.plan import Compute, Plan, SolverInfo
+from xsched.errors import BudgetError, PlanError, XschedError
+from xsched.plan import Plan, SolverInfo
 from xsched.solve.bounds import check_budgets, lower_bounds
 from xsched.solve.options import SolverOptions
-from xsched.solve.problem import Problem, SolveResult, validated
+from xsched.solve.problem import BOUNDARY_RULE, Problem, SolveResult, first_order, validated
 from xsched.solve.registry import SOLVERS
 
 # (method, share of the time left, largest ops x devices it runs on here): registered and available ones run
@@ -75,7 +75,13 @@ def _better(problem: Problem, options: SolverOptions, best: Plan | None, by: str
     """The faster (time + alpha x energy) of the best plan so far and `plan` (checked by the simulator first)."""
     if plan is None:
         return best, by
-    plan = validated(problem.graph, plan, problem.profile, problem.budgets)
+    try:
+        plan = validated(problem.graph, plan, problem.profile, problem.budgets)
+    except PlanError as e:
+        if e.detail != BOUNDARY_RULE:
+            raise  # an invalid plan from a solver is a bug
+        return best, by  # valid, but wrap could not return its forward outputs: not a candidate
+
     if options.energy_cap_j is not None and (plan.predicted.energy_j or 0.0) > options.energy_cap_j:
         return best, by
     if best is None or _objective(plan, options) < _objective(best, options) * (1 - 1e-12):
@@ -112,17 +118,12 @@ def _floor(problem: Problem, options: SolverOptions) -> float:
     return total
 
 
-def first_order(plan: Plan) -> list[str]:
-    """The op ids in the order the plan first computes them."""
-    return list(dict.fromkeys(s.op for s in plan.steps if isinstance(s, Compute)))
-
-
 def _labelled(problem: Problem, options: SolverOptions, best: Plan, found_by: str | None,
               results: list[SolveResult], floor: float, members: Mapping[str, str], seconds: float) -> Plan:  # fmt: skip
     """`best` with auto's status, gap and bound. The bound is the larger of the per-op floor (valid for every plan)
     and the stage MILP's bound, which holds for its formulation (first computes in graph order; extraction can
     then prune a plan below it, so it is capped at the plan's objective)."""
-    order = first_order(best)
+    order = list(first_order(best))
     value = _objective(best, options)
     bound, source = floor, "every op once at its cheapest"
     milp_bounds = [r.extra["milp_bound"] for r in results if r.extra.get("milp_bound") is not None]

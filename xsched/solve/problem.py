@@ -10,7 +10,7 @@ from typing import Any
 from xsched.budgets import parse_budgets
 from xsched.errors import BudgetError, PlanError, XschedError
 from xsched.graph import Graph
-from xsched.plan import Plan
+from xsched.plan import Compute, Plan
 from xsched.profile import Profile
 from xsched.simulate import simulate
 from xsched.solve.eager import eager_peak
@@ -141,7 +141,30 @@ class SolverEntry:
 
 def validated(graph: Graph, plan: Plan, profile: Profile, budgets: Mapping[str, int]) -> Plan:
     """The plan under `budgets`, replayed by the simulator (PlanError if invalid), with its predicted figures: the
-    one path by which any solver's plan leaves the solve stage."""
+    one path by which any solver's plan leaves the solve stage. A captured graph's plan whose forward outputs are
+    not resident when backward starts is repaired (those computes moved before it) or refused (PlanError): `wrap`
+    could not run it."""
+    from xsched.solve.boundary import keep_forward_outputs, missing_at_boundary
+
     plan = replace(plan, budgets=dict(budgets))
+    missing = missing_at_boundary(graph, plan)
+    if missing:
+        repaired = keep_forward_outputs(graph, plan)
+        try:
+            result = simulate(graph, repaired, profile) if repaired is not None else None
+        except PlanError:
+            result = None
+        if result is None:
+            raise PlanError(BOUNDARY_RULE, stage="solve", value=missing[0])
+        extra = {**repaired.solver.extra, "boundary_repaired": missing}
+        return replace(repaired, predicted=result.prediction(), solver=replace(repaired.solver, extra=extra))
     result = simulate(graph, plan, profile)
     return replace(plan, predicted=result.prediction())
+
+
+BOUNDARY_RULE = "a forward output is not resident when backward starts, and computing it earlier breaks the budgets"
+
+
+def first_order(plan: Plan) -> tuple[str, ...]:
+    """The op ids in the order the plan first computes them: the order it chose."""
+    return tuple(dict.fromkeys(s.op for s in plan.steps if isinstance(s, Compute)))

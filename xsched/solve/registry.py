@@ -13,7 +13,7 @@ from xsched.errors import BudgetError, PlanError, XschedError
 from xsched.plan import Plan
 from xsched.solve.heuristics import HEURISTICS
 from xsched.solve.options import SolverOptions
-from xsched.solve.problem import Problem, SolverEntry, SolveResult, Times
+from xsched.solve.problem import Problem, SolverEntry, SolveResult, Times, first_order
 
 SOLVERS: dict[str, SolverEntry] = {}
 # auto's exact stage skips graphs above this (ops x devices); a hierarchical solver is meant to take them
@@ -27,11 +27,10 @@ def register(entry: SolverEntry) -> SolverEntry:
 
 
 def result_from_plan(method: str, plan: Plan) -> SolveResult:
-    """A solver's Plan as a typed result: status and gap from `plan.solver`, objective, bound, times and order
-    from the names the backends write in `plan.solver.extra`."""
+    """A solver's Plan as a typed result: status and gap from `plan.solver`, objective, bound and times
+    from the names the backends write in `plan.solver.extra`; the order from its steps."""
     info, x = plan.solver, plan.solver.extra
     status = info.status if info.status in ("optimal", "feasible", "time_limit", "heuristic") else "feasible"
-    order = x.get("order")
     times = Times(
         float(x.get("build_s", 0.0)),
         float(x.get("solve_s", x.get("highs_s", info.solve_s)) or 0.0),
@@ -39,7 +38,7 @@ def result_from_plan(method: str, plan: Plan) -> SolveResult:
     )
     objective = x.get("milp_objective", x.get("objective"))
     bound = x.get("milp_bound", x.get("bound"))
-    return SolveResult(method, status, plan, objective, bound, info.gap, times, tuple(order) if order else None,
+    return SolveResult(method, status, plan, objective, bound, info.gap, times, first_order(plan),
                        extra=dict(x))  # fmt: skip
 
 
