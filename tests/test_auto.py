@@ -193,3 +193,35 @@ def test_a_budget_only_the_exact_solver_reaches_trains_like_eager() -> None:
         opt_a.step()
         opt_b.step()
     assert_same_state(model, eager)
+
+
+def test_a_forward_output_computed_after_backward_starts_is_moved_before_it() -> None:
+    from xsched.capture.torch import capture
+    from xsched.errors import PlanError
+    from xsched.execute.wrap import cost_profile
+    from xsched.plan import Compute, place_frees
+    from xsched.solve.boundary import keep_forward_outputs, missing_at_boundary
+    from xsched.solve.eager import eager_plan
+    from xsched.solve.problem import BOUNDARY_RULE, validated
+
+    g = capture(Shared(), (torch.randn(32, 64),), name="Shared")
+    prof = cost_profile(g, ["cpu"])
+    late = next(o for o in g.ops if g.extra["forward_outputs"][0]["ref"] in o.outputs)  # a.addmm
+    first_bwd = next(i for i, o in enumerate(g.ops) if o.phase == "bwd")
+    ops = [o for o in g.ops if o is not late]
+    ops.insert(first_bwd + 2, late)  # after two backward ops
+    base = eager_plan(g, "cpu", prof)
+    steps = place_frees(g, [Compute(o.id, "cpu") for o in ops], dict(base.homes))
+    from xsched.plan import autograd_boundary
+
+    bad = Plan(**{**base.__dict__, "steps": tuple(steps), "boundary": autograd_boundary(g, steps)})
+    simulate(g, bad, prof)  # valid for the simulator ...
+    assert missing_at_boundary(g, bad) == [late.outputs[0]]  # ... but wrap could not return the output
+    fixed = keep_forward_outputs(g, bad)
+    assert fixed is not None and missing_at_boundary(g, fixed) == []
+    plan = validated(g, bad, prof, {"cpu": 10**9})
+    assert plan.solver.extra["boundary_repaired"] == [late.outputs[0]]
+    tight = simulate(g, bad, prof).peak_bytes["cpu"]
+    if simulate(g, fixed, prof).peak_bytes["cpu"] > tight:
+        with pytest.raises(PlanError, match=BOUNDARY_RULE[:30]):
+            validated(g, bad, prof, {"cpu": tight})

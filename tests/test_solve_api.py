@@ -13,8 +13,8 @@ from xsched.errors import BudgetError, PlanError, XschedError
 from xsched.plan import Compute
 from xsched.simulate import simulate
 from xsched.solve.api import solve
-from xsched.solve.heuristics import HEURISTICS
 from xsched.solve.eager import eager_peak
+from xsched.solve.heuristics import HEURISTICS
 
 G = chain_graph([40, 60, 30, 50, 20] * 3, train=True)
 
