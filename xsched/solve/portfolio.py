@@ -25,7 +25,9 @@ from xsched.solve.options import SolverOptions
 from xsched.solve.order import plan_order, search_order
 
 ORDER_SHARE = 0.35  # share of the time limit for the order search
-MAIN_SHARE = 0.7  # share of what is left for CP-SAT on the best order (the MILPs, where they run, get the rest)
+MAIN_SHARE = 0.7  # on small graphs, the share of what is left for CP-SAT on the best order (the MILPs get the rest;
+# elsewhere CP-SAT gets all of it, and the stage MILP runs only if CP-SAT proves its optimum early)
+GIVE_UP_OPS = 300  # beyond this the order search stops when its first order gives no plan in its share
 STAGE_MILP_MAX_OPS = 150  # the stage MILP's O(T^2) model is too big to help beyond this in a minute
 INTERVAL_MILP_MAX_SLOTS = 60  # the linearised interval MILP's pairwise memory rows: small graphs only
 DEFAULT_OPTIONS = SolverOptions()
@@ -80,13 +82,14 @@ def solve_portfolio(
                                    c_max=2, **kw)  # fmt: skip
 
         t1 = time.perf_counter()
-        found, order, search_log = search_order(graph, score, ORDER_SHARE * left(), best, seed, give_up=True)
+        big = len(graph.ops) > GIVE_UP_OPS  # a first plan may take all the time there: no time for other orders
+        found, order, search_log = search_order(graph, score, ORDER_SHARE * left(), best, seed, give_up=big)
         log.append(("order-search", time.perf_counter() - t1, _status(found), _time(found)))
         if found is not None and (best is None or _time(found) < _time(best)):
             best, found_by = found, "order-search"
         t1 = time.perf_counter()
-        more = len(graph.ops) <= STAGE_MILP_MAX_OPS or len(graph.ops) * len(devices) <= INTERVAL_MILP_MAX_SLOTS
-        opts = replace(options, time_limit_s=(MAIN_SHARE if more else 1.0) * left())  # all of it when no MILP follows
+        small = len(graph.ops) * len(devices) <= INTERVAL_MILP_MAX_SLOTS  # the MILPs run after it only there
+        opts = replace(options, time_limit_s=(MAIN_SHARE if small else 1.0) * left())
         take("intervals-cpsat", t1, lambda: solve_intervals(graph, profile, budgets, devices, homes, opts,
                                                              order=order, warm_start=best, **kw))  # fmt: skip
     else:
