@@ -21,7 +21,7 @@ def main(steps: int = 5) -> None:
     reference = copy.deepcopy(model)
     target = torch.randint(0, 10, (x.shape[0],), generator=torch.Generator().manual_seed(1))
     wrapped = xsched.wrap(model, (x,), budgets={"cpu": "70%"})
-    plan = next(iter(wrapped.compiled.values())).plan
+    plan = wrapped.plan
     peak = max(plan.predicted.peak_bytes.values())
     print(f"plan {plan.solver.method}: peak {format_bytes(peak)} within {format_bytes(plan.budgets['cpu'])}")
     opt_a = torch.optim.SGD(wrapped.parameters(), lr=0.1, momentum=0.9)

@@ -44,7 +44,15 @@ def test_held_after_forward_is_what_autograd_saved(mlp):
 def test_peak_of_an_xsched_plan_is_the_simulated_peak(mlp, budget):
     base, x = mlp
     # in-place reuse off: with it, a reused buffer counts twice in the simulator and once in the allocator
-    w = wrap(copy.deepcopy(base), (x,), {"cpu": budget}, method="eager" if budget == "100%" else "auto", inplace=False)
+    w = wrap(
+        copy.deepcopy(base),
+        (x,),
+        {"cpu": budget},
+        method="eager" if budget == "100%" else "auto",
+        inplace=False,
+        profile="model",
+        time_limit=10,
+    )
     peak, predicted, recomputes = bench.xsched_figures(w)
     assert (recomputes > 0) == (budget != "100%")
     fwd = lambda: bench.loss_of(w(x))  # noqa: E731

@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import pytest
 from conftest import BENCH, chain_graph
@@ -369,18 +370,16 @@ def test_heuristic_plan_is_a_feasible_start_of_the_lean_model() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(GRAPHS))
-def test_restricted_searches_do_not_change_the_optimum(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_restricted_searches_do_not_change_the_optimum(name: str) -> None:
     """With and without the LP-guided restricted searches the tightest budget reaches the exhaustive optimum."""
-    import xsched.solve.backends as backends
-
     g = GRAPHS[name]
     prof = profile_for(g, {"cpu": times_of(g)})
     homes = {v: "cpu" for v in g.inputs}
     budgets = {"cpu": tightest_budget(g, prof, homes)}
     want = exhaustive_optimum(g, prof, budgets, ["cpu"], homes)
-    for restricted in ((), ((0, 0.5),), backends.RESTRICTED):
-        monkeypatch.setattr(backends, "RESTRICTED", restricted)
-        plan = checked(g, solve_milp(g, prof, budgets, ["cpu"], homes, FAST), prof, budgets)
+    for restricted in ((), ((0, 0.5),), SolverOptions().restricted):
+        opts = replace(FAST, restricted=restricted)
+        plan = checked(g, solve_milp(g, prof, budgets, ["cpu"], homes, opts), prof, budgets)
         assert plan.solver.status == "optimal" and plan.predicted.time_s == pytest.approx(want)
 
 
@@ -406,15 +405,13 @@ def test_random_layered_n100_at_80_percent() -> None:
     assert plan.predicted.time_s / base - 1 <= 0.023
 
 
-def test_slow_lp_falls_back_to_the_structural_restriction(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_slow_lp_falls_back_to_the_structural_restriction() -> None:
     """When the LP relaxation cannot finish in its share of the time (big graphs), the restricted searches keep
     the recomputes of the first computes' inputs instead, and still find a good plan without a warm start."""
-    import xsched.solve.backends as backends
-
-    monkeypatch.setattr(backends, "LP_SHARE", 0.0)  # the LP gets 0.01 s: never enough on n100
     g, prof = import_networkx(BENCH / "random_layered_n100.json")
     budgets = {"bench": int(eager_peak(g) * 0.8)}
-    plan = checked(g, solve_milp(g, prof, budgets, ["bench"], {}, SolverOptions(time_limit_s=20.0)), prof, budgets)
+    opts = SolverOptions(time_limit_s=20.0, lp_share=0.0)  # the LP gets 0.01 s: never enough on n100
+    plan = checked(g, solve_milp(g, prof, budgets, ["bench"], {}, opts), prof, budgets)
     base = sum(prof.op_cost(o.id, "bench").time_s for o in g.ops)
     assert plan.predicted.time_s / base - 1 <= 0.023
 

@@ -12,13 +12,14 @@ from test_heuristics import DEVICES, two_device_profile
 from xsched.errors import BudgetError, PlanError, XschedError
 from xsched.plan import Compute
 from xsched.simulate import simulate
-from xsched.solve.api import METHODS, solve
+from xsched.solve.api import solve
 from xsched.solve.eager import eager_peak
+from xsched.solve.heuristics import HEURISTICS
 
 G = chain_graph([40, 60, 30, 50, 20] * 3, train=True)
 
 
-@pytest.mark.parametrize("method", [m for m in METHODS if m != "milp"])
+@pytest.mark.parametrize("method", [m for m in HEURISTICS])
 def test_each_heuristic_method_returns_a_valid_plan_with_predictions(method):
     profile = two_device_profile(G, slow_b=0.5)
     plan = solve(G, profile, {"a": "100%", "b": "100%"}, method=method)
@@ -41,7 +42,7 @@ def test_devices_default_to_the_profile_and_unknown_method_errors():
     profile = two_device_profile(G)
     plan = solve(G, profile, {}, method="eager")
     assert set(plan.devices) <= set(DEVICES) and plan.budgets == {}
-    with pytest.raises(XschedError, match="unknown method 'magic'; choose one of milp, eager"):
+    with pytest.raises(XschedError, match="unknown method 'magic'; choose one of auto, eager"):
         solve(G, profile, {"a": "1GiB"}, method="magic")
     with pytest.raises(BudgetError, match="not among the devices") as e:
         solve(G, profile, {"gpu": "1GiB"}, devices=["a"], method="eager")
@@ -74,7 +75,7 @@ def test_milp_without_incumbent_falls_back_to_the_best_heuristic(monkeypatch):
 
     fake_milp(monkeypatch, no_incumbent)
     profile = two_device_profile(G)
-    plan = solve(G, profile, {"a": "70%"}, devices=["a"])
+    plan = solve(G, profile, {"a": "70%"}, devices=["a"], method="milp")
     simulate(G, plan, profile)
     assert plan.solver.status == "heuristic" and plan.solver.method.startswith("heuristic:")
     assert plan.solver.extra["fallback_from"] == "milp" and "without a plan" in plan.solver.extra["reason"]
@@ -85,7 +86,7 @@ def test_milp_without_incumbent_falls_back_to_the_best_heuristic(monkeypatch):
 def test_milp_gets_checked_budgets_first(monkeypatch):
     fake_milp(monkeypatch, lambda *a, **k: pytest.fail("the MILP must not run when the bound already fails"))
     with pytest.raises(BudgetError, match="below the lower bound") as e:
-        solve(G, two_device_profile(G), {"a": 100}, devices=["a"])
+        solve(G, two_device_profile(G), {"a": 100}, devices=["a"], method="milp")
     assert e.value.device == "a" and e.value.op is not None
 
 
@@ -95,7 +96,7 @@ def test_milp_plan_is_validated_and_labelled():
 
     g = chain_graph([40, 60, 30, 50, 20], train=True)  # 10 ops: a few seconds of HiGHS
     profile = two_device_profile(g, slow_b=0.5)
-    plan = solve(g, profile, {"a": "80%", "b": "60%"}, options=SolverOptions(time_limit_s=15))
+    plan = solve(g, profile, {"a": "80%", "b": "60%"}, method="milp", options=SolverOptions(time_limit_s=15))
     r = simulate(g, plan, profile)
     assert plan.solver.method == "milp" and plan.solver.status in ("optimal", "feasible", "time_limit")
     assert plan.predicted.time_s == pytest.approx(r.time_s)
@@ -118,12 +119,12 @@ def test_a_given_warm_start_competes_with_the_heuristics(monkeypatch):
     monkeypatch.setattr(api, "best_heuristic", lambda *a: (None, {}))
     profile = two_device_profile(G)
     given = solve(G, profile, {"a": "70%"}, devices=["a"], method="checkpoint")
-    plan = solve(G, profile, {"a": "70%"}, devices=["a"], warm_start=given)
+    plan = solve(G, profile, {"a": "70%"}, devices=["a"], method="milp", warm_start=given)
     assert seen[-1].steps == given.steps and plan.steps == given.steps
     assert plan.solver.extra["warm_start"] == "heuristic:checkpoint"
     elsewhere = solve(G, profile, {"a": "100%", "b": "100%"}, method="eager", homes={"x": "b"})
     with pytest.raises(XschedError, match="no heuristic meets the budgets either.*other homes"):  # nothing is left
-        solve(G, profile, {"a": "70%"}, devices=["a", "b"], warm_start=elsewhere)
+        solve(G, profile, {"a": "70%"}, devices=["a", "b"], method="milp", warm_start=elsewhere)
 
 
 def test_milp_plan_slower_than_its_warm_start_gives_the_warm_start_back(monkeypatch):
@@ -135,7 +136,7 @@ def test_milp_plan_slower_than_its_warm_start_gives_the_warm_start_back(monkeypa
     profile = two_device_profile(G)
     slow = checkpoint_plan(G, set(), "a", profile, homes={"x": "a"})  # recomputes every forward value
     fake_milp(monkeypatch, lambda mod, *a, **k: replace(slow, solver=SolverInfo("milp", "time_limit", 0.5, 1.0)))
-    plan = solve(G, profile, {"a": slow.predicted.peak_bytes["a"]}, devices=["a"])
+    plan = solve(G, profile, {"a": slow.predicted.peak_bytes["a"]}, devices=["a"], method="milp")
     simulate(G, plan, profile)
     assert plan.predicted.time_s < slow.predicted.time_s
     assert plan.solver.status == "heuristic" and plan.solver.extra["fallback_from"] == "milp"

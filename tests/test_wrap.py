@@ -60,8 +60,8 @@ def test_trains_like_eager(budgets: dict, method: str) -> None:
     """Dropout + batch norm, SGD with momentum, 3 steps: losses, params and running stats equal eager's."""
     eager = mlp()
     model = copy.deepcopy(eager)
-    w = wrap(model, batch()[:1], budgets, method=method)
-    c = next(iter(w.compiled.values()))
+    w = wrap(model, batch()[:1], budgets, method=method, profile="model", time_limit=10)
+    c = w._first
     if method == "auto":  # the 50% budget forces recomputation
         assert sum(isinstance(s, Compute) for s in c.plan.steps) > len(c.graph.ops)
     if method == "greedy":
@@ -76,7 +76,7 @@ def test_trains_like_eager(budgets: dict, method: str) -> None:
 def test_two_calls_in_one_iteration() -> None:
     eager = mlp()
     model = copy.deepcopy(eager)
-    w = wrap(model, batch()[:1], {"cpu": "50%"})
+    w = wrap(model, batch()[:1], {"cpu": "50%"}, profile="model", time_limit=10)
     ref = train(eager, 2, calls=2)
     got = train(w, 2, calls=2)
     for a, b in zip(got, ref):
@@ -87,7 +87,7 @@ def test_two_calls_in_one_iteration() -> None:
 def test_grads_accumulate_like_autograd() -> None:
     eager = mlp(depth=2)
     model = copy.deepcopy(eager)
-    w = wrap(model, batch()[:1], {"cpu": "100%"}, method="eager")
+    w = wrap(model, batch()[:1], {"cpu": "100%"}, method="eager", profile="model")
     x, y = batch()
     for m in (eager, w):
         torch.manual_seed(9)
@@ -100,7 +100,7 @@ def test_grads_accumulate_like_autograd() -> None:
 def test_eval_and_no_grad_run_inference_plans() -> None:
     eager = mlp()
     model = copy.deepcopy(eager)
-    w = wrap(model, batch()[:1], {"cpu": "100%"}, method="eager")
+    w = wrap(model, batch()[:1], {"cpu": "100%"}, method="eager", profile="model")
     x, _ = batch()
     torch.manual_seed(4)
     with torch.no_grad():  # train mode without grad: dropout draws and batch norm updates, as eager does
@@ -122,7 +122,7 @@ def test_eval_and_no_grad_run_inference_plans() -> None:
 def test_new_input_shape_replans() -> None:
     eager = mlp(depth=2)
     model = copy.deepcopy(eager)
-    w = wrap(model, batch(n=64)[:1], {"cpu": "100%"}, method="eager")
+    w = wrap(model, batch(n=64)[:1], {"cpu": "100%"}, method="eager", profile="model")
     x, y = batch(n=32)
     torch.manual_seed(2)
     nn.functional.cross_entropy(w(x), y).backward()
@@ -135,8 +135,8 @@ def test_new_input_shape_replans() -> None:
 
 def test_given_plan_rejects_other_shapes() -> None:
     model = mlp(depth=2)
-    first = wrap(model, batch(n=64)[:1], {"cpu": "100%"}, method="eager")
-    plan = next(iter(first.compiled.values())).plan
+    first = wrap(model, batch(n=64)[:1], {"cpu": "100%"}, method="eager", profile="model")
+    plan = first.plan
     w = wrap(copy.deepcopy(model), batch(n=64)[:1], {}, plan=plan)
     w(batch(n=64)[0]).sum().backward()
     with pytest.raises(XschedError, match=r"differ from those of the given plan"):
@@ -150,7 +150,7 @@ def test_zoo_gpt2_output_structure_and_loss() -> None:
     z = zoo.build("gpt2", scale="tiny")
     eager = z.model
     model = copy.deepcopy(eager)
-    w = wrap(model, z.inputs, {"cpu": "100%"}, method="eager")
+    w = wrap(model, z.inputs, {"cpu": "100%"}, method="eager", profile="model")
     assert isinstance(w, XschedModule)
     torch.manual_seed(1)
     logits, loss = w(*z.inputs)
@@ -166,7 +166,7 @@ def test_zoo_gpt2_output_structure_and_loss() -> None:
 
 def test_backward_twice_is_a_clear_error() -> None:
     model = mlp(depth=1)
-    w = wrap(model, batch()[:1], {"cpu": "100%"}, method="eager")
+    w = wrap(model, batch()[:1], {"cpu": "100%"}, method="eager", profile="model")
     out = w(batch()[0]).sum()
     out.backward(retain_graph=True)
     with pytest.raises(XschedError, match="second time"):
@@ -179,11 +179,10 @@ def test_bad_budgets_are_clear_errors() -> None:
     model = mlp(depth=1)
     with pytest.raises(XschedError, match="needs devices"):
         wrap(model, batch()[:1], {})
-    with pytest.raises(BudgetError, match="no method fits the budgets") as e:
-        wrap(model, batch()[:1], {"cpu": 1024})
-    reasons = str(e.value).split("no method fits the budgets: ")[1]
-    assert reasons.startswith("eager, checkpoint, greedy, sqrt, offload: budget 1.00 KiB on cpu is below the lower")
-    assert reasons.count("lower bound") == 1  # the bound every method hits, said once
+    with pytest.raises(BudgetError, match="no plan within the budgets: proven infeasible") as e:
+        wrap(model, batch()[:1], {"cpu": 1024}, profile="model")
+    assert "budget 1.00 KiB on cpu is below the lower bound" in str(e.value)
+    assert e.value.device == "cpu" and str(e.value).count("smallest budget known to work") == 1  # one message
 
 
 def test_grads_reach_param_grad_without_copies(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -193,7 +192,7 @@ def test_grads_reach_param_grad_without_copies(monkeypatch: pytest.MonkeyPatch) 
 
     wrap_module = importlib.import_module("xsched.execute.wrap")
     model = mlp(depth=2)
-    w = wrap(model, batch()[:1], {"cpu": "100%"}, method="eager")
+    w = wrap(model, batch()[:1], {"cpu": "100%"}, method="eager", profile="model")
     handed: list[int] = []
     backward = wrap_module._Run.backward
 
@@ -205,3 +204,26 @@ def test_grads_reach_param_grad_without_copies(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(wrap_module._Run, "backward", spy)
     w(batch()[0]).sum().backward()
     assert handed == [p.grad.data_ptr() for p in model.parameters()]
+
+
+def test_measured_profile_is_cached_and_reused(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """wrap measures the graph's costs once (stored as `xsched profile` would, under profile_dir) and reuses them."""
+    import xsched.profiling as profiling
+
+    model = mlp(depth=1, width=8)
+    w = wrap(model, batch(n=16, width=8)[:1], {"cpu": "100%"}, method="eager", profile_dir=tmp_path)
+    stored = list(tmp_path.glob("*.json"))
+    assert len(stored) == 1 and stored[0].name == profiling.default_profile_path(w.graph, ["cpu"]).name
+    assert profiling.read_profile(stored[0]).graph == w.graph.fingerprint
+    stored_profile = profiling.read_profile(stored[0])
+    assert "profiling" in stored_profile.extra and not stored_profile.extra.get("modelled")  # measured
+
+    def no_measuring(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("the stored profile must be reused")
+
+    monkeypatch.setattr(profiling, "profile_graph", no_measuring)
+    again = wrap(copy.deepcopy(model), batch(n=16, width=8)[:1], {"cpu": "100%"}, method="eager", profile_dir=tmp_path)
+    assert again.plan.steps == w.plan.steps
+    assert "plan by heuristic:eager" in again.report() and "cpu: peak" in again.report()
+    with pytest.raises(XschedError, match="profile must be a Profile or one of"):
+        wrap(copy.deepcopy(model), batch(n=16, width=8)[:1], {"cpu": "100%"}, profile="guess")

@@ -17,65 +17,15 @@ from torch.autograd.function import _SingleLevelFunction
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from xsched.capture.torch import capture
-from xsched.errors import BudgetError, XschedError
+from xsched.errors import XschedError
 from xsched.execute.compiled import getter
 from xsched.execute.executor import Executor, RunState
 from xsched.execute.program import gather
 from xsched.execute.reference import torch_device
+from xsched.execute.wrap_plan import cost_profile, plan_report, solve_plan  # noqa: F401 - cost_profile, solve_plan: public here too
 from xsched.graph import Graph
 from xsched.plan import Compute, Plan
-from xsched.profile import DeviceInfo, LinkCost, OpCost, Profile
-
-AUTO_METHODS = ("eager", "checkpoint", "greedy", "sqrt", "offload")
-
-
-def cost_profile(graph: Graph, devices: Sequence[str]) -> Profile:
-    """A modelled profile (no measurement): each op costs the bytes it touches over the device's bandwidth,
-    each copy a latency plus bytes over the link's bandwidth. Labelled "model" for energy (none is modelled)."""
-    kinds = {d: "cuda" if d.startswith("cuda") else "cpu" for d in devices}
-    bandwidth = {"cpu": 2e10, "cuda": 1e12}
-    compute = {d: {o.id: OpCost(2e-6 + graph.op_bytes(o.id) / bandwidth[kinds[d]]) for o in graph.ops} for d in devices}
-    copy = {
-        f"{a}->{b}": LinkCost(1e-5, 1.2e10 if "cuda" in (kinds[a], kinds[b]) else 1e10)
-        for a in devices
-        for b in devices
-        if a != b
-    }
-    info = {d: DeviceInfo(kinds[d]) for d in devices}
-    return Profile(graph.fingerprint, info, compute, copy, dict.fromkeys(devices, "model"), {"modelled": True})
-
-
-def solve_plan(
-    graph: Graph,
-    budgets: Mapping[str, str | int],
-    devices: Sequence[str] | None = None,
-    method: str = "auto",
-    profile: Profile | None = None,
-    time_limit: float | None = None,
-) -> Plan:
-    """A plan for `graph` within `budgets`: method "auto" tries the heuristics eager, checkpoint, greedy, sqrt
-    and offload in that order (the first that fits wins); any other method goes to xsched.solve.api.solve."""
-    from xsched.solve.api import solve
-
-    devices = list(devices) if devices is not None else list(budgets)
-    if not devices:
-        raise XschedError("wrap needs devices: give budgets per device or devices", stage="execute")
-    profile = profile or cost_profile(graph, devices)
-    options = None
-    if method == "milp" and time_limit is not None:
-        from xsched.solve.options import SolverOptions
-
-        options = SolverOptions(time_limit_s=time_limit)
-    if method != "auto":
-        return solve(graph, profile, budgets, devices, method=method, options=options)
-    why: dict[str, list[str]] = {}  # reason -> the methods that gave it (a bound below the budget: all of them)
-    for m in AUTO_METHODS:
-        try:
-            return solve(graph, profile, budgets, devices, method=m)
-        except BudgetError as e:
-            why.setdefault(e.detail, []).append(m)
-    reasons = "; ".join(f"{', '.join(ms)}: {r}" for r, ms in why.items())
-    raise BudgetError("no method fits the budgets: " + reasons, stage="solve")
+from xsched.profile import Profile
 
 
 def _signature(inputs: tuple) -> tuple:
@@ -241,6 +191,10 @@ class XschedModule(nn.Module):
     A call whose inputs differ in shape or dtype from every plan so far is re-captured and re-planned under
     the same budgets (each signature's plan is kept), unless the module was built from a given `plan`:
     then it raises XschedError, since that plan only fits the graph it was made for.
+
+    profile: "measure" (default: the graph's costs measured on `devices` once, cached under `profile_dir`, default
+    profiles/, as `xsched profile` stores them, and reused), "model" (modelled costs, no measurement) or a Profile.
+    `.plan` is the training plan of the example inputs; `.report()` describes it.
     """
 
     def __init__(
@@ -251,9 +205,10 @@ class XschedModule(nn.Module):
         devices: Sequence[str] | None = None,
         method: str = "auto",
         time_limit: float | None = None,
-        profile: Profile | None = None,
+        profile: Profile | str = "measure",
         plan: Plan | None = None,
         inplace: bool = True,
+        profile_dir: str | None = None,
     ) -> None:
         super().__init__()
         self.inplace = inplace  # Executor's in-place reuse of dying inputs (off: every op allocates, as captured)
@@ -261,11 +216,26 @@ class XschedModule(nn.Module):
         self.budgets = dict(budgets)
         self.devices = list(devices) if devices is not None else (list(budgets) or (list(plan.devices) if plan else []))
         self.method, self.time_limit, self.profile = method, time_limit, profile
+        self.profile_dir = profile_dir
         self.fixed_plan = plan
         self.compiled: dict[tuple, Compiled] = {}
         inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-        first = self._compile(("train", _signature(inputs)), inputs, inference=False, plan=plan)
-        self._move_to_homes(first)
+        self._first = self._compile(("train", _signature(inputs)), inputs, inference=False, plan=plan)
+        self._move_to_homes(self._first)
+
+    @property
+    def plan(self) -> Plan:
+        """The training plan for the example inputs."""
+        return self._first.plan
+
+    @property
+    def graph(self) -> Graph:
+        """The captured training graph of the example inputs."""
+        return self._first.graph
+
+    def report(self) -> str:
+        """How the plan was found, its predicted time and peaks against the budgets, its recomputes and copies."""
+        return plan_report(self._first.graph, self._first.plan)
 
     def _move_to_homes(self, c: Compiled) -> None:
         """Params and buffers live on their plan home's torch device, so grads land where autograd expects them."""
@@ -281,8 +251,8 @@ class XschedModule(nn.Module):
     def _compile(self, key: tuple, inputs: tuple, *, inference: bool, plan: Plan | None = None) -> Compiled:
         graph = capture(self.module, inputs, inference=inference, name=type(self.module).__name__)
         if plan is None:
-            profile = self.profile if self.profile is not None and self.profile.graph == graph.fingerprint else None
-            plan = solve_plan(graph, self.budgets, self.devices or None, self.method, profile, self.time_limit)
+            plan = solve_plan(graph, self.budgets, self.devices or None, self.method, self.profile, self.time_limit,
+                              self.profile_dir)  # fmt: skip
         spec, leaves = _output_spec(self.module, inputs)
         c = self._bindings(graph, plan, inputs, spec, leaves)
         self.compiled[key] = c
@@ -368,9 +338,12 @@ def wrap(
     devices: Sequence[str] | None = None,
     method: str = "auto",
     time_limit: float | None = None,
-    profile: Profile | None = None,
+    profile: Profile | str = "measure",
     plan: Plan | None = None,
     inplace: bool = True,
+    profile_dir: str | None = None,
 ) -> XschedModule:
-    """`model` as a module whose training steps run an xsched plan within `budgets` (see XschedModule)."""
-    return XschedModule(model, example_inputs, budgets, devices, method, time_limit, profile, plan, inplace)
+    """`model` as a module whose training steps run an xsched plan within `budgets` (see XschedModule): method
+    "auto" by default, within `time_limit` seconds (default 60), on costs measured once and cached (`profile`)."""
+    return XschedModule(model, example_inputs, budgets, devices, method, time_limit, profile, plan, inplace,
+                        profile_dir)  # fmt: skip

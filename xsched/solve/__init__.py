@@ -10,6 +10,8 @@ import types
 from xsched.solve.api import solve
 from xsched.solve.eager import eager_peak, eager_plan
 from xsched.solve.options import SolverOptions
+from xsched.solve.problem import Problem, SolverEntry, SolveResult
+from xsched.solve.registry import SOLVERS, register
 
 
 class _CallablePackage(types.ModuleType):
@@ -19,4 +21,14 @@ class _CallablePackage(types.ModuleType):
 
 sys.modules[__name__].__class__ = _CallablePackage
 
-__all__ = ["SolverOptions", "eager_peak", "eager_plan", "solve"]
+__all__ = [
+    "SOLVERS",
+    "Problem",
+    "SolveResult",
+    "SolverEntry",
+    "SolverOptions",
+    "eager_peak",
+    "eager_plan",
+    "register",
+    "solve",
+]

@@ -1,26 +1,24 @@
-"""The solver entry point: parse budgets, check feasibility, run one method, return a simulator-checked plan."""
+"""The solver entry point: parse the problem, check the bounds, dispatch to the registry's method (or `auto`), and
+return a simulator-checked plan."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
-from xsched.budgets import parse_budgets
-from xsched.errors import BudgetError, PlanError, XschedError
+from xsched.errors import XschedError
 from xsched.graph import Graph
 from xsched.plan import Plan, SolverInfo
 from xsched.profile import Profile
-from xsched.simulate import simulate
+from xsched.solve.auto import solve_auto
 from xsched.solve.bounds import check_budgets
-from xsched.solve.eager import eager_peak
-from xsched.solve.heuristics import HEURISTICS, best_heuristic
+from xsched.solve.heuristics import best_heuristic
+from xsched.solve.options import SolverOptions
+from xsched.solve.problem import Problem, SolveResult, validated
+from xsched.solve.registry import SOLVERS
 
-if TYPE_CHECKING:
-    from xsched.solve.options import SolverOptions
-
-METHODS = ("milp", *HEURISTICS)
+METHODS = ("auto", *SOLVERS)  # those registered at import
 
 
 def solve(
@@ -28,66 +26,55 @@ def solve(
     profile: Profile,
     budgets: Mapping[str, str | int],
     devices: Sequence[str] | None = None,
-    method: str = "milp",
+    method: str = "auto",
     options: SolverOptions | None = None,
     homes: Mapping[str, str] | None = None,
     warm_start: Plan | None = None,
 ) -> Plan:
     """A plan for `graph` on `devices` within `budgets` ("4GiB", "16GB", bytes, or "50%" of the eager peak).
 
-    devices: default the budgets' keys, else the profile's devices. homes: where each graph input
-    lives; every graph input not named there (by default all of them) lives on the first device. method: "milp" (warm-started from the best
-    heuristic that fits; if the MILP finds no incumbent in its time limit, or only one slower than
-    that heuristic plan, the heuristic plan is returned with status "heuristic" and
-    extra["fallback_from"] == "milp"; with neither, NoIncumbent is raised) or one of the heuristics
-    "eager", "greedy", "fastest", "sqrt", "checkpoint", "offload". warm_start: a plan of the caller's (same graph
-    and homes) that competes with the heuristics for the MILP's warm start when it meets these budgets.
+    devices: default the budgets' keys, else the profile's devices. homes: where each graph input lives; every
+    graph input not named there (by default all of them) lives on the first device.
+    method: "auto" (default: the bounds, every heuristic, then the exact solvers within options.time_limit_s; see
+    xsched.solve.auto), a heuristic ("eager", "greedy", "fastest", "sqrt", "checkpoint", "offload"), or an exact
+    solver ("milp", "intervals-highs", "intervals-cpsat", "portfolio"): warm-started from the best heuristic that
+    fits; if it finds no incumbent in its time limit, or only one slower than that heuristic plan, the heuristic
+    plan is returned with status "heuristic" and extra["fallback_from"] == the method; with neither, NoIncumbent
+    (or BudgetError for a proof) is raised. warm_start: a plan of the caller's (same graph and homes) that competes
+    with the heuristics for the warm start when it meets these budgets.
     """
-    if method not in METHODS:
-        raise XschedError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}", stage="solve")
-    profile.check_graph(graph.fingerprint)
-    parsed = parse_budgets(budgets, lambda: eager_peak(graph))
-    devices = list(devices) if devices is not None else list(parsed) or list(profile.devices)
-    if not devices:
-        raise XschedError("no devices: give budgets or devices, or a profile with devices", stage="solve")
-    for d in parsed:
-        if d not in devices:
-            raise BudgetError(
-                f"budget given for {d}, which is not among the devices {devices}", stage="solve", device=d
-            )
-    homes = {v: devices[0] for v in graph.inputs} | dict(homes or {})
-    stray = [v for v in homes if v not in graph.value or v in graph.producer]
-    if stray:
-        raise PlanError("home given for a value that is not a graph input", stage="solve", value=stray[0])
-    check_budgets(graph, profile, parsed, devices, homes)
-    if method == "milp":
-        plan = _milp(graph, profile, parsed, devices, homes, options, warm_start)
-    else:
-        plan = HEURISTICS[method](graph, profile, parsed, devices, homes)
-    return validated(graph, plan, profile, parsed)
+    if method != "auto" and method not in SOLVERS:  # the registry as it is now: solvers registered later count
+        raise XschedError(f"unknown method {method!r}; choose one of auto, {', '.join(SOLVERS)}", stage="solve")
+    problem = Problem.make(graph, profile, budgets, devices, homes)
+    options = options or SolverOptions()
+    if method == "auto":
+        return solve_auto(problem, options, warm_start)
+    check_budgets(*problem.args())
+    entry = SOLVERS[method]
+    if not entry.available():
+        raise XschedError(f"method {method!r} needs {entry.requires}: pip install xsched[cpsat]", stage="solve")
+    if entry.kind == "heuristic":
+        return plan_of(problem, entry.fn(problem, options, None))
+    return _exact(problem, method, options, warm_start)
 
 
-def validated(graph: Graph, plan: Plan, profile: Profile, budgets: Mapping[str, int]) -> Plan:
-    """The plan under `budgets`, replayed by the simulator (PlanError if invalid), with its predicted figures."""
-    plan = replace(plan, budgets=dict(budgets))
-    result = simulate(graph, plan, profile)
-    return replace(plan, predicted=result.prediction())
+def plan_of(problem: Problem, result: SolveResult) -> Plan:
+    """The result's plan, checked by the simulator; a result without one raises the backend's own error."""
+    if result.plan is None:
+        err = result.extra.get("error")
+        if isinstance(err, XschedError):
+            raise err
+        raise XschedError(f"{result.method}: {result.status}: {result.message}", stage="solve")
+    return validated(problem.graph, result.plan, problem.profile, problem.budgets)
 
 
-def _milp(
-    graph: Graph,
-    profile: Profile,
-    budgets: Mapping[str, int],
-    devices: Sequence[str],
-    homes: Mapping[str, str],
-    options: SolverOptions | None,
-    given: Plan | None = None,
-) -> Plan:
-    from xsched.solve.milp import NoIncumbent, solve_milp
-    from xsched.solve.options import SolverOptions
+def _exact(problem: Problem, method: str, options: SolverOptions, given: Plan | None = None) -> Plan:
+    """One exact method, warm-started from the best heuristic (or the caller's plan), falling back to that start."""
+    from xsched.solve.milp import NoIncumbent
 
     t0 = time.perf_counter()
-    warm, why_not = best_heuristic(graph, profile, budgets, devices, homes)
+    graph, profile, budgets, _, homes = problem.args()
+    warm, why_not = best_heuristic(*problem.args())
     if given is not None:
         try:
             if dict(given.homes) != dict(homes):
@@ -98,7 +85,6 @@ def _milp(
         else:
             if warm is None or given.predicted.time_s < warm.predicted.time_s:
                 warm = given
-    options = options or SolverOptions()
     if (
         warm is not None
         and options.energy_cap_j is not None
@@ -112,30 +98,34 @@ def _milp(
         "heuristics_s": time.perf_counter() - t0,
     }
 
-    def fall_back(reason: str, milp: Mapping[str, object] | None = None) -> Plan:
-        extra = {**warm.solver.extra, **(milp or {}), **context, "fallback_from": "milp", "reason": reason}
-        info = SolverInfo(warm.solver.method, "heuristic", None, time.perf_counter() - t0, extra)
+    def fall_back(reason: str, extra: Mapping[str, object] | None = None) -> Plan:
+        x = {**warm.solver.extra, **(extra or {}), **context, "fallback_from": method, "reason": reason}
+        info = SolverInfo(warm.solver.method, "heuristic", None, time.perf_counter() - t0, x)
         return replace(warm, solver=info)
 
-    try:
-        plan = solve_milp(graph, profile, budgets, devices, homes, options, warm_start=warm)
-    except NoIncumbent as e:
-        if warm is None:
+    result = SOLVERS[method].fn(problem, options, warm)
+    if result.plan is None:
+        if result.status == "no_incumbent" and warm is not None:
+            return fall_back(result.message)
+        if result.status == "no_incumbent":
             reasons = "; ".join(f"{k}: {v}" for k, v in why_not.items())
-            raise NoIncumbent(f"{e.detail}, and no heuristic meets the budgets either ({reasons})") from e
-        return fall_back(str(e))
-    plan = validated(graph, plan, profile, budgets)
-    if warm is not None and _objective(warm, options) < _objective(plan, options) * (1 - 1e-9):
+            raise NoIncumbent(f"{result.message}, and no heuristic meets the budgets either ({reasons})")
+        return plan_of(problem, result)  # the proof's BudgetError
+    plan = validated(graph, result.plan, profile, budgets)
+    if warm is not None and objective(warm, options) < objective(plan, options) * (1 - 1e-9):
         # a solver that stops early (or drops the start) can return an incumbent worse than the start it was given
         return fall_back(
-            f"the MILP's plan ({plan.solver.status}, gap {plan.solver.gap}) takes {plan.predicted.time_s:.6g} s, "
+            f"the {method} plan ({plan.solver.status}, gap {plan.solver.gap}) takes {plan.predicted.time_s:.6g} s, "
             f"its warm start {warm.predicted.time_s:.6g} s",
-            {**plan.solver.extra, "milp_status": plan.solver.status, "milp_gap": plan.solver.gap},
+            {**plan.solver.extra, f"{method}_status": plan.solver.status, f"{method}_gap": plan.solver.gap},
         )
     return replace(plan, solver=replace(plan.solver, extra={**plan.solver.extra, **context}))
 
 
-def _objective(plan: Plan, options: SolverOptions) -> float:
-    """What the MILP minimises, from the simulator's figures: time + alpha x energy."""
+def objective(plan: Plan, options: SolverOptions) -> float:
+    """What the exact solvers minimise, from the simulator's figures: time + alpha x energy."""
     p = plan.predicted
     return (p.time_s or 0.0) + options.alpha_energy * (p.energy_j or 0.0)
+
+
+__all__ = ["METHODS", "objective", "plan_of", "solve", "validated"]

@@ -14,11 +14,6 @@ from xsched.solve.extract import Solution
 from xsched.solve.options import SolverOptions
 from xsched.solve.stages import Stages
 
-HIGHS_OPTIONS: dict[str, object] = {}  # extra HiGHS options for every solve (experiments, tuning)
-# LP-guided restricted searches before the full one: (producer levels around the LP's recomputes, share of the
-# time left); () searches the full model only
-RESTRICTED: tuple[tuple[int, float], ...] = ((0, 0.25), (1, 0.5))
-LP_SHARE = 0.25  # share of the time left for the LP relaxation that guides the restricted searches
 LP_SUPPORT = 1e-6  # a recompute the LP relaxation sets above this stays in the restricted models
 
 
@@ -89,10 +84,10 @@ def solve_highs(
     """HiGHS through highspy, keeping every improving incumbent (extraction often turns a worse one into a better
     plan); it stops as soon as `enough(solution)` says an incumbent's plan cannot be beaten.
 
-    With RESTRICTED it first solves the LP relaxation, then searches models restricted to the recomputes the LP
+    With options.restricted it first solves the LP relaxation, then searches models restricted to the recomputes the LP
     uses and the warm start's (and the producers around them), each for its share of the time left, then the full
     model from the best plan so far: a restricted model is a tenth of the size after presolve or less and finds
-    good plans long before HiGHS's root node on the full one is done. When the LP takes more than LP_SHARE of the
+    good plans long before HiGHS's root node on the full one is done. When the LP takes more than options.lp_share of the
     time, the restricted searches keep the recomputes of the first computes' inputs' producers instead.
     """
     import highspy
@@ -102,8 +97,8 @@ def solve_highs(
     handoff_s = time.perf_counter() - t0
     h.setOptionValue("output_flag", bool(options.verbose))
     h.setOptionValue("mip_rel_gap", float(options.mip_gap))
-    for key, val in {**HIGHS_OPTIONS, **({"threads": options.threads} if options.threads else {})}.items():
-        h.setOptionValue(key, val)
+    if options.threads:
+        h.setOptionValue("threads", options.threads)
     n = len(columns)
     x = np.array([float(v.value or 0.0) for v in columns]) if warm else None
     found: list[np.ndarray] = []
@@ -138,22 +133,23 @@ def solve_highs(
     h.cbMipInterrupt.subscribe(on_interrupt)
     kind, t1 = highspy.HighsModelStatus, time.perf_counter()
     lp_bound = None
-    if RESTRICTED and any(i < t for _, t, i in m.R.keys()):
+    restricted = options.restricted
+    if restricted and any(i < t for _, t, i in m.R.keys()):
         integer = np.array([int(v.is_integer()) for v in columns], dtype=np.int32)
         every = np.arange(n, dtype=np.int32)
         h.changeColsIntegrality(n, every, np.zeros(n, dtype=np.int32))
-        run(LP_SHARE * (deadline - time.perf_counter()), None)
+        run(options.lp_share * (deadline - time.perf_counter()), None)
         relaxed = h.getModelStatus()
         h.changeColsIntegrality(n, every, integer)
         if relaxed in (kind.kInfeasible, kind.kUnboundedOrInfeasible):  # the objective is bounded: infeasible
             return {"status": "infeasible", "solutions": [], "objective": None, "bound": None,
                     "handoff_s": handoff_s, "solver_s": time.perf_counter() - t1}  # fmt: skip
-        levels = RESTRICTED
+        levels = restricted
         if relaxed == kind.kOptimal:
             lp_bound = h.getInfo().objective_function_value
             lp_x = np.asarray(h.getSolution().col_value)
         else:  # the LP is too slow (big graphs): restrict around the first computes' own inputs instead
-            lp_x, levels = np.zeros(n), tuple((lv, sh) for lv, sh in RESTRICTED if lv > 0)
+            lp_x, levels = np.zeros(n), tuple((lv, sh) for lv, sh in restricted if lv > 0)
         for level, share in levels:  # ever wider neighbourhoods of the LP's recomputes, each from the best so far
             off = np.array(_restricted_off(st, m, cols, lp_x, x if x is not None else np.zeros(n), level),
                            dtype=np.int32)  # fmt: skip

@@ -1,4 +1,4 @@
-"""Options of the MILP solver: which Pyomo solver, its limits, and the objective's energy terms."""
+"""Options of every solver: which Pyomo solver, its limits, the objective's energy terms and the HiGHS search knobs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class SolverOptions:
-    """How `solve_milp` runs. Times in seconds, energies in joules."""
+    """How a solver runs. Times in seconds (`time_limit_s`: the whole solve, for `auto` too), energies in joules."""
 
     solver: str = "highs"  # any Pyomo solver name: "highs" (appsi_highs), "gurobi", "cbc", ... when installed
     time_limit_s: float | None = 60.0
@@ -17,3 +17,8 @@ class SolverOptions:
     energy_cap_j: float | None = None
     fix_homes: bool = True  # False: the solver picks params' home devices
     verbose: bool = False
+    seed: int = 0  # CP-SAT's random seed (with one worker, a run is deterministic for a seed)
+    # stage MILP on HiGHS: LP-guided restricted searches before the full one, as (producer levels around the LP's
+    # recomputes, share of the time left); () searches the full model only
+    restricted: tuple[tuple[int, float], ...] = ((0, 0.25), (1, 0.5))
+    lp_share: float = 0.25  # share of the time left for the LP relaxation that guides the restricted searches

@@ -1,0 +1,116 @@
+"""How `wrap` gets its plan: the costs (measured once per graph, devices and machine and cached under profiles/, or
+modelled), the solve (`auto` by default, within a time limit), and the plan's one-screen report."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from xsched.budgets import format_bytes
+from xsched.errors import XschedError
+from xsched.graph import Graph
+from xsched.plan import Compute, Copy, Plan
+from xsched.profile import DeviceInfo, LinkCost, OpCost, Profile
+
+PROFILE_MODES = ("measure", "model")
+DEFAULT_TIME_LIMIT_S = 60.0
+
+
+def cost_profile(graph: Graph, devices: Sequence[str]) -> Profile:
+    """A modelled profile (no measurement): each op costs the bytes it touches over the device's bandwidth,
+    each copy a latency plus bytes over the link's bandwidth. Labelled "model" for energy (none is modelled)."""
+    kinds = {d: "cuda" if d.startswith("cuda") else "cpu" for d in devices}
+    bandwidth = {"cpu": 2e10, "cuda": 1e12}
+    compute = {d: {o.id: OpCost(2e-6 + graph.op_bytes(o.id) / bandwidth[kinds[d]]) for o in graph.ops} for d in devices}
+    copy = {
+        f"{a}->{b}": LinkCost(1e-5, 1.2e10 if "cuda" in (kinds[a], kinds[b]) else 1e10)
+        for a in devices
+        for b in devices
+        if a != b
+    }
+    info = {d: DeviceInfo(kinds[d]) for d in devices}
+    return Profile(graph.fingerprint, info, compute, copy, dict.fromkeys(devices, "model"), {"modelled": True})
+
+
+def profile_path(graph: Graph, devices: Sequence[str], profile_dir: str | Path | None = None) -> Path:
+    """Where `xsched profile` stores the graph's profile on `devices` (profiles/<graph>-<fingerprint>-<devices>.json),
+    or the same file name under `profile_dir`."""
+    from xsched.profiling import default_profile_path
+
+    path = default_profile_path(graph, list(devices))
+    return Path(profile_dir) / path.name if profile_dir is not None else path
+
+
+def measured_profile(graph: Graph, devices: Sequence[str], profile_dir: str | Path | None = None) -> Profile:
+    """The stored profile of `graph` on `devices` if it was measured on this machine (same torch, same device
+    fingerprints), else a fresh measurement, saved where `xsched profile` would save it."""
+    from xsched.profiling import load_profile, profile_graph, save_profile
+
+    path = profile_path(graph, devices, profile_dir)
+    if path.exists():  # stale (other machine or torch) or corrupt: measured again and overwritten
+        return load_profile(path, graph, list(devices), reprofile=True, progress=False)
+    fresh = profile_graph(graph, list(devices), progress=False)
+    save_profile(fresh, path)
+    return fresh
+
+
+def plan_profile(
+    graph: Graph, devices: Sequence[str], profile: Profile | str, profile_dir: str | Path | None = None
+) -> Profile:
+    """The costs to plan `graph` with: a given Profile for its own graph, else measured ("measure", cached) or
+    modelled ("model"); a given Profile of another graph (a new input shape) falls back to measuring."""
+    if isinstance(profile, Profile):
+        if profile.graph == graph.fingerprint:
+            return profile
+        profile = "measure"
+    if profile == "model":
+        return cost_profile(graph, devices)
+    if profile == "measure":
+        return measured_profile(graph, devices, profile_dir)
+    raise XschedError(f"profile must be a Profile or one of {PROFILE_MODES}, got {profile!r}", stage="execute")
+
+
+def solve_plan(
+    graph: Graph,
+    budgets: Mapping[str, str | int],
+    devices: Sequence[str] | None = None,
+    method: str = "auto",
+    profile: Profile | str = "model",
+    time_limit: float | None = None,
+    profile_dir: str | Path | None = None,
+) -> Plan:
+    """A plan for `graph` within `budgets` by `method` (default "auto": bounds, heuristics, then the exact solvers
+    within `time_limit` seconds, default 60) on the costs `plan_profile` gives."""
+    from xsched.solve.api import solve
+    from xsched.solve.options import SolverOptions
+
+    devices = list(devices) if devices is not None else list(budgets)
+    if not devices:
+        raise XschedError("wrap needs devices: give budgets per device or devices", stage="execute")
+    costs = plan_profile(graph, devices, profile, profile_dir)
+    options = SolverOptions(time_limit_s=time_limit if time_limit is not None else DEFAULT_TIME_LIMIT_S)
+    return solve(graph, costs, budgets, devices, method=method, options=options)
+
+
+def plan_report(graph: Graph, plan: Plan) -> str:
+    """A few lines: how the plan was found (method, status, gap), its predicted time and peaks against the
+    budgets, and what it does beyond eager (recomputes, copies)."""
+    s = plan.solver
+    gap = f", gap {s.gap:.2%}" if s.gap is not None else ""
+    found = f" (found by {s.extra['found_by']})" if s.extra.get("found_by") else ""
+    lines = [
+        f"{graph.name or 'graph'}: {len(graph.ops)} ops; plan by {s.method}{found}: {s.status}{gap}, {s.solve_s:.2f} s"
+    ]
+    p = plan.predicted
+    if p is not None:
+        lines.append(f"  predicted time {p.time_s * 1e3:.3f} ms" if p.time_s is not None else "  predicted time: n/a")
+        for d, peak in p.peak_bytes.items():
+            budget = plan.budgets.get(d)
+            of = f" of {format_bytes(budget)} ({peak / budget:.0%})" if budget else " (no budget)"
+            lines.append(f"  {d}: peak {format_bytes(peak)}{of}")
+    computes = sum(isinstance(x, Compute) for x in plan.steps)
+    copies = sum(isinstance(x, Copy) for x in plan.steps)
+    lines.append(f"  {computes - len(graph.ops)} recomputes, {copies} copies, {len(plan.steps)} steps")
+    if s.extra.get("bound_source"):
+        lines.append(f"  lower bound: {s.extra['bound_source']}")
+    return "\n".join(lines)

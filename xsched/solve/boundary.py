@@ -1,0 +1,67 @@
+"""The autograd boundary rule of captured training graphs: `wrap` returns the forward outputs before backward
+starts, so each must be resident when the first step that reads a tangent (or runs a backward op) runs. The solvers
+do not model it; this module checks it and repairs plans that break it by computing the missing outputs earlier."""
+
+from __future__ import annotations
+
+from xsched.graph import Graph
+from xsched.plan import Compute, Copy, Free, Plan, autograd_boundary, place_frees
+
+
+def forward_outputs(graph: Graph) -> list[str]:
+    """The values the wrapped forward returns (captured graphs only; none for imported ones)."""
+    refs = graph.extra.get("forward_outputs", []) if graph.extra else []
+    return [r["ref"] for r in refs if isinstance(r, dict) and r.get("ref") in graph.producer]
+
+
+def missing_at_boundary(graph: Graph, plan: Plan) -> list[str]:
+    """Forward outputs not resident on any device when the plan's backward starts."""
+    want = forward_outputs(graph)
+    b = plan.boundary
+    if not want or b is None:
+        return []
+    resident = set(graph.inputs)
+    where: dict[str, set[str]] = {}
+    for s in plan.steps[:b]:
+        if isinstance(s, Compute):
+            for v in graph.op[s.op].outputs:
+                where.setdefault(v, set()).add(s.device)
+        elif isinstance(s, Copy):
+            where.setdefault(s.value, set()).add(s.dst)
+        elif isinstance(s, Free):
+            where.get(s.value, set()).discard(s.device)
+    return [v for v in want if v not in resident and not where.get(v)]
+
+
+def keep_forward_outputs(graph: Graph, plan: Plan) -> Plan | None:
+    """The plan with each missing forward output's first later compute moved to just before the boundary (frees
+    placed again after last uses), or None when a moved compute's inputs are not all made before the boundary.
+    Memory is not checked here: the caller replays the result in the simulator."""
+    missing = missing_at_boundary(graph, plan)
+    if not missing:
+        return plan
+    steps = [s for s in plan.steps if not isinstance(s, Free)]
+    b = autograd_boundary(graph, steps)
+    assert b is not None
+    moved = []
+    for v in missing:
+        k = next(
+            i for i in range(b, len(steps)) if isinstance(steps[i], Compute) and v in graph.op[steps[i].op].outputs
+        )
+        moved.append(steps[k])
+        steps[k] = None  # type: ignore[call-overload]
+    before = [s for s in steps[:b] if s is not None]
+    made = set(plan.homes.items())  # (value, device) made before the boundary
+    for s in before:
+        if isinstance(s, Compute):
+            made |= {(v, s.device) for v in graph.op[s.op].outputs}
+        elif isinstance(s, Copy):
+            made.add((s.value, s.dst))
+    for s in moved:
+        if any((v, s.device) not in made for v in graph.op[s.op].inputs):
+            return None
+        made |= {(v, s.device) for v in graph.op[s.op].outputs}
+    order = before + moved + [s for s in steps[b:] if s is not None]
+    frees = place_frees(graph, order, dict(plan.homes))
+    return Plan(**{**plan.__dict__, "steps": tuple(frees), "boundary": autograd_boundary(graph, frees),
+                   "predicted": None})  # fmt: skip

@@ -1,0 +1,175 @@
+"""The retention-interval model in CP-SAT (OR-Tools): optional interval variables, one cumulative per device for
+memory, one no-overlap per (value, device), reads as enforced literals (Moccasin's formulation, several devices)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from xsched.errors import XschedError
+from xsched.solve.intervals.data import IntervalData
+from xsched.solve.intervals.extract import Placement
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a backend returns: status (optimal, feasible, infeasible, unknown), the best placement (None: none
+    found), its integral objective and the solver's bound, and the build and solve times."""
+
+    status: str
+    placed: Placement | None
+    objective: int | None
+    bound: float | None
+    build_s: float
+    solve_s: float
+
+
+def available() -> bool:
+    try:
+        import ortools.sat.python.cp_model  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def solve_cpsat(
+    data: IntervalData,
+    time_limit_s: float,
+    workers: int = 0,
+    seed: int = 0,
+    hint: Placement | None = None,
+    verbose: bool = False,
+    soft: bool = False,
+) -> Outcome:
+    """Solve `data` within `time_limit_s`; workers 0: one per core; hint: a (partial) placement to start from.
+
+    soft: the first phase for a hint over the budgets: each capacity may be exceeded at a cost above any plan's
+    time, and the search stops at the first plan within the budgets (status "feasible"); a plan still over them
+    comes back with status "relaxed", as a hint for the next phase."""
+    try:
+        from ortools.sat.python import cp_model
+    except ImportError as e:
+        raise XschedError("the CP-SAT backend needs OR-Tools: pip install 'xsched[cpsat]'", stage="solve") from e
+    t0 = time.perf_counter()
+    m = cp_model.CpModel()
+    end = data.end
+    # ---- variable groups
+    a = [m.NewBoolVar(f"a{k}") for k in range(len(data.slots))]  # a[k]: slot k is used (its step runs)
+    stage = [m.NewIntVar(0, len(sl.starts) - 1, f"j{k}") for k, sl in enumerate(data.slots)]
+    # stage[k]: which of its candidate events slot k starts at; s[k], the event, is affine in it
+    s = [sl.starts[0] + data.width * stage[k] for k, sl in enumerate(data.slots)]
+    e = {(k, v): m.NewIntVar(sl.starts[0], end, f"e{k}_{v}") for k, sl in enumerate(data.slots) for v in sl.values}
+    # e[k, v]: the last event value v of slot k stays resident (its memory is held over [s, e])
+    ivs: dict[tuple[int, int], object] = {}  # (slot, value) -> optional interval [s, e + 1)
+    for (k, v), ev in e.items():
+        m.Add(ev >= s[k])
+        size = m.NewIntVar(1, end + 1, f"n{k}_{v}")
+        ivs[(k, v)] = m.NewOptionalIntervalVar(s[k], size, ev + 1, a[k], f"i{k}_{v}")
+    # ---- constraint groups
+    for prev, nxt in _successive(data):  # symmetry: slots of one step kind used in order, earliest first
+        m.AddImplication(a[nxt], a[prev])
+        m.Add(s[nxt] > s[prev]).OnlyEnforceIf(a[nxt])
+    for q, cands in enumerate(data.frontier):  # stage q computes the op at position q on at least one device
+        start = data.slots[cands[0]].starts[0] if cands else None
+        f = [m.NewBoolVar(f"f{q}_{k}") for k in cands]
+        for lit, k in zip(f, cands):
+            m.AddImplication(lit, a[k])
+            m.Add(s[k] == start).OnlyEnforceIf(lit)
+        m.AddBoolOr(f)
+    for r in data.reads:  # a step reads each input from a used slot that started before it and still holds it
+        z = [m.NewBoolVar(f"z{r.slot}_{r.value}_{f}") for f in r.feeders]
+        for lit, f in zip(z, r.feeders):
+            m.AddImplication(lit, a[f])
+            m.Add(s[f] < s[r.slot]).OnlyEnforceIf(lit)
+            m.Add(e[(f, r.value)] >= s[r.slot]).OnlyEnforceIf(lit)
+        m.AddBoolOr([*z, a[r.slot].Not()])
+    for v, devs in data.ends:  # every graph output resident at the end (on its required home when it has one)
+        y = []
+        for d in devs:
+            for k in data.of_value.get((v, d), ()):
+                lit = m.NewBoolVar(f"y{k}_{v}")
+                m.AddImplication(lit, a[k])
+                m.Add(e[(k, v)] == end).OnlyEnforceIf(lit)
+                y.append(lit)
+        m.AddBoolOr(y)
+    for (v, _), ks in data.of_value.items():  # one residency of a value on a device at a time
+        if len(ks) > 1:
+            m.AddNoOverlap([ivs[(k, v)] for k in ks])
+    excess: list = []
+    for d, cap in enumerate(data.capacity):  # memory: resident intervals + the running step's workspace
+        if cap is None:
+            continue
+        items = [(ivs[(k, v)], data.mem[v]) for (k, v) in ivs if data.slots[k].device == d and data.mem[v] > 0]
+        for k, w in data.workspace.items():
+            if data.slots[k].device == d and w > 0:
+                items.append((m.NewOptionalFixedSizeIntervalVar(s[k], 1, a[k], f"w{k}"), w))
+        if items:
+            total = sum(w for _, w in items)
+            over = m.NewIntVar(0, total if soft else 0, f"over{d}")  # bytes over the budget (soft phase only)
+            excess.append(over)
+            m.AddCumulative([x for x, _ in items], [w for _, w in items], max(cap, 0) + over)
+    for groups in data.rng_groups:  # a random op runs from one RNG only, so its recomputes replay its draws
+        used = [m.NewBoolVar("") for _ in groups]
+        for lit, ks in zip(used, groups):
+            for k in ks:
+                m.AddImplication(a[k], lit)
+        m.AddAtMostOne(used)
+    run_time = sum(sl.cost * a[k] for k, sl in enumerate(data.slots))
+    heavy = sum(sl.cost for sl in data.slots) + 1  # a byte over the budget costs more than any plan's time
+    m.Minimize(run_time + heavy * sum(excess) if soft and excess else run_time)
+    if hint:
+        for k, sl in enumerate(data.slots):
+            m.AddHint(a[k], k in hint)
+            if k in hint:
+                m.AddHint(stage[k], (hint[k][0] - sl.starts[0]) // data.width)
+                for v, ev in zip(sl.values, hint[k][1]):
+                    m.AddHint(e[(k, v)], ev)
+    build_s = time.perf_counter() - t0
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(time_limit_s - build_s, 0.05)
+    solver.parameters.num_workers = workers
+    solver.parameters.random_seed = seed
+    solver.parameters.log_search_progress = verbose
+    t1 = time.perf_counter()
+    callback = _StopWithin(excess) if soft and excess else None
+    code = solver.Solve(m, callback)
+    solve_s = time.perf_counter() - t1
+    status = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible", cp_model.INFEASIBLE: "infeasible"}.get(
+        code, "unknown"
+    )
+    if status not in ("optimal", "feasible"):
+        return Outcome(status, None, None, None, build_s, solve_s)
+    if soft and any(solver.Value(x) > 0 for x in excess):
+        status = "relaxed"
+    placed = {
+        k: (sl.starts[0] + data.width * solver.Value(stage[k]), tuple(solver.Value(e[(k, v)]) for v in sl.values))
+        for k, sl in enumerate(data.slots)
+        if solver.BooleanValue(a[k])
+    }
+    objective = int(sum(sl.cost for k, sl in enumerate(data.slots) if k in placed))
+    return Outcome(status if not soft or status == "relaxed" else "feasible", placed, objective,
+                   None if soft else solver.BestObjectiveBound(), build_s, solve_s)  # fmt: skip
+
+
+def _StopWithin(excess: list):  # noqa: ANN202, N802 - a CP-SAT callback class, built lazily (ortools optional)
+    """Stops the search at the first solution with no byte over the budgets."""
+    from ortools.sat.python import cp_model
+
+    class Stop(cp_model.CpSolverSolutionCallback):
+        def on_solution_callback(self) -> None:
+            if all(self.Value(x) == 0 for x in excess):
+                self.StopSearch()
+
+    return Stop()
+
+
+def _successive(data: IntervalData) -> list[tuple[int, int]]:
+    """(slot c, slot c+1) of the same step (compute of one op on one device, or copy of one value over one link)."""
+    last: dict[tuple, int] = {}
+    pairs = []
+    for k, sl in enumerate(data.slots):
+        key = (sl.kind, sl.op, sl.values, sl.src, sl.device)
+        if key in last:
+            pairs.append((last[key], k))
+        last[key] = k
+    return pairs

@@ -1,0 +1,111 @@
+"""Between interval solutions and plans: steps in event order (pruned, frees placed, simulator-checked), and a
+solver hint (slot starts and ends) from a plan whose first computes follow the model's order."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from xsched.errors import XschedError
+from xsched.plan import Compute, Copy, Free, Plan, SolverInfo, autograd_boundary, place_frees
+from xsched.simulate import simulate
+from xsched.solve.extract import free_unwanted_ends, prune
+from xsched.solve.intervals.data import IntervalData, event
+
+Placement = Mapping[int, tuple[int, tuple[int, ...]]]  # present slot id -> (start event, end of each of its values)
+
+
+def to_plan(data: IntervalData, placed: Placement, info: SolverInfo) -> Plan:
+    """The plan of a solution: its steps by event (copies of an event before its computes), pruned, frees after
+    last uses, replayed by the simulator within the budgets; an invalid plan is an internal error."""
+    g, devs = data.graph, data.devices
+    keyed = []
+    for sid, (start, _) in placed.items():
+        sl = data.slots[sid]
+        if sl.kind == "compute":
+            keyed.append(((start, 1, sl.device, sl.op), Compute(g.ops[sl.op].id, devs[sl.device])))
+        else:
+            v = sl.values[0]
+            keyed.append(((start, 0, sl.device, v), Copy(g.values[v].id, devs[sl.src], devs[sl.device])))
+    keyed.sort(key=lambda x: x[0])
+    homes = dict(data.homes)
+    wanted = {(g.values[v].id, devs[data.slots[s].device]) for s, (_, ends) in placed.items()
+              for v, e in zip(data.slots[s].values, ends) if e == data.end}  # fmt: skip
+    wanted |= {(v, d) for v, d in homes.items() if v in set(g.outputs)}
+    steps = prune(g, [s for _, s in keyed], wanted)
+    steps = free_unwanted_ends(g, place_frees(g, steps, homes), homes, wanted)
+    plan = Plan(graph=g.fingerprint, budgets=dict(data.budgets), homes=homes, steps=tuple(steps), solver=info,
+                boundary=autograd_boundary(g, steps))  # fmt: skip
+    try:
+        result = simulate(g, plan, data.profile, check_budgets=True)
+    except XschedError as e:  # the model is conservative: a plan failing the simulator is a bug, never returned
+        raise XschedError(f"internal error: the extracted interval plan fails the simulator: {e}", stage="solve",
+                          op=e.op, value=e.value, device=e.device, step=e.step) from e  # fmt: skip
+    return Plan(**{**plan.__dict__, "predicted": result.prediction()})
+
+
+def first_order(data: IntervalData, plan: Plan) -> tuple[int, ...]:
+    """The op indices in the order of their first computes in `plan`."""
+    idx = data.graph.op_index
+    return tuple(dict.fromkeys(idx[s.op] for s in plan.steps if isinstance(s, Compute)))
+
+
+def hint_from_plan(data: IntervalData, plan: Plan) -> dict[int, tuple[int, tuple[int, ...]]]:
+    """Slot placements reproducing `plan` as far as the model allows (empty when its first computes are in another
+    order). A recompute lands in the stage of the next first compute; a copy at that stage's copy event. Steps the
+    slots cannot hold (more than C computes, recomputes out of position order in a stage) are left out: the hint
+    is partial and the solver repairs it."""
+    g = data.graph
+    if first_order(data, plan) != data.order:
+        return {}
+    pos = {i: q for q, i in enumerate(data.order)}
+    dix = {d: k for k, d in enumerate(data.devices)}
+    vix = {v.id: k for k, v in enumerate(g.values)}
+    by_key: dict[tuple, list[int]] = {}
+    for sid, sl in enumerate(data.slots):
+        key = ("compute", sl.op, sl.device) if sl.kind == "compute" else ("copy", sl.values[0], sl.src, sl.device)
+        by_key.setdefault(key, []).append(sid)
+    used: dict[tuple, int] = {}
+    open_: dict[tuple[int, int], int] = {}  # (v, d) -> slot holding it now
+    placed: dict[int, int] = {}  # slot -> start
+    ends: dict[tuple[int, int], int] = {}  # (slot, v) -> end
+    stage, last_event = 0, 0
+    seen: set[int] = set()
+    for s in plan.steps:
+        if isinstance(s, Free):
+            open_.pop((vix[s.value], dix[s.device]), None)
+            continue
+        if isinstance(s, Compute):
+            i, d = g.op_index[s.op], dix[s.device]
+            first = i not in seen
+            seen.add(i)
+            if first:
+                stage = pos[i]
+            ev = (
+                event(stage, pos[i], data.width) if first else event(stage + 1, pos[i], data.width)
+            )  # a recompute prepares the next stage
+            key, made, reads = (
+                ("compute", i, d),
+                [(vix[v], d) for v in g.ops[i].outputs],
+                [(vix[v], d) for v in g.ops[i].inputs],
+            )
+        else:
+            v = vix[s.value]
+            ev = event(stage + 1, -1, data.width) if seen else event(0, -1, data.width)
+            key, made, reads = ("copy", v, dix[s.src], dix[s.dst]), [(v, dix[s.dst])], [(v, dix[s.src])]
+        for r in reads:
+            if r in open_:
+                ends[(open_[r], r[0])] = max(ends[(open_[r], r[0])], ev)
+        k = used.get(key, 0)
+        if ev < last_event or k >= len(by_key.get(key, ())) or ev not in data.slots[by_key[key][k]].starts:
+            continue
+        used[key] = k + 1
+        sid = by_key[key][k]
+        placed[sid] = last_event = ev
+        for r in made:
+            open_[r] = sid
+            ends[(sid, r[0])] = ev
+    outputs = {vix[v] for v in g.outputs}
+    for (v, _), sid in open_.items():
+        if v in outputs:
+            ends[(sid, v)] = data.end
+    return {sid: (a, tuple(ends[(sid, v)] for v in data.slots[sid].values)) for sid, a in placed.items()}

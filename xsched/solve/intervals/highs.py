@@ -1,0 +1,211 @@
+"""The retention-interval model as a MILP (Pyomo, solved by HiGHS): starts chosen among a slot's events by
+binaries, reads and ends by indicator binaries with big-M, memory checked at every slot start through pairwise
+"j holds memory when i starts" binaries (the cumulative, linearised)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pyomo.environ as pyo
+
+from xsched.solve.intervals.cpsat import Outcome
+from xsched.solve.intervals.data import IntervalData
+from xsched.solve.intervals.extract import Placement
+from xsched.solve.milp import NoIncumbent
+from xsched.solve.options import SolverOptions
+
+MAX_PAIRS = 15_000  # pairwise memory rows beyond which building alone eats a minute's limit (n100: 15-20 s)
+
+
+def build(data: IntervalData) -> pyo.ConcreteModel:
+    """Variables and constraints; see the module docstring. Events are integers 0..end, big-M = end + 1."""
+    M, end, slots = data.end + 1, data.end, data.slots
+    m = pyo.ConcreteModel(name="xsched_intervals")
+    n = range(len(slots))
+    multi = [(k, j) for k in n for j in range(len(slots[k].starts)) if len(slots[k].starts) > 1]
+    ev = [(k, v) for k in n for v in slots[k].values]
+    # ---- variable groups
+    m.a = pyo.Var(n, domain=pyo.Binary)  # a[k]: slot k is used
+    m.x = pyo.Var(multi, domain=pyo.Binary)  # x[k, j]: slot k starts at its j-th candidate event
+    m.e = pyo.Var(ev, bounds=(0, end))  # e[k, v]: last event value v of slot k stays resident (integral at optimum)
+    a, x, e = m.a, m.x, m.e
+
+    def s(k: int):  # noqa: ANN202 - the start event of slot k (0 when unused)
+        st = slots[k].starts
+        return st[0] * a[k] if len(st) == 1 else sum(t * x[k, j] for j, t in enumerate(st))
+
+    # ---- constraint groups
+    m.pick = pyo.ConstraintList()  # a used slot starts at exactly one of its events; a value ends after it starts
+    for k in n:
+        if len(slots[k].starts) > 1:
+            m.pick.add(sum(x[k, j] for j in range(len(slots[k].starts))) == a[k])
+        for v in slots[k].values:
+            m.pick.add(e[k, v] >= s(k))
+    m.order = pyo.ConstraintList()  # slots of one step used in order, each after the previous one's residency
+    last: dict[tuple, int] = {}
+    for k, sl in enumerate(slots):
+        key = (sl.kind, sl.op, sl.values, sl.src, sl.device)
+        if key in last:
+            p = last[key]
+            m.order.add(a[k] <= a[p])
+            for v in sl.values:
+                m.order.add(e[p, v] + 1 <= s(k) + M * (1 - a[k]))
+        last[key] = k
+    m.apart = pyo.ConstraintList()  # other slots of one (value, device) never overlap (o: which comes first)
+    pairs = [(i, j, v) for (v, _), ks in data.of_value.items() for i in ks for j in ks
+             if i < j and _kind(slots[i]) != _kind(slots[j])]  # fmt: skip
+    m.o = pyo.Var(range(len(pairs)), domain=pyo.Binary)
+    for t, (i, j, v) in enumerate(pairs):
+        both = M * (2 - a[i] - a[j])
+        m.apart.add(e[i, v] + 1 <= s(j) + M * (1 - m.o[t]) + both)
+        m.apart.add(e[j, v] + 1 <= s(i) + M * m.o[t] + both)
+    m.frontier = pyo.ConstraintList()  # stage q computes the op at position q on some device
+    for cands in data.frontier:
+        lits = [a[k] if len(slots[k].starts) == 1 else x[k, 0] for k in cands]
+        m.frontier.add(sum(lits) >= 1)
+    reads = [(r, f) for r in data.reads for f in r.feeders]
+    m.z = pyo.Var(range(len(reads)), domain=pyo.Binary)  # z: the read is served by that feeder
+    m.reads = pyo.ConstraintList()  # a step reads each input from a used slot started before it, still holding it
+    for t, (r, f) in enumerate(reads):
+        m.reads.add(m.z[t] <= a[f])
+        m.reads.add(s(f) + 1 <= s(r.slot) + M * (1 - m.z[t]))
+        m.reads.add(e[f, r.value] >= s(r.slot) - M * (1 - m.z[t]))
+    by_read: dict[int, list[int]] = {}
+    for t, (r, _) in enumerate(reads):
+        by_read.setdefault(id(r), []).append(t)
+    for r in data.reads:
+        m.reads.add(sum(m.z[t] for t in by_read.get(id(r), ())) >= a[r.slot])
+    ends = [(k, v) for v, devs in data.ends for d in devs for k in data.of_value.get((v, d), ())]
+    m.y = pyo.Var(range(len(ends)), domain=pyo.Binary)  # y: that slot holds the graph output at the end
+    m.ends = pyo.ConstraintList()  # every graph output resident at the end (on its required home)
+    for t, (k, v) in enumerate(ends):
+        m.ends.add(m.y[t] <= a[k])
+        m.ends.add(e[k, v] >= end * m.y[t])
+    for v, devs in data.ends:
+        m.ends.add(sum(m.y[t] for t, (k, w) in enumerate(ends) if w == v and slots[k].device in devs) >= 1)
+    _memory(m, data, s)
+    m.rng = pyo.ConstraintList()  # a random op runs from one RNG only
+    if data.rng_groups:  # K[g, r]: random op g draws from RNG r
+        m.K = pyo.Var([(gi, ri) for gi, g in enumerate(data.rng_groups) for ri in range(len(g))], domain=pyo.Binary)
+        for gi, groups in enumerate(data.rng_groups):
+            m.rng.add(sum(m.K[gi, ri] for ri in range(len(groups))) <= 1)
+            for ri, ks in enumerate(groups):
+                for k in ks:
+                    m.rng.add(a[k] <= m.K[gi, ri])
+    m.obj = pyo.Objective(expr=sum(sl.cost * a[k] for k, sl in enumerate(slots)), sense=pyo.minimize)
+    m.s_of = s
+    return m
+
+
+def _kind(sl) -> tuple:  # noqa: ANN001
+    return (sl.kind, sl.op, sl.src)
+
+
+def _memory(m: pyo.ConcreteModel, data: IntervalData, s) -> None:  # noqa: ANN001
+    """At the start of each slot i on a capped device: its own values and workspace, plus every value w of slot j
+    with s_j <= s_i <= e_jw (o >= a_j + p + q - 2, p: j started by then, q: w still held), within the capacity."""
+    slots, M = data.slots, data.end + 1
+    m.mem = pyo.ConstraintList()  # memory at each slot start within the device's capacity
+    trip = []
+    for d, cap in enumerate(data.capacity):
+        if cap is None:
+            continue
+        on = [k for k, sl in enumerate(slots) if sl.device == d]
+        for i in on:
+            for j in on:
+                if j != i and slots[j].starts[0] <= slots[i].starts[-1] and any(data.mem[w] for w in slots[j].values):
+                    trip.append((i, j))
+    if len(trip) > MAX_PAIRS:
+        raise NoIncumbent(f"the linearised interval model needs {len(trip):,} pairwise memory rows (more than "
+                          f"{MAX_PAIRS:,}): too big for HiGHS in useful time; the CP-SAT backend takes it")  # fmt: skip
+    m.p = pyo.Var(range(len(trip)), domain=pyo.Binary)  # p[t]: slot j starts no later than slot i
+    m.h = pyo.Var([(t, w) for t, (_, j) in enumerate(trip) for w in slots[j].values], domain=pyo.Binary)
+    # h[t, w]: value w of slot j is still held when slot i starts (o: both, memory counted)
+    m.o_mem = pyo.Var([(t, w) for t, (_, j) in enumerate(trip) for w in slots[j].values], bounds=(0, 1))
+    # o_mem[t, w]: value w of slot j counts in the memory at slot i's start
+    held: dict[int, list] = {}
+    for t, (i, j) in enumerate(trip):
+        m.mem.add(s(j) >= s(i) + 1 - M * m.p[t] - M * (1 - m.a[j]))
+        for w in slots[j].values:
+            m.mem.add(m.e[j, w] <= s(i) - 1 + M * m.h[t, w])
+            m.mem.add(m.o_mem[t, w] >= m.a[j] + m.p[t] + m.h[t, w] - 2)
+            held.setdefault(i, []).append(data.mem[w] * m.o_mem[t, w])
+    total = [sum(data.mem[w] for sl in slots if sl.device == d for w in sl.values) for d in range(len(data.devices))]
+    for i, sl in enumerate(slots):
+        cap = data.capacity[sl.device]
+        if cap is None:
+            continue
+        own = sum(data.mem[w] for w in sl.values) + data.workspace.get(i, 0)
+        big = own + total[sl.device]  # relaxes the row for an unused slot
+        m.mem.add(sum(held.get(i, [])) + own * m.a[i] <= max(cap, 0) + big * (1 - m.a[i]))
+
+
+def solve_highs_intervals(data: IntervalData, time_limit_s: float, hint: Placement | None,
+                          options: SolverOptions) -> Outcome:  # fmt: skip
+    """Build and solve with HiGHS (highspy, one sparse hand-off), from `hint` as a MIP start when given."""
+    import highspy
+    from pyomo.repn.plugins.standard_form import LinearStandardFormCompiler
+
+    t0 = time.perf_counter()
+    m = build(data)
+    if hint:
+        _start(m, data, hint)
+    info = LinearStandardFormCompiler().write(m, mixed_form=True, set_sense=None)
+    a_mat = info.A.tocsc()
+    sense = np.array([r.bound_type for r in info.rows], dtype=np.int8)
+    rhs, inf = np.asarray(info.rhs, dtype=float), highspy.kHighsInf
+    cols = info.columns
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", bool(options.verbose))
+    h.setOptionValue("mip_rel_gap", float(options.mip_gap))
+    if options.threads:
+        h.setOptionValue("threads", options.threads)
+    h.passModel(
+        len(cols), len(rhs), a_mat.nnz, int(highspy.MatrixFormat.kColwise), int(highspy.ObjSense.kMinimize),
+        float(info.c_offset[0]), info.c.toarray()[0].astype(float),
+        np.array([-inf if v.lb is None else v.lb for v in cols], dtype=float),
+        np.array([inf if v.ub is None else v.ub for v in cols], dtype=float),
+        np.where(sense <= 0, rhs, -inf), np.where(sense >= 0, rhs, inf),
+        a_mat.indptr.astype(np.int32), a_mat.indices.astype(np.int32), a_mat.data.astype(float),
+        np.array([int(v.is_integer()) for v in cols], dtype=np.int32),
+    )  # fmt: skip
+    if hint:
+        sol = highspy.HighsSolution()
+        sol.col_value, sol.value_valid = [float(v.value or 0.0) for v in cols], True
+        h.setSolution(sol)
+    build_s = time.perf_counter() - t0
+    h.setOptionValue("time_limit", max(time_limit_s - build_s, 0.05))
+    t1 = time.perf_counter()
+    h.run()
+    solve_s = time.perf_counter() - t1
+    kind, hi = highspy.HighsModelStatus, h.getInfo()
+    ms = h.getModelStatus()
+    status = {kind.kOptimal: "optimal", kind.kInfeasible: "infeasible"}.get(ms, "feasible")
+    if hi.primal_solution_status != 2:
+        return Outcome("infeasible" if status == "infeasible" else "unknown", None, None, None, build_s, solve_s)
+    col = {id(v): c for c, v in enumerate(cols)}
+    val = h.getSolution().col_value
+    get = lambda var: val[col[id(var)]] if id(var) in col else (var.value or 0.0)  # noqa: E731
+    placed = {}
+    for k, sl in enumerate(data.slots):
+        if get(m.a[k]) > 0.5:
+            start = (
+                sl.starts[0]
+                if len(sl.starts) == 1
+                else next(t for j, t in enumerate(sl.starts) if get(m.x[k, j]) > 0.5)
+            )
+            placed[k] = (start, tuple(int(round(get(m.e[k, v]))) for v in sl.values))
+    bound = hi.mip_dual_bound if np.isfinite(hi.mip_dual_bound) else None
+    return Outcome(status, placed, int(round(hi.objective_function_value)), bound, build_s, solve_s)
+
+
+def _start(m: pyo.ConcreteModel, data: IntervalData, hint: Placement) -> None:
+    """Binaries and ends of the hinted slots; the linking binaries are left to HiGHS's repair of the start."""
+    for k, sl in enumerate(data.slots):
+        on = k in hint
+        m.a[k].set_value(int(on))
+        for j, t in enumerate(sl.starts if len(sl.starts) > 1 else ()):
+            m.x[k, j].set_value(int(on and hint[k][0] == t))
+        for v, ev in zip(sl.values, hint[k][1] if on else (0,) * len(sl.values)):
+            m.e[k, v].set_value(ev)
