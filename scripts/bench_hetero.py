@@ -25,7 +25,7 @@ from xsched.errors import BudgetError
 from xsched.graph import Graph
 from xsched.plan import Compute, Copy, Plan
 from xsched.profile import Profile
-from xsched.profiling import profile_graph
+from xsched.profile.measure import profile_graph
 from xsched.solve.api import solve
 from xsched.solve.eager import eager_peak
 from xsched.solve.options import SolverOptions

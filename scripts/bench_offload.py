@@ -39,7 +39,7 @@ from xsched.execute.executor import Executor
 from xsched.graph import Graph
 from xsched.plan import Compute, Copy, Plan
 from xsched.profile import DeviceInfo, LinkCost, Profile
-from xsched.profiling import COPY_SIZES, copy_seconds, profile_graph
+from xsched.profile.measure import COPY_SIZES, copy_seconds, profile_graph
 from xsched.simulate import simulate
 from xsched.solve import solve
 from xsched.solve.eager import eager_peak

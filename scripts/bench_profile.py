@@ -29,7 +29,7 @@ from xsched.devices import Policy, get_device
 from xsched.devices.base import split_device_list
 from xsched.devices.cpu import cpu_model, torch_threads
 from xsched.graph import Graph
-from xsched.profiling import profile_graph
+from xsched.profile.measure import profile_graph
 from xsched.simulate import simulate
 from xsched.solve.eager import eager_plan
 

@@ -165,7 +165,8 @@ class Shared(nn.Module):
 @pytest.mark.usefixtures("one_thread")
 def test_a_budget_only_the_exact_solver_reaches_trains_like_eager() -> None:
     from xsched.capture.torch import capture
-    from xsched.execute.wrap import cost_profile, wrap
+    from xsched.execute.wrap import wrap
+    from xsched.profile.model import cost_profile
 
     eager = Shared()
     x = torch.randn(256, 64, generator=torch.Generator().manual_seed(1))
@@ -198,8 +199,8 @@ def test_a_budget_only_the_exact_solver_reaches_trains_like_eager() -> None:
 def test_a_forward_output_computed_after_backward_starts_is_moved_before_it() -> None:
     from xsched.capture.torch import capture
     from xsched.errors import PlanError
-    from xsched.execute.wrap import cost_profile
     from xsched.plan import Compute, place_frees
+    from xsched.profile.model import cost_profile
     from xsched.solve.boundary import keep_forward_outputs, missing_at_boundary
     from xsched.solve.eager import eager_plan
     from xsched.solve.problem import BOUNDARY_RULE, validated

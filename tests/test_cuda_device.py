@@ -81,7 +81,8 @@ def test_copies_pinned_pageable_and_both_directions():
 
 def test_profile_cpu_and_gpu(tmp_path):
     from xsched.capture.torch import capture
-    from xsched.profiling import load_profile, profile_graph, save_profile
+    from xsched.profile.measure import profile_graph
+    from xsched.profile.store import load_profile, save_profile
 
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
     g = capture(model, (torch.randn(32, 64),))

@@ -102,7 +102,7 @@ def test_third_party_plugin_is_found_through_its_entry_point(third_party):
     assert type(dev).__name__ == "FakeDevice" and dev.kind == "fake" and dev.name == "fake:0"
     assert "fake" in plugins() and "notdev" not in plugins() and "broken" not in plugins()
     assert any(r.name == "fake:0" for r in available_devices())
-    from xsched.profiling import profile_graph
+    from xsched.profile.measure import profile_graph
 
     p = profile_graph(mm_graph(), ["fake:0", "sim:h100"], progress=False)
     assert p.compute["fake:0"]["op0"].time_s == pytest.approx(3e-3)
@@ -258,7 +258,7 @@ def test_cpu_to_cpu_copy_is_a_timed_memcpy():
 
 def test_logical_cpus_are_profiled_under_their_own_names():
     """ "cpu:0" and "cpu:1,threads=1" are the CPU under the names a plan uses: op costs for each, a link each way."""
-    from xsched.profiling import profile_graph
+    from xsched.profile.measure import profile_graph
 
     one = get_device("cpu:1,threads=1")
     assert (one.name, one.index, one.threads) == ("cpu:1,threads=1", 1, 1)

@@ -18,7 +18,7 @@ from xsched.capture.torch import bind_inputs, capture, unpack_outputs
 from xsched.errors import BudgetError, PlanError, XschedError
 from xsched.execute.executor import STEP_KINDS, Executor
 from xsched.execute.reference import execute
-from xsched.execute.report import cli_run, measure
+from xsched.execute.report import measure
 from xsched.graph import Graph
 from xsched.plan import Compute, Copy, Free, Plan, SolverInfo, autograd_boundary
 from xsched.profile import DeviceInfo, LinkCost, OpCost, Profile
@@ -220,10 +220,10 @@ def test_free_after_copy_waits_for_the_copy() -> None:
     events: list[str] = []
     lock = threading.Lock()
 
-    def slow_copy(ex, i, s):  # noqa: ANN001, ANN202
+    def slow_copy(ex, i, s):
         inner = STEP_KINDS[Copy](ex, i, s)
 
-        def run(st):  # noqa: ANN001, ANN202
+        def run(st):
             time.sleep(0.2)
             inner(st)
             with lock:
@@ -231,10 +231,10 @@ def test_free_after_copy_waits_for_the_copy() -> None:
 
         return run
 
-    def logged_free(ex, i, s):  # noqa: ANN001, ANN202
+    def logged_free(ex, i, s):
         inner = STEP_KINDS[Free](ex, i, s)
 
-        def run(st):  # noqa: ANN001, ANN202
+        def run(st):
             with lock:
                 events.append("free" if "a" in st.stores[s.device].tensors else "free-missing")
             inner(st)
@@ -303,8 +303,8 @@ def test_failure_names_the_step_and_does_not_hang() -> None:
     graph, env = _pair_graph()
     plan = _pair_plan(graph)
 
-    def broken(ex, i, s):  # noqa: ANN001, ANN202
-        def run(st):  # noqa: ANN001, ANN202
+    def broken(ex, i, s):
+        def run(st):
             raise RuntimeError("link down")
 
         return run
@@ -389,20 +389,19 @@ def test_measure_reports_accounting_peaks_and_predictions() -> None:
         measure(graph, plan, {}, iters=0)
 
 
-def test_cli_run_prints_predicted_and_measured(tmp_path, capsys) -> None:  # noqa: ANN001
-    import argparse
+def test_cli_run_prints_predicted_and_measured(tmp_path, capsys) -> None:
+    from xsched.cli import main
 
     _, graph = workload("gpt2")
     plan = eager_plan_on(graph, ("cpu:0",))
     plan.save(tmp_path / "plan.json")
     batch, scale = ZOO["gpt2"][:2]
-    args = argparse.Namespace(model="zoo:gpt2", plan=str(tmp_path / "plan.json"), iters=2, batch=batch, scale=scale)
-    assert cli_run(args) == 0
+    argv = ["run", "zoo:gpt2", str(tmp_path / "plan.json"), "--iters", "2", "--scale", scale]
+    assert main([*argv, "--batch", str(batch)]) == 0
     out = capsys.readouterr().out
     assert "iteration time" in out and "peak cpu:0" in out and "energy" in out
-    other = argparse.Namespace(model="zoo:gpt2", plan=str(tmp_path / "plan.json"), iters=2, batch=3, scale=scale)
-    with pytest.raises(PlanError, match="plan it again"):
-        cli_run(other)
+    assert main([*argv, "--batch", "3"]) == 2  # another batch captures another graph: one line, exit 2
+    assert "plan it again" in capsys.readouterr().err
 
 
 def test_independent_lanes_overlap() -> None:
@@ -425,10 +424,10 @@ def test_independent_lanes_overlap() -> None:
     plan = Plan(graph.fingerprint, {}, {"x": "cpu:0", "y": "cpu:1"}, steps, SolverInfo("hand"))
     b_ran = threading.Event()
 
-    def gated(ex, i, s):  # noqa: ANN001, ANN202
+    def gated(ex, i, s):
         inner = STEP_KINDS[Compute](ex, i, s)
 
-        def run(st):  # noqa: ANN001, ANN202
+        def run(st):
             if s.op == "A" and not b_ran.wait(timeout=10):
                 raise RuntimeError("B never ran while A waited: the lanes did not overlap")
             inner(st)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -10,12 +9,13 @@ import re
 import pytest
 import torch
 
-import xsched.profiling as prof
+import xsched.profile.store as prof
 from xsched.devices import Policy, get_device
 from xsched.devices.base import Device, Measurement
 from xsched.errors import PlanError, ProfileError
 from xsched.profile import Profile
-from xsched.profiling import check_profile, load_profile, profile_graph, read_profile, save_profile, signature_groups
+from xsched.profile.measure import profile_graph, signature_groups
+from xsched.profile.store import check_profile, load_profile, save_profile
 from xsched.simulate import simulate
 from xsched.solve.eager import eager_plan
 
@@ -212,7 +212,7 @@ def test_reprofile_replaces_a_stale_profile(tmp_path, graph, profile):
     path = _edited(tmp_path, profile, lambda d: d.update(torch_version="1.0.0"))
     fresh = load_profile(path, graph, devices=["sim:t4", "cpu:threads=1"], reprofile=True, **FAST)
     assert set(fresh.devices) == {"sim:t4", "cpu:threads=1"}
-    check_profile(read_profile(path), graph)  # saved, and valid now
+    check_profile(load_profile(path), graph)  # saved, and valid now
     missing = tmp_path / "none.json"
     assert set(load_profile(missing, graph, ["sim:l4"], reprofile=True, **FAST).devices) == {"sim:l4"}
     with pytest.raises(ProfileError, match="without knowing the devices"):
@@ -260,20 +260,20 @@ def test_interrupted_save_loses_nothing(tmp_path, graph, profile, monkeypatch):
 
 # ---- CLI ----
 def test_cli_profile_and_devices(tmp_path, graph, capsys):
+    from xsched.cli import main
+
     gpath = tmp_path / "g.json"
     graph.save(gpath)
     out = tmp_path / "prof.json"
-    args = argparse.Namespace(
-        model=str(gpath), devices="sim:h100,cpu:threads=1", output=str(out), reps=3, max_time=0.5, quiet=True
-    )
-    assert prof.cli_profile(args) == 0
+    argv = ["profile", str(gpath), "--devices", "sim:h100,cpu:threads=1", "-o", str(out), "--reps", "3"]
+    assert main([*argv, "--max-time", "0.5", "--quiet"]) == 0
     p = load_profile(out, graph)
     assert set(p.devices) == {"sim:h100", "cpu:threads=1"}
     assert "sim:h100->cpu:threads=1" in capsys.readouterr().out
-    assert prof.cli_devices(argparse.Namespace(json=False)) == 0
+    assert main(["devices"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("cpu") and "sim:h100-sxm" in text
-    assert prof.cli_devices(argparse.Namespace(json=True, no_sim=True)) == 0
+    assert main(["devices", "--json", "--no-sim"]) == 0
     assert [r["kind"] for r in json.loads(capsys.readouterr().out)] == ["cpu"] * (1 - torch.cuda.is_available()) + [
         "cuda"
     ] * torch.cuda.device_count()

@@ -12,7 +12,7 @@ from xsched.capture.torch import bind_inputs, capture
 from xsched.errors import XschedError
 from xsched.execute.executor import Executor
 from xsched.execute.program import gather, inline_program
-from xsched.execute.wrap import solve_plan
+from xsched.execute.wrap_plan import solve_plan
 from xsched.graph import Graph, Op, Value
 from xsched.plan import Compute, Free, Plan, SolverInfo
 from xsched.simulate import simulate

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -141,9 +142,23 @@ def test_spec_from_a_path_and_from_the_search_path(tmp_path, monkeypatch):
         get_device("sim:broken")
 
 
+def test_a_devices_folder_in_the_working_directory_comes_before_the_packaged_specs(tmp_path, monkeypatch):
+    monkeypatch.delenv("XSCHED_DEVICES_PATH", raising=False)
+    monkeypatch.chdir(tmp_path)
+    packaged = load_spec("t4")
+    assert Path(packaged.path).parent.name == "specs"
+    (tmp_path / "devices").mkdir()
+    edited = open(packaged.path).read().replace("8.1e12", "9.9e12")
+    assert edited != open(packaged.path).read()
+    (tmp_path / "devices" / "t4.toml").write_text(edited)
+    assert get_device("sim:t4").spec.peak("float32") == 9.9e12  # the user's edited copy wins
+    assert Path(load_spec("t4").path) == tmp_path / "devices" / "t4.toml"
+    assert Path(load_spec("l4").path).parent.name == "specs"  # the rest still come from the package
+
+
 def test_a_simulated_cpu_leaves_a_real_accelerator_link_to_its_plugin():
     from xsched.devices.base import Device
-    from xsched.profiling import copy_seconds
+    from xsched.profile.measure import copy_seconds
 
     class Accel(Device):
         kind = "accel"

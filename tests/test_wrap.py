@@ -196,7 +196,7 @@ def test_grads_reach_param_grad_without_copies(monkeypatch: pytest.MonkeyPatch) 
     handed: list[int] = []
     backward = wrap_module._Run.backward
 
-    def spy(self, grads):  # noqa: ANN001, ANN202
+    def spy(self, grads):
         out = backward(self, grads)
         handed.extend(g.data_ptr() for g in out if g is not None)
         return out
@@ -208,20 +208,21 @@ def test_grads_reach_param_grad_without_copies(monkeypatch: pytest.MonkeyPatch) 
 
 def test_measured_profile_is_cached_and_reused(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """wrap measures the graph's costs once (stored as `xsched profile` would, under profile_dir) and reuses them."""
-    import xsched.profiling as profiling
+    import xsched.execute.wrap_plan as wrap_plan
+    import xsched.profile.store as store
 
     model = mlp(depth=1, width=8)
     w = wrap(model, batch(n=16, width=8)[:1], {"cpu": "100%"}, method="eager", profile_dir=tmp_path)
     stored = list(tmp_path.glob("*.json"))
-    assert len(stored) == 1 and stored[0].name == profiling.default_profile_path(w.graph, ["cpu"]).name
-    assert profiling.read_profile(stored[0]).graph == w.graph.fingerprint
-    stored_profile = profiling.read_profile(stored[0])
+    assert len(stored) == 1 and stored[0].name == store.default_profile_path(w.graph, ["cpu"]).name
+    assert store.load_profile(stored[0]).graph == w.graph.fingerprint
+    stored_profile = store.load_profile(stored[0])
     assert "profiling" in stored_profile.extra and not stored_profile.extra.get("modelled")  # measured
 
-    def no_measuring(*a, **k):  # noqa: ANN002, ANN003, ANN202
+    def no_measuring(*a, **k):
         raise AssertionError("the stored profile must be reused")
 
-    monkeypatch.setattr(profiling, "profile_graph", no_measuring)
+    monkeypatch.setattr(wrap_plan, "profile_graph", no_measuring)
     again = wrap(copy.deepcopy(model), batch(n=16, width=8)[:1], {"cpu": "100%"}, method="eager", profile_dir=tmp_path)
     assert again.plan.steps == w.plan.steps
     assert "plan by heuristic:eager" in again.report() and "cpu: peak" in again.report()

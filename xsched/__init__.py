@@ -7,7 +7,7 @@ from xsched.profile import Profile
 from xsched.simulate import SimResult, simulate
 
 
-def __getattr__(name: str):  # noqa: ANN202 - lazy: solving imports Pyomo, wrapping imports the executor
+def __getattr__(name: str):  # lazy: solving imports Pyomo, wrapping imports the executor
     import importlib
 
     if name == "solve":

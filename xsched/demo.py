@@ -11,7 +11,7 @@ from xsched.budgets import format_bytes
 from xsched.capture.torch import bind_inputs, capture, unpack_outputs
 from xsched.execute.reference import run_plan
 from xsched.plan import Plan
-from xsched.profiling import profile_graph
+from xsched.profile.measure import profile_graph
 from xsched.simulate import simulate
 from xsched.solve.api import solve
 from xsched.solve.eager import eager_plan
@@ -50,7 +50,7 @@ def run_demo(
     return 0 if worst <= 1e-4 else 1
 
 
-def _print_plans(graph, profile, plans: dict[str, Plan]) -> None:  # noqa: ANN001
+def _print_plans(graph, profile, plans: dict[str, Plan]) -> None:
     print(f"   {'plan':<18} {'solver':<26} {'time':>11} {'overlapped':>11} {'copies':>7}  peak per device")
     for name, plan in plans.items():
         r = simulate(graph, plan, profile)
@@ -59,7 +59,7 @@ def _print_plans(graph, profile, plans: dict[str, Plan]) -> None:  # noqa: ANN00
         print(f"   {name:<18} {solver:<26} {r.time_s * 1e3:9.3f}ms {r.makespan_s * 1e3:9.3f}ms {r.copies:>7}  {peaks}")
 
 
-def _compare_with_eager(graph, plan: Plan, model: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> float:  # noqa: ANN001
+def _compare_with_eager(graph, plan: Plan, model: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> float:
     """Largest absolute difference between the plan's outputs and gradients and eager PyTorch's, same seed."""
     state = {k: v.clone() for k, v in model.state_dict().items()}
     torch.manual_seed(0)

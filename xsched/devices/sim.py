@@ -75,8 +75,10 @@ class DeviceSpec:
 
 
 def spec_dirs() -> list[Path]:
-    """Where specs are looked up: the $XSCHED_DEVICES_PATH folders, then the specs shipped with the package."""
+    """Where specs are looked up, earlier first: the $XSCHED_DEVICES_PATH folders, a `devices/` folder in the
+    current directory (a checkout's or a project's own editable specs), then the specs shipped with the package."""
     dirs = [Path(p) for p in os.environ.get(SPEC_PATH_ENV, "").split(os.pathsep) if p]
+    dirs.append(Path.cwd() / "devices")
     dirs.append(Path(__file__).resolve().parent / "specs")
     return list(dict.fromkeys(d for d in dirs if d.is_dir()))
 

@@ -2,8 +2,8 @@
 
 from xsched.execute.executor import STEP_KINDS, Executor, RunState
 from xsched.execute.reference import RunTrace, execute, run_plan
-from xsched.execute.report import RunReport, cli_run, measure
-from xsched.execute.wrap import XschedModule, cost_profile, wrap
+from xsched.execute.report import RunReport, measure
+from xsched.execute.wrap import XschedModule, wrap
 
 __all__ = [
     "STEP_KINDS",
@@ -12,8 +12,6 @@ __all__ = [
     "RunState",
     "RunTrace",
     "XschedModule",
-    "cli_run",
-    "cost_profile",
     "execute",
     "measure",
     "run_plan",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Mapping
@@ -11,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from xsched.budgets import format_bytes
-from xsched.errors import PlanError, XschedError
+from xsched.errors import XschedError
 from xsched.execute.executor import Executor
 from xsched.graph import Graph
 from xsched.plan import Plan
@@ -163,30 +162,3 @@ def measure(
         predicted_energy_j=sim.energy_j,
         predicted_from=predicted_from or ("the profile" if profile is not None else "no profile"),
     )
-
-
-def cli_run(args: argparse.Namespace) -> int:
-    """`xsched run MODEL plan.json [--iters N] [--profile P] [--batch B] [--scale S]`: run a plan, print the report."""
-    from xsched.capture.torch import bind_inputs, capture
-    from xsched.cli import load_model
-
-    plan = Plan.load(args.plan)
-    model, inputs = load_model(args.model, getattr(args, "batch", None), getattr(args, "scale", "default"))
-    graph = capture(model, inputs, name=args.model)
-    if graph.fingerprint != plan.graph:
-        graph = capture(model, inputs, inference=True, name=args.model)
-    if graph.fingerprint != plan.graph:
-        raise PlanError(
-            f"{args.plan} was made for graph {plan.graph}; {args.model} (batch/scale as given) captures as "
-            f"{graph.fingerprint}: plan it again for this model",
-            stage="execute",
-        )
-    if getattr(args, "profile", None):
-        profile, source = Profile.load(args.profile), f"profile {args.profile}"
-    else:  # still predict a time, from the bytes each op touches, and say so
-        from xsched.execute.wrap import cost_profile
-
-        profile, source = cost_profile(graph, plan.devices), "a bandwidth cost model (no --profile given)"
-    report = measure(graph, plan, bind_inputs(graph, model, inputs), profile, iters=args.iters, predicted_from=source)
-    print(report.table())
-    return 0

@@ -22,7 +22,7 @@ from xsched.execute.compiled import getter
 from xsched.execute.executor import Executor, RunState
 from xsched.execute.program import gather
 from xsched.execute.reference import torch_device
-from xsched.execute.wrap_plan import cost_profile, plan_report, solve_plan  # noqa: F401 - cost_profile, solve_plan: public here too
+from xsched.execute.wrap_plan import plan_report, solve_plan
 from xsched.graph import Graph
 from xsched.plan import Compute, Plan
 from xsched.profile import Profile

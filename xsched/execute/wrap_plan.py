@@ -10,33 +10,18 @@ from xsched.budgets import format_bytes
 from xsched.errors import XschedError
 from xsched.graph import Graph
 from xsched.plan import Compute, Copy, Plan
-from xsched.profile import DeviceInfo, LinkCost, OpCost, Profile
+from xsched.profile import Profile
+from xsched.profile.measure import profile_graph
+from xsched.profile.model import cost_profile
+from xsched.profile.store import default_profile_path, load_profile, save_profile
 
 PROFILE_MODES = ("measure", "model")
 DEFAULT_TIME_LIMIT_S = 60.0
 
 
-def cost_profile(graph: Graph, devices: Sequence[str]) -> Profile:
-    """A modelled profile (no measurement): each op costs the bytes it touches over the device's bandwidth,
-    each copy a latency plus bytes over the link's bandwidth. Labelled "model" for energy (none is modelled)."""
-    kinds = {d: "cuda" if d.startswith("cuda") else "cpu" for d in devices}
-    bandwidth = {"cpu": 2e10, "cuda": 1e12}
-    compute = {d: {o.id: OpCost(2e-6 + graph.op_bytes(o.id) / bandwidth[kinds[d]]) for o in graph.ops} for d in devices}
-    copy = {
-        f"{a}->{b}": LinkCost(1e-5, 1.2e10 if "cuda" in (kinds[a], kinds[b]) else 1e10)
-        for a in devices
-        for b in devices
-        if a != b
-    }
-    info = {d: DeviceInfo(kinds[d]) for d in devices}
-    return Profile(graph.fingerprint, info, compute, copy, dict.fromkeys(devices, "model"), {"modelled": True})
-
-
 def profile_path(graph: Graph, devices: Sequence[str], profile_dir: str | Path | None = None) -> Path:
     """Where `xsched profile` stores the graph's profile on `devices` (profiles/<graph>-<fingerprint>-<devices>.json),
     or the same file name under `profile_dir`."""
-    from xsched.profiling import default_profile_path
-
     path = default_profile_path(graph, list(devices))
     return Path(profile_dir) / path.name if profile_dir is not None else path
 
@@ -44,8 +29,6 @@ def profile_path(graph: Graph, devices: Sequence[str], profile_dir: str | Path |
 def measured_profile(graph: Graph, devices: Sequence[str], profile_dir: str | Path | None = None) -> Profile:
     """The stored profile of `graph` on `devices` if it was measured on this machine (same torch, same device
     fingerprints), else a fresh measurement, saved where `xsched profile` would save it."""
-    from xsched.profiling import load_profile, profile_graph, save_profile
-
     path = profile_path(graph, devices, profile_dir)
     if path.exists():  # stale (other machine or torch) or corrupt: measured again and overwritten
         return load_profile(path, graph, list(devices), reprofile=True, progress=False)

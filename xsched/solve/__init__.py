@@ -15,7 +15,7 @@ from xsched.solve.registry import SOLVERS, register
 
 
 class _CallablePackage(types.ModuleType):
-    def __call__(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN204
+    def __call__(self, *args, **kwargs):
         return solve(*args, **kwargs)
 
 

@@ -32,7 +32,7 @@ def _solution(st: Stages, m: pyo.ConcreteModel, x: np.ndarray) -> Solution:
     )
 
 
-def to_highs(m: pyo.ConcreteModel):  # noqa: ANN201 - (highspy.Highs, column of each watched variable or -1)
+def to_highs(m: pyo.ConcreteModel):  # (highspy.Highs, column of each watched variable or -1)
     """The model as one sparse matrix (Pyomo's standard-form compiler), passed to highspy in one call: a few
     times faster than appsi's per-constraint hand-off."""
     import highspy
@@ -107,17 +107,17 @@ def solve_highs(
     stop: list[object] = []  # True, or the exception raised while judging an incumbent
     pad = lambda y: np.append(np.asarray(y), 0.0)[cols]  # noqa: E731 - a watched variable without a column is 0
 
-    def on_improving(e) -> None:  # noqa: ANN001
+    def on_improving(e) -> None:
         found.append(pad(e.data_out.mip_solution))
         found_at.append(time.perf_counter())
         objectives.append(e.data_out.objective_function_value)
         try:
             if enough(_solution(st, m, found[-1])):
                 stop.append(True)
-        except Exception as err:  # noqa: BLE001 - never raise into HiGHS; re-raised below
+        except Exception as err:  # never raise into HiGHS; re-raised below
             stop.append(err)
 
-    def on_interrupt(e) -> None:  # noqa: ANN001
+    def on_interrupt(e) -> None:
         if stop:
             e.interrupt()
 

@@ -122,7 +122,7 @@ def build_model(st: Stages, options: SolverOptions) -> pyo.ConcreteModel:
     m.U = pyo.Var(st.r_keys, bounds=(0, None))  # U[d,t,k]: bytes on d while op k of stage t runs (memory units)
     R, S, C, H, F, U = m.R, m.S, m.C, m.H, m.F, m.U
 
-    def s(d: int, t: int, v: int):  # noqa: ANN202 - residency at the start of stage t: a variable, 1 or 0
+    def s(d: int, t: int, v: int):  # residency at the start of stage t: a variable, 1 or 0
         if st.home.get(v) == d:
             return 1
         return S[d, t, v] if (d, t, v) in S else 0

@@ -63,7 +63,7 @@ def with_parking(
     return steps
 
 
-def _parked_plan(graph, computes, parked, store, homes, profile, prefetch, defer=False) -> Plan:  # noqa: ANN001
+def _parked_plan(graph, computes, parked, store, homes, profile, prefetch, defer=False) -> Plan:
     """The routed plan, simulated, budgets not checked. With `defer`, the frees that follow a copy out wait
     until after the next compute on the device, which then need not wait for the copy (more memory, less time)."""
     steps = route(graph, with_parking(computes, parked, store, prefetch, homes), homes, profile)
@@ -146,7 +146,7 @@ def offload_search(
     return finish(graph, steps, "offload", budgets, homes, profile, t0, **extra)
 
 
-def _best_fit(graph, orders, store, budgets, homes, profile) -> tuple[float, tuple, dict] | str:  # noqa: ANN001
+def _best_fit(graph, orders, store, budgets, homes, profile) -> tuple[float, tuple, dict] | str:
     """(makespan, steps, facts) of the fastest order that fits when parking its widest gaps (bytes x computes,
     largest first), or why none does, in words. Parking more frees the compute device and fills the store, so
     each order parks the fewest such values that fit the compute device (bisection), at the earliest prefetch
@@ -173,7 +173,7 @@ def _compute_time(graph: Graph, computes: Sequence[Compute], profile: Profile | 
     return sum(c.time_s for s in computes if (c := profile.op_cost(s.op, s.device)) is not None)
 
 
-def _fit_order(graph, computes, store, budgets, homes, profile) -> tuple[float, tuple, dict] | str:  # noqa: ANN001
+def _fit_order(graph, computes, store, budgets, homes, profile) -> tuple[float, tuple, dict] | str:
     """One order's plan (see _best_fit); "" when it does not fit its compute device, else why not."""
     c = computes[0].device
     cands = sorted(gaps(graph, computes, homes), key=lambda g: -(g[1] - g[0]) * graph.value[g[2]].nbytes)

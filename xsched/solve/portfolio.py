@@ -61,7 +61,7 @@ def solve_portfolio(
     def left() -> float:
         return limit - (time.perf_counter() - t0)
 
-    def take(name: str, started: float, fn) -> None:  # noqa: ANN001 - run one member, keep its plan if better
+    def take(name: str, started: float, fn) -> None:  # run one member, keep its plan if better
         nonlocal best, found_by
         try:
             p = fn()

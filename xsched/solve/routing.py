@@ -127,7 +127,7 @@ def finish(
     return replace(plan, solver=solver, predicted=result.prediction())
 
 
-def route_and_finish(graph, computes, name, budgets, homes, profile, started, **extra) -> Plan:  # noqa: ANN001
+def route_and_finish(graph, computes, name, budgets, homes, profile, started, **extra) -> Plan:
     """finish(route(...)); when that is over budget, retry with home copies right after production."""
     computes = list(computes)
     try:
@@ -162,6 +162,6 @@ def best_single_device(
     return min(plans, key=lambda p: p.predicted.time_s or 0.0)
 
 
-def op_workspace(op, device: str, profile: Profile | None) -> int:  # noqa: ANN001
+def op_workspace(op, device: str, profile: Profile | None) -> int:
     cost = profile.op_cost(op.id, device) if profile is not None else None
     return max(op.workspace_bytes, cost.workspace_bytes if cost else 0)

@@ -126,7 +126,7 @@ def solve_intervals(
 
 def _run(
     data: IntervalData, backend: str, left: float, hint, seed: int, workers: int, options: SolverOptions
-) -> Outcome:  # noqa: ANN001
+) -> Outcome:
     if backend == "cpsat":
         return solve_cpsat(data, left, workers or (options.threads or 0), seed, hint, options.verbose)
     if backend == "highs":
@@ -139,7 +139,7 @@ def _run(
 def _lift(placed: Mapping, old: IntervalData, new: IntervalData) -> dict:
     """A placement of `old` (C) as one of `new` (C + 1): the same steps, in the slots of the same kind."""
 
-    def key(sl):  # noqa: ANN001, ANN202
+    def key(sl):
         return (sl.kind, sl.op, sl.values, sl.src, sl.device, sl.c)
 
     index = {key(sl): k for k, sl in enumerate(new.slots)}

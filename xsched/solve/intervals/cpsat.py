@@ -151,7 +151,7 @@ def solve_cpsat(
                    None if soft else solver.BestObjectiveBound(), build_s, solve_s)  # fmt: skip
 
 
-def _StopWithin(excess: list):  # noqa: ANN202, N802 - a CP-SAT callback class, built lazily (ortools optional)
+def _StopWithin(excess: list):  # a CP-SAT callback class, built lazily (ortools optional)
     """Stops the search at the first solution with no byte over the budgets."""
     from ortools.sat.python import cp_model
 

@@ -31,7 +31,7 @@ def build(data: IntervalData) -> pyo.ConcreteModel:
     m.e = pyo.Var(ev, bounds=(0, end))  # e[k, v]: last event value v of slot k stays resident (integral at optimum)
     a, x, e = m.a, m.x, m.e
 
-    def s(k: int):  # noqa: ANN202 - the start event of slot k (0 when unused)
+    def s(k: int):  # the start event of slot k (0 when unused)
         st = slots[k].starts
         return st[0] * a[k] if len(st) == 1 else sum(t * x[k, j] for j, t in enumerate(st))
 
@@ -98,11 +98,11 @@ def build(data: IntervalData) -> pyo.ConcreteModel:
     return m
 
 
-def _kind(sl) -> tuple:  # noqa: ANN001
+def _kind(sl) -> tuple:
     return (sl.kind, sl.op, sl.src)
 
 
-def _memory(m: pyo.ConcreteModel, data: IntervalData, s) -> None:  # noqa: ANN001
+def _memory(m: pyo.ConcreteModel, data: IntervalData, s) -> None:
     """At the start of each slot i on a capped device: its own values and workspace, plus every value w of slot j
     with s_j <= s_i <= e_jw (o >= a_j + p + q - 2, p: j started by then, q: w still held), within the capacity."""
     slots, M = data.slots, data.end + 1

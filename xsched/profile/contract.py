@@ -1,8 +1,9 @@
-"""The profile (contract 2): per-device op costs and per-pair copy costs, with JSON load/save."""
+"""The profile (contract 2): per-device op costs and per-pair copy costs, with JSON load/save (always validated)."""
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -156,7 +157,9 @@ class Profile:
             d = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ProfileError(f"cannot read profile file {path}: corrupt or unreadable ({e})") from e
-        return Profile.from_dict(d)
+        profile = Profile.from_dict(d)
+        validate_profile(profile, str(path))
+        return profile
 
     def check_graph(self, graph_fingerprint: str) -> None:
         """Raise unless this profile was made for the graph with that fingerprint."""
@@ -164,3 +167,27 @@ class Profile:
             raise ProfileError(
                 f"profile is for graph {self.graph}, not {graph_fingerprint}: re-profile this graph (--reprofile)"
             )
+
+
+def validate_profile(p: Profile, where: str = "profile") -> None:
+    for d, ops in p.compute.items():
+        if d not in p.devices:
+            raise ProfileError(f"{where}: compute costs for a device missing from 'devices'", device=d)
+        for op, c in ops.items():
+            if not (_ok(c.time_s) and _ok(c.energy_j) and c.workspace_bytes >= 0):
+                raise ProfileError(f"{where}: op cost must be finite and non-negative, got {c}", op=op, device=d)
+    for key, link in p.copy.items():
+        src, arrow, dst = key.partition("->")
+        if not arrow or src not in p.devices or dst not in p.devices:
+            raise ProfileError(f"{where}: copy link {key!r} is not 'src->dst' over the profile's devices", device=src)
+        if not (_ok(link.latency_s) and math.isfinite(link.bytes_per_s) and link.bytes_per_s > 0):
+            raise ProfileError(
+                f"{where}: copy link needs latency >= 0 and bandwidth > 0, got {link.latency_s}, {link.bytes_per_s}",
+                device=key,
+            )
+        if not all(_ok(t) for t in link.per_value.values()):
+            raise ProfileError(f"{where}: per-value copy times must be finite and non-negative", device=key)
+
+
+def _ok(x: float) -> bool:
+    return math.isfinite(x) and x >= 0

@@ -1,0 +1,44 @@
+"""`xsched capture` and `xsched import`: a model or an external graph as a graph JSON."""
+
+from __future__ import annotations
+
+import argparse
+
+from xsched.loaders import load_graph
+
+
+def cmd_capture(a: argparse.Namespace) -> int:
+    g = load_graph(a.model, batch=a.batch, scale=a.scale, inference=a.inference)
+    g.save(a.output)
+    phases = {p: sum(o.phase == p for o in g.ops) for p in ("fwd", "loss", "bwd")}
+    print(f"{g.name}: {len(g.ops)} ops ({phases}), {len(g.values)} values -> {a.output}")
+    return 0
+
+
+def cmd_import(a: argparse.Namespace) -> int:
+    from xsched.importers import import_networkx
+
+    g, p = import_networkx(a.file)
+    g.save(a.output)
+    if a.profile_out:
+        p.save(a.profile_out)
+    print(f"{g.name}: {len(g.ops)} ops, {sum(len(o.inputs) for o in g.ops)} input links -> {a.output}")
+    return 0
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    c = sub.add_parser("capture", help="capture a model's training (or inference) graph")
+    c.add_argument(
+        "model", help="zoo:NAME, path/to/file.py:factory returning (model, example_inputs), or a bench graph .json"
+    )
+    c.add_argument("--batch", type=int)
+    c.add_argument("--scale", default="default", help="zoo size knob: tiny, small, default")
+    c.add_argument("--inference", action="store_true", help="forward only")
+    c.add_argument("-o", "--output", required=True)
+    c.set_defaults(run=cmd_capture)
+
+    i = sub.add_parser("import", help="import an external networkx node-link graph (Checkmate / Moccasin)")
+    i.add_argument("file")
+    i.add_argument("-o", "--output", required=True)
+    i.add_argument("--profile-out")
+    i.set_defaults(run=cmd_import)

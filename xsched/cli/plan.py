@@ -1,0 +1,110 @@
+"""`xsched plan` and `xsched simulate`: solve for a plan under budgets, and check one with the simulator."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from xsched.budgets import format_bytes
+from xsched.cli.common import parse_budget_flags
+from xsched.graph import Graph
+from xsched.plan import Plan
+from xsched.profile.store import load_profile
+from xsched.simulate import simulate
+
+
+def cmd_plan(a: argparse.Namespace) -> int:
+    from xsched.devices.base import split_device_list
+    from xsched.profile.store import load_profile
+
+    graph = Graph.load(a.graph)
+    # Planning for another machine is allowed (graph check only); --reprofile re-measures a stale profile here.
+    profile = load_profile(a.profile, graph, reprofile=a.reprofile, check_machine=a.reprofile)
+    budgets = parse_budget_flags(a.budget)
+    devices = split_device_list(a.devices) if a.devices else None
+    if a.method == "eager" and not budgets:
+        from xsched.solve.eager import eager_plan
+
+        device = (devices or list(profile.compute))[0]
+        plan = eager_plan(graph, device, profile)
+    else:
+        from xsched.solve.api import solve
+        from xsched.solve.options import SolverOptions
+
+        options = SolverOptions(time_limit_s=a.time_limit, mip_gap=a.gap, solver=a.solver)
+        plan = solve(
+            graph, profile, budgets or {d: "100%" for d in (devices or profile.compute)}, devices, a.method, options
+        )
+    plan.save(a.output)
+    p = plan.predicted
+    s = plan.solver
+    print(f"{s.method} ({s.status}, gap {s.gap}) in {s.solve_s:.2f} s: {len(plan.steps)} steps -> {a.output}")
+    if p is not None:
+        print(
+            f"predicted time {p.time_s:.6g} s, peak "
+            + ", ".join(f"{d}={format_bytes(b)}" for d, b in p.peak_bytes.items())
+        )
+    return 0
+
+
+def cmd_simulate(a: argparse.Namespace) -> int:
+    graph = Graph.load(a.graph)
+    profile = load_profile(a.profile, graph, check_machine=False) if a.profile else None
+    plan = Plan.load(a.plan)
+    r = simulate(graph, plan, profile)
+    report = {
+        "valid": True,
+        "steps": len(plan.steps),
+        "computes": r.computes,
+        "recomputes": r.computes - len(graph.ops),
+        "copies": r.copies,
+        "copy_bytes": r.copy_bytes,
+        "time_s": r.time_s,
+        "makespan_s": r.makespan_s,
+        "energy_j": r.energy_j,
+        "peak_bytes": dict(r.peak_bytes),
+        "budgets": dict(plan.budgets),
+    }
+    if a.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    print(
+        f"valid plan for {graph.name}: {report['steps']} steps, {r.computes} computes ({report['recomputes']} recomputes), {r.copies} copies ({format_bytes(r.copy_bytes)})"
+    )
+    if r.time_s is not None:
+        print(f"sequential time {r.time_s:.6g} s, overlapped makespan {r.makespan_s:.6g} s, energy {r.energy_j:.6g} J")
+    for d, b in r.peak_bytes.items():
+        budget = plan.budgets.get(d)
+        print(
+            f"  {d:>12}: peak {format_bytes(b):>12}"
+            + (f" of budget {format_bytes(budget)}" if budget is not None else "")
+        )
+    return 0
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    from xsched.solve.registry import SOLVERS
+
+    p = sub.add_parser("plan", help="solve for a plan under per-device budgets")
+    p.add_argument("graph")
+    p.add_argument("profile")
+    p.add_argument("--method", default="auto", help=f"auto (default), {', '.join(m for m in SOLVERS if m != 'auto')}")
+    p.add_argument(
+        "--budget", action="append", default=[], help="DEVICE=SIZE, e.g. cpu=16GiB or cuda:0=50%% (repeatable)"
+    )
+    p.add_argument("--devices", help="comma-separated devices (default: the budgets' devices)")
+    p.add_argument("--time-limit", type=float, default=60.0)
+    p.add_argument("--gap", type=float, default=1e-4)
+    p.add_argument("--solver", default="highs")
+    p.add_argument(
+        "--reprofile", action="store_true", help="re-profile when the profile is stale for this graph or machine"
+    )
+    p.add_argument("-o", "--output", required=True)
+    p.set_defaults(run=cmd_plan)
+
+    s = sub.add_parser("simulate", help="validate a plan and predict its time, memory and energy")
+    s.add_argument("graph")
+    s.add_argument("profile", nargs="?", help="profile JSON (without it: validity and memory only)")
+    s.add_argument("plan")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(run=cmd_simulate)

@@ -1,0 +1,84 @@
+"""`xsched devices` and `xsched profile`: what this machine has, and measuring a graph's costs on it."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+from xsched.budgets import format_bytes
+from xsched.devices.base import Policy, available_devices, split_device_list
+from xsched.loaders import load_graph
+from xsched.profile.measure import profile_graph
+from xsched.profile.store import default_profile_path, save_profile
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    """`xsched devices [--json] [--no-sim]`: what this machine has, and the simulated specs."""
+    rows = available_devices(include_sim=not args.no_sim)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(r) for r in rows], indent=1, default=str))
+        return 0
+    width = max((len(r.name) for r in rows), default=4)
+    for r in rows:
+        keys = ("logical_cores", "energy", "driver", "power_limit_w", "spec")
+        extra = ", ".join(f"{k}={v}" for k, v in r.details.items() if k in keys)
+        if r.kind == "sim":
+            d = r.details
+            extra = (
+                f"simulated: {d['peak_float32_flops'] / 1e12:.3g} TFLOP/s fp32, {d['memory_bandwidth'] / 1e9:.4g} GB/s"
+            )
+        print(
+            f"{r.name:<{width}}  {format_bytes(r.memory_bytes):>10}  {r.description}"
+            + (f"  [{extra}]" if extra else "")
+        )
+    return 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    """`xsched profile MODEL|graph.json --devices cpu,cuda:0,sim:h100 -o profile.json [--reps N] [--max-time S]`."""
+    graph = load_graph(args.model, batch=args.batch, scale=args.scale)
+    names = split_device_list(str(args.devices))
+    base = Policy()
+    policy = dataclasses.replace(base, max_reps=args.reps or base.max_reps)
+    profile = profile_graph(
+        graph,
+        names,
+        policy=policy,
+        max_total_s=args.max_time,
+        pinned=not args.pageable,
+        progress=not args.quiet,
+    )
+    out = save_profile(profile, args.output or default_profile_path(graph, names))
+    wall = profile.extra["profiling"]["wall_s"]
+    print(
+        f"{graph.name}: {len(graph.ops)} ops ({profile.extra['profiling']['signatures']} distinct) on {len(names)} devices in {wall:.1f} s -> {out}"
+    )
+    for d in names:
+        ops = profile.compute[d]
+        total = sum(c.time_s for c in ops.values())
+        print(
+            f"  {d:<16} {len(ops):>5}/{len(graph.ops)} ops  sum {total * 1e3:10.3f} ms  energy: {profile.energy_source[d]}"
+        )
+    for key, link in profile.copy.items():
+        print(f"  {key:<32} {link.latency_s * 1e6:8.2f} us + {link.bytes_per_s / 1e9:8.2f} GB/s")
+    return 0
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    d = sub.add_parser("devices", help="this machine's devices and the simulated device specs")
+    d.add_argument("--json", action="store_true")
+    d.add_argument("--no-sim", action="store_true", help="hide simulated specs")
+    d.set_defaults(run=cmd_devices)
+
+    f = sub.add_parser("profile", help="measure every op on every device and every copy between them")
+    f.add_argument("model", help="zoo:NAME, file.py:factory or graph.json")
+    f.add_argument("--devices", default="cpu", help="e.g. cpu,cpu:threads=1,clock=thread,cuda:0,sim:h100,sim:h100#1")
+    f.add_argument("-o", "--output", help="default: profiles/<graph>-<fingerprint>-<devices>.json")
+    f.add_argument("--batch", type=int)
+    f.add_argument("--scale", default="default")
+    f.add_argument("--reps", type=int, help="most samples per op and round")
+    f.add_argument("--max-time", type=float, help="seconds; after this the remaining ops are measured quickly")
+    f.add_argument("--pageable", action="store_true", help="copy costs for pageable host memory (default pinned)")
+    f.add_argument("--quiet", action="store_true")
+    f.set_defaults(run=cmd_profile)

@@ -1,0 +1,46 @@
+"""`xsched run`: run a plan on real devices, measured (after warm-up) beside the simulator's prediction."""
+
+from __future__ import annotations
+
+import argparse
+
+from xsched.capture.torch import bind_inputs, capture
+from xsched.errors import PlanError
+from xsched.execute.report import measure
+from xsched.loaders import load_model
+from xsched.plan import Plan
+from xsched.profile.model import cost_profile
+from xsched.profile.store import load_profile
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """`xsched run MODEL plan.json [--iters N] [--profile P] [--batch B] [--scale S]`: run a plan, print the report."""
+    plan = Plan.load(args.plan)
+    model, inputs = load_model(args.model, args.batch, args.scale)
+    graph = capture(model, inputs, name=args.model)
+    if graph.fingerprint != plan.graph:
+        graph = capture(model, inputs, inference=True, name=args.model)
+    if graph.fingerprint != plan.graph:
+        raise PlanError(
+            f"{args.plan} was made for graph {plan.graph}; {args.model} (batch/scale as given) captures as "
+            f"{graph.fingerprint}: plan it again for this model",
+            stage="execute",
+        )
+    if args.profile:
+        profile, source = load_profile(args.profile, graph, check_machine=False), f"profile {args.profile}"
+    else:  # still predict a time, from the bytes each op touches, and say so
+        profile, source = cost_profile(graph, plan.devices), "a bandwidth cost model (no --profile given)"
+    report = measure(graph, plan, bind_inputs(graph, model, inputs), profile, iters=args.iters, predicted_from=source)
+    print(report.table())
+    return 0
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    r = sub.add_parser("run", help="run a plan on real devices: predicted vs measured time, peak memory, energy")
+    r.add_argument("model", help="zoo:NAME or path/to/file.py:factory (the model the plan was made for)")
+    r.add_argument("plan", help="plan JSON")
+    r.add_argument("--iters", type=int, default=10)
+    r.add_argument("--batch", type=int)
+    r.add_argument("--scale", default="default", help="zoo size knob: tiny, small, default")
+    r.add_argument("--profile", help="profile JSON for predictions (default: a bandwidth cost model, labelled)")
+    r.set_defaults(run=cmd_run)

@@ -1,0 +1,124 @@
+"""The profile store (profiles/): where a graph's profile lives, atomic saves, and the one loader, which validates
+the file and checks it is for this graph, these devices and this machine (or re-measures it)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from xsched.devices.base import get_device, installed_kinds
+from xsched.errors import ProfileError
+from xsched.graph import Graph
+from xsched.profile.contract import Profile
+from xsched.profile.measure import profile_graph
+
+log = logging.getLogger("xsched.profile")
+
+PROFILES_DIR = Path("profiles")
+
+
+def default_profile_path(graph: Graph, devices: Sequence[str]) -> Path:
+    tag = "_".join(d.replace(":", "-").replace("#", "-").replace("=", "") for d in devices)
+    return PROFILES_DIR / f"{graph.name or 'graph'}-{graph.fingerprint[:12]}-{tag}.json".replace("/", "_")
+
+
+def save_profile(profile: Profile, path: str | Path) -> Path:
+    """Write the profile atomically: a temp file in the same folder, fsync, rename; an interrupted save loses nothing."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        text = json.dumps(profile.to_dict(), indent=1, allow_nan=False) + "\n"
+    except ValueError as e:
+        raise ProfileError(f"profile has a non-finite number and cannot be saved as JSON: {e}") from e
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def check_profile(
+    profile: Profile, graph: Graph, devices: Sequence[str] | None = None, *, check_machine: bool = True
+) -> None:
+    """Raise a ProfileError naming what differs: the graph, a missing device, torch's version or a device fingerprint.
+
+    check_machine=False keeps the graph and device-name checks only: planning on another machine than the one
+    that was profiled (the profile's own fingerprints still say where its numbers come from)."""
+    if profile.graph != graph.fingerprint:
+        made_for = profile.extra.get("graph_name", "?")
+        raise ProfileError(
+            f"profile is for graph {profile.graph} ({made_for!r}), not this graph {graph.fingerprint} ({graph.name!r})"
+        )
+    names = list(devices) if devices is not None else list(profile.devices)
+    for name in names:
+        if name not in profile.devices:
+            raise ProfileError(
+                f"profile has no costs for device {name} (it has {', '.join(profile.devices)})", device=name
+            )
+    if not check_machine:
+        return
+    stored_torch = profile.extra.get("torch_version")
+    if stored_torch is not None and stored_torch != torch.__version__:
+        raise ProfileError(f"profile was measured with torch {stored_torch}, this is torch {torch.__version__}")
+    kinds = installed_kinds()
+    for name in names:
+        if name.split(":", 1)[0] not in kinds:
+            continue  # costs from elsewhere (an imported bench profile): nothing here to compare with
+        stored, now = profile.devices[name], get_device(name)
+        if stored.fingerprint != now.fingerprint:
+            parts, cur = dict(stored.extra.get("fingerprint_parts", {})), now.fingerprint_parts()
+            diff = [
+                f"{k}: {parts.get(k)!r} -> {cur.get(k)!r}"
+                for k in sorted(set(parts) | set(cur))
+                if parts.get(k) != cur.get(k)
+            ]
+            raise ProfileError(
+                f"device differs from the one profiled ({'; '.join(diff) or 'fingerprint'})", device=name
+            )
+
+
+def load_profile(
+    path: str | Path,
+    graph: Graph | None = None,
+    devices: Sequence[str] | None = None,
+    reprofile: bool = False,
+    *,
+    check_machine: bool = True,
+    **profile_kwargs: Any,
+) -> Profile:
+    """The stored profile, validated; with `graph`, checked to be for `graph` on `devices` and (unless
+    `check_machine` is off) this machine. A stale, foreign or corrupt one is a ProfileError, or with `reprofile`
+    measured again and saved."""
+    profile = None
+    try:
+        if not Path(path).exists():
+            raise ProfileError(f"no profile file at {path}")
+        profile = Profile.load(path)
+        if graph is not None:
+            check_profile(profile, graph, devices, check_machine=check_machine)
+        return profile
+    except ProfileError as e:
+        if not reprofile or graph is None:
+            raise
+        names = list(devices) if devices is not None else list(profile.devices) if profile is not None else None
+        if not names:
+            raise ProfileError(f"{e.detail}; and cannot re-profile without knowing the devices (pass devices=)") from e
+        log.warning("re-profiling %s on %s: %s", graph.name, ", ".join(names), e.detail)
+    fresh = profile_graph(graph, names, **profile_kwargs)
+    save_profile(fresh, path)
+    return fresh
