@@ -263,3 +263,33 @@ def test_wrong_recorded_size_is_caught():
     with pytest.raises(XschedError, match="the captured shape is wrong") as e:
         run_plan(bad, eager_plan(bad, "cpu"), bind_inputs(bad, model, inputs))
     assert e.value.value == victim and e.value.op == g.ops[0].id
+
+
+class _TensorBytes(reference.ReferenceRun):
+    """Counts the bytes of the tensors held in each store right after each compute (its inputs still there, its
+    outputs made) and each copy: the memory rule measured on real tensors, independent of the interpreter's count."""
+
+    def begin(self):
+        self.held = {d: sum(t.numel() * t.element_size() for t in s.values()) for d, s in self.stores.items()}
+
+    def _count(self, device):
+        n = sum(t.numel() * t.element_size() for t in self.stores[device].values())
+        self.held[device] = max(self.held[device], n)
+
+    def on_compute(self, i, s, op):
+        super().on_compute(i, s, op)
+        self._count(s.device)
+
+    def on_copy(self, i, s):
+        super().on_copy(i, s)
+        self._count(s.dst)
+
+
+def test_peak_bytes_equal_the_tensors_held_while_computes_and_copies_run():
+    model, inputs, g = _setup()
+    assert all(o.workspace_bytes == 0 for o in g.ops)  # CPU captures: the tensors are the whole count
+    for plan in (eager_plan(g, "cpu"), _two_device_plan(g)):
+        torch.manual_seed(7)
+        run = _TensorBytes(g, plan, bind_inputs(g, model, inputs, _tangents()), None)
+        trace = run.run()
+        assert trace.peak_bytes == run.held == simulate(g, plan).peak_bytes
