@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from xsched.capture.torch import bind_inputs, capture
+from xsched.cli.common import print_json
 from xsched.errors import PlanError
 from xsched.execute.report import measure
 from xsched.loaders import load_model
@@ -30,7 +31,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         profile, source = load_profile(args.profile, graph, check_machine=False), f"profile {args.profile}"
     else:  # still predict a time, from the bytes each op touches, and say so
         profile, source = cost_profile(graph, plan.devices), "a bandwidth cost model (no --profile given)"
-    report = measure(graph, plan, bind_inputs(graph, model, inputs), profile, iters=args.iters, predicted_from=source)
+    report = measure(graph, plan, bind_inputs(graph, model, inputs), profile, iters=args.iters,
+                     warmup=args.warmup, predicted_from=source)  # fmt: skip
+    if args.json:
+        print_json(report.as_dict())
+        return 0
     print(report.table())
     return 0
 
@@ -39,8 +44,10 @@ def add(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser("run", help="run a plan on real devices: predicted vs measured time, peak memory, energy")
     r.add_argument("model", help="zoo:NAME or path/to/file.py:factory (the model the plan was made for)")
     r.add_argument("plan", help="plan JSON")
-    r.add_argument("--iters", type=int, default=10)
+    r.add_argument("--iters", type=int, default=20, help="measured runs, after the warm-up")
+    r.add_argument("--warmup", type=int, help="warm-up runs (default: until the run time settles)")
     r.add_argument("--batch", type=int)
     r.add_argument("--scale", default="default", help="zoo size knob: tiny, small, default")
     r.add_argument("--profile", help="profile JSON for predictions (default: a bandwidth cost model, labelled)")
+    r.add_argument("--json", action="store_true")
     r.set_defaults(run=cmd_run)
