@@ -10,10 +10,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from xsched.cli import demo, graph, plan, profile, run
+from xsched.cli import demo, graph, plan, profile, report, run
 from xsched.errors import XschedError
 
-VERBS = (profile, graph, plan, run, demo)  # devices, profile | capture, import | plan, simulate | run | demo
+# devices, profile | capture, import | plan, simulate | run | report | demo
+VERBS = (profile, graph, plan, run, report, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command as given, for reports to quote
     try:
         return int(args.run(args))
     except XschedError as e:
