@@ -137,6 +137,21 @@ def build_report(
             sections.append(_pictures_section(graph, restrict(profile, first.devices), plan, why, out, files))
     files["profile.json"] = out / "profile.json"
     profile.save(files["profile.json"])
+    built = f"Built by xsched in {time.perf_counter() - t0:.0f} s on {datetime.date.today().isoformat()}"
+    files["report.html"] = out / "report.html"
+    files["report.html"].write_text(_page(graph, profile, machines, settings, peak, sections, built, command))
+    files["report.json"] = out / "report.json"
+    summary.update({"html": str(files["report.html"]), "files": {k: str(v) for k, v in files.items()},
+                    "settings": data.plain(settings), "command": command,
+                    "build_s": round(time.perf_counter() - t0, 2)})  # fmt: skip
+    data.write_json(files["report.json"], summary)
+    return Report(files["report.html"], files, summary)
+
+
+def _page(graph: Graph, profile: Profile, machines: Sequence[Machine], settings: ReportSettings, peak: int,
+          sections: list[html.Section], built: str, command: str) -> str:  # fmt: skip
+    """The page around the sections: what was planned, from which costs, and how the report was made."""
+    s = settings.sweep
     overview = html.Table(
         "Devices: where each one's costs come from",
         ("device", "memory", "op costs", "energy"),
@@ -144,26 +159,16 @@ def build_report(
                energy_of(profile, d)) for d in union_devices(machines)),
     )  # fmt: skip
     g = graph_summary(graph)
+    phases = ", ".join(f"{n} {p}" for p, n in g["phases"].items())
     intro = [
-        f"Graph {graph.name}: {g['ops']} ops ({', '.join(f'{n} {p}' for p, n in g['phases'].items())}), "
-        f"{g['values']} values, eager peak "
-        f"{format_bytes(peak)}. Every number is a prediction of xsched's simulator from the profile below, for "
-        f"plans the solver ({s.method}, {s.time_limit_s:g} s per plan) and the baselines found.",
+        f"Graph {graph.name}: {g['ops']} ops ({phases}), {g['values']} values, eager peak {format_bytes(peak)}. "
+        "Every number is a prediction of xsched's simulator from the profile below, for the plans the solver "
+        f"({s.method}, {s.time_limit_s:g} s per plan) and the baselines found.",
         "Machines: " + "; ".join(m.label for m in machines) + ". The first device of a machine is the home of the "
         "parameters and inputs; a device without a budget may use all its memory.",
     ]
-    footer = (f"Built by xsched in {time.perf_counter() - t0:.0f} s on "
-              f"{datetime.date.today().isoformat()}" + (f" with: {command}" if command else ""))  # fmt: skip
-    files["report.html"] = out / "report.html"
-    title = f"What-if report: {graph.name}"
-    files["report.html"].write_text(html.page(title, intro, overview, sections, footer))
-    summary.update({"html": str(files["report.html"]), "files": {k: str(v) for k, v in files.items()},
-                    "settings": data.plain(settings), "command": command,
-                    "build_s": round(time.perf_counter() - t0, 2)})  # fmt: skip
-    data.write_json(out / "report.json", summary)
-    files["report.json"] = out / "report.json"
-    summary["files"]["report.json"] = str(files["report.json"])
-    return Report(files["report.html"], files, summary)
+    footer = built + (f" with: {command}" if command else "")
+    return html.page(f"What-if report: {graph.name}", intro, overview, sections, footer)
 
 
 def _machine_summary(r: Any) -> dict[str, Any]:
@@ -283,9 +288,9 @@ def _pictures_section(graph: Graph, profile: Profile, plan: Plan, why: str, out:
     method = f"{plan.solver.method} ({plan.solver.status})"
     figs = (
         html.Figure("fig-matrices", pictures.matrices_figure(graph, plan, w),
-                    "Compute (left) and keep (right) matrices per device. Stage t ends with the first compute of "
-                    "the t-th op; a cell is an op computed in that stage (orange: again) or a value resident as "
-                    "it starts."),
+                    "Compute (left) and keep (right) matrices of each device the plan uses. Stage t ends with the "
+                    "first compute of the t-th op; a cell is an op computed in that stage (orange squares: again) "
+                    "or a value resident as it starts."),
         html.Figure("fig-memory", pictures.memory_figure(graph, plan, w),
                     "Bytes resident on each device after each step, over the sequential time; the triangle marks "
                     "the peak, which counts a running op's outputs and workspace."),

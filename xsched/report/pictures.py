@@ -82,17 +82,20 @@ def matrices(graph: Graph, plan: Plan, w: Walk):
 
 
 def matrices_figure(graph: Graph, plan: Plan, w: Walk) -> str:
-    """Rows: devices; left the compute matrix, right the keep matrix; x = stage, y = op / value."""
+    """Rows: the devices the plan computes or keeps anything on; left the compute matrix, right the keep matrix;
+    x = stage, y = op / value."""
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
-    mats = matrices(graph, plan, w)
+    mats = {d: m for d, m in matrices(graph, plan, w).items() if m[0].any() or m[1].any()}  # devices it touches
     fig = figure(11, 3.3 * len(mats) + 0.4)
     axes = fig.subplots(len(mats), 2, squeeze=False)
     compute_map = ListedColormap(["white", COLORS[0], RECOMPUTE])
     keep_map = ListedColormap(["white", "0.35"])
     for (ax_c, ax_k), (d, (comp, keep)) in zip(axes, mats.items()):
         ax_c.imshow(comp.T, cmap=compute_map, vmin=0, vmax=2, aspect="auto", interpolation="nearest")
+        stage, row = (comp == 2).nonzero()
+        ax_c.scatter(stage, row, s=14, marker="s", color=RECOMPUTE, zorder=3)  # a recompute is one cell: mark it
         ax_k.imshow(keep.T, cmap=keep_map, vmin=0, vmax=1, aspect="auto", interpolation="nearest")
         recomputes = int((comp == 2).sum())
         ax_c.set_title(f"{d}: compute ({int((comp > 0).sum())} computes, {recomputes} recomputes)", fontsize=9)

@@ -11,6 +11,13 @@ from xsched.report.sweep import Point, Sweep
 from xsched.report.whatif import MachineResult
 
 STYLES = ("o-", "s--", "^:", "D-.", "v-", "P--")  # per machine: lines that coincide stay told apart
+
+
+def ring(k: int) -> dict:
+    """Hollow markers shrinking with k: where machines' points coincide, they show as concentric rings."""
+    return {"ms": max(10 - 2 * k, 4), "mfc": "none", "mew": 1.5}
+
+
 MARKERS = {"eager": "s", "greedy": "^", "checkpoint": "D", "offload": "v", "sqrt": "P", "fastest": "*"}
 
 
@@ -71,7 +78,7 @@ def whatif_figure(results: Sequence[MachineResult], method: str) -> str:
         ok = [p for p in pts if p.ok]
         color = COLORS[k % len(COLORS)]
         left.plot([p.budget_bytes / div for p in ok], [p.time_s * scale for p in ok], STYLES[k % len(STYLES)],
-                  color=color, ms=4, label=r.machine.label)  # fmt: skip
+                  color=color, label=r.machine.label, **ring(k))  # fmt: skip
         _no_plan_marks(left, [p.budget_bytes / div for p in pts if not p.ok], color)
     left.set_xlabel(f"budget of each accelerator ({bunit})")
     left.set_ylabel(f"predicted time per iteration ({unit})")
@@ -108,17 +115,26 @@ def energy_figure(studies: Sequence[EnergyStudy]) -> str:
     for k, x in enumerate(studies):
         color, style = COLORS[k % len(COLORS)], STYLES[k % len(STYLES)]
         alphas = [p for p in x.points if p.kind == "alpha" and p.ok]
-        left.plot([p.energy_j for p in alphas], [p.time_s * scale for p in alphas], style, color=color, ms=5,
-                  label=x.machine)  # fmt: skip
+        left.plot([p.energy_j for p in alphas], [p.time_s * scale for p in alphas], style, color=color,
+                  label=x.machine, **ring(k))  # fmt: skip
         groups: dict[tuple[float, float], list[float]] = {}  # one label per distinct plan: the alphas that chose it
         for p in alphas:
             groups.setdefault((p.energy_j, p.time_s), []).append(p.alpha / (x.alpha_unit or 1))
         for (e, t), fs in groups.items():
             tag = "α=" + (f"{fs[0]:.3g}" if len(fs) == 1 else f"{min(fs):.3g}…{max(fs):.3g}") + "u"
-            left.annotate(tag, (e, t * scale), textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
+            left.annotate(
+                tag,
+                (e, t * scale),
+                textcoords="offset points",
+                xytext=(6, -12 if k % 2 else 4),
+                fontsize=7,
+                color=color,
+            )
         caps = sorted((p for p in x.points if p.kind == "cap"), key=lambda p: p.cap_j or 0.0)
         ok = [p for p in caps if p.ok]
-        right.plot([p.cap_j for p in ok], [p.time_s * scale for p in ok], style, color=color, ms=5, label=x.machine)
+        right.plot(
+            [p.cap_j for p in ok], [p.time_s * scale for p in ok], style, color=color, label=x.machine, **ring(k)
+        )
         _no_plan_marks(right, [p.cap_j for p in caps if not p.ok], color)
     left.set_xlabel("energy per iteration (J)")
     left.set_title("minimise time + α·energy", fontsize=9)
