@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import sys
 
 from xsched.errors import XschedError
 
@@ -56,10 +57,11 @@ def _profile(a: argparse.Namespace, graph, devices: list[str]):
     from xsched.profile.measure import extend_profile, profile_graph
     from xsched.profile.store import load_profile
 
+    bars = not a.quiet and sys.stderr.isatty()  # like the report's own bar: none into a log file
     if a.profile:
         given = load_profile(a.profile, graph, check_machine=False)
-        return extend_profile(graph, given, devices, max_total_s=a.max_profile_time, progress=not a.quiet)
-    return profile_graph(graph, devices, max_total_s=a.max_profile_time, progress=not a.quiet)
+        return extend_profile(graph, given, devices, max_total_s=a.max_profile_time, progress=bars)
+    return profile_graph(graph, devices, max_total_s=a.max_profile_time, progress=bars)
 
 
 def add(sub: argparse._SubParsersAction) -> None:
