@@ -9,6 +9,8 @@ import shlex
 import sys
 
 from xsched.errors import XschedError
+from xsched.graph import Graph
+from xsched.profile import Profile
 
 DEFAULT_MACHINE = "sim:rtx4090+cpu"
 
@@ -52,7 +54,7 @@ def cmd_report(a: argparse.Namespace) -> int:
     return 0
 
 
-def _profile(a: argparse.Namespace, graph, devices: list[str]):
+def _profile(a: argparse.Namespace, graph: Graph, devices: list[str]) -> Profile:
     """The given profile with the devices it lacks added (simulated: modelled; real: measured), or a new one."""
     from xsched.profile.measure import extend_profile, profile_graph
     from xsched.profile.store import load_profile

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from xsched.graph import Graph, Op
 from xsched.lanes import lane_of
@@ -56,7 +57,7 @@ def walk(graph: Graph, plan: Plan, profile: Profile) -> Walk:
     return Walk(tuple(w.stages), tuple(w.durations), tuple(w.kept), tuple(w.order), result)
 
 
-def matrices(graph: Graph, plan: Plan, w: Walk):
+def matrices(graph: Graph, plan: Plan, w: Walk) -> dict[str, tuple[Any, Any]]:
     """Per device (compute, keep): compute[t, k] = 1 where op k (graph order) is first computed in stage t on the
     device, 2 where it is recomputed; keep[t, j] = 1 where produced value j (by producer) is resident on the
     device as stage t starts."""
