@@ -11,10 +11,11 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from xsched.cli import demo, graph, plan, profile, run
+from xsched.cli import demo, graph, plan, profile, report, run
 from xsched.errors import XschedError
 
-VERBS = (profile, graph, plan, run, demo)  # devices, profile | capture, import | plan, simulate | run | demo
+# devices, profile | capture, import | plan, simulate | run | report | demo
+VERBS = (profile, graph, plan, run, report, demo)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command as given, for reports to quote
     try:
         return int(args.run(args))
     except XschedError as e:

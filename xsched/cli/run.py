@@ -15,7 +15,8 @@ from xsched.profile.store import load_profile
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """`xsched run MODEL plan.json [--iters N] [--profile P] [--batch B] [--scale S]`: run a plan, print the report."""
+    """`xsched run MODEL plan.json [--iters N] [--profile P] [--batch B] [--scale S] [--trace OUT.json]`: run a plan,
+    print the report, and with --trace write a Chrome trace of one more run."""
     plan = Plan.load(args.plan)
     model, inputs = load_model(args.model, args.batch, args.scale)
     graph = capture(model, inputs, name=args.model)
@@ -31,12 +32,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         profile, source = load_profile(args.profile, graph, check_machine=False), f"profile {args.profile}"
     else:  # still predict a time, from the bytes each op touches, and say so
         profile, source = cost_profile(graph, plan.devices), "a bandwidth cost model (no --profile given)"
-    report = measure(graph, plan, bind_inputs(graph, model, inputs), profile, iters=args.iters,
-                     warmup=args.warmup, predicted_from=source)  # fmt: skip
+    env = bind_inputs(graph, model, inputs)
+    report = measure(graph, plan, env, profile, iters=args.iters, warmup=args.warmup, predicted_from=source)
+    traced = None
+    if args.trace:  # one more run, every step timed, after the measured ones (their timings stay untraced)
+        from xsched.report.trace import measured_trace, write_trace
+
+        trace = measured_trace(graph, plan, env)
+        out = write_trace(trace, args.trace)
+        steps = sum(e["ph"] == "X" for e in trace["traceEvents"])
+        traced = {"trace": str(out), "steps": steps, "wall_s": trace["otherData"]["wall_s"]}
     if args.json:
-        print_json(report.as_dict())
+        print_json({**report.as_dict(), **({"trace": traced} if traced else {})})
         return 0
     print(report.table())
+    if traced:
+        print(f"trace of one run ({traced['steps']} steps, {traced['wall_s'] * 1e3:.3f} ms) -> {traced['trace']}")
     return 0
 
 
@@ -49,5 +60,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--batch", type=int)
     r.add_argument("--scale", default="default", help="zoo size knob: tiny, small, default")
     r.add_argument("--profile", help="profile JSON for predictions (default: a bandwidth cost model, labelled)")
+    r.add_argument(
+        "--trace", metavar="OUT.json", help="also write a Chrome trace of one run (Perfetto: ui.perfetto.dev)"
+    )
     r.add_argument("--json", action="store_true")
     r.set_defaults(run=cmd_run)
