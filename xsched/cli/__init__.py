@@ -10,10 +10,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from xsched.cli import demo, graph, plan, profile, run
+from xsched.cli import demo, graph, plan, profile, run, train
 from xsched.errors import XschedError
 
-VERBS = (profile, graph, plan, run, demo)  # devices, profile | capture, import | plan, simulate | run | demo
+# devices, profile | capture, import | plan, simulate | run | train | demo
+VERBS = (profile, graph, plan, run, train, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:
