@@ -149,3 +149,16 @@ def test_a_finished_run_resumed_trains_nothing(tmp_path) -> None:
     again = train(dataclasses.replace(config, resume=True))
     assert again.start_step == 2 and again.records == ()
     assert torch.load(ck / "step-00000002.pt", weights_only=True)["data"] == {"next_step": 2, "world": 1}
+
+
+@pytest.mark.gpu
+def test_trains_on_a_gpu_like_eager_pytorch(tmp_path) -> None:
+    """A bare `cuda` budget is this process's GPU: the example MLP trains there (measured profile, auto plan) with
+    plain PyTorch's losses, and its peak memory is measured, not predicted."""
+    config = TrainConfig(f"{EXAMPLE}:factory", {"cuda": "100%", "cpu": "100%"}, steps=3, batch=32,
+                         cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    result = train(config)
+    want, _ = eager_run(EXAMPLE, batch=32, world=1, steps=3)
+    assert_close(result.losses, want, rtol=1e-4, atol=1e-5)
+    assert set(Plan.load(result.plan_path).homes.values()) == {"cuda:0"}  # params and inputs on the first device
+    assert result.records[-1].peak_source["cuda:0"] == "measured" and result.records[-1].peak_bytes["cuda:0"] > 0

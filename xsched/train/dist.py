@@ -4,7 +4,7 @@ ones where torch has it), DistributedDataParallel around the wrapped module, and
 Why DDP rather than an all-reduce of our own: xsched's wrapped module runs the plan inside a torch.autograd.Function
 whose inputs are the trained parameters themselves, and its backward returns their gradients. Autograd therefore
 accumulates each one into `param.grad` through the parameter's own AccumulateGrad node, the node DDP's reducer hooks,
-so the reducer sees every gradient and averages it across ranks like any module's (tests/test_train_dist.py checks
+so the reducer sees every gradient and averages it across ranks like any module's (tests/test_train_processes.py checks
 the result against single-process eager PyTorch on the combined batch). DDP also broadcasts rank 0's parameters and
 buffers at the start. The reducer cannot overlap communication with backward here, since the plan hands every
 gradient over at once at its end; a hand-written all-reduce could do no better.

@@ -119,7 +119,10 @@ class Reporter(Protocol):
 
 
 class Quiet:
-    """No progress; notices still go to stderr as one line each."""
+    """No progress; notices still go to stderr as one line each, naming the rank when it is not rank 0."""
+
+    def __init__(self, rank: int = 0) -> None:
+        self.prefix = f"xsched train [rank {rank}]" if rank else "xsched train"
 
     def start(self, info: Mapping[str, Any]) -> None: ...
     def step(self, record: StepRecord) -> None: ...
@@ -128,7 +131,7 @@ class Quiet:
     def close(self) -> None: ...
 
     def notice(self, text: str) -> None:
-        print(f"xsched train: {text}", file=sys.stderr, flush=True)
+        print(f"{self.prefix}: {text}", file=sys.stderr, flush=True)
 
 
 def _local(name: str, local_rank: int) -> str:
@@ -216,8 +219,9 @@ def _restore(state: dict[str, Any], task: TrainingTask, opt: torch.optim.Optimiz
     if saved.get("world") == world.size and world.rank < len(rngs):
         set_rng_state(rngs[world.rank])
     else:
-        notice(f"checkpoint of {saved.get('world')} ranks resumed on {world.size}: the data split and random "
-               "streams differ from an uninterrupted run")  # fmt: skip
+        if world.main:
+            notice(f"checkpoint of {saved.get('world')} ranks resumed on {world.size}: the data split and "
+                   "random streams differ from an uninterrupted run")  # fmt: skip
         torch.manual_seed(signature["seed"] + world.rank + 7919 * int(state["step"]))  # fresh, per rank and step
 
 
@@ -226,7 +230,7 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> TrainResult:
     config.check()
     budgets, devices = _placement(config, dist.local_rank())
     world = dist.join(use_cuda=any(d.startswith("cuda") for d in devices))
-    rep = reporter if reporter is not None and world.main else Quiet()
+    rep = reporter if reporter is not None and world.main else Quiet(world.rank)
     try:
         t0 = time.perf_counter()
         session, start = _prepare(config, budgets, devices, world, rep)
