@@ -162,3 +162,19 @@ def test_trains_on_a_gpu_like_eager_pytorch(tmp_path) -> None:
     assert_close(result.losses, want, rtol=1e-4, atol=1e-5)
     assert set(Plan.load(result.plan_path).homes.values()) == {"cuda:0"}  # params and inputs on the first device
     assert result.records[-1].peak_source["cuda:0"] == "measured" and result.records[-1].peak_bytes["cuda:0"] > 0
+
+
+def test_an_unreadable_newest_checkpoint_falls_back_to_the_one_before(tmp_path) -> None:
+    """Atomic saves leave whole files, but a disk can still lose one: resume takes the newest that reads, with a
+    one-line notice, and ignores the temp file of a save that was killed."""
+    from xsched.train.checkpoint import newest_checkpoint, save_checkpoint
+
+    for step in (2, 4, 6):
+        save_checkpoint(tmp_path, step, {"step": step, "model": {"w": torch.full((3,), float(step))}})
+    assert saved_steps(tmp_path) == [6, 4]  # the newest two are kept
+    (tmp_path / ".step-00000008.pt.x1y2.tmp").write_bytes(b"half a checkpoint")
+    (tmp_path / "step-00000006.pt").write_bytes((tmp_path / "step-00000006.pt").read_bytes()[:100])
+    notices: list[str] = []
+    step, state = newest_checkpoint(tmp_path, notices.append)
+    assert step == 4 and state["model"]["w"].tolist() == [4.0] * 3
+    assert len(notices) == 1 and "step-00000006.pt" in notices[0] and "\n" not in notices[0]

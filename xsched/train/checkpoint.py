@@ -54,11 +54,13 @@ def saved_steps(directory: str | Path) -> list[int]:
 
 
 def save_checkpoint(directory: str | Path, step: int, state: dict[str, Any]) -> Path:
-    """Save `state` as the checkpoint after `step` steps, then drop all but the newest KEEP."""
+    """Save `state` as the checkpoint after `step` steps, then drop all but the newest KEEP (and the temp files
+    of an interrupted save)."""
     path = atomic_write(checkpoint_path(directory, step), lambda f: torch.save({"format": FORMAT, **state}, f))
-    for old in saved_steps(directory)[KEEP:]:
+    leftovers = list(Path(directory).glob(".step-*.tmp"))  # from a writer killed mid-save (one writer: rank 0)
+    for old in [checkpoint_path(directory, s) for s in saved_steps(directory)[KEEP:]] + leftovers:
         with contextlib.suppress(OSError):
-            checkpoint_path(directory, old).unlink()
+            old.unlink()
     return path
 
 

