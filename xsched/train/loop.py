@@ -268,6 +268,7 @@ def _prepare(config: TrainConfig, budgets: dict[str, str], devices: list[str], w
 
     torch.manual_seed(config.seed)  # the factory's initial weights: the same on every rank
     task = load_training_task(config.model, config.batch, config.scale, config.seed)
+    task.model.train()  # a factory may hand over a model in eval mode: training captures the training graph
     start, state = _resume(config, world, rep.notice)
     inputs = task.example_batch[0]
     graph = capture(task.model, inputs, name=graph_name(config.model))
