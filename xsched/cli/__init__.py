@@ -11,11 +11,11 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from xsched.cli import demo, graph, plan, profile, report, run
+from xsched.cli import demo, graph, plan, profile, report, run, train
 from xsched.errors import XschedError
 
-# devices, profile | capture, import | plan, simulate | run | report | demo
-VERBS = (profile, graph, plan, run, report, demo)
+# devices, profile | capture, import | plan, simulate | run | report | train | demo
+VERBS = (profile, graph, plan, run, report, train, demo)
 
 
 class _Parser(argparse.ArgumentParser):
