@@ -1,10 +1,12 @@
-"""`xsched run`: run a plan on real devices, measured (after warm-up) beside the simulator's prediction."""
+"""`xsched run`: run a plan on real devices, measured (after warm-up) beside the simulator's prediction (an ONNX
+model's also beside a plain ONNX Runtime session)."""
 
 from __future__ import annotations
 
 import argparse
 
 from xsched.capture.torch import bind_inputs, capture
+from xsched.cli.common import add_shape_flag, parse_shape_flags
 from xsched.errors import PlanError
 from xsched.execute.report import measure
 from xsched.loaders import load_model
@@ -16,6 +18,8 @@ from xsched.profile.store import load_profile
 def cmd_run(args: argparse.Namespace) -> int:
     """`xsched run MODEL plan.json [--iters N] [--profile P] [--batch B] [--scale S]`: run a plan, print the report."""
     plan = Plan.load(args.plan)
+    if args.model.endswith(".onnx"):
+        return _run_onnx(args, plan)
     model, inputs = load_model(args.model, args.batch, args.scale)
     graph = capture(model, inputs, name=args.model)
     if graph.fingerprint != plan.graph:
@@ -35,12 +39,32 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_onnx(args: argparse.Namespace, plan: Plan) -> int:
+    """An ONNX model's plan on ONNX Runtime beside one plain session on the same providers."""
+    from xsched.capture.onnx import capture_model
+    from xsched.onnx.report import measure_onnx
+
+    captured = capture_model(args.model, parse_shape_flags(args.shape))
+    graph = captured.graph
+    if graph.fingerprint != plan.graph:
+        raise PlanError(f"{args.plan} was made for graph {plan.graph}; {args.model} (input shapes as given) "
+                        f"captures as {graph.fingerprint}: plan it again for this model", stage="execute")  # fmt: skip
+    if args.profile:
+        profile, source = load_profile(args.profile, graph, check_machine=False), f"profile {args.profile}"
+    else:
+        profile, source = cost_profile(graph, plan.devices), "a bandwidth cost model (no --profile given)"
+    report = measure_onnx(graph, plan, captured.model, profile=profile, iters=args.iters, predicted_from=source)
+    print(report.table())
+    return 0
+
+
 def add(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser("run", help="run a plan on real devices: predicted vs measured time, peak memory, energy")
-    r.add_argument("model", help="zoo:NAME or path/to/file.py:factory (the model the plan was made for)")
+    r.add_argument("model", help="zoo:NAME, path/to/file.py:factory or model.onnx (the model the plan was made for)")
     r.add_argument("plan", help="plan JSON")
     r.add_argument("--iters", type=int, default=10)
     r.add_argument("--batch", type=int)
     r.add_argument("--scale", default="default", help="zoo size knob: tiny, small, default")
     r.add_argument("--profile", help="profile JSON for predictions (default: a bandwidth cost model, labelled)")
+    add_shape_flag(r)
     r.set_defaults(run=cmd_run)
