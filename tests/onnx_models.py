@@ -47,7 +47,8 @@ def zoo_onnx(name: str, scale: str = "tiny", batch: int | None = None, how: str 
 
 def chain_model(n: int = 6, size: int = 64, skip: bool = True):
     """x -> Relu/Neg/Sigmoid chain of `n` nodes (matmul with a weight first); with `skip`, the first activation is
-    added back at the end (a value held across the whole chain: something to recompute or park)."""
+    added back at the end (a value held across the whole chain: something to recompute or park), then the sum is
+    scaled by a 0-d weight."""
     w = helper.make_tensor("w", TensorProto.FLOAT, [size, size], [((i * 7) % 13 - 6) / 13 for i in range(size * size)])
     nodes = [helper.make_node("MatMul", ["x", "w"], ["a0"], name="mm")]
     kinds = ["Relu", "Neg", "Sigmoid"]
@@ -55,8 +56,11 @@ def chain_model(n: int = 6, size: int = 64, skip: bool = True):
         nodes.append(helper.make_node(kinds[i % 3], [f"a{i - 1}"], [f"a{i}"], name=f"n{i}"))
     last = f"a{n - 1}"
     if skip:
-        nodes.append(helper.make_node("Add", [last, "a0"], ["y"], name="skip"))
+        nodes.append(helper.make_node("Add", [last, "a0"], ["z"], name="skip"))
+        nodes.append(helper.make_node("Mul", ["z", "s"], ["y"], name="scale"))  # a 0-d weight
         last = "y"
+    s = helper.make_tensor("s", TensorProto.FLOAT, [], [0.5])
     graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [size, size])],
-                              [helper.make_tensor_value_info(last, TensorProto.FLOAT, [size, size])], [w])  # fmt: skip
+                              [helper.make_tensor_value_info(last, TensorProto.FLOAT, [size, size])],
+                              [w, s] if skip else [w])  # fmt: skip
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

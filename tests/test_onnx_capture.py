@@ -151,7 +151,7 @@ def test_bad_files(tmp_path):
         assert any(w in text for w in ("no ONNX file", "corrupt or truncated", "holds no ONNX graph nodes")), text
     path = tmp_path / "chain.onnx"
     path.write_bytes(good)
-    assert len(capture_onnx(path).ops) == 7
+    assert len(capture_onnx(path).ops) == 8
 
 
 def test_invalid_graph_is_named():

@@ -8,6 +8,7 @@ import pytest
 from onnx_models import chain_model, onnx, ort, zoo_onnx
 
 from xsched.capture.onnx import capture_model
+from xsched.devices import get_device
 from xsched.errors import XschedError
 from xsched.graph import Graph
 from xsched.onnx.report import example_feeds, measure_onnx
@@ -79,7 +80,7 @@ def test_two_logical_devices_with_copies():
     plan = solve(g, cost_profile(g, devices), budgets, devices, method="offload")
     assert any(isinstance(s, Copy) for s in plan.steps)
     ex = _check(c, plan)
-    assert len(ex.segments) > 1 and ex.strict  # some frees of session inputs had to end their session
+    assert len(ex.segments) > 1 and ex.cuts  # holding the inputs of some sessions to their end would not fit
 
 
 def test_auto_plan_on_two_devices():
@@ -101,20 +102,32 @@ def test_segment_rules_on_a_hand_made_plan():
     (deferred, then at a budget that forbids it, ending the segment): the outputs stay the plain session's."""
     c = capture_model(chain_model(n=6))
     g = c.graph
-    ops = [o.id for o in g.ops]  # mm, n1..n5, skip
+    ops = [o.id for o in g.ops]  # mm, n1..n5, skip, scale
     a, b = "ort:cpu:0", "ort:cpu:1"
     steps = [Compute("mm", a), Compute("n1", a), Copy("a1", a, b), Compute("n2", b), Compute("n3", b),
-             Copy("x", a, b), Copy("w", a, b), Compute("mm", b), Compute("n4", b), Compute("n5", b),
-             Compute("mm", b), Compute("skip", b), Copy("y", b, a)]  # fmt: skip
+             Copy("x", a, b), Copy("w", a, b), Copy("s", a, b), Compute("mm", b), Compute("n4", b),
+             Compute("n5", b), Compute("mm", b), Compute("skip", b), Compute("scale", b), Copy("y", b, a)]  # fmt: skip
     assert {s.op for s in steps if isinstance(s, Compute)} == set(ops)
     plan = _manual(g, steps)
     ex = _check(c, plan)
-    assert [s.ops for s in ex.segments] == [("mm", "n1"), ("n2", "n3"), ("mm", "n4", "n5", "mm", "skip")]
+    assert [s.ops for s in ex.segments] == [("mm", "n1"), ("n2", "n3"), ("mm", "n4", "n5", "mm", "skip", "scale")]
+    assert "s" in ex.segments[2].feeds  # the 0-d weight, copied: bound from the store as a 0-d OrtValue
     assert ex.segments[2].renames[3] == {"a0": "a0@3"} and ex.segments[2].renames[4] == {"a0": "a0@3"}
-    assert not ex.strict and ex.peak_bytes["ort:cpu:1"] > simulate(g, plan).peak_bytes["ort:cpu:1"]  # deferred
+    assert not ex.cuts and ex.peak_bytes["ort:cpu:1"] > simulate(g, plan).peak_bytes["ort:cpu:1"]  # deferred
     tight = _manual(g, steps, budgets=dict(simulate(g, plan).peak_bytes))
     ex = _check(c, tight)
-    assert ex.strict and len(ex.segments) > 2
+    assert ex.cuts and len(ex.segments) > 2
+
+
+def test_feeds_and_values_keep_their_shapes():
+    """A fed input of another shape is named; a 0-d weight stays 0-d on its device and through a copy."""
+    c = capture_model(chain_model())
+    ex = OrtExecutor(c.graph, eager_plan(c.graph, "ort:cpu"), c.model)
+    with pytest.raises(XschedError, match=r"fed with shape \[2, 64\], the graph's is \[64, 64\]") as e:
+        ex.run({"x": np.zeros((2, 64), np.float32)})
+    assert e.value.value == "x"
+    a, b = get_device("ort:cpu:0"), get_device("ort:cpu:1")
+    assert ex.params["s"].shape() == [] and a.transfer(a.put(np.float32(2.0)), b).shape() == []
 
 
 def test_random_node_cannot_be_recomputed():

@@ -25,10 +25,10 @@ from xsched.devices.base import (
     relative_spread,
     repeat_until_stable,
 )
-from xsched.devices.cpu import DEFAULT_POWER, SWEEP_BYTES, _enough, cpu_model, host_memory_bytes
+from xsched.devices.cpu import DEFAULT_POWER, SWEEP_BYTES, _enough, cpu_model, host_memory_bytes, thread_clock
 from xsched.devices.energy import modelled_energy, nvml_gpus, rapl
-from xsched.graph import Graph, Op
-from xsched.onnx.nodes import example_array, op_model, static_array
+from xsched.graph import Graph, Op, Value
+from xsched.onnx.nodes import ALIAS_OPS, FORMAT, example_array, op_model, op_type, static_array
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 OPTIMIZATION = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
@@ -46,7 +46,10 @@ def onnxruntime(device: str | None = None) -> Any:
 class OrtDevice(Device):
     """'ort:cpu' (a logical one: 'ort:cpu:1'), 'ort:cuda' or 'ort:cuda:N'; 'ort:cpu,threads=2' sets the
     session's intra-op threads. A CUDA session may not fall back to the CPU: a node the CUDA provider cannot run
-    is reported as such (ONNX Runtime would otherwise move it to the CPU without saying so)."""
+    is reported as such (ONNX Runtime would otherwise move it to the CPU without saying so).
+
+    'ort:cpu,threads=1,clock=thread' times nodes by the calling thread's CPU time (with one intra-op thread ONNX
+    Runtime runs the kernels on the caller): what a node costs on a core of its own, whatever else runs."""
 
     kind = "ort"
 
@@ -60,12 +63,15 @@ class OrtDevice(Device):
         self.where = where
         self.index = int(index) if index else None
         self.device_id = (self.index or 0) if where == "cuda" else 0
-        opts = parse_options(f"ort:{more}", ["threads"])
+        opts = parse_options(f"ort:{more}", ["threads", "clock"])
         self.threads: int | None = None
         if "threads" in opts:
             if not opts["threads"].isdigit() or int(opts["threads"]) < 1:
                 raise DeviceError(f"threads must be a positive integer, got {opts['threads']!r}", device=name)
             self.threads = int(opts["threads"])
+        self.clock = opts.get("clock", "wall")
+        if self.clock not in ("wall", "thread") or (self.clock == "thread" and (where, self.threads) != ("cpu", 1)):
+            raise DeviceError("clock is wall, or thread on ort:cpu with threads=1 (one thread's CPU time)", device=name)
         self.ort = onnxruntime(name)
         if self.provider not in self.ort.get_available_providers():
             raise DeviceError(f"{self.provider} is not available in this onnxruntime {self.ort.__version__} build "
@@ -114,7 +120,8 @@ class OrtDevice(Device):
         return f"ONNX Runtime {self.ort.__version__} {self.provider} on {what}{threads}"
 
     def fingerprint_parts(self) -> dict[str, str]:
-        parts = {"provider": self.provider, "onnxruntime": self.ort.__version__, "threads": str(self.threads or 0)}
+        parts = {"provider": self.provider, "onnxruntime": self.ort.__version__, "threads": str(self.threads or 0),
+                 "clock": self.clock}  # fmt: skip
         if self.where == "cpu":
             m = cpu_model()
             parts.update(brand=m["brand"], arch=m["arch"], logical_cores=str(m["logical_cores"]))
@@ -160,7 +167,8 @@ class OrtDevice(Device):
         """An OrtValue on this device holding `array` (on the CPU it shares the array's memory)."""
         import numpy as np
 
-        return self.ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.device_type, self.device_id)
+        # np.asarray keeps a 0-d array 0-d (np.ascontiguousarray would make it 1-d: a scalar param of shape [1])
+        return self.ort.OrtValue.ortvalue_from_numpy(np.asarray(array, order="C"), self.device_type, self.device_id)
 
     def run(self, session: Any, feeds: Mapping[str, Any], outputs: Sequence[str]) -> list[Any]:
         """Run with every feed bound where it is and every output allocated on this device."""
@@ -190,8 +198,12 @@ class OrtDevice(Device):
         return found
 
     def measure_ops(self, graph: Graph, ops: Sequence[Op], policy: Policy = DEFAULT_POLICY) -> list[Measurement | str]:
-        """Time the nodes interleaved, as CpuDevice does: each sweep calls each node's session once, in graph order,
-        so each call follows another node as in a run of the model, not itself (which keeps its data hot)."""
+        """Time the nodes in sweeps over all of them in graph order, each node twice in a row: the first call
+        follows another node, its inputs, weights and output memory cold; the second repeats it, all of them hot.
+        In a run of the model a node's inputs were just written by their producers and its output often goes to
+        memory just freed (hot), while its weights were last read a run ago (cold): its cost lies between the two,
+        and a sample is their mean. Timed alone, either call misses by up to 40% on small nodes
+        (docs/bench/onnx.md); the mean keeps whole models within 15% of a session's time."""
         found: list[Measurement | str] = ["not measured"] * len(ops)
         window: list[int] = []
         held = 0
@@ -205,7 +217,18 @@ class OrtDevice(Device):
         return found
 
     def single_node(self, graph: Graph, op: Op, seed: int = 0) -> Callable[[], Any]:
-        """A call running `op` alone on this device: its session, inputs bound here, outputs allocated here."""
+        """A call running `op` alone on this device: its session, inputs bound here, outputs allocated here.
+
+        A node that only renames its input's memory in a session (Reshape, Squeeze, ...: ALIAS_OPS) copies it
+        when alone, its input being the model's: once it ran, the call times a one-element Identity instead,
+        the cost of a node that moves no data."""
+        call = self._single_node(graph, op, seed)
+        if op_type(op) not in ALIAS_OPS or op.call.get("domain"):
+            return call
+        call()  # it runs here
+        return self._single_node(_trivial_graph(), _trivial_graph().ops[0], seed)
+
+    def _single_node(self, graph: Graph, op: Op, seed: int) -> Callable[[], Any]:
         import numpy as np
 
         rng = np.random.default_rng(seed)
@@ -240,11 +263,13 @@ class OrtDevice(Device):
         live = list(calls)
         meter = rapl() if self.where == "cpu" else None
         before = meter.snapshot() if meter is not None and meter.available else None
+        clock = time.thread_time if self.clock == "thread" else time.perf_counter
         while live:
-            for i in live:
-                t0 = time.perf_counter()
-                calls[i]()  # a CUDA session's run returns once its stream is done
-                samples[i].append(time.perf_counter() - t0)
+            for i in live:  # a CUDA session's run returns once its stream is done
+                t0 = clock()
+                calls[i]()
+                calls[i]()
+                samples[i].append((clock() - t0) / 2)  # the mean of a cold call and a hot one (measure_ops)
             live = [i for i in live if not _enough(samples[i], policy)]
         after = meter.snapshot() if meter is not None and before is not None else None
         timed = sum(sum(s) for s in samples.values())
@@ -267,7 +292,8 @@ class OrtDevice(Device):
         src, dst = (self, other) if outgoing else (other, self)
         value = src.put(np.zeros(max(nbytes, 1), dtype=np.uint8))
         policy = Policy(warmup=1, min_reps=5, max_reps=20, max_time_s=0.2)
-        return statistics.median(repeat_until_stable(lambda: src.transfer(value, dst), policy, perf_clock))
+        clock = thread_clock if self.clock == "thread" and other.clock == "thread" else perf_clock
+        return statistics.median(repeat_until_stable(lambda: src.transfer(value, dst), policy, clock))
 
     @classmethod
     def discover(cls) -> list[DeviceInfoRow]:
@@ -285,3 +311,12 @@ class OrtDevice(Device):
                 details = {"provider": provider, "onnxruntime": ort.__version__, "energy": dev.energy_source}
                 rows.append(DeviceInfoRow(dev.name, "ort", dev.description, dev.memory_bytes, details))
         return rows
+
+
+@functools.cache
+def _trivial_graph() -> Graph:
+    """One Identity on one float: a node that moves (almost) no data."""
+    call = {"format": FORMAT, "domain": "", "op_type": "Identity", "opsets": {"": 17}, "attributes": "",
+            "args": [{"ref": "x"}], "outs": [{"ref": "y"}]}  # fmt: skip
+    values = (Value("x", 4, "input", (1,), "float32"), Value("y", 4, "activation", (1,), "float32"))
+    return Graph("trivial", values, (Op("identity", "onnx::Identity", ("x",), ("y",), call=call),), ("y",))

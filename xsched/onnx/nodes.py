@@ -29,6 +29,8 @@ ELEM_TYPES: dict[int, tuple[str, int]] = {
 }  # fmt: skip
 ELEM_TYPE_OF = {name: t for t, (name, _) in ELEM_TYPES.items()}
 FLOATING = frozenset({"float32", "float16", "float64", "bfloat16", "complex64", "complex128"})
+# nodes whose ONNX Runtime kernels write their output into their input's memory (in a session they move no data)
+ALIAS_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
 # nodes that draw random numbers: running one again gives other numbers, so a plan may not recompute them
 RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                         "Bernoulli"})  # fmt: skip
@@ -99,7 +101,7 @@ def np_dtype(dtype: str) -> Any:
 
 def encode_array(arr: Any) -> str:
     np = require("numpy")
-    return base64.b64encode(np.ascontiguousarray(arr).astype(arr.dtype.newbyteorder("<")).tobytes()).decode()
+    return base64.b64encode(np.asarray(arr, order="C").astype(arr.dtype.newbyteorder("<")).tobytes()).decode()
 
 
 def static_array(v: Value) -> Any | None:

@@ -70,7 +70,7 @@ class OrtRun:
 
 
 class _OverBudget(Exception):
-    """Deferring frees to a segment's end would exceed a budget: the free at `step` must end its segment."""
+    """Deferred frees would exceed a budget at the compute of `step`: its device's segment must end before it."""
 
     def __init__(self, step: int) -> None:
         self.step = step
@@ -80,15 +80,16 @@ class _Segmenter(PlanInterpreter):
     """The executor's preparation as hooks on the plan interpreter: segments, copies and frees, in order.
 
     A session holds its feeds until it ends, so a free of a value the open segment reads is deferred to the
-    segment's end, and its bytes counted until then (the interpreter's peak becomes the executor's); the frees
-    at steps in `strict` (those whose deferral would exceed a budget) end the segment instead."""
+    segment's end, and its bytes counted until then (the interpreter's peak becomes the executor's). Where that
+    would exceed a budget, at a compute in `cuts`, the segment ends before that compute and its deferred frees
+    happen there."""
 
     stage = "execute"
 
     def __init__(self, graph: Graph, plan: Plan, devices: Mapping[str, OrtDevice], *, check_budgets: bool,
-                 strict: frozenset[int] = frozenset()) -> None:  # fmt: skip
+                 cuts: frozenset[int] = frozenset()) -> None:  # fmt: skip
         super().__init__(graph, plan, check_budgets=check_budgets)
-        self.dev, self.strict = devices, strict
+        self.dev, self.cuts = devices, cuts
         self.open: dict[str, _Open] = {}
         self.actions: list[Action] = []
         self.deferred = dict.fromkeys(self.devices, 0)  # bytes whose free waits for the device's segment to end
@@ -96,8 +97,14 @@ class _Segmenter(PlanInterpreter):
     def bump(self, i: int, device: str, during: int, **where: str) -> None:
         budget, extra = self.budgets.get(device), self.deferred[device]
         if extra and budget is not None and during <= budget < during + extra:
-            raise _OverBudget(min(self.open[device].deferred.values()))
+            raise _OverBudget(i)
         super().bump(i, device, during + extra, **where)
+
+    def workspace(self, i: int, s: Compute, op: Op) -> int:
+        # the last hook before this compute's bytes are counted: a cut here frees the deferred values first
+        if i in self.cuts and s.device in self.open:
+            self._close(s.device, i)
+        return super().workspace(i, s, op)
 
     def on_compute(self, i: int, s: Compute, op: Op) -> None:
         if op_type(op) in RANDOM_OPS and op.id in self.computed:
@@ -132,11 +139,9 @@ class _Segmenter(PlanInterpreter):
         seg = self.open.get(s.device)
         if seg is not None:
             if s.value in seg.reads:  # the session holds its feeds while it runs
-                if i not in self.strict:
-                    seg.deferred[s.value] = i
-                    self.deferred[s.device] += self.nbytes[s.value]
-                    return
-                self._close(s.device, i)
+                seg.deferred[s.value] = i
+                self.deferred[s.device] += self.nbytes[s.value]
+                return
             elif s.value in seg.name:  # computed and dead inside the session: ONNX Runtime frees it
                 return
         self._emit(s, i, i)
@@ -183,15 +188,19 @@ class OrtExecutor:
         self.graph, self.plan, self.optimization = graph, plan, optimization
         self.device_names = {d: (devices or {}).get(d, d) for d in plan.devices}
         self.dev = {d: _ort_device(d, name) for d, name in self.device_names.items()}
-        strict: frozenset[int] = frozenset()
-        while True:  # a deferred free that would exceed a budget ends its segment instead: walk again
-            prep = _Segmenter(graph, plan, self.dev, check_budgets=check, strict=strict)
+        cuts: frozenset[int] = frozenset()
+        while True:  # where deferred frees would exceed a budget, end the segment before that compute: walk again
+            prep = _Segmenter(graph, plan, self.dev, check_budgets=check, cuts=cuts)
             try:
                 self.actions: tuple[Action, ...] = tuple(prep.run())
                 break
             except _OverBudget as e:
-                strict |= {e.step}
-        self.strict = strict
+                if e.step in cuts:  # cannot happen: a cut frees the deferred values before the compute counts
+                    raise XschedError(
+                        "deferred frees exceed the budget after a cut", stage="execute", step=e.step
+                    ) from e
+                cuts |= {e.step}
+        self.cuts = cuts
         # graph bytes resident per device, as the plan interpreter counts them, with the deferred frees
         self.peak_bytes = dict(prep.peak)
         self.output_on = {v: prep.where_output(v) for v in graph.outputs}
@@ -251,14 +260,16 @@ class OrtExecutor:
 
     # ---- running ----
     def run(self, feeds: Mapping[str, Any], *, trace: bool = False) -> OrtRun:
-        """One run with graph inputs `feeds` (input name -> array or OrtValue); outputs as OrtValues."""
+        """One run with graph inputs `feeds` (input name -> array or OrtValue); outputs as OrtValues. With `trace`,
+        the bytes held after each action, and every value made checked against the graph's shape."""
         stores: dict[str, dict[str, Any]] = {d: {} for d in self.dev}
         for v, d in self.plan.homes.items():
             if v in self.params:
                 stores[d][v] = self.params[v]
             elif v in feeds:
                 x = feeds[v]
-                stores[d][v] = x if _is_ortvalue(x) else self.dev[d].put(x)
+                stores[d][v] = x = x if _is_ortvalue(x) else self.dev[d].put(x)
+                self._check_shape(v, x, d, None)
             else:
                 raise XschedError("no value fed for graph input", stage="execute", value=v, device=d)
         held = {d: sum(self.nbytes[v] for v in s) for d, s in stores.items()}
@@ -272,9 +283,13 @@ class OrtExecutor:
                     if v not in store:
                         held[do.device] += self.nbytes[v]
                     store[v] = x
+                    if trace:
+                        self._check_shape(v, x, do.device, a.step)
             elif isinstance(do, Copy):
-                stores[do.dst][do.value] = self.dev[do.src].transfer(stores[do.src][do.value], self.dev[do.dst])
+                x = stores[do.dst][do.value] = self.dev[do.src].transfer(stores[do.src][do.value], self.dev[do.dst])
                 held[do.dst] += self.nbytes[do.value]
+                if trace:
+                    self._check_shape(do.value, x, do.dst, a.step)
             else:
                 del stores[do.device][do.value]
                 held[do.device] -= self.nbytes[do.value]
@@ -284,6 +299,13 @@ class OrtExecutor:
                 after.append((a.at, {d: held[d] for d in a.exact}))
         outputs = {v: stores[self.output_on[v]][v] for v in self.graph.outputs}
         return OrtRun(outputs, tuple(after), peak)
+
+    def _check_shape(self, v: str, x: Any, device: str, step: int | None) -> None:
+        want = self.graph.value[v].shape
+        if tuple(x.shape()) != want:
+            what = "fed" if step is None else "made"
+            raise XschedError(f"{what} with shape {list(x.shape())}, the graph's is {list(want or ())}",
+                              stage="execute", step=step, value=v, device=device)  # fmt: skip
 
     def _run_segment(self, k: int, store: Mapping[str, Any]) -> list[Any]:
         a = self.actions[k]
