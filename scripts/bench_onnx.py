@@ -43,6 +43,16 @@ from xsched.solve.api import solve
 from xsched.solve.eager import eager_plan
 
 MODELS = ("resnet18", "resnet50", "vgg16", "unet", "gpt2", "transformer", "mlp_mixer")
+NOTES = """\
+Columns: *sum of profiled node times* is the eager plan's sequential time predicted from the profile (every node
+once, each at its profiled median: single-node sessions, optimisations off); *plain session* is one ordinary
+InferenceSession of the whole model at the device's thread count, graph optimisations off (nodes stay nodes, as
+profiled) or on (ORT_ENABLE_ALL: fusions, constant folding, NCHWc layouts: what users run); *ratio* = predicted /
+measured. *placed eager* is the eager plan run by `xsched.onnx.run.OrtExecutor` (one segment, so one session,
+params as shared initializers); *overhead* = placed / plain at the same optimisation level. The second table is
+an `offload` plan on two logical CPUs at a budget below the eager peak (the one measured CPU's node costs for
+both, the copy link measured): its segments (sessions run), copies, and time against the plain session (opt on).
+"""
 
 
 def export(name: str, scale: str) -> Any:
@@ -188,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{' '.join(sys.argv[1:] if argv is None else argv)}`  \nMachine: {m['brand']}, {m['logical_cores']} "
                 f"logical cores, onnxruntime {ort.__version__}, torch {torch.__version__}, Python "
                 f"{platform.python_version()}; device {args.device}\n\n")  # fmt: skip
-        Path(args.out).write_text(head + text + "\n")
+        Path(args.out).write_text(head + text + "\n\n" + NOTES)
     return 0
 
 

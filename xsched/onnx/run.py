@@ -2,11 +2,13 @@
 values pass between sessions as OrtValues on their device, and copies, frees and recomputation are the plan's.
 
 The walk is a pass over the plan interpreter (`xsched.interpret`), so its rules, budgets and step-tagged errors
-are the simulator's. A run of computes on device d (a segment) ends where a session could no longer hold to
-the plan: at a copy into d, at a copy out of d of a value the segment computes, at a free of a value it reads,
-or when it would compute an op twice. Frees on d of values it does not read happen before its session runs,
-values it computes and the plan frees before it ends stay inside the session (ONNX Runtime frees them after
-their last use), and the values it computes that are still resident when it ends are the session's outputs.
+are the simulator's. A run of computes on device d (a segment) ends where one session could no longer follow
+the plan: at a copy into d, at a copy out of d of a value the segment computes, and before a compute where the
+values the session must hold longer than the plan says would exceed d's budget. An op computed twice in one
+segment writes under a second name. Frees on d of values the segment does not read happen before its session
+runs; values it computes and the plan frees before it ends stay inside the session (ONNX Runtime frees them after
+their last use); values it reads and the plan frees before it ends are freed when it ends (a session holds its
+inputs), and counted until then; the values it computes that are still resident when it ends are its outputs.
 """
 
 from __future__ import annotations
