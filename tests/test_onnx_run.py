@@ -186,3 +186,24 @@ def test_measured_beside_a_plain_session():
     r = measure_onnx(c.graph, plan, c.model, iters=2, warmup=1)
     assert r.max_abs_diff == 0.0 and r.segments == 1 and r.time_s > 0 and r.plain_time_s > 0
     assert "plain session" in r.table()
+
+
+@pytest.mark.gpu
+def test_placed_on_cuda_and_cpu():
+    """Weights on the GPU, nodes on both providers, OrtValues copied between them: a plain session's outputs."""
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("onnxruntime without the CUDA provider (pip install onnxruntime-gpu)")
+    c = capture_model(chain_model(n=8))
+    g = c.graph
+    gpu, cpu = "ort:cuda:0", "ort:cpu"
+    steps = [Compute("mm", gpu), Compute("n1", gpu), Copy("a1", gpu, cpu), Compute("n2", cpu), Compute("n3", cpu),
+             Copy("a3", cpu, gpu)] + [Compute(o.id, gpu) for o in g.ops[4:]]  # fmt: skip
+    plan = Plan(g.fingerprint, {}, {v: gpu for v in g.inputs}, place_frees(g, steps, {v: gpu for v in g.inputs}),
+                SolverInfo("test"))  # fmt: skip
+    ex = OrtExecutor(g, plan, c.model)
+    feeds = example_feeds(g)
+    got = ex.run(feeds, trace=True).outputs
+    want = plain_session(c.model, [gpu, cpu]).run(g.outputs, feeds)
+    for v, w in zip(g.outputs, want):
+        np.testing.assert_allclose(got[v].numpy(), w, rtol=1e-4, atol=1e-4)
+    assert [s.device for s in ex.segments] == [gpu, cpu, gpu]
