@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,8 +47,22 @@ def load_model(spec: str, batch: int | None = None, scale: str = "default") -> t
     return model, tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,)
 
 
-def load_graph(spec: str, *, batch: int | None = None, scale: str = "default", inference: bool = False) -> Graph:
-    """A graph from a graph JSON, an external bench graph (networkx node-link), or a model spec (captured)."""
+def load_graph(
+    spec: str,
+    *,
+    batch: int | None = None,
+    scale: str = "default",
+    inference: bool = False,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+) -> Graph:
+    """A graph from a graph JSON, an external bench graph (networkx node-link), an ONNX model (its inference
+    graph; `shapes` bind its symbolic input dimensions), or a model spec (captured)."""
+    if spec.endswith(".onnx"):
+        from xsched.capture.onnx import capture_onnx
+
+        return capture_onnx(spec, shapes)
+    if shapes:
+        raise XschedError("input shapes (--shape) apply to ONNX models only", stage="load")
     if spec.endswith(".json"):
         try:
             data = json.loads(Path(spec).read_text())

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from xsched.cli.common import print_json
+from xsched.cli.common import add_shape_flag, parse_shape_flags, print_json
 from xsched.loaders import load_graph
 
 
 def cmd_capture(a: argparse.Namespace) -> int:
-    g = load_graph(a.model, batch=a.batch, scale=a.scale, inference=a.inference)
+    g = load_graph(a.model, batch=a.batch, scale=a.scale, inference=a.inference, shapes=parse_shape_flags(a.shape))
     g.save(a.output)
     phases = {p: sum(o.phase == p for o in g.ops) for p in ("fwd", "loss", "bwd")}
     if a.json:
@@ -38,11 +38,14 @@ def cmd_import(a: argparse.Namespace) -> int:
 def add(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("capture", help="capture a model's training (or inference) graph")
     c.add_argument(
-        "model", help="zoo:NAME, path/to/file.py:factory returning (model, example_inputs), or a bench graph .json"
+        "model",
+        help="zoo:NAME, path/to/file.py:factory returning (model, example_inputs), model.onnx (its inference graph), "
+        "or a bench graph .json",
     )
     c.add_argument("--batch", type=int)
     c.add_argument("--scale", default="default", help="zoo size knob: tiny, small, default")
     c.add_argument("--inference", action="store_true", help="forward only")
+    add_shape_flag(c)
     c.add_argument("-o", "--output", required=True)
     c.add_argument("--json", action="store_true")
     c.set_defaults(run=cmd_capture)

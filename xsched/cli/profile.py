@@ -7,7 +7,7 @@ import dataclasses
 import json
 
 from xsched.budgets import format_bytes
-from xsched.cli.common import print_json, quiet
+from xsched.cli.common import add_shape_flag, parse_shape_flags, print_json, quiet
 from xsched.devices.base import Policy, available_devices, split_device_list
 from xsched.loaders import load_graph
 from xsched.profile.measure import profile_graph
@@ -38,7 +38,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     """`xsched profile MODEL|graph.json --devices cpu,cuda:0,sim:h100 -o profile.json [--reps N] [--max-time S]`."""
-    graph = load_graph(args.model, batch=args.batch, scale=args.scale)
+    graph = load_graph(args.model, batch=args.batch, scale=args.scale, shapes=parse_shape_flags(args.shape))
     names = split_device_list(str(args.devices))
     base = Policy()
     policy = dataclasses.replace(base, max_reps=args.reps or base.max_reps)
@@ -82,8 +82,13 @@ def add(sub: argparse._SubParsersAction) -> None:
     d.set_defaults(run=cmd_devices)
 
     f = sub.add_parser("profile", help="measure every op on every device and every copy between them")
-    f.add_argument("model", help="zoo:NAME, file.py:factory or graph.json")
-    f.add_argument("--devices", default="cpu", help="e.g. cpu,cpu:threads=1,clock=thread,cuda:0,sim:h100,sim:h100#1")
+    f.add_argument("model", help="zoo:NAME, file.py:factory, model.onnx or graph.json")
+    f.add_argument(
+        "--devices",
+        default="cpu",
+        help="e.g. cpu,cpu:threads=1,clock=thread,cuda:0,sim:h100,sim:h100#1; ort:cpu,ort:cuda:0",
+    )
+    add_shape_flag(f)
     f.add_argument("-o", "--output", help="default: profiles/<graph>-<fingerprint>-<devices>.json")
     f.add_argument("--batch", type=int)
     f.add_argument("--scale", default="default")
