@@ -21,7 +21,9 @@ from xsched.plan import Compute, Copy, Free, Plan, SolverInfo, Step, autograd_bo
 from xsched.profile import Profile
 from xsched.simulate import simulate
 from xsched.solve.extract import free_unwanted_ends, prune
+from xsched.solve.hier.greedy import as_start, greedy_events
 from xsched.solve.hier.hindex import HIndex, Unit, index
+from xsched.solve.hier.menu import fastest, leanest
 from xsched.solve.milp import NoIncumbent
 from xsched.solve.options import SolverOptions
 
@@ -225,9 +227,6 @@ def build_model(ix: HIndex, alpha: float = 0.0) -> pyo.ConcreteModel:
 def _start(ix: HIndex, units: Sequence[Unit]) -> tuple[list, tuple[set, set] | None]:
     """The eviction schedule over blocks (fastest options first, then leanest) within the model's rules (a MIP
     start), else one outside them (a plan only), else none."""
-    from xsched.solve.hier.greedy import as_start, greedy_events
-    from xsched.solve.hier.upper import fastest, leanest
-
     home = ix.devices[0]
     choices = [[pick(u.options, home) for u in units] for pick in (fastest, leanest)]
     for strict in (True, False):

@@ -241,6 +241,23 @@ def translate(option: Option, ops: Mapping[str, str], values: Mapping[str, str],
                   option.full)  # fmt: skip
 
 
+def fastest(options: Sequence[Option], home: str) -> int:
+    full = [i for i, o in enumerate(options) if o.full]
+    mine = [i for i in full if options[i].home == home] or full
+    return min(mine, key=lambda i: (options[i].time_s, i))
+
+
+def leanest(options: Sequence[Option], home: str) -> int:
+    full = [i for i, o in enumerate(options) if o.full]
+    mine = [i for i in full if options[i].home == home] or full
+
+    def held(o: Option) -> int:
+        runs = [*o.f.run.values(), *(o.b.run.values() if o.b else ())]
+        return o.phantom + max(runs, default=0)
+
+    return min(mine, key=lambda i: (held(options[i]), options[i].time_s, i))
+
+
 def pareto(options: Sequence[Option], limit: int) -> list[Option]:
     """The options no other beats on time, phantom and running bytes at once (per home device), at most `limit`
     of them spread over the phantom sizes: the largest, the smallest, then the one nearest each middle left

@@ -22,9 +22,9 @@ from xsched.solve.hier.hierarchy import MAX_GROUP, MAX_LEAF, MAX_TOP, Block, bui
 from xsched.solve.hier.hilp import Unit, direct_plan, solve_hilp
 from xsched.solve.hier.hindex import index
 from xsched.solve.hier.leaf import LeafTask, leaf_options
-from xsched.solve.hier.menu import Option, translate
+from xsched.solve.hier.menu import Option, fastest, leanest, translate
 from xsched.solve.hier.region import Region, make_region, sub_profile
-from xsched.solve.hier.upper import RegionTask, fastest, leanest, region_options
+from xsched.solve.hier.upper import RegionTask, region_options
 from xsched.solve.milp import NoIncumbent
 from xsched.solve.options import SolverOptions
 

@@ -4,14 +4,14 @@ recomputes children) — for the inputs from other blocks on each device in turn
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from xsched.errors import XschedError
 from xsched.profile import Profile
 from xsched.solve.hier.hilp import Unit, direct_plan, solve_hilp
 from xsched.solve.hier.hindex import index
-from xsched.solve.hier.menu import Option, pareto, summarize
+from xsched.solve.hier.menu import Option, fastest, leanest, pareto, summarize
 from xsched.solve.hier.region import Region, region_homes
 from xsched.solve.options import SolverOptions
 
@@ -30,23 +30,6 @@ class RegionTask:
     seconds: float  # per H-ILP solve
     limit: int
     seed: int = 0
-
-
-def fastest(options: Sequence[Option], home: str) -> int:
-    full = [i for i, o in enumerate(options) if o.full]
-    mine = [i for i in full if options[i].home == home] or full
-    return min(mine, key=lambda i: (options[i].time_s, i))
-
-
-def leanest(options: Sequence[Option], home: str) -> int:
-    full = [i for i, o in enumerate(options) if o.full]
-    mine = [i for i in full if options[i].home == home] or full
-
-    def held(o: Option) -> int:
-        runs = [*o.f.run.values(), *(o.b.run.values() if o.b else ())]
-        return o.phantom + max(runs, default=0)
-
-    return min(mine, key=lambda i: (held(options[i]), options[i].time_s, i))
 
 
 def region_options(task: RegionTask) -> list[Option]:
