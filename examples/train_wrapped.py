@@ -20,7 +20,7 @@ def main(steps: int = 5) -> None:
     model, (x,) = factory(batch=1024)
     reference = copy.deepcopy(model)
     target = torch.randint(0, 10, (x.shape[0],), generator=torch.Generator().manual_seed(1))
-    wrapped = xsched.wrap(model, (x,), budgets={"cpu": "70%"})
+    wrapped = xsched.wrap(model, (x,), budgets={"cpu": "70%"}, time_limit=20)
     plan = wrapped.plan
     peak = max(plan.predicted.peak_bytes.values())
     print(f"plan {plan.solver.method}: peak {format_bytes(peak)} within {format_bytes(plan.budgets['cpu'])}")

@@ -76,3 +76,97 @@ def test_infeasible_budget_names_device_and_bound(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "bench" in err and "budget" in err
     assert not (tmp_path / "x.json").exists()
+
+
+def _json(capsys) -> dict:
+    return json.loads(capsys.readouterr().out)
+
+
+def test_every_verb_on_a_small_model_with_json(tmp_path, capsys):
+    src = tmp_path / "m.py"
+    src.write_text(MODEL_FILE)
+    model = f"{src}:factory"
+    g, p, plan = tmp_path / "g.json", tmp_path / "p.json", tmp_path / "plan.json"
+    assert main(["devices", "--json", "--no-sim"]) == 0
+    assert any(row["kind"] == "cpu" for row in _json(capsys))
+    assert main(["capture", model, "-o", str(g), "--json"]) == 0
+    captured = _json(capsys)
+    assert captured["fingerprint"] == Graph.load(g).fingerprint and captured["ops"] == len(Graph.load(g).ops)
+    assert main(["profile", str(g), "--devices", "cpu", "--reps", "2", "--max-time", "5", "-o", str(p), "--json"]) == 0
+    assert _json(capsys)["devices"]["cpu"]["ops"] == captured["ops"]
+    args = ["plan", str(g), str(p), "--budget", "cpu=100%", "--method", "checkpoint", "-o", str(plan)]
+    assert main([*args, "--json", "--explain"]) == 0
+    planned = _json(capsys)
+    assert planned["peak_bytes"]["cpu"] <= planned["budgets"]["cpu"]
+    assert {r["value"] for r in planned["explain"]} >= {v for o in Graph.load(g).ops for v in o.outputs}
+    assert main(["simulate", str(g), str(p), str(plan), "--json"]) == 0
+    assert _json(capsys)["peak_bytes"] == planned["peak_bytes"]
+    assert main(["run", model, str(plan), "--profile", str(p), "--iters", "3", "--warmup", "1", "--json"]) == 0
+    ran = _json(capsys)
+    assert ran["iters"] == 3 and ran["warmup_iters"] == 1 and len(ran["times_s"]) == 3 and ran["spread"] >= 0
+    assert ran["predicted_peak_bytes"] == planned["peak_bytes"]
+
+
+def test_plan_explain_names_the_recomputed_values_and_why(tmp_path, capsys):
+    g, p, plan = tmp_path / "g.json", tmp_path / "p.json", tmp_path / "plan.json"
+    main(["import", str(BENCH / "random_layered_n100.json"), "-o", str(g), "--profile-out", str(p)])
+    capsys.readouterr()
+    args = ["plan", str(g), str(p), "--method", "checkpoint", "--budget", "bench=80%", "-o", str(plan)]
+    assert main([*args, "--explain", "--json"]) == 0
+    rows = _json(capsys)["explain"]
+    recomputed = [r for r in rows if r["decision"].startswith("recomputed")]
+    assert recomputed and all("recomputed at step" in r["reasons"][0] for r in recomputed)
+    assert main([*args, "--explain"]) == 0
+    text = capsys.readouterr().out
+    assert all(r["value"] in text for r in recomputed) and "decision" in text
+
+
+def test_user_mistakes_are_one_line_with_status_2(tmp_path, capsys):
+    src = tmp_path / "m.py"
+    src.write_text(MODEL_FILE)
+    g, p, plan = tmp_path / "g.json", tmp_path / "p.json", tmp_path / "plan.json"
+    main(["import", str(BENCH / "random_layered_n100.json"), "-o", str(g), "--profile-out", str(p)])
+    main(["plan", str(g), str(p), "--method", "eager", "-o", str(plan)])
+    capsys.readouterr()
+    mistakes = [
+        ["plan"],  # missing arguments
+        ["no-such-verb"],
+        ["plan", str(g), str(p), "--budget", "bench", "-o", str(tmp_path / "x.json")],
+        ["plan", str(g), str(p), "--budget", "bench=lots", "-o", str(tmp_path / "x.json")],
+        ["plan", str(g), str(p), "--method", "magic", "-o", str(tmp_path / "x.json")],
+        ["profile", str(g), "--devices", "abacus:0", "-o", str(tmp_path / "x.json")],
+        ["simulate", str(g), str(tmp_path / "missing.json")],
+        ["import", str(src), "-o", str(tmp_path / "x.json")],
+        ["run", f"{src}:factory", str(plan), "--iters", "1"],  # a plan made for another graph
+        ["run", f"{src}:factory", str(plan), "--iters", "0"],
+    ]
+    for argv in mistakes:
+        try:
+            code = main(argv)
+        except SystemExit as e:  # argparse's own errors
+            code = e.code
+        err = capsys.readouterr().err.strip()
+        assert code == 2, argv
+        assert len(err.splitlines()) == 1 and "error" in err, (argv, err)
+        assert "Traceback" not in err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_warm_up_runs_until_the_times_settle():
+    from xsched.execute.report import SETTLE_WINDOW, warm_up
+
+    durations = iter([0.5, 0.3, 0.2, 0.11, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1])
+    now = [0.0]
+    calls: list[int] = []
+
+    def clock() -> float:
+        return now[0]
+
+    def run() -> None:
+        calls.append(1)
+        now[0] += next(durations)
+
+    n = warm_up(run, clock=clock)
+    # runs 1-3 are still falling; from run 4 on the last SETTLE_WINDOW agree within 5%: settled after run 3 + window
+    assert n == len(calls) == 3 + SETTLE_WINDOW
+    assert warm_up(run, fixed=2, clock=clock) == 2

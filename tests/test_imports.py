@@ -13,7 +13,7 @@ LAYERS = [
     ["xsched.errors", "xsched.budgets", "xsched.zoo", "xsched.solve.options", "xsched.devices.energy",
      "xsched.execute.rng", "xsched.execute.stores", "xsched.execute.workers"],
     ["xsched.graph"],
-    ["xsched.ops", "xsched.plan", "xsched.profile.contract", "xsched.profile", "xsched.lanes"],
+    ["xsched.ops", "xsched.onnx.nodes", "xsched.plan", "xsched.profile.contract", "xsched.profile", "xsched.lanes"],
     ["xsched.capture", "xsched.importers", "xsched.interpret", "xsched.devices", "xsched.profile.model"],
     ["xsched.profile.measure", "xsched.profile.store", "xsched.simulate"],
     ["xsched.solve"],

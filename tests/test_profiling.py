@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -274,9 +275,12 @@ def test_cli_profile_and_devices(tmp_path, graph, capsys):
     text = capsys.readouterr().out
     assert text.startswith("cpu") and "sim:h100-sxm" in text
     assert main(["devices", "--json", "--no-sim"]) == 0
-    assert [r["kind"] for r in json.loads(capsys.readouterr().out)] == ["cpu"] * (1 - torch.cuda.is_available()) + [
+    kinds = [r["kind"] for r in json.loads(capsys.readouterr().out)]
+    ort = importlib.util.find_spec("onnxruntime") is not None  # its providers are devices too (xsched.devices.ort)
+    assert [k for k in kinds if k != "ort"] == ["cpu"] * (1 - torch.cuda.is_available()) + [
         "cuda"
     ] * torch.cuda.device_count()
+    assert ("ort" in kinds) == ort
 
 
 def test_default_profile_path(graph):

@@ -1,67 +1,104 @@
-"""`xsched demo`: the whole pipeline on one zoo model — capture, profile, solve, simulate, run, compare with eager."""
+"""`xsched demo`: the whole main job on one zoo model — capture, profile this machine plus a GPU, a what-if report
+with a budget sweep, and one plan trained for real through `xsched.wrap` and checked against eager PyTorch."""
 
 from __future__ import annotations
 
+import copy
+import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from xsched.budgets import format_bytes
 from xsched.capture.torch import bind_inputs, capture, unpack_outputs
 from xsched.execute.reference import run_plan
+from xsched.execute.wrap import wrap
+from xsched.graph import Graph
 from xsched.plan import Plan
 from xsched.profile.measure import profile_graph
-from xsched.simulate import simulate
 from xsched.solve.api import solve
 from xsched.solve.eager import eager_plan
 from xsched.solve.options import SolverOptions
 from xsched.zoo import build
 
 
-def run_demo(
-    model: str = "resnet18",
-    scale: str = "tiny",
-    gpu: str = "sim:rtx4090",
-    gpu_budget: str = "4GiB",
-    time_limit_s: float = 20.0,
-    profile_s: float = 15.0,
-) -> int:
-    """Plan `model` on the CPU + a simulated GPU, print predicted figures, and check the plan's numbers."""
-    z = build(model, scale=scale)
+@dataclass(frozen=True)
+class DemoSettings:
+    """The embedded default: GPT-2 at scale "small" (267 ops, activations dominate its memory, so budgets matter),
+    this CPU and a GPU (a real one when CUDA is here, else the roofline model of an RTX 4090), the CPU-only plan
+    trained for real at `cpu_budget` of its eager peak."""
+
+    model: str = "gpt2"
+    scale: str = "small"
+    gpu: str = ""  # "" : cuda:0 when available, else sim:rtx4090
+    cpu_budget: str = "50%"
+    out: str = "xsched-demo"
+    time_limit_s: float = 2.0  # per plan of the report's sweeps
+    solve_s: float = 20.0  # for the plan trained for real
+    points: int = 6
+    steps: int = 10  # timed training steps, after the warm-up (every step is compared with eager)
+    warmup: int | None = None  # warm-up steps (None: until the step time settles)
+    profile_s: float = 30.0  # measuring time before the profiler switches to quick measurements
+    progress: bool = True
+
+
+def run_demo(s: DemoSettings = DemoSettings(), say: Callable[[str], None] = print) -> int:
+    """Run the showcase; 0 when the trained plan matches eager PyTorch, 1 when it does not."""
+    from xsched.report.build import ReportSettings, build_report, check_settings
+    from xsched.report.machines import parse_machine
+    from xsched.report.sweep import SweepSettings
+
+    gpu = s.gpu or ("cuda:0" if torch.cuda.is_available() else "sim:rtx4090")
+    settings = ReportSettings(SweepSettings("auto", s.time_limit_s, s.points), ("sweep", "energy", "pictures"),
+                              progress=s.progress)  # fmt: skip
+    check_settings(settings)  # matplotlib present: before any work
+    start = time.perf_counter()
+    z = build(s.model, scale=s.scale)
+    graph = capture(copy.deepcopy(z.model), z.inputs, name=f"{s.model}-{s.scale}")
+    say(f"1. captured {graph.name}: {len(graph.ops)} ops, {len(graph.values)} values ({_since(start)})")
     t0 = time.perf_counter()
-    graph = capture(z.model, z.inputs, name=f"{model}-{scale}")
-    print(
-        f"1. captured {graph.name}: {len(graph.ops)} ops, {len(graph.values)} values ({time.perf_counter() - t0:.1f} s)"
-    )
+    profile = profile_graph(graph, ["cpu", gpu], max_total_s=s.profile_s, progress=s.progress)
+    kind = "measured" if gpu.startswith("cuda") else "a roofline model of its spec (no GPU here)"
+    say(f"2. profiled every op on cpu (measured) and {gpu} ({kind}) in {_since(t0)}")
     t0 = time.perf_counter()
-    profile = profile_graph(graph, ["cpu", gpu], max_total_s=profile_s, progress=False)
-    print(f"2. profiled on cpu and {gpu} ({time.perf_counter() - t0:.1f} s; {gpu} is a roofline model of its spec)")
-    budgets = {"cpu": "100%", gpu: gpu_budget}
-    plans = {"eager on cpu": eager_plan(graph, "cpu", profile)}
-    plans["milp, cpu + gpu"] = solve(
-        graph, profile, budgets, method="milp", options=SolverOptions(time_limit_s=time_limit_s)
-    )
-    print(f"3. solved under budgets {budgets}:")
-    _print_plans(graph, profile, plans)
-    plan = plans["milp, cpu + gpu"]
-    worst = _compare_with_eager(graph, plan, z.model, z.inputs)
-    print(f"4. ran the plan step by step (reference interpreter): max |difference| from eager PyTorch = {worst:.3g}")
-    return 0 if worst <= 1e-4 else 1
+    machine = parse_machine(f"{gpu}+cpu")
+    report = build_report(graph, profile, [machine], Path(s.out), settings, "xsched demo")
+    say(f"3. what-if report (budget sweeps of {gpu} and cpu, energy, plan pictures) in {_since(t0)}: "
+        f"{report.html.resolve()}")  # fmt: skip
+    knee = Plan.load(report.files["plan.json"])
+    budgets = ", ".join(f"{d} {format_bytes(b)}" for d, b in knee.budgets.items())
+    say(f"   the plan it pictures ({budgets}): {knee.predicted.time_s * 1e3:.3g} ms per iteration predicted")
+    worst = _reference_check(graph, knee, z.model, z.inputs)
+    say(f"   that plan run step by step (reference interpreter"
+        f"{'' if gpu.startswith('cuda') else f', the {gpu} steps on the CPU'}): max |difference| from eager "
+        f"{worst:.3g}")  # fmt: skip
+    t0 = time.perf_counter()
+    cpu = profile_graph(graph, ["cpu"], max_total_s=s.profile_s, progress=False) if gpu.startswith("cuda") else profile
+    plan = solve(graph, cpu, {"cpu": s.cpu_budget}, options=SolverOptions(time_limit_s=s.solve_s))
+    eager = eager_plan(graph, "cpu", cpu)
+    say(f"4. planned the CPU alone at {s.cpu_budget} of its eager peak in {_since(t0)}: peak "
+        f"{format_bytes(plan.predicted.peak_bytes['cpu'])} of {format_bytes(eager.predicted.peak_bytes['cpu'])}, "
+        f"predicted {plan.predicted.time_s / eager.predicted.time_s:.2f}x the eager time "
+        f"({plan.solver.status}, found by {plan.solver.extra.get('found_by', plan.solver.method)})")  # fmt: skip
+    same, ratio = _train_against_eager(z.model, z.inputs, plan, s.steps, s.warmup)
+    say(f"5. trained through xsched.wrap with that plan: losses and parameters at every step "
+        f"{'equal' if same else 'DIFFER from'} eager PyTorch's; measured step time {ratio:.2f}x eager's (medians of "
+        f"{s.steps}, interleaved)")  # fmt: skip
+    say(f"done in {_since(start)}; open {report.html.resolve()}")
+    return 0 if same and worst <= 1e-4 else 1
 
 
-def _print_plans(graph, profile, plans: dict[str, Plan]) -> None:
-    print(f"   {'plan':<18} {'solver':<26} {'time':>11} {'overlapped':>11} {'copies':>7}  peak per device")
-    for name, plan in plans.items():
-        r = simulate(graph, plan, profile)
-        peaks = ", ".join(f"{d}={format_bytes(b)}" for d, b in r.peak_bytes.items())
-        solver = f"{plan.solver.method} ({plan.solver.status})"
-        print(f"   {name:<18} {solver:<26} {r.time_s * 1e3:9.3f}ms {r.makespan_s * 1e3:9.3f}ms {r.copies:>7}  {peaks}")
+def _since(t0: float) -> str:
+    return f"{time.perf_counter() - t0:.1f} s"
 
 
-def _compare_with_eager(graph, plan: Plan, model: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> float:
+def _reference_check(graph: Graph, plan: Plan, model: torch.nn.Module, inputs: tuple) -> float:
     """Largest absolute difference between the plan's outputs and gradients and eager PyTorch's, same seed."""
-    state = {k: v.clone() for k, v in model.state_dict().items()}
+    model = copy.deepcopy(model)
+    state = copy.deepcopy(model.state_dict())
     torch.manual_seed(0)
     out = model(*inputs)
     outs = out if isinstance(out, tuple) else (out,)
@@ -70,8 +107,50 @@ def _compare_with_eager(graph, plan: Plan, model: torch.nn.Module, inputs: Seque
     want = {n: p.grad for n, p in model.named_parameters()}
     model.load_state_dict(state)
     torch.manual_seed(0)
-    env = bind_inputs(graph, model, tuple(inputs), tangents)
-    got = unpack_outputs(graph, run_plan(graph, plan, env))
+    got = unpack_outputs(graph, run_plan(graph, plan, bind_inputs(graph, model, tuple(inputs), tangents)))
     diffs = [(a - b).abs().max().item() for a, b in zip(got.outputs, outs)]
     diffs += [(got.grads[n] - g).abs().max().item() for n, g in want.items() if g is not None]
     return max(diffs, default=0.0)
+
+
+def _loss(out: object) -> torch.Tensor:
+    if isinstance(out, tuple):  # gpt2 returns (logits, loss)
+        return out[1]
+    return out.float().square().mean()  # type: ignore[union-attr]
+
+
+def _train_against_eager(model: torch.nn.Module, inputs: tuple, plan: Plan, steps: int,
+                         warmup: int | None) -> tuple[bool, float]:  # fmt: skip
+    """SGD steps of the model eagerly and through wrap(plan=...), same seeds: (all losses and parameters equal within
+    1e-5, median wrapped step time over eager's). Each is warmed up until its step time settles, then `steps` steps
+    of each are timed, interleaved (so both see the machine's load alike); every step is compared."""
+    from xsched.execute.report import warm_up
+
+    eager_model, xs_model = copy.deepcopy(model), copy.deepcopy(model)
+    wrapped = wrap(xs_model, inputs, {"cpu": plan.budgets["cpu"]}, plan=plan)
+    runs = {"eager": (eager_model, eager_model), "xsched": (wrapped, xs_model)}
+    opts = {k: torch.optim.SGD(params.parameters(), lr=1e-2) for k, (_, params) in runs.items()}
+    losses: dict[str, list[float]] = {k: [] for k in runs}
+    times: dict[str, list[float]] = {k: [] for k in runs}
+
+    def step(k: str, seed: int) -> float:
+        torch.manual_seed(seed)
+        t0 = time.perf_counter()
+        opts[k].zero_grad(set_to_none=True)
+        loss = _loss(runs[k][0](*inputs))
+        loss.backward()
+        opts[k].step()
+        losses[k].append(loss.item())
+        return time.perf_counter() - t0
+
+    warm = {k: warm_up(lambda k=k: step(k, len(losses[k])), warmup) for k in runs}
+    for k in runs:  # the same number of steps on each side before the timed ones
+        while len(losses[k]) < max(warm.values()):
+            step(k, len(losses[k]))
+    for _ in range(steps):
+        for k in runs:
+            times[k].append(step(k, len(losses[k])))
+    same = all(abs(a - b) <= 1e-5 * max(1.0, abs(a)) for a, b in zip(losses["eager"], losses["xsched"]))
+    same = same and all(torch.allclose(p, q, rtol=1e-5, atol=1e-6)
+                        for p, q in zip(eager_model.parameters(), xs_model.parameters()))  # fmt: skip
+    return same, statistics.median(times["xsched"]) / statistics.median(times["eager"])

@@ -9,15 +9,24 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
-from xsched.cli import demo, graph, plan, profile, run
+from xsched.cli import demo, graph, plan, profile, report, run, train
 from xsched.errors import XschedError
 
-VERBS = (profile, graph, plan, run, demo)  # devices, profile | capture, import | plan, simulate | run | demo
+# devices, profile | capture, import | plan, simulate | run | report | train | demo
+VERBS = (profile, graph, plan, run, report, train, demo)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (its default prints the whole usage first); `--help` keeps the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="xsched", description="Heterogeneous CPU/GPU scheduling of training graphs.")
+    ap = _Parser(prog="xsched", description="Heterogeneous CPU/GPU scheduling of training graphs.")
     sub = ap.add_subparsers(dest="command", required=True)
     for verb in VERBS:
         verb.add(sub)
@@ -26,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command as given, for reports to quote
     try:
         return int(args.run(args))
     except XschedError as e:

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import argparse
 
+from xsched.cli.common import add_shape_flag, parse_shape_flags, print_json
 from xsched.loaders import load_graph
 
 
 def cmd_capture(a: argparse.Namespace) -> int:
-    g = load_graph(a.model, batch=a.batch, scale=a.scale, inference=a.inference)
+    g = load_graph(a.model, batch=a.batch, scale=a.scale, inference=a.inference, shapes=parse_shape_flags(a.shape))
     g.save(a.output)
     phases = {p: sum(o.phase == p for o in g.ops) for p in ("fwd", "loss", "bwd")}
+    if a.json:
+        print_json({"graph": a.output, "name": g.name, "fingerprint": g.fingerprint, "ops": len(g.ops),
+                    "values": len(g.values), "phases": phases})  # fmt: skip
+        return 0
     print(f"{g.name}: {len(g.ops)} ops ({phases}), {len(g.values)} values -> {a.output}")
     return 0
 
@@ -22,6 +27,10 @@ def cmd_import(a: argparse.Namespace) -> int:
     g.save(a.output)
     if a.profile_out:
         p.save(a.profile_out)
+    if a.json:
+        print_json({"graph": a.output, "profile": a.profile_out, "name": g.name, "fingerprint": g.fingerprint,
+                    "ops": len(g.ops), "input_links": sum(len(o.inputs) for o in g.ops)})  # fmt: skip
+        return 0
     print(f"{g.name}: {len(g.ops)} ops, {sum(len(o.inputs) for o in g.ops)} input links -> {a.output}")
     return 0
 
@@ -29,16 +38,21 @@ def cmd_import(a: argparse.Namespace) -> int:
 def add(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("capture", help="capture a model's training (or inference) graph")
     c.add_argument(
-        "model", help="zoo:NAME, path/to/file.py:factory returning (model, example_inputs), or a bench graph .json"
+        "model",
+        help="zoo:NAME, path/to/file.py:factory returning (model, example_inputs), model.onnx (its inference graph), "
+        "or a bench graph .json",
     )
     c.add_argument("--batch", type=int)
     c.add_argument("--scale", default="default", help="zoo size knob: tiny, small, default")
     c.add_argument("--inference", action="store_true", help="forward only")
+    add_shape_flag(c)
     c.add_argument("-o", "--output", required=True)
+    c.add_argument("--json", action="store_true")
     c.set_defaults(run=cmd_capture)
 
     i = sub.add_parser("import", help="import an external networkx node-link graph (Checkmate / Moccasin)")
     i.add_argument("file")
     i.add_argument("-o", "--output", required=True)
     i.add_argument("--profile-out")
+    i.add_argument("--json", action="store_true")
     i.set_defaults(run=cmd_import)

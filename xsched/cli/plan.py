@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from xsched.budgets import format_bytes
-from xsched.cli.common import parse_budget_flags
+from xsched.cli.common import parse_budget_flags, print_json, quiet, timed_progress
 from xsched.graph import Graph
 from xsched.plan import Plan
 from xsched.profile.store import load_profile
@@ -15,7 +14,6 @@ from xsched.simulate import simulate
 
 def cmd_plan(a: argparse.Namespace) -> int:
     from xsched.devices.base import split_device_list
-    from xsched.profile.store import load_profile
 
     graph = Graph.load(a.graph)
     # Planning for another machine is allowed (graph check only); --reprofile re-measures a stale profile here.
@@ -32,18 +30,37 @@ def cmd_plan(a: argparse.Namespace) -> int:
         from xsched.solve.options import SolverOptions
 
         options = SolverOptions(time_limit_s=a.time_limit, mip_gap=a.gap, solver=a.solver)
-        plan = solve(
-            graph, profile, budgets or {d: "100%" for d in (devices or profile.compute)}, devices, a.method, options
-        )
+        with timed_progress(f"solving ({a.method})", a.time_limit, quiet(a)):
+            plan = solve(graph, profile, budgets or {d: "100%" for d in (devices or profile.compute)}, devices,
+                         a.method, options)  # fmt: skip
     plan.save(a.output)
-    p = plan.predicted
-    s = plan.solver
-    print(f"{s.method} ({s.status}, gap {s.gap}) in {s.solve_s:.2f} s: {len(plan.steps)} steps -> {a.output}")
+    rows = None
+    if a.explain:
+        from xsched.explain import explain
+
+        rows = explain(graph, plan, profile)
+    p, s = plan.predicted, plan.solver
+    if a.json:
+        out = {"plan": a.output, "method": s.method, "status": s.status, "gap": s.gap, "solve_s": s.solve_s,
+               "found_by": s.extra.get("found_by"), "steps": len(plan.steps),
+               "time_s": p.time_s if p else None, "makespan_s": p.makespan_s if p else None,
+               "energy_j": p.energy_j if p else None, "peak_bytes": dict(p.peak_bytes) if p else {},
+               "budgets": dict(plan.budgets)}  # fmt: skip
+        if rows is not None:
+            out["explain"] = [r.as_dict() for r in rows]
+        print_json(out)
+        return 0
+    found = f", found by {s.extra['found_by']}" if s.extra.get("found_by") else ""
+    print(f"{s.method} ({s.status}, gap {s.gap}{found}) in {s.solve_s:.2f} s: {len(plan.steps)} steps -> {a.output}")
     if p is not None:
         print(
             f"predicted time {p.time_s:.6g} s, peak "
             + ", ".join(f"{d}={format_bytes(b)}" for d, b in p.peak_bytes.items())
         )
+    if rows is not None:
+        from xsched.explain import explain_table
+
+        print(explain_table(rows))
     return 0
 
 
@@ -66,7 +83,7 @@ def cmd_simulate(a: argparse.Namespace) -> int:
         "budgets": dict(plan.budgets),
     }
     if a.json:
-        print(json.dumps(report, indent=1))
+        print_json(report)
         return 0
     print(
         f"valid plan for {graph.name}: {report['steps']} steps, {r.computes} computes ({report['recomputes']} recomputes), {r.copies} copies ({format_bytes(r.copy_bytes)})"
@@ -99,6 +116,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--reprofile", action="store_true", help="re-profile when the profile is stale for this graph or machine"
     )
+    p.add_argument("--explain", action="store_true", help="why each value is kept, recomputed or moved")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(run=cmd_plan)
 

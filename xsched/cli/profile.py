@@ -7,6 +7,7 @@ import dataclasses
 import json
 
 from xsched.budgets import format_bytes
+from xsched.cli.common import add_shape_flag, parse_shape_flags, print_json, quiet
 from xsched.devices.base import Policy, available_devices, split_device_list
 from xsched.loaders import load_graph
 from xsched.profile.measure import profile_graph
@@ -37,7 +38,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     """`xsched profile MODEL|graph.json --devices cpu,cuda:0,sim:h100 -o profile.json [--reps N] [--max-time S]`."""
-    graph = load_graph(args.model, batch=args.batch, scale=args.scale)
+    graph = load_graph(args.model, batch=args.batch, scale=args.scale, shapes=parse_shape_flags(args.shape))
     names = split_device_list(str(args.devices))
     base = Policy()
     policy = dataclasses.replace(base, max_reps=args.reps or base.max_reps)
@@ -47,10 +48,19 @@ def cmd_profile(args: argparse.Namespace) -> int:
         policy=policy,
         max_total_s=args.max_time,
         pinned=not args.pageable,
-        progress=not args.quiet,
+        progress=not quiet(args),
     )
     out = save_profile(profile, args.output or default_profile_path(graph, names))
     wall = profile.extra["profiling"]["wall_s"]
+    if args.json:
+        print_json({"profile": str(out), "graph": graph.name, "ops": len(graph.ops), "wall_s": wall,
+                    "distinct": profile.extra["profiling"]["signatures"],
+                    "devices": {d: {"ops": len(profile.compute[d]),
+                                    "sum_time_s": sum(c.time_s for c in profile.compute[d].values()),
+                                    "energy_source": profile.energy_source[d]} for d in names},
+                    "copy": {k: {"latency_s": link.latency_s, "bytes_per_s": link.bytes_per_s}
+                             for k, link in profile.copy.items()}})  # fmt: skip
+        return 0
     print(
         f"{graph.name}: {len(graph.ops)} ops ({profile.extra['profiling']['signatures']} distinct) on {len(names)} devices in {wall:.1f} s -> {out}"
     )
@@ -72,13 +82,19 @@ def add(sub: argparse._SubParsersAction) -> None:
     d.set_defaults(run=cmd_devices)
 
     f = sub.add_parser("profile", help="measure every op on every device and every copy between them")
-    f.add_argument("model", help="zoo:NAME, file.py:factory or graph.json")
-    f.add_argument("--devices", default="cpu", help="e.g. cpu,cpu:threads=1,clock=thread,cuda:0,sim:h100,sim:h100#1")
+    f.add_argument("model", help="zoo:NAME, file.py:factory, model.onnx or graph.json")
+    f.add_argument(
+        "--devices",
+        default="cpu",
+        help="e.g. cpu,cpu:threads=1,clock=thread,cuda:0,sim:h100,sim:h100#1; ort:cpu,ort:cuda:0",
+    )
+    add_shape_flag(f)
     f.add_argument("-o", "--output", help="default: profiles/<graph>-<fingerprint>-<devices>.json")
     f.add_argument("--batch", type=int)
     f.add_argument("--scale", default="default")
     f.add_argument("--reps", type=int, help="most samples per op and round")
     f.add_argument("--max-time", type=float, help="seconds; after this the remaining ops are measured quickly")
     f.add_argument("--pageable", action="store_true", help="copy costs for pageable host memory (default pinned)")
-    f.add_argument("--quiet", action="store_true")
+    f.add_argument("--quiet", action="store_true", help="no progress bar")
+    f.add_argument("--json", action="store_true")
     f.set_defaults(run=cmd_profile)

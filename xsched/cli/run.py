@@ -1,10 +1,13 @@
-"""`xsched run`: run a plan on real devices, measured (after warm-up) beside the simulator's prediction."""
+"""`xsched run`: run a plan on real devices, measured (after warm-up) beside the simulator's prediction (an ONNX
+model's also beside a plain ONNX Runtime session)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from xsched.capture.torch import bind_inputs, capture
+from xsched.cli.common import add_shape_flag, parse_shape_flags, print_json
 from xsched.errors import PlanError
 from xsched.execute.report import measure
 from xsched.loaders import load_model
@@ -14,8 +17,11 @@ from xsched.profile.store import load_profile
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """`xsched run MODEL plan.json [--iters N] [--profile P] [--batch B] [--scale S]`: run a plan, print the report."""
+    """`xsched run MODEL plan.json [--iters N] [--profile P] [--batch B] [--scale S] [--trace OUT.json]`: run a plan,
+    print the report, and with --trace write a Chrome trace of one more run."""
     plan = Plan.load(args.plan)
+    if args.model.endswith(".onnx"):
+        return _run_onnx(args, plan)
     model, inputs = load_model(args.model, args.batch, args.scale)
     graph = capture(model, inputs, name=args.model)
     if graph.fingerprint != plan.graph:
@@ -30,17 +36,60 @@ def cmd_run(args: argparse.Namespace) -> int:
         profile, source = load_profile(args.profile, graph, check_machine=False), f"profile {args.profile}"
     else:  # still predict a time, from the bytes each op touches, and say so
         profile, source = cost_profile(graph, plan.devices), "a bandwidth cost model (no --profile given)"
-    report = measure(graph, plan, bind_inputs(graph, model, inputs), profile, iters=args.iters, predicted_from=source)
+    env = bind_inputs(graph, model, inputs)
+    report = measure(graph, plan, env, profile, iters=args.iters, warmup=args.warmup, predicted_from=source)
+    traced = None
+    if args.trace:  # one more run, every step timed, after the measured ones (their timings stay untraced)
+        from xsched.report.trace import measured_trace, write_trace
+
+        trace = measured_trace(graph, plan, env)
+        out = write_trace(trace, args.trace)
+        steps = sum(e["ph"] == "X" for e in trace["traceEvents"])
+        traced = {"trace": str(out), "steps": steps, "wall_s": trace["otherData"]["wall_s"]}
+    if args.json:
+        print_json({**report.as_dict(), **({"trace": traced} if traced else {})})
+        return 0
+    print(report.table())
+    if traced:
+        print(f"trace of one run ({traced['steps']} steps, {traced['wall_s'] * 1e3:.3f} ms) -> {traced['trace']}")
+    return 0
+
+
+def _run_onnx(args: argparse.Namespace, plan: Plan) -> int:
+    """An ONNX model's plan on ONNX Runtime beside one plain session on the same providers."""
+    from xsched.capture.onnx import capture_model
+    from xsched.onnx.report import measure_onnx
+
+    captured = capture_model(args.model, parse_shape_flags(args.shape))
+    graph = captured.graph
+    if graph.fingerprint != plan.graph:
+        raise PlanError(f"{args.plan} was made for graph {plan.graph}; {args.model} (input shapes as given) "
+                        f"captures as {graph.fingerprint}: plan it again for this model", stage="execute")  # fmt: skip
+    if args.profile:
+        profile, source = load_profile(args.profile, graph, check_machine=False), f"profile {args.profile}"
+    else:
+        profile, source = cost_profile(graph, plan.devices), "a bandwidth cost model (no --profile given)"
+    report = measure_onnx(graph, plan, captured.model, profile=profile, iters=args.iters, warmup=args.warmup,
+                          predicted_from=source)  # fmt: skip
+    if args.json:
+        print_json(dataclasses.asdict(report))
+        return 0
     print(report.table())
     return 0
 
 
 def add(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser("run", help="run a plan on real devices: predicted vs measured time, peak memory, energy")
-    r.add_argument("model", help="zoo:NAME or path/to/file.py:factory (the model the plan was made for)")
+    r.add_argument("model", help="zoo:NAME, path/to/file.py:factory or model.onnx (the model the plan was made for)")
     r.add_argument("plan", help="plan JSON")
-    r.add_argument("--iters", type=int, default=10)
+    r.add_argument("--iters", type=int, default=20, help="measured runs, after the warm-up")
+    r.add_argument("--warmup", type=int, help="warm-up runs (default: until the run time settles)")
     r.add_argument("--batch", type=int)
     r.add_argument("--scale", default="default", help="zoo size knob: tiny, small, default")
     r.add_argument("--profile", help="profile JSON for predictions (default: a bandwidth cost model, labelled)")
+    r.add_argument(
+        "--trace", metavar="OUT.json", help="also write a Chrome trace of one run (Perfetto: ui.perfetto.dev)"
+    )
+    r.add_argument("--json", action="store_true")
+    add_shape_flag(r)
     r.set_defaults(run=cmd_run)

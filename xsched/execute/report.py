@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 
 from xsched.budgets import format_bytes
+from xsched.devices.base import relative_spread
 from xsched.errors import XschedError
 from xsched.execute.executor import Executor
 from xsched.graph import Graph
@@ -22,7 +25,9 @@ from xsched.simulate import simulate
 class RunReport:
     """Measured figures of a plan beside the simulator's predictions for it.
 
-    time_s: median wall time of one run of the whole plan (one training iteration). peak_bytes per device:
+    time_s: median wall time of one run of the whole plan (one training iteration), measured after `warmup_iters`
+    runs that brought the step time to a steady state; spread: (q3 - q1) / median of the measured runs. peak_bytes
+    per device:
     torch.cuda.max_memory_allocated on CUDA, the executor's resident-byte accounting on CPU (peak_source says
     which). energy_j: measured (NVML, RAPL) where readable, else the profile's model; energy_source says which.
     """
@@ -41,6 +46,14 @@ class RunReport:
     predicted_peak_bytes: Mapping[str, int]
     predicted_energy_j: float | None
     predicted_from: str = "no profile"
+    warmup_iters: int = 0
+    spread: float = 0.0
+
+    def as_dict(self) -> dict:
+        """The report as JSON-ready data (a spread of one run, undefined, is None)."""
+        out = dataclasses.asdict(self)
+        out["spread"] = self.spread if math.isfinite(self.spread) else None
+        return out
 
     def table(self) -> str:
         """Predicted vs measured, one row per figure."""
@@ -50,7 +63,8 @@ class RunReport:
 
         rows = [
             ("iteration time", f"{secs(self.predicted_time_s)} seq / {secs(self.predicted_makespan_s)} overlap",
-             f"{secs(self.time_s)} (median of {self.iters})"),
+             f"{secs(self.time_s)} (median of {self.iters} after {self.warmup_iters} warm-up, spread "
+             f"{100 * self.spread:.1f}%)"),
         ]  # fmt: skip
         for d, b in self.peak_bytes.items():
             want = self.predicted_peak_bytes.get(d)
@@ -105,18 +119,18 @@ def measure(
     profile: Profile | None = None,
     *,
     iters: int = 10,
-    warmup: int = 2,
+    warmup: int | None = None,
     devices: Mapping[str, torch.device | str] | None = None,
     predicted_from: str | None = None,
 ) -> RunReport:
-    """Run the whole plan `warmup + iters` times with inputs `env`; measured figures beside the predicted."""
+    """Run the whole plan with inputs `env` until its time settles (or `warmup` times when given), then `iters` times
+    measured; measured figures beside the predicted."""
     if iters < 1:
         raise XschedError(f"iters must be at least 1, got {iters}", stage="execute")
     sim = simulate(graph, plan, profile, check_budgets=False)
     ex = Executor(graph, plan, devices, check=False)
     try:
-        for _ in range(warmup):
-            ex(env)
+        warmed = warm_up(lambda: (ex(env), _sync(ex)), warmup)
         cuda = {d: ex.dev[d] for d in ex.names if ex.dev[d].type == "cuda"}
         for dev in set(cuda.values()):
             torch.cuda.reset_peak_memory_stats(dev)
@@ -161,4 +175,29 @@ def measure(
         predicted_peak_bytes=dict(sim.peak_bytes),
         predicted_energy_j=sim.energy_j,
         predicted_from=predicted_from or ("the profile" if profile is not None else "no profile"),
+        warmup_iters=warmed,
+        spread=relative_spread(times),
     )
+
+
+SETTLE_WINDOW, SETTLE_SPREAD = 5, 0.05  # the last runs' (q3 - q1) / median under this: the time has settled
+WARMUP_MAX_RUNS, WARMUP_MAX_S = 50, 20.0
+
+
+def warm_up(run: Callable[[], object], fixed: int | None = None, clock: Callable[[], float] = time.perf_counter) -> int:
+    """Runs `run` `fixed` times, or until the last SETTLE_WINDOW run times agree within SETTLE_SPREAD (allocator
+    caches, lazy initialisation and CPU frequency settle over the first runs), at most WARMUP_MAX_RUNS runs or
+    WARMUP_MAX_S seconds; the number of runs made."""
+    if fixed is not None:
+        for _ in range(fixed):
+            run()
+        return fixed
+    times: list[float] = []
+    start = clock()
+    while len(times) < WARMUP_MAX_RUNS and clock() - start < WARMUP_MAX_S:
+        t0 = clock()
+        run()
+        times.append(clock() - t0)
+        if len(times) >= SETTLE_WINDOW and relative_spread(times[-SETTLE_WINDOW:]) <= SETTLE_SPREAD:
+            break
+    return len(times)

@@ -203,3 +203,40 @@ def _link(
     # a modelled link is exactly its fit; a measured one also times the largest values themselves
     per_value = {} if a.simulated or b.simulated else {v.id: copy_seconds(a, b, v.nbytes, pinned) for v in largest}
     return LinkCost(fits[pinned][0], fits[pinned][1], per_value), detail
+
+
+def extend_profile(
+    graph: Graph, profile: Profile, devices: Sequence[str], *, pinned: bool = True, **kwargs: Any
+) -> Profile:
+    """`profile` plus the devices of `devices` it lacks: their op costs, the links among them and the links
+    between each of them and each device already there (so one measured profile serves many what-ifs; the
+    devices it has keep their costs). kwargs go to profile_graph for the new devices."""
+    profile.check_graph(graph.fingerprint)
+    new = [d for d in dict.fromkeys(devices) if d not in profile.devices]
+    if not new:
+        return profile
+    add = profile_graph(graph, new, pinned=pinned, **kwargs)
+    copy, links = {**profile.copy, **add.copy}, {**profile.extra.get("links", {}), **add.extra.get("links", {})}
+    largest = sorted((v for v in graph.values if v.nbytes > 0), key=lambda v: -v.nbytes)[:PER_VALUE]
+    for old in profile.devices:
+        for a, b in ((old, n) for n in new):
+            for src, dst in ((a, b), (b, a)):
+                key = f"{src}->{dst}"
+                copy[key], links[key] = _link(get_device(src), get_device(dst), COPY_SIZES, largest, pinned)
+    extended = list(profile.extra.get("profiling", {}).get("extended", [])) + new
+    extra = {
+        **dict(profile.extra),
+        "flops": {**profile.extra.get("flops", {}), **add.extra.get("flops", {})},
+        "links": links,
+        "profiling": {**profile.extra.get("profiling", {}), "extended": extended},
+    }
+    if "unsupported" in add.extra:
+        extra["unsupported"] = {**profile.extra.get("unsupported", {}), **add.extra["unsupported"]}
+    return Profile(
+        profile.graph,
+        {**profile.devices, **add.devices},
+        {**profile.compute, **add.compute},
+        copy,
+        {**profile.energy_source, **add.energy_source},
+        extra,
+    )

@@ -11,7 +11,7 @@ from xsched.profile.contract import DeviceInfo, LinkCost, OpCost, Profile
 def cost_profile(graph: Graph, devices: Sequence[str]) -> Profile:
     """A modelled profile (no measurement): each op costs the bytes it touches over the device's bandwidth,
     each copy a latency plus bytes over the link's bandwidth. Labelled "model" for energy (none is modelled)."""
-    kinds = {d: "cuda" if d.startswith("cuda") else "cpu" for d in devices}
+    kinds = {d: "cuda" if d.startswith(("cuda", "ort:cuda")) else "cpu" for d in devices}  # ONNX Runtime's too
     bandwidth = {"cpu": 2e10, "cuda": 1e12}
     compute = {d: {o.id: OpCost(2e-6 + graph.op_bytes(o.id) / bandwidth[kinds[d]]) for o in graph.ops} for d in devices}
     copy = {

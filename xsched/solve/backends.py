@@ -3,6 +3,8 @@ incumbent callbacks) and any other Pyomo solver by name."""
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections.abc import Callable
 
@@ -32,6 +34,24 @@ def _solution(st: Stages, m: pyo.ConcreteModel, x: np.ndarray) -> Solution:
     )
 
 
+def new_highs():  # highspy.Highs
+    """A HiGHS instance without its banner: HiGHS prints its copyright line to stdout when the process makes its
+    first instance, before any option can be set, which would corrupt `--json` output; stdout is closed for that."""
+    import highspy
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            h = highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+    h.setOptionValue("output_flag", False)  # the caller turns the log on
+    return h
+
+
 def to_highs(m: pyo.ConcreteModel, watched: list | None = None):  # (highspy.Highs, columns, column of each watched)
     """The model as one sparse matrix (Pyomo's standard-form compiler), passed to highspy in one call: a few
     times faster than appsi's per-constraint hand-off. `watched`: the variables whose columns are returned
@@ -46,8 +66,7 @@ def to_highs(m: pyo.ConcreteModel, watched: list | None = None):  # (highspy.Hig
     cols = info.columns
     lower = np.array([-inf if v.lb is None else v.lb for v in cols], dtype=float)
     upper = np.array([inf if v.ub is None else v.ub for v in cols], dtype=float)
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)  # the caller turns the log on
+    h = new_highs()
     h.passModel(
         len(cols), len(rhs), a.nnz, int(highspy.MatrixFormat.kColwise), int(highspy.ObjSense.kMinimize),
         float(info.c_offset[0]), info.c.toarray()[0].astype(float), lower, upper,

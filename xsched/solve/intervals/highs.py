@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pyomo.environ as pyo
 
+from xsched.solve.backends import new_highs
 from xsched.solve.intervals.cpsat import Outcome
 from xsched.solve.intervals.data import IntervalData
 from xsched.solve.intervals.extract import Placement
@@ -156,7 +157,7 @@ def solve_highs_intervals(data: IntervalData, time_limit_s: float, hint: Placeme
     sense = np.array([r.bound_type for r in info.rows], dtype=np.int8)
     rhs, inf = np.asarray(info.rhs, dtype=float), highspy.kHighsInf
     cols = info.columns
-    h = highspy.Highs()
+    h = new_highs()
     h.setOptionValue("output_flag", bool(options.verbose))
     h.setOptionValue("mip_rel_gap", float(options.mip_gap))
     if options.threads:

@@ -1,0 +1,94 @@
+"""`xsched report`: what-if reports (budget sweep, device what-if, energy, plan pictures) as one HTML file with
+its numbers beside it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+
+from xsched.errors import XschedError
+from xsched.graph import Graph
+from xsched.profile import Profile
+
+DEFAULT_MACHINE = "sim:rtx4090+cpu"
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in text.split(",") if p.strip())
+
+
+def cmd_report(a: argparse.Namespace) -> int:
+    """`xsched report MODEL|graph.json --machine DEV[@BUDGET]+DEV... -o DIR`: solve every what-if, write the report."""
+    from xsched.loaders import load_graph
+    from xsched.report.build import ReportSettings, build_report, check_settings
+    from xsched.report.machines import parse_machine, union_devices
+    from xsched.report.sweep import SweepSettings
+
+    machines = [parse_machine(m) for m in (a.machine or [DEFAULT_MACHINE])]
+    if a.points < 2:
+        raise XschedError(f"--points must be at least 2, got {a.points}", stage="cli")
+    if a.time_limit <= 0:
+        raise XschedError(f"--time-limit must be positive, got {a.time_limit}", stage="cli")
+    settings = ReportSettings(
+        SweepSettings(a.method, a.time_limit, a.points, _csv(a.baselines)), _csv(a.sections), progress=not a.quiet
+    )
+    check_settings(settings)  # matplotlib, sections, methods: before capturing and profiling
+    graph = load_graph(a.model, batch=a.batch, scale=a.scale)
+    profile = _profile(a, graph, union_devices(machines))
+    command = shlex.join(["xsched", *getattr(a, "argv", [])]) if getattr(a, "argv", None) else ""
+    report = build_report(graph, profile, machines, a.output, settings, command)
+    if a.json:
+        print(json.dumps(report.summary, indent=1, default=str))
+        return 0
+    print(f"{graph.name}: report -> {report.html} ({report.summary['build_s']:.0f} s)")
+    for m in report.summary["machines"]:
+        best = m["best"]
+        what = (
+            "no plan"
+            if best is None
+            else f"{best['time_s'] * 1e3:.4g} ms, {best['energy_j']:.4g} J ({best['found_by']})"
+        )
+        print(f"  {m['machine']:<40} {what}")
+    return 0
+
+
+def _profile(a: argparse.Namespace, graph: Graph, devices: list[str]) -> Profile:
+    """The given profile with the devices it lacks added (simulated: modelled; real: measured), or a new one."""
+    from xsched.profile.measure import extend_profile, profile_graph
+    from xsched.profile.store import load_profile
+
+    bars = not a.quiet and sys.stderr.isatty()  # like the report's own bar: none into a log file
+    if a.profile:
+        given = load_profile(a.profile, graph, check_machine=False)
+        return extend_profile(graph, given, devices, max_total_s=a.max_profile_time, progress=bars)
+    return profile_graph(graph, devices, max_total_s=a.max_profile_time, progress=bars)
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    r = sub.add_parser(
+        "report",
+        help="what-if report: time against budgets, machines and energy, and pictures of a plan (HTML + CSV/JSON)",
+    )
+    r.add_argument("model", help="zoo:NAME, path/to/file.py:factory or a graph .json")
+    r.add_argument(
+        "--machine",
+        action="append",
+        help="devices planned together, the first the home of inputs: DEV[@BUDGET]+DEV..., e.g. sim:a100-40gb+cpu, "
+        "sim:l4#0+sim:l4#1+cpu, sim:rtx4090@60%%mem+cpu (BUDGET: 4GiB, 50%% of the eager peak, 60%%mem of the "
+        f"device's memory; default its memory); repeatable (default {DEFAULT_MACHINE})",
+    )
+    r.add_argument("-o", "--output", required=True, help="folder for report.html and its data files")
+    r.add_argument("--profile", help="a profile to start from; devices it lacks are profiled and added")
+    r.add_argument("--batch", type=int)
+    r.add_argument("--scale", default="default", help="zoo size knob: tiny, small, default")
+    r.add_argument("--method", default="auto", help="the solver at each point (auto; a heuristic is cheaper)")
+    r.add_argument("--time-limit", type=float, default=2.0, help="seconds per plan (default 2)")
+    r.add_argument("--points", type=int, default=8, help="budgets per sweep (default 8)")
+    r.add_argument("--baselines", default="eager,greedy,checkpoint", help="heuristics beside the solver ('' none)")
+    r.add_argument("--sections", default="sweep,whatif,energy,pictures", help="which what-ifs to build")
+    r.add_argument("--max-profile-time", type=float, default=30.0, help="seconds of measuring before quick mode")
+    r.add_argument("--quiet", action="store_true", help="no progress bars")
+    r.add_argument("--json", action="store_true", help="print the summary as JSON")
+    r.set_defaults(run=cmd_report)

@@ -1,0 +1,192 @@
+"""Why a plan keeps, recomputes or moves each value: a pass over the plan interpreter (`xsched plan --explain`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from xsched.budgets import format_bytes
+from xsched.graph import Graph, Op
+from xsched.interpret import PlanInterpreter
+from xsched.plan import Compute, Copy, Free, Plan, Step
+from xsched.profile import Profile
+
+DECISIONS = ("input", "kept", "recomputed", "moved", "recomputed+moved")
+
+
+@dataclass(frozen=True)
+class ValueExplanation:
+    """One value of the plan: what the plan does with it (`decision`), where, and the reason in numbers."""
+
+    value: str
+    nbytes: int
+    producer: str | None  # op id (None for a graph input)
+    target: str  # the producer's target, or the input's kind
+    decision: str  # one of DECISIONS
+    devices: tuple[str, ...]  # where it is computed (in plan order, recomputes repeated), or its home
+    copies: tuple[tuple[int, str, str], ...]  # (step, src, dst)
+    reasons: tuple[str, ...] = field(default_factory=tuple)
+    held_steps: int = 0  # steps from its first compute to its last read (a kept value; the plan's end for outputs)
+
+    def as_dict(self) -> dict:
+        return {"value": self.value, "nbytes": self.nbytes, "producer": self.producer, "target": self.target,
+                "decision": self.decision, "devices": list(self.devices),
+                "copies": [list(c) for c in self.copies], "reasons": list(self.reasons),
+                "held_steps": self.held_steps}  # fmt: skip
+
+
+class _Recorder(PlanInterpreter):
+    """The interpreter's walk, keeping each value's computes, copies, frees and reads, and the bytes per device
+    during every step."""
+
+    def begin(self) -> None:
+        self.computes: dict[str, list[tuple[int, str]]] = {}  # op -> (step, device)
+        self.copied: dict[str, list[tuple[int, str, str]]] = {}
+        self.freed: dict[str, list[tuple[int, str]]] = {}
+        self.reads: dict[str, list[tuple[int, str, str]]] = {}  # value -> (step, op, device)
+        self.during: list[dict[str, int]] = []
+        self._now: dict[str, int] = {}
+
+    def bump(self, i: int, device: str, during: int, **where: str) -> None:
+        super().bump(i, device, during, **where)
+        self._now[device] = max(self._now.get(device, 0), during)
+
+    def on_compute(self, i: int, s: Compute, op: Op) -> None:
+        self.computes.setdefault(op.id, []).append((i, s.device))
+        for v in op.inputs:
+            self.reads.setdefault(v, []).append((i, op.id, s.device))
+
+    def on_copy(self, i: int, s: Copy) -> None:
+        self.copied.setdefault(s.value, []).append((i, s.src, s.dst))
+
+    def on_free(self, i: int, s: Free) -> None:
+        self.freed.setdefault(s.value, []).append((i, s.device))
+
+    def after_step(self, i: int, s: Step) -> None:
+        self.during.append({d: max(self.used[d], self._now.get(d, 0)) for d in self.devices})
+        self._now = {}
+
+
+def explain(graph: Graph, plan: Plan, profile: Profile | None = None) -> tuple[ValueExplanation, ...]:
+    """One explanation per value the plan computes or moves (graph inputs only when moved), in graph order."""
+    rec = _Recorder(graph, plan)
+    rec.run()
+    out = []
+    for v in graph.values:
+        op = graph.op.get(graph.producer[v.id]) if v.id in graph.producer else None
+        copies = tuple(rec.copied.get(v.id, ()))
+        if op is None:
+            if copies:
+                out.append(ValueExplanation(v.id, v.nbytes, None, v.kind, "moved", (plan.homes[v.id],), copies,
+                                            tuple(_copy_reasons(graph, plan, profile, rec, v.id))))  # fmt: skip
+            continue
+        runs = rec.computes.get(op.id, [])
+        recomputed = len(runs) > 1
+        decision = "recomputed+moved" if recomputed and copies else "recomputed" if recomputed else (
+            "moved" if copies else "kept")  # fmt: skip
+        reasons, held = [], 0
+        if recomputed:
+            reasons += _recompute_reasons(plan, profile, rec, v.id, op.id, v.nbytes)
+        if copies:
+            reasons += _copy_reasons(graph, plan, profile, rec, v.id)
+        if not recomputed:
+            why, held = _keep_reason(graph, plan, profile, rec, v.id, op.id, runs[0])
+            reasons.append(why)
+        out.append(ValueExplanation(v.id, v.nbytes, op.id, op.target, decision, tuple(d for _, d in runs), copies,
+                                    tuple(reasons), held))  # fmt: skip
+    return tuple(out)
+
+
+def _ms(profile: Profile | None, op: str, device: str) -> float | None:
+    cost = profile.op_cost(op, device) if profile is not None else None
+    return None if cost is None else cost.time_s * 1e3
+
+
+def _budget_text(plan: Plan, device: str, need: int) -> str:
+    budget = plan.budgets.get(device)
+    if budget is None:
+        return f"{format_bytes(need)} on {device} (no budget)"
+    verdict = "over" if need > budget else "within"
+    return f"{format_bytes(need)} on {device}, {verdict} its budget of {format_bytes(budget)}"
+
+
+def _recompute_reasons(plan: Plan, profile: Profile | None, rec: _Recorder, v: str, op: str,
+                       nbytes: int) -> list[str]:  # fmt: skip
+    """For each recompute: the free before it, and what keeping the value instead would have needed."""
+    reasons = []
+    runs = rec.computes[op]
+    for (i0, d0), (i1, d1) in zip(runs, runs[1:]):
+        frees = [j for j, d in rec.freed.get(v, []) if d == d1 and i0 <= j < i1]
+        ms = _ms(profile, op, d1)
+        cost = f"{ms:.3g} ms" if ms is not None else "an unprofiled compute"
+        if d1 != d0 and not frees:
+            reasons.append(f"recomputed on {d1} at step {i1} rather than copied from {d0} ({cost})")
+            continue
+        start = frees[-1] if frees else i0
+        held = max((rec.during[k].get(d1, 0) for k in range(start, i1)), default=0) + nbytes
+        why = f"freed on {d1} at step {start}, recomputed at step {i1} ({cost}): keeping it would need "
+        why += _budget_text(plan, d1, held)
+        siblings = [w for w in rec.graph.op[op].outputs if w != v]
+        if siblings and held <= plan.budgets.get(d1, held):
+            why += f"; its op also makes {', '.join(siblings)}, recomputed with it"
+        reasons.append(why)
+    return reasons
+
+
+def _copy_reasons(graph: Graph, plan: Plan, profile: Profile | None, rec: _Recorder, v: str) -> list[str]:
+    reasons = []
+    for i, src, dst in rec.copied.get(v, []):
+        reader = next(((k, o, d) for k, o, d in rec.reads.get(v, []) if k > i and d == dst), None)
+        back = any(k > i and s2 == dst and d2 == src for k, s2, d2 in rec.copied.get(v, []))
+        if reader is not None:
+            k, o, _ = reader
+            here, there = _ms(profile, o, dst), _ms(profile, o, src)
+            if there is None and profile is not None:
+                why = f"{o} cannot run on {src}"
+            elif here is not None and there is not None:
+                why = f"{o} runs on {dst}: {here:.3g} ms there, {there:.3g} ms on {src}"
+            else:
+                why = f"{o} runs on {dst}"
+            reasons.append(f"copied {src}->{dst} at step {i} for {o} at step {k}; {why}")
+        elif back:
+            reasons.append(
+                f"parked on {dst} at step {i} and copied back later, to free {format_bytes(graph.value[v].nbytes)} on {src}"
+            )
+        else:
+            reasons.append(f"copied {src}->{dst} at step {i}: an output that must end on {dst}")
+    return reasons
+
+
+def _keep_reason(graph: Graph, plan: Plan, profile: Profile | None, rec: _Recorder, v: str, op: str,
+                 run: tuple[int, str]) -> tuple[str, int]:  # fmt: skip
+    """Why a value computed once stays: how long it is held, and what recomputing it would cost instead."""
+    i, d = run
+    ms = _ms(profile, op, d)
+    cost = f"; recomputing it would cost {ms:.3g} ms" if ms is not None else ""
+    if v in graph.outputs:
+        return f"a graph output, computed on {d} at step {i} and kept to the end", len(plan.steps) - i
+    last = max((k for k, _, dev in rec.reads.get(v, []) if dev == d), default=None)
+    if last is None:
+        return f"computed on {d} at step {i}, read by no op there{cost}", 0
+    return f"kept on {d} from step {i} to its last read at step {last}{cost}", last - i
+
+
+def summary(rows: tuple[ValueExplanation, ...]) -> Mapping[str, int]:
+    """How many values got each decision."""
+    return {k: sum(r.decision == k for r in rows) for k in DECISIONS if any(r.decision == k for r in rows)}
+
+
+def explain_table(rows: tuple[ValueExplanation, ...], kept_rows: int = 10) -> str:
+    """A text table: every recomputed or moved value, and the `kept_rows` kept ones holding the most bytes for the
+    most steps (the first candidates for recomputation)."""
+    shown = [r for r in rows if r.decision != "kept"]
+    kept = sorted((r for r in rows if r.decision == "kept"), key=lambda r: -r.nbytes * r.held_steps)
+    shown += kept[:kept_rows]
+    head = ("value", "size", "producer", "decision", "devices", "why")
+    body = [(r.value, format_bytes(r.nbytes), r.target.removeprefix("aten."), r.decision,
+             ",".join(dict.fromkeys(r.devices)), "; ".join(r.reasons)) for r in shown]  # fmt: skip
+    widths = [max(len(x[c]) for x in [head, *body]) for c in range(5)]
+    lines = ["  ".join(f"{x[c]:<{widths[c]}}" for c in range(5)) + "  " + x[5] for x in [head, *body]]
+    counts = ", ".join(f"{n} {k}" for k, n in summary(rows).items())
+    more = f"; {len(kept) - kept_rows} more kept values not shown (--json lists all)" if len(kept) > kept_rows else ""
+    return "\n".join([f"values: {counts}{more}", *lines])

@@ -1,0 +1,161 @@
+"""Budget sweeps: the solver's plan, and the eager, greedy (accelerate-style) and checkpoint baselines, at many
+budgets of one device (or of every accelerator at once), each plan checked by the simulator."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from xsched.errors import BudgetError, XschedError
+from xsched.graph import Graph
+from xsched.plan import Plan
+from xsched.profile import Profile
+from xsched.report.machines import Machine
+from xsched.solve.api import solve
+from xsched.solve.bounds import lower_bounds
+from xsched.solve.options import SolverOptions
+
+BASELINES = ("eager", "greedy", "checkpoint")  # registered heuristics (xsched.solve.registry SOLVERS)
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    """How sweeps solve: `method` at each point within `time_limit_s` (auto by default; a heuristic is cheaper),
+    `points` budgets from the swept devices' lower bound to `high` x the eager peak, and the baselines beside it."""
+
+    method: str = "auto"
+    time_limit_s: float = 2.0
+    points: int = 8
+    baselines: tuple[str, ...] = BASELINES
+    high: float = 1.25
+
+    def options(self, **changes: float | None) -> SolverOptions:
+        return replace(SolverOptions(time_limit_s=self.time_limit_s), **changes)
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        return (self.method, *(b for b in self.baselines if b != self.method))
+
+
+@dataclass(frozen=True)
+class Point:
+    """One plan (or the reason there is none) for one machine at one budget. Times in seconds, energy in joules,
+    bytes per device; `status` is the solver's (optimal, time_limit, heuristic, ...) or "infeasible" (proven) or
+    "no plan" (none found; `note` says why)."""
+
+    machine: str
+    swept: str
+    budget_bytes: int
+    method: str
+    status: str
+    time_s: float | None = None
+    makespan_s: float | None = None
+    energy_j: float | None = None
+    peak_bytes: Mapping[str, int] = field(default_factory=dict)
+    budgets: Mapping[str, int] = field(default_factory=dict)
+    found_by: str | None = None
+    solve_s: float = 0.0
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.time_s is not None
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """The points of one sweep, with the swept devices' proven lower bound and the eager peak (bytes)."""
+
+    machine: str
+    swept: tuple[str, ...]
+    lower_bound: int
+    eager_peak: int
+    points: tuple[Point, ...]
+    plans: Mapping[int, Plan] = field(default_factory=dict, compare=False)  # budget -> the solver's plan
+
+    @property
+    def label(self) -> str:
+        return " and ".join(self.swept)
+
+
+def plan_point(
+    graph: Graph,
+    profile: Profile,
+    machine: Machine,
+    budgets: Mapping[str, int],
+    method: str,
+    options: SolverOptions,
+) -> tuple[Plan | None, str, str]:
+    """(plan, status, note): the method's plan within `budgets`, or None with "infeasible" (proven) or "no plan"
+    and the solver's reason."""
+    try:
+        plan = solve(graph, profile, budgets, machine.devices, method, options)
+    except BudgetError as e:
+        # auto says "proven"; the bound check that every method runs first says "below the lower bound"
+        proven = any(k in e.detail for k in ("proven", "below the lower bound", "no device can run op"))
+        return None, "infeasible" if proven else "no plan", e.detail
+    except XschedError as e:
+        if e.stage != "solve":
+            raise
+        return None, "no plan", e.detail
+    return plan, plan.solver.status, ""
+
+
+def point_of(machine: Machine, swept: str, budget: int, method: str, budgets: Mapping[str, int],
+             result: tuple[Plan | None, str, str]) -> Point:  # fmt: skip
+    plan, status, note = result
+    if plan is None:
+        return Point(machine.label, swept, budget, method, status, budgets=dict(budgets), note=note)
+    p = plan.predicted
+    found = found_by(plan, method)
+    return Point(machine.label, swept, budget, method, status, p.time_s, p.makespan_s, p.energy_j,
+                 dict(p.peak_bytes), dict(budgets), found, plan.solver.solve_s)  # fmt: skip
+
+
+def found_by(plan: Plan, method: str) -> str | None:
+    """Which member found the plan when that is not `method` itself (auto's members, an exact solver's fallback)."""
+    found = plan.solver.extra.get("found_by") or plan.solver.method
+    return None if found in (method, f"heuristic:{method}") else str(found)
+
+
+def budget_points(low: int, high: int, n: int, also: Sequence[int] = ()) -> list[int]:
+    """`n` budgets evenly from `low` to `high` (bytes), plus `also` (e.g. the eager peak) within that range."""
+    n = max(n, 2)
+    pts = {int(round(low + (high - low) * k / (n - 1))) for k in range(n)}
+    pts.update(b for b in also if low <= b <= high)
+    return sorted(pts)
+
+
+def sweep(
+    graph: Graph,
+    profile: Profile,
+    machine: Machine,
+    swept: Sequence[str],
+    base: Mapping[str, int],
+    eager_peak: int,
+    settings: SweepSettings,
+    tick: Callable[[], None] = lambda: None,
+) -> Sweep:
+    """Time (and energy, peaks) against the budget of the `swept` devices, all set to each budget together while
+    the others keep their `base` budgets: the settings' method and each baseline at every point."""
+    homes = {v: machine.devices[0] for v in graph.inputs}
+    bounds = lower_bounds(graph, profile, machine.devices, homes)
+    low = max(bounds[d].bytes for d in swept)
+    high = max(int(eager_peak * settings.high), low + 1)
+    label = "+".join(swept)
+    points, plans = [], {}
+    options = settings.options()
+    for budget in budget_points(low, high, settings.points, (eager_peak,)):
+        budgets = {**base, **dict.fromkeys(swept, budget)}
+        for method in settings.methods:
+            result = plan_point(graph, profile, machine, budgets, method, options)
+            points.append(point_of(machine, label, budget, method, budgets, result))
+            if method == settings.method and result[0] is not None:
+                plans[budget] = result[0]
+            tick()
+    return Sweep(machine.label, tuple(swept), low, eager_peak, tuple(points), plans)
+
+
+def count(settings: SweepSettings) -> int:
+    """Solves one sweep makes at most (for progress bars)."""
+    return (settings.points + 1) * len(settings.methods)
