@@ -218,3 +218,18 @@ def test_heuristics_on_bench_graphs_are_valid_at_90_percent(path):
         assert "checkpoint" in found
         assert found["checkpoint"].predicted.time_s < 1.1 * eager_plan(g, "bench", profile).predicted.time_s
     assert math.isfinite(sum(p.predicted.time_s for p in found.values()))
+
+
+def test_eviction_gives_up_after_its_eviction_cap_with_one_line_naming_op_and_device(monkeypatch):
+    """On a tight budget eviction can thrash (every recompute evicts what the next one needs); past MAX_EVICTIONS
+    per op it stops with a BudgetError instead of running on past any time limit. Here the cap is lowered so that
+    a training chain that fits with eviction (the search returns a plan under the full cap) exceeds it."""
+    g = chain_graph([100] * 36, train=True)
+    profile = Profile(g.fingerprint, {"d": DeviceInfo("cpu")}, {"d": {o.id: OpCost(1.0) for o in g.ops}})
+    budget = int(0.3 * eager_peak(g))
+    full = RM.evict_computes(g, "d", budget, profile)
+    assert len(full) > len(g.ops)  # it recomputes, so it evicts
+    monkeypatch.setattr(RM, "MAX_EVICTIONS", 1 / len(g.ops))  # one eviction in all
+    with pytest.raises(BudgetError, match="gave up") as e:
+        RM.evict_computes(g, "d", budget, profile)
+    assert e.value.device == "d" and e.value.op and "\n" not in str(e.value)

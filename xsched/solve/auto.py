@@ -14,10 +14,12 @@ from xsched.plan import Plan, SolverInfo
 from xsched.solve.bounds import check_budgets, lower_bounds
 from xsched.solve.options import SolverOptions
 from xsched.solve.problem import BOUNDARY_RULE, Problem, SolveResult, first_order, validated
-from xsched.solve.registry import SOLVERS
+from xsched.solve.registry import HIER_MIN_SIZE, SOLVERS
 
-# (method, share of the time left, largest ops x devices it runs on here): registered and available ones run
-EXACT_SEQUENCE = (("milp", 0.5, 60), ("portfolio", 1.0, 10**9), ("milp", 1.0, 10**9))
+# (method, share of the time left, smallest and largest ops x devices it runs on here): registered and available
+# ones run, each from the best plan so far
+EXACT_SEQUENCE = (("milp", 0.5, 0, 60), ("hier", 0.4, HIER_MIN_SIZE, 10**9), ("portfolio", 1.0, 0, 10**9),
+                  ("milp", 1.0, 0, 10**9))  # fmt: skip
 _PROOF_SCOPE = {"milp": ", for plans that first compute the ops in graph order"}
 NO_LIMIT_S = 3600.0  # time_limit_s=None: an hour
 PROBE_SHARE, PROBE_MAX_S = 0.2, 10.0  # time for finding a budget that works, after no plan was found
@@ -91,12 +93,13 @@ def _better(problem: Problem, options: SolverOptions, best: Plan | None, by: str
 
 def _exact_methods(problem: Problem) -> list[tuple[str, float]]:
     """The exact solvers to run, each with its share of the time left: on small graphs the stage MILP first (it
-    proves optimality or infeasibility, for plans in graph order, within seconds there), then the portfolio (other
-    orders, CP-SAT) from the best plan so far; the registry's size thresholds decide the rest."""
+    proves optimality or infeasibility, for plans in graph order, within seconds there), from HIER_MIN_SIZE on the
+    hierarchical solver, then the portfolio (other orders, CP-SAT) from the best plan so far; the registry's size
+    thresholds decide the rest (above EXACT_MAX_SIZE only the hierarchical solver runs)."""
     plan = []
-    for name, share, max_size in EXACT_SEQUENCE:
+    for name, share, min_size, max_size in EXACT_SEQUENCE:
         entry = SOLVERS.get(name)
-        if entry is not None and entry.available() and entry.fits(problem) and problem.size <= max_size:
+        if entry is not None and entry.available() and entry.fits(problem) and min_size <= problem.size <= max_size:
             plan.append((name, share))
     if plan:
         plan[-1] = (plan[-1][0], 1.0)  # the last one gets all the time that is left

@@ -52,9 +52,10 @@ def new_highs():  # highspy.Highs
     return h
 
 
-def to_highs(m: pyo.ConcreteModel):  # (highspy.Highs, column of each watched variable or -1)
+def to_highs(m: pyo.ConcreteModel, watched: list | None = None):  # (highspy.Highs, columns, column of each watched)
     """The model as one sparse matrix (Pyomo's standard-form compiler), passed to highspy in one call: a few
-    times faster than appsi's per-constraint hand-off."""
+    times faster than appsi's per-constraint hand-off. `watched`: the variables whose columns are returned
+    (default the stage MILP's R, S, C, H)."""
     import highspy
     from pyomo.repn.plugins.standard_form import LinearStandardFormCompiler
 
@@ -74,7 +75,8 @@ def to_highs(m: pyo.ConcreteModel):  # (highspy.Highs, column of each watched va
         np.array([int(v.is_integer()) for v in cols], dtype=np.int32),
     )  # fmt: skip
     col = {id(v): k for k, v in enumerate(cols)}
-    return h, cols, np.array([col.get(id(v), -1) for v in _watched(m)], dtype=np.int64)
+    watched = _watched(m) if watched is None else watched
+    return h, cols, np.array([col.get(id(v), -1) for v in watched], dtype=np.int64)
 
 
 def _restricted_off(

@@ -43,8 +43,10 @@ def keep_forward_outputs(graph: Graph, plan: Plan) -> Plan | None:
     steps = [s for s in plan.steps if not isinstance(s, Free)]
     b = autograd_boundary(graph, steps)
     assert b is not None
-    moved = []
+    moved: list[Compute] = []
     for v in missing:
+        if any(v in graph.op[s.op].outputs for s in moved):
+            continue  # another output of an op already moved
         k = next(
             i for i in range(b, len(steps)) if isinstance(steps[i], Compute) and v in graph.op[steps[i].op].outputs
         )

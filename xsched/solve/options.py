@@ -18,6 +18,7 @@ class SolverOptions:
     fix_homes: bool = True  # False: the solver picks params' home devices
     verbose: bool = False
     seed: int = 0  # CP-SAT's random seed (with one worker, a run is deterministic for a seed)
+    workers: int | None = None  # hier: processes solving independent blocks (None: the core count)
     # stage MILP on HiGHS: LP-guided restricted searches before the full one, as (producer levels around the LP's
     # recomputes, share of the time left); () searches the full model only
     restricted: tuple[tuple[int, float], ...] = ((0, 0.25), (1, 0.5))

@@ -18,6 +18,9 @@ from xsched.solve.problem import Problem, SolverEntry, SolveResult, Times, first
 SOLVERS: dict[str, SolverEntry] = {}
 # auto's exact stage skips graphs above this (ops x devices); a hierarchical solver is meant to take them
 EXACT_MAX_SIZE = 5000
+# auto runs the hierarchical solver from this size on (ops x devices), before the portfolio, which starts from its
+# plan; below it the flat solvers are exact and fast enough on their own
+HIER_MIN_SIZE = 100
 
 
 def register(entry: SolverEntry) -> SolverEntry:
@@ -105,6 +108,12 @@ def _portfolio(problem: Problem, options: SolverOptions, warm: Plan | None) -> P
     return solve_portfolio(*problem.args(), options, warm_start=warm, seed=options.seed, workers=options.threads or 0)
 
 
+def _hier(problem: Problem, options: SolverOptions, warm: Plan | None) -> Plan:
+    from xsched.solve.hier import solve_hier
+
+    return solve_hier(*problem.args(), options, warm_start=warm)
+
+
 for _name in HEURISTICS:
     register(SolverEntry(_name, _heuristic(_name), kind="heuristic", doc=(HEURISTICS[_name].__doc__ or "").strip()))
 register(SolverEntry("milp", _exact("milp", _milp), max_size=EXACT_MAX_SIZE,
@@ -115,3 +124,5 @@ register(SolverEntry("intervals-cpsat", _exact("intervals-cpsat", _intervals("cp
                      requires="ortools", doc="the retention-interval model for one order, CP-SAT"))  # fmt: skip
 register(SolverEntry("portfolio", _exact("portfolio", _portfolio), max_size=EXACT_MAX_SIZE,
                      doc="order search + CP-SAT + interval MILP + stage MILP sharing incumbents"))  # fmt: skip
+register(SolverEntry("hier", _exact("hier", _hier),
+                     doc="hierarchical decomposition (HiREmate's H-Partition and H-ILP, on several devices)"))  # fmt: skip

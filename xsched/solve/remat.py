@@ -127,6 +127,10 @@ def candidate_keeps(graph: Graph) -> list[set[str]]:
     return list(unique.values())
 
 
+REDO_DEPTH = 32  # levels of missing ancestors in a recompute's cost estimate (DTR's e*, kept shallow)
+MAX_EVICTIONS = 4  # per op of the graph: past this the eviction search gives up (it thrashes on tight budgets)
+
+
 def evict_computes(graph: Graph, device: str, budget: int, profile: Profile | None = None) -> list[Compute]:
     """Graph order under a byte budget, evicting and recomputing on demand (in the spirit of DTR,
     Kirisame et al. 2021): when an op does not fit, evict the held value with the lowest
@@ -144,13 +148,15 @@ def evict_computes(graph: Graph, device: str, budget: int, profile: Profile | No
     held = set(graph.inputs)
     used = sum(nbytes[v] for v in held)
     out: list[Compute] = []
+    order = {v.id: k for k, v in enumerate(graph.values)}  # ties broken in graph order, not set order
+    evictions, max_evictions = 0, MAX_EVICTIONS * len(graph.ops)
 
     def redo_cost(v: str, memo: dict[str, float], depth: int = 0) -> float:
         """Time to recompute v: its producer plus, recursively, its missing ancestors (DTR's e*).
-        An estimate: past 32 levels only the producer counts, which keeps the recursion shallow."""
+        An estimate: past REDO_DEPTH levels only the producer counts, which keeps the recursion shallow."""
         if v not in memo:
             p = graph.op[graph.producer[v]]
-            missing = [u for u in p.inputs if u not in held] if depth < 32 else []
+            missing = [u for u in p.inputs if u not in held] if depth < REDO_DEPTH else []
             memo[v] = cost[p.id] + sum(redo_cost(u, memo, depth + 1) for u in missing)
         return memo[v]
 
@@ -179,7 +185,11 @@ def evict_computes(graph: Graph, device: str, budget: int, profile: Profile | No
                         f"{format_bytes(used)} held by its inputs and fixed values, {format_bytes(need)} more needed",
                         stage="solve", op=op.id, device=device,
                     )  # fmt: skip
-                v = min(victims, key=lambda v, now=i, memo={}: evict_score(v, now, memo))
+                if evictions >= max_evictions:
+                    raise BudgetError(f"eviction gave up at op {op.id} after {evictions} evictions on {device} "
+                                      f"(budget {format_bytes(budget)})", stage="solve", op=op.id, device=device)  # fmt: skip
+                v = min(victims, key=lambda v, now=i, memo={}: (evict_score(v, now, memo), order[v]))
+                evictions += 1
                 held.discard(v)
                 used -= nbytes[v]
             out.append(Compute(op.id, device))

@@ -1,0 +1,133 @@
+"""The hierarchical solver: every plan valid in the simulator (random training graphs, two devices), its quality
+against the exhaustive optimum on a small graph, determinism, training through wrap like eager, bad settings."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import chain_graph
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_heuristics import DEVICES, train_dags, two_device_profile
+from test_milp import exhaustive_optimum, profile_for, times_of
+from test_wrap import assert_same_state
+from torch.testing import assert_close
+
+from xsched.capture.torch import capture
+from xsched.errors import XschedError
+from xsched.graph import Graph
+from xsched.plan import Compute, Plan
+from xsched.profile import Profile
+from xsched.profile.model import cost_profile
+from xsched.simulate import simulate
+from xsched.solve.api import solve
+from xsched.solve.eager import eager_peak
+from xsched.solve.hier import HierSettings, solve_hier
+from xsched.solve.options import SolverOptions
+from xsched.zoo import build
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+SMALL = HierSettings(max_leaf=3, max_group=2, max_top=2, leaf_s=0.2, region_s=1, workers=1)  # three levels
+
+
+def valid(g: Graph, plan: Plan, prof: Profile, budgets: dict[str, int]) -> Plan:
+    r = simulate(g, plan, prof)
+    assert all(r.peak_bytes.get(d, 0) <= b for d, b in budgets.items())
+    assert r.time_s == pytest.approx(plan.predicted.time_s)
+    return plan
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(train_dags(max_ops=8), st.data())
+def test_every_hierarchical_plan_is_valid_or_no_plan_is_said(g: Graph, data) -> None:
+    """Random training graphs on two devices, random homes and budgets, three levels of blocks."""
+    prof = two_device_profile(g, slow_b=data.draw(st.sampled_from([0.5, 2.0])))
+    homes = {v: data.draw(st.sampled_from(DEVICES)) for v in g.inputs}
+    top = 2 * eager_peak(g) + 100
+    budgets = {d: data.draw(st.integers(top // 4, top)) for d in data.draw(st.sampled_from([("a",), DEVICES]))}
+    try:
+        plan = solve_hier(g, prof, budgets, DEVICES, homes, SolverOptions(time_limit_s=5), settings=SMALL)
+    except XschedError as e:
+        assert e.stage == "solve" and e.detail
+        return
+    valid(g, plan, prof, budgets)
+    assert plan.solver.method == "hier"
+
+
+def test_quality_matches_the_exhaustive_optimum_on_a_small_graph() -> None:
+    """A 4-layer training chain split into blocks of one layer: at budgets from the eager peak down to the tightest
+    the exhaustive search reaches, the hierarchical plan is within 3% of the optimum over all step sequences."""
+    g = chain_graph([10, 30, 20, 40], train=True)
+    prof = profile_for(g, {"cpu": times_of(g)})
+    homes = {v: "cpu" for v in g.inputs}
+    one = HierSettings(max_leaf=1, max_top=2, leaf_s=1, region_s=2, workers=1)
+    peak = eager_peak(g)
+    for budget in (peak, peak - 20, peak - 40):
+        best = exhaustive_optimum(g, prof, {"cpu": budget}, ["cpu"], homes)
+        plan = solve_hier(g, prof, {"cpu": budget}, ["cpu"], homes, SolverOptions(time_limit_s=10), settings=one)
+        valid(g, plan, prof, {"cpu": budget})
+        assert best - 1e-9 <= plan.predicted.time_s <= 1.03 * best, (budget, plan.predicted.time_s, best)
+
+
+def gpt() -> tuple[Graph, Profile]:
+    z = build("gpt2", scale="tiny:n_layer=1")
+    g = capture(z.model, z.inputs)
+    return g, cost_profile(g, ["cpu", "cuda:0"])
+
+
+def test_two_devices_and_determinism() -> None:
+    """GPT on a CPU (holding params and inputs) and a (modelled) GPU with half the memory its eager plan needs: a
+    valid plan; the same plan in one process and in a pool of two (each solve ends before its time limit)."""
+    g, prof = gpt()
+    budgets = {"cuda:0": eager_peak(g) // 2}
+    homes = {v: "cpu" for v in g.inputs}
+    plans = [solve_hier(g, prof, budgets, ["cuda:0", "cpu"], homes, SolverOptions(time_limit_s=30, workers=w),
+                        settings=HierSettings(leaf_s=0, region_s=10)) for w in (1, 2)]  # fmt: skip
+    valid(g, plans[0], prof, budgets)
+    assert plans[0].steps == plans[1].steps
+    assert {s.device for s in plans[0].steps if isinstance(s, Compute)} <= {"cpu", "cuda:0"}
+
+
+def test_hier_is_a_method_and_trains_like_eager() -> None:
+    """wrap(method="hier") on a zoo GPT at 80% of its eager peak: losses, gradients, params equal eager's."""
+    z = build("gpt2", scale="tiny")
+    eager = z.model
+    model = copy.deepcopy(eager)
+    from xsched.execute.wrap import wrap
+
+    w = wrap(model, z.inputs, {"cpu": "80%"}, method="hier", profile="model", time_limit=20)
+    assert w.plan.solver.method == "hier", w.plan.solver.extra.get("reason")
+    assert sum(isinstance(s, Compute) for s in w.plan.steps) > len(w._first.graph.ops)  # it recomputes
+    opt_a = torch.optim.SGD(w.parameters(), lr=0.1, momentum=0.9)
+    opt_b = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
+    torch.manual_seed(3)
+    for step in range(2):
+        gen = torch.Generator().manual_seed(20 + step)
+        idx = torch.randint(0, 64, z.inputs[0].shape, generator=gen)
+        state = torch.random.get_rng_state()
+        got = w(idx, idx)
+        torch.random.set_rng_state(state)
+        want = eager(idx, idx)
+        assert_close(got[1], want[1], rtol=1e-5, atol=1e-6)
+        for out, opt in ((got, opt_a), (want, opt_b)):
+            opt.zero_grad()
+            out[1].backward()
+        for p, q in zip(model.parameters(), eager.parameters()):
+            assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+        opt_a.step()
+        opt_b.step()
+    assert_same_state(model, eager)
+
+
+def test_bad_settings_and_a_budget_below_every_plan_are_one_line_errors() -> None:
+    g = chain_graph([10, 20], train=True)
+    prof = profile_for(g, {"cpu": times_of(g)}, {})
+    homes = {v: "cpu" for v in g.inputs}
+    with pytest.raises(XschedError, match="max_leaf") as e:
+        solve_hier(g, prof, {"cpu": 100}, ["cpu"], homes, settings=HierSettings(max_leaf=0))
+    assert e.value.stage == "solve"
+    with pytest.raises(XschedError) as e:  # below the lower bound: the bounds say so before any solver runs
+        solve(g, prof, {"cpu": 10}, method="hier")
+    assert e.value.stage == "solve" and e.value.device == "cpu" and "\n" not in str(e.value)

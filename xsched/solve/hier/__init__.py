@@ -1,0 +1,20 @@
+"""Hierarchical decomposition (HiREmate, on several devices): H-Partition into convex blocks level by level,
+options per class of identical blocks (bottom blocks by the flat solvers, the others by the H-ILP over their
+children's options), then the H-ILP of the whole graph under the real budgets, flattened into one plan.
+
+| module | owns |
+|---|---|
+| `partition` | H-Partition on a DAG: dominator candidates, the greedy grouping, contraction, convexity |
+| `hierarchy` | the blocks of a graph: forward partition level by level, backward ops assigned to blocks |
+| `region` | a block as a problem: its sub-graph, profile and homes |
+| `canon` | canonical forms of blocks (classes of identical blocks) and their renaming |
+| `menu` | options (a block's schedule summarised for the level above), translation, Pareto selection |
+| `leaf` | options of bottom blocks from the flat solvers |
+| `hindex`, `hilp` | the H-ILP: index sets, model, HiGHS, extraction; plans without a solver |
+| `upper` | options of blocks above the bottom from the H-ILP |
+| `solver` | `solve_hier`: the levels, the pool, the top |
+"""
+
+from xsched.solve.hier.solver import HierSettings, solve_hier
+
+__all__ = ["HierSettings", "solve_hier"]

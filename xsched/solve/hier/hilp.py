@@ -1,0 +1,406 @@
+"""H-ILP (HiREmate's hierarchical ILP, on several devices): one option per block part per stage, boundary values
+kept, copied and freed, phantoms held from a block's forward part to its backward part; built in Pyomo, solved by
+HiGHS through the project's hand-off, extracted into steps the simulator checks.
+
+Memory is counted conservatively: while a part runs, its boundary outputs count from its start and its own figure
+(`Part.run`) covers everything else it holds; boundary values are freed only after their last reader in a stage.
+The flattened plan frees every residency after its last read, never later than the model assumes, so its peak
+stays within the model's figure (the simulator confirms it for every plan).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pyomo.environ as pyo
+
+from xsched.errors import BudgetError, XschedError
+from xsched.plan import Compute, Copy, Free, Plan, SolverInfo, Step, autograd_boundary, place_frees
+from xsched.profile import Profile
+from xsched.simulate import simulate
+from xsched.solve.extract import free_unwanted_ends, prune
+from xsched.solve.hier.greedy import as_start, greedy_events
+from xsched.solve.hier.hindex import HIndex, Unit, index
+from xsched.solve.hier.menu import fastest, leanest
+from xsched.solve.milp import NoIncumbent
+from xsched.solve.options import SolverOptions
+
+
+def solve_hilp(graph, profile: Profile, units: Sequence[Unit], budgets: Mapping[str, int], devices: Sequence[str],
+               homes: Mapping[str, str], fwd_out: Sequence[str], options: SolverOptions) -> Plan:  # fmt: skip
+    """The fastest plan of the H-ILP within `options.time_limit_s`, simulator-checked under `budgets`.
+    BudgetError when HiGHS proves the model infeasible (for these options and stages), NoIncumbent without a plan."""
+    t0 = time.perf_counter()
+    ix = index(graph, profile, units, budgets, devices, homes, fwd_out)
+    m = build_model(ix, options.alpha_energy)
+    events, start = _start(ix, units)
+    build_s = time.perf_counter() - t0
+    out = run_highs(m, ix, options, t0, start)
+    if out["x"] is None and events:  # the model has no plan in time (it is stricter): the schedule's may fit
+        info = SolverInfo("greedy", "heuristic", None, time.perf_counter() - t0, {"hilp_status": out["status"]})
+        try:
+            return finish_plan(graph, profile, event_steps(ix, events), budgets, homes, _ends(ix, events), info)
+        except XschedError:
+            pass
+    if out["status"] == "infeasible":
+        raise BudgetError(f"the H-ILP of {graph.name} ({ix.T} stages) has no plan within the budgets "
+                          f"{dict(budgets)}", stage="solve")  # fmt: skip
+    if out["x"] is None:
+        raise NoIncumbent(f"the H-ILP of {graph.name} ({ix.T} stages) found no plan in "
+                          f"{time.perf_counter() - t0:.1f} s")  # fmt: skip
+    gap = None
+    if out["objective"] is not None and out["bound"] is not None and out["objective"] > 0:
+        gap = max(0.0, out["objective"] - out["bound"]) / out["objective"]
+    info = SolverInfo("hilp", out["status"], gap, time.perf_counter() - t0, {
+        "build_s": build_s, "highs_s": out["solver_s"], "stages": ix.T, "greedy_start": start is not None, "greedy_events": len(events), "n_binaries": len(m.R) + len(m.S) + len(m.C),
+        "objective": out["objective"] * ix.tu if out["objective"] is not None else None,
+        "bound": out["bound"] * ix.tu if out["bound"] is not None else None,
+    })  # fmt: skip
+    return extract(ix, m, out["x"], info)
+
+
+# ---------------------------------------------------------------- the model
+def build_model(ix: HIndex, alpha: float = 0.0) -> pyo.ConcreteModel:
+    m = pyo.ConcreteModel(name="xsched_hilp")
+    T = ix.T
+    c_into: dict[tuple[int, int, int], list] = {}
+    for key in ix.c_keys:
+        v, _, d, t = key
+        c_into.setdefault((v, d, t), []).append(key)
+    acts: dict[tuple[int, int, int], list[int]] = {}  # (v,d,t) -> stage-units reading or making it in stage t
+    for t, ks in ix.r_at.items():
+        for k in ks:
+            for o in range(len(ix.parts[k])):
+                for v, d in (*ix.reads[(k, o)], *ix.outs[(k, o)]):
+                    lst = acts.setdefault((v, d, t), [])
+                    if not lst or lst[-1] != k:
+                        lst.append(k)
+    f_keys = [(v, d, t, k) for (v, d, t), ks in acts.items() for k in ks if k != ix.r_at[t][-1]]
+    freed_at: dict[tuple[int, int, int], list[int]] = {}  # (d,t,k) -> values that may be freed after k
+    for v, d, t, k in f_keys:
+        freed_at.setdefault((d, t, k), []).append(v)
+    capped = [d for d in ix.dev_range if ix.budget[d] is not None]
+    u_keys = [(d, t, k) for d in capped for t in range(T) for k in ix.r_at.get(t, ())]
+    k_keys = [(k, c) for k, cls in ix.rng_class.items() for c in sorted(set(cls))]
+    # ---- variable groups
+    m.R = pyo.Var(ix.r_keys, domain=pyo.Binary)  # R[k,o,t]: stage-unit k runs with option o in stage t
+    m.S = pyo.Var(ix.s_keys, domain=pyo.Binary)  # S[v,d,t]: boundary value v is resident on d when stage t starts
+    m.C = pyo.Var(ix.c_keys, domain=pyo.Binary)  # C[v,s,d,t]: v is copied s -> d when stage t starts
+    m.P = pyo.Var(ix.sp_keys, domain=pyo.Binary)  # P[k,o,t]: the phantom of forward k's option o is held at t
+    m.F = pyo.Var(f_keys, bounds=(0, 1))  # F[v,d,t,k]: v is freed on d after stage-unit k of stage t
+    m.U = pyo.Var(u_keys, bounds=(0, None))  # U[d,t,k]: bytes on d while stage-unit k runs in stage t
+    m.K = pyo.Var(k_keys, domain=pyo.Binary)  # K[k,c]: forward k's runs all use options of RNG class c
+    R, S, C, P, F, U = m.R, m.S, m.C, m.P, m.F, m.U
+
+    def s(v: int, d: int, t: int):
+        if ix.home.get(v) == d:
+            return 1
+        return S[v, d, t] if (v, d, t) in S else 0
+
+    def arrive(v: int, d: int, t: int) -> list:
+        return [C[k] for k in c_into.get((v, d, t), ())]
+
+    def made(v: int, d: int, t: int) -> list:
+        p = ix.prod[v]
+        if p is None:
+            return []
+        return [R[p, o, t] for o in range(len(ix.parts[p])) if (v, d) in ix.outs[(p, o)] and (p, o, t) in R]
+
+    def uses(k: int, v: int, d: int, t: int, outs: bool) -> list:
+        return [R[k, o, t] for o in range(len(ix.parts[k])) if (k, o, t) in R
+                and ((v, d) in ix.reads[(k, o)] or (outs and (v, d) in ix.outs[(k, o)]))]  # fmt: skip
+
+    # ---- constraint groups
+    m.frontier = pyo.ConstraintList()  # stage t runs stage-unit t (first run) with exactly one option
+    for t in range(T):
+        m.frontier.add(sum(R[t, o, t] for o in range(len(ix.parts[t])) if (t, o, t) in R) == 1)
+    m.needs = pyo.ConstraintList()  # a part's boundary reads are resident, copied in, or made earlier in the stage
+    for k, o, t in ix.r_keys:
+        for v, d in ix.reads[(k, o)]:
+            m.needs.add(R[k, o, t] <= sum([s(v, d, t), *arrive(v, d, t), *made(v, d, t)]))
+    m.phantom = pyo.ConstraintList()  # a backward part needs its forward part's phantom of the same option
+    for b, f in ix.twin.items():
+        for o in range(len(ix.parts[b])):
+            m.phantom.add(R[b, o, b] <= sum([P[f, o, b] if (f, o, b) in P else 0, R[f, o, b] if (f, o, b) in R else 0]))
+    for f, o, t in ix.sp_keys:  # ... which only a run of the forward part makes
+        m.phantom.add(P[f, o, t] <= sum([P[f, o, t - 1] if (f, o, t - 1) in P else 0, R[f, o, t - 1]]))
+    m.keep = pyo.ConstraintList()  # resident at t+1: resident at t, copied in or made during t
+    for v, d, t in ix.s_keys:
+        m.keep.add(S[v, d, t] <= sum([s(v, d, t - 1), *arrive(v, d, t - 1), *made(v, d, t - 1)] if t else [0]))
+    m.source = pyo.ConstraintList()  # a copy reads a value resident on its source when the stage starts
+    m.once = pyo.ConstraintList()  # resident or copied in, not both
+    for v, src, d, t in ix.c_keys:
+        have = s(v, src, t)
+        if not isinstance(have, int):
+            m.source.add(C[v, src, d, t] <= have)
+    for (v, d, t), cs in c_into.items():
+        m.once.add(sum([s(v, d, t), *(C[k] for k in cs)]) <= 1)
+    m.ends = pyo.ConstraintList()  # outputs resident at the end, on their required device; forward outputs at
+    for v in ix.outputs:  # the first backward stage
+        end = {d: [s(v, d, ix.T), *arrive(v, d, ix.T)] for d in ix.dev_range}
+        m.ends.add(sum(x for d in ix.dev_range for x in end[d]) >= 1)
+        if v in ix.end_dev:
+            m.ends.add(sum(end[ix.end_dev[v]]) >= 1)
+    if ix.t_back is not None:
+        for v in ix.fwd_out:
+            m.ends.add(sum(s(v, d, ix.t_back) for d in ix.dev_range) >= 1)
+    m.draws = pyo.ConstraintList()  # every run of a block draws its random numbers from the same RNGs
+    for k, cls in ix.rng_class.items():
+        m.draws.add(sum(m.K[k, c] for c in set(cls)) <= 1)
+        for kk in [k, *(b for b, f in ix.twin.items() if f == k)]:
+            for o, c in enumerate(cls):
+                for t in range(kk, ix.last[kk] + 1):
+                    if (kk, o, t) in R:
+                        m.draws.add(R[kk, o, t] <= m.K[k, c])
+    m.free = pyo.ConstraintList()  # free after k only if k used it, once, with no later reader in the stage
+    for (v, d, t), ks in acts.items():
+        fs = [F[v, d, t, k] for k in ks if (v, d, t, k) in F]
+        for k in ks:
+            if (v, d, t, k) in F:
+                m.free.add(F[v, d, t, k] <= sum(uses(k, v, d, t, True)))
+        for a in range(1, len(ks)):
+            before = [F[v, d, t, k] for k in ks[:a] if (v, d, t, k) in F]
+            later = uses(ks[a], v, d, t, False)
+            if before and later:
+                m.free.add(sum(before) + sum(later) <= 1)
+        if fs:
+            nxt = s(v, d, t + 1)
+            m.free.add(sum(fs) + (nxt if not isinstance(nxt, int) else 0) <= 1)
+    m.start_mem = pyo.ConstraintList()  # what is resident (values, copies arriving, phantoms) fits when t starts
+    m.run_mem = pyo.ConstraintList()  # U[d,t,k]: bytes before k runs (U of the part before, + its lasting change,
+    # - the values freed after it); + each of k's memory points, less the values it read last that are freed
+    # after it (HiREmate's correction terms), within the budget
+    s_at: dict[tuple[int, int], list[int]] = {}
+    for v, d, t in ix.s_keys:
+        s_at.setdefault((d, t), []).append(v)
+    c_at: dict[tuple[int, int], list] = {}
+    for key in ix.c_keys:
+        c_at.setdefault((key[2], key[3]), []).append(key)
+    p_at: dict[int, list] = {}
+    for key in ix.sp_keys:
+        p_at.setdefault(key[2], []).append(key)
+
+    def gone(v: int, d: int, t: int, k: int):  # 1 when v is freed after stage-unit k of stage t (a lower bound)
+        if k != ix.r_at[t][-1]:
+            return F[v, d, t, k] if (v, d, t, k) in F else 0
+        nxt = s(v, d, t + 1)
+        return 1 - nxt
+
+    for d in capped:
+        cap = ix.budget[d]
+        for t in range(T + 1):
+            base = ix.const[d] + sum(ix.mem[v] * S[v, d, t] for v in s_at.get((d, t), ()))
+            base = base + sum(ix.mem[key[0]] * C[key] for key in c_at.get((d, t), ()))
+            base = base + sum(ix.phantom[f][o][d] * P[f, o, tt] for f, o, tt in p_at.get(t, ()) if ix.phantom[f][o][d])
+            if not isinstance(base, (int, float)):
+                m.start_mem.add(base <= cap)
+            prev = None
+            for k in ix.r_at.get(t, ()):
+                rhs = base if prev is None else (
+                    U[d, t, prev]
+                    + sum(ix.after[prev][o][d] * R[prev, o, t] for o in range(len(ix.parts[prev]))
+                          if ix.after[prev][o][d] and (prev, o, t) in R)
+                    - sum(ix.mem[v] * F[v, d, t, prev] for v in freed_at.get((d, t, prev), ()))
+                )  # fmt: skip
+                m.run_mem.add(U[d, t, k] == rhs)
+                U[d, t, k].setub(cap)
+                for o in range(len(ix.parts[k])):
+                    if (k, o, t) not in R:
+                        continue
+                    for b, done in ix.points[k][o][d]:
+                        m.run_mem.add(U[d, t, k] + b * R[k, o, t] - sum(ix.mem[v] * gone(v, d, t, k) for v in done)
+                                      <= cap)  # fmt: skip
+                prev = k
+    run_time = sum(ix.time[k][o] * R[k, o, t] for k, o, t in ix.r_keys)
+    run_time = run_time + sum(ix.copy_time[key] * C[key] for key in ix.c_keys)
+    if alpha:
+        energy = sum(ix.energy[k][o] * R[k, o, t] for k, o, t in ix.r_keys)
+        energy = energy + sum(ix.copy_energy[key] * C[key] for key in ix.c_keys)
+        run_time = run_time + alpha * ix.eu / ix.tu * energy
+    m.obj = pyo.Objective(expr=run_time, sense=pyo.minimize)
+    return m
+
+
+# ---------------------------------------------------------------- solving and extraction
+def _start(ix: HIndex, units: Sequence[Unit]) -> tuple[list, tuple[set, set] | None]:
+    """The eviction schedule over blocks (fastest options first, then leanest) within the model's rules (a MIP
+    start), else one outside them (a plan only), else none."""
+    home = ix.devices[0]
+    choices = [[pick(u.options, home) for u in units] for pick in (fastest, leanest)]
+    for strict in (True, False):
+        for choice in choices:
+            events = greedy_events(ix, choice, strict)
+            if events is not None:
+                return events, as_start(events) if strict else None
+    return [], None
+
+
+def event_steps(ix: HIndex, events: Sequence) -> list[Step]:
+    """A schedule's events in order: each copy, each run's part steps without frees."""
+    steps: list[Step] = []
+    for e in events:
+        if e[0] == "copy":
+            steps.append(Copy(ix.values[e[1]], ix.devices[e[2]], ix.devices[e[3]]))
+        else:
+            steps += [s for s in ix.parts[e[1]][e[2]].steps if not isinstance(s, Free)]
+    return steps
+
+
+def _ends(ix: HIndex, events: Sequence) -> set[tuple[str, str]]:
+    """Where the outputs are at the end of a schedule's events."""
+    ends = {(v, d) for v, d in ix.home.items()}
+    for e in events:
+        ends |= set(ix.outs[(e[1], e[2])]) if e[0] == "run" else {(e[1], e[3])}
+    outs = set(ix.outputs)
+    return {(ix.values[v], ix.devices[d]) for v, d in ends if v in outs}
+
+
+def run_highs(m: pyo.ConcreteModel, ix: HIndex, options: SolverOptions, t0: float,
+              start: tuple[set, set] | None = None) -> dict:  # fmt: skip
+    """HiGHS on the model until the time limit (from t0), from `start` (runs and copies; HiGHS completes the
+    other variables or drops it): status, the watched columns' values, objective, bound."""
+    from xsched.solve.backends import to_highs
+
+    watched = [*m.R.values(), *m.S.values(), *m.C.values()]
+    h, _, cols = to_highs(m, watched)
+    if start is not None:
+        runs, copies = start
+        nr, ns = len(m.R), len(m.S)
+        idx = [int(cols[i]) for i in range(nr)] + [int(cols[nr + ns + i]) for i in range(len(m.C))]
+        val = [1.0 if k in runs else 0.0 for k in m.R.keys()] + [1.0 if k in copies else 0.0 for k in m.C.keys()]
+        keep = [i for i, c in enumerate(idx) if c >= 0]
+        h.setSolution(len(keep), np.array([idx[i] for i in keep], dtype=np.int32),
+                      np.array([val[i] for i in keep], dtype=float))  # fmt: skip
+    limit = options.time_limit_s if options.time_limit_s is not None else 3600.0
+    h.setOptionValue("time_limit", max(0.05, limit - (time.perf_counter() - t0)))
+    h.setOptionValue("mip_rel_gap", float(options.mip_gap))
+    h.setOptionValue("output_flag", bool(options.verbose))
+    h.setOptionValue("threads", 1)
+    h.setOptionValue("random_seed", int(options.seed))
+    t1 = time.perf_counter()
+    h.run()
+    import highspy
+
+    kind, info = highspy.HighsModelStatus, h.getInfo()
+    ms = h.getModelStatus()
+    status = {kind.kOptimal: "optimal", kind.kTimeLimit: "time_limit", kind.kInfeasible: "infeasible",
+              kind.kUnboundedOrInfeasible: "infeasible"}.get(ms, "feasible")  # fmt: skip
+    x = None
+    if info.primal_solution_status == 2:
+        x = np.append(np.asarray(h.getSolution().col_value), 0.0)[cols]
+    bound = info.mip_dual_bound if np.isfinite(info.mip_dual_bound) else None
+    return {"status": status, "x": x, "objective": info.objective_function_value if x is not None else None,
+            "bound": bound, "solver_s": time.perf_counter() - t1}  # fmt: skip
+
+
+def extract(ix: HIndex, m: pyo.ConcreteModel, x: np.ndarray, info: SolverInfo) -> Plan:
+    """Stage by stage: the copies, then each part that runs (its steps without frees); unread computes and copies
+    pruned, frees placed after last reads, then replayed by the simulator under the budgets."""
+    nr, ns = len(m.R), len(m.S)
+    on = lambda keys, xs: {k for k, val in zip(keys, xs) if val > 0.5}  # noqa: E731
+    r_on = on(list(m.R.keys()), x[:nr])
+    s_on = on(list(m.S.keys()), x[nr : nr + ns])
+    c_on = on(list(m.C.keys()), x[nr + ns :])
+    steps = plan_steps(ix, r_on, c_on)
+    ends = {(ix.values[v], ix.devices[d]) for v, d, t in s_on if t == ix.T and v in set(ix.outputs)}
+    ends |= {(ix.values[v], ix.devices[d]) for v, _, d, t in c_on if t == ix.T}
+    ends |= {(ix.values[v], ix.devices[d]) for v, d in ix.home.items() if v in set(ix.outputs)}
+    return finish_plan(ix.graph, ix.profile, steps, ix.budgets, ix.homes, ends, info)
+
+
+def plan_steps(ix: HIndex, r_on: set, c_on: set) -> list[Step]:
+    runs: dict[int, list[tuple[int, int]]] = {}
+    for k, o, t in r_on:
+        runs.setdefault(t, []).append((k, o))
+    copies: dict[int, list[tuple[int, int, int]]] = {}
+    for v, s_, d, t in c_on:
+        copies.setdefault(t, []).append((v, s_, d))
+    steps: list[Step] = []
+    for t in range(ix.T + 1):
+        steps += [Copy(ix.values[v], ix.devices[s_], ix.devices[d]) for v, s_, d in sorted(copies.get(t, ()))]
+        for k, o in sorted(runs.get(t, ())):
+            steps += [s for s in ix.parts[k][o].steps if not isinstance(s, Free)]
+    return steps
+
+
+def hold_to_boundary(graph, steps: Sequence[Step]) -> list[Step]:
+    """Frees of forward outputs placed before the autograd boundary moved to just after it: the model keeps them
+    resident when backward starts (wrap returns them then), but a later recompute of one (it must also exist at
+    the end) ends the earlier residency at its last read, which the boundary is not."""
+    from xsched.solve.boundary import forward_outputs
+
+    want = set(forward_outputs(graph))
+    b = autograd_boundary(graph, steps)
+    if not want or b is None:
+        return list(steps)
+    out = list(steps)
+    held: dict[str, int] = {}  # forward output -> index of its last free before the boundary
+    made: set[str] = set()
+    for i, s in enumerate(out[:b]):
+        if isinstance(s, Free) and s.value in want:
+            held[s.value] = i
+        elif isinstance(s, Compute):
+            for v in graph.op[s.op].outputs:
+                if v in want:
+                    made.add(v)
+                    held.pop(v, None)
+        elif isinstance(s, Copy) and s.value in want:
+            held.pop(s.value, None)
+    moved = [out[i] for i in sorted(held.values())]
+    for i in sorted(held.values(), reverse=True):
+        del out[i]
+    b -= len(moved)
+    return out[: b + 1] + moved + out[b + 1 :]
+
+
+def finish_plan(graph, profile: Profile, steps: Sequence[Step], budgets: Mapping[str, int],
+                homes: Mapping[str, str], ends: set[tuple[str, str]], info: SolverInfo) -> Plan:  # fmt: skip
+    """Steps pruned, frees placed, simulated under the budgets (an error here is a bug of the memory model)."""
+    steps = prune(graph, steps, ends)
+    steps = free_unwanted_ends(graph, place_frees(graph, steps, homes), homes, ends)
+    steps = hold_to_boundary(graph, steps)
+    plan = Plan(graph.fingerprint, dict(budgets), dict(homes), tuple(steps), info,
+                boundary=autograd_boundary(graph, steps))  # fmt: skip
+    try:
+        result = simulate(graph, plan, profile, check_budgets=True)
+    except XschedError as e:
+        raise XschedError(f"internal error: a flattened hierarchical plan fails the simulator: {e.detail}",
+                          stage="solve", op=e.op, value=e.value, device=e.device, step=e.step) from e  # fmt: skip
+    return Plan(**{**plan.__dict__, "predicted": result.prediction()})
+
+
+def direct_plan(ix: HIndex, choice: Sequence[int], budgets: Mapping[str, int] | None = None) -> Plan:
+    """Every block once in stage order with option `choice[block]` (forward and backward parts alike), each read
+    not yet resident copied in from the device where the copy is cheapest: no solver, no recomputation. Checked
+    against `budgets` (none by default)."""
+    resident = {(v, d) for v, d in ix.home.items()}
+    r_on, c_on = set(), set()
+
+    def bring(v: int, d: int, t: int) -> None:
+        if (v, d) in resident:
+            return
+        srcs = [s for s in ix.dev_range if (v, s) in resident and ix.profile.link(ix.devices[s], ix.devices[d])]
+        if not srcs:
+            raise XschedError(f"no copy link brings {ix.values[v]} to {ix.devices[d]}", stage="solve",
+                              value=ix.values[v], device=ix.devices[d])  # fmt: skip
+        nbytes = int(round(ix.mem[v] * ix.mu))
+        src = min(srcs, key=lambda s: ix.profile.copy_time(ix.values[v], nbytes, ix.devices[s], ix.devices[d]))
+        c_on.add((v, src, d, t))
+        resident.add((v, d))
+
+    for t, (u, _) in enumerate(ix.units):
+        o = choice[u]
+        for v, d in ix.reads[(t, o)]:
+            bring(v, d, t)
+        r_on.add((t, o, t))
+        resident.update(ix.outs[(t, o)])
+    for v, d in ix.end_dev.items():
+        bring(v, d, ix.T)
+    ends = {(ix.values[v], ix.devices[d]) for v, d in resident if v in set(ix.outputs)}
+    info = SolverInfo("direct", "heuristic")
+    return finish_plan(ix.graph, ix.profile, plan_steps(ix, r_on, c_on), budgets or {}, ix.homes, ends, info)
+
+
+__all__ = ["Unit", "build_model", "direct_plan", "solve_hilp"]

@@ -1,0 +1,151 @@
+"""Options of a bottom block: its sub-graph scheduled by the flat solvers, on each device — checkpointing with
+every keep set (a fast spread of phantom sizes) and the stage MILP at budgets between the leanest and the fastest
+of those — and, with several devices, the MILP over all of them; each plan simulator-checked, then summarised."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from xsched.errors import XschedError
+from xsched.plan import Compute, Plan, place_frees
+from xsched.profile import Profile
+from xsched.solve.hier.hilp import hold_to_boundary
+from xsched.solve.hier.menu import Option, pareto, partial, summarize
+from xsched.solve.hier.region import Region, region_homes
+from xsched.solve.options import SolverOptions
+from xsched.solve.problem import validated
+from xsched.solve.remat import candidate_keeps, checkpoint_computes
+from xsched.solve.routing import finish, route
+
+EXACT_FRACTIONS = (0.0, 0.5)  # MILP budgets between the leanest (0) and the fastest (1) heuristic peak
+LEAF_GAP = 0.01  # an option within 1% of its block's optimum at that budget is as good as optimal one level up
+MIXED_FRACTIONS = (0.5,)  # several devices: the MILP with one device's budget at these shares of its own peak
+
+
+@dataclass(frozen=True)
+class LeafTask:
+    """What a worker needs to make a bottom block's options: the region, its profile, the devices, the homes
+    of the graph inputs it reads, seconds per exact solve (0: heuristics only), options kept and the seed."""
+
+    region: Region
+    profile: Profile
+    devices: tuple[str, ...]
+    graph_homes: Mapping[str, str]
+    exact_s: float
+    limit: int
+    seed: int = 0
+
+
+def leaf_options(task: LeafTask) -> list[Option]:
+    """The block's options, the Pareto front of every plan found (at most `task.limit` per home device)."""
+    region, prof = task.region, task.profile
+    sub = region.graph
+    found: list[Option] = []
+    for h in task.devices:
+        homes = region_homes(region, task.graph_homes, h)
+        if not all(prof.can_run(o.id, h) for o in sub.ops):
+            continue
+        plans = heuristic_plans(region, prof, h, homes)
+        found += [summarize(region, p, prof, h, p.solver.method) for p in plans]
+        if task.exact_s > 0 and plans and region.b_ops:  # without a backward part every plan keeps the same
+            peaks = sorted(p.predicted.peak_bytes.get(h, 0) for p in plans)
+            for f in EXACT_FRACTIONS:
+                budget = int(peaks[0] + f * (peaks[-1] - peaks[0]))
+                plan = exact_plan(region, prof, {h: budget}, (h,), homes, task.exact_s, plans, task.seed)
+                if plan is not None:
+                    found.append(summarize(region, plan, prof, h, f"milp@{f:g}"))
+    if len(task.devices) > 1 and task.exact_s > 0:
+        found += _mixed(task, found)
+    if not found:
+        raise XschedError(f"no schedule of block {sub.name} on any of {list(task.devices)}", stage="solve",
+                          op=sub.ops[0].id if sub.ops else None)  # fmt: skip
+    kept = pareto(found, task.limit)
+    if not region.b_ops:
+        kept += cones(region, prof, task.devices, task.graph_homes, task.limit * 2)
+    return kept
+
+
+def cones(region: Region, prof: Profile, devices: tuple[str, ...], graph_homes: Mapping[str, str],
+          limit: int) -> list[Option]:  # fmt: skip
+    """Recompute options of a block without a backward part: for each output, the ops it depends on in the block
+    (its cone) in graph order, on each device; the smallest `limit` cones. A wide DAG's long-lived values then cost
+    a recompute of their own cone, not of the whole block."""
+    sub = region.graph
+    idx = sub.op_index
+    seen: dict[frozenset[str], None] = {}
+    for y in region.outputs:
+        cone, stack = set(), [sub.producer[y]]
+        while stack:
+            o = stack.pop()
+            if o not in cone:
+                cone.add(o)
+                stack += [sub.producer[v] for v in sub.op[o].inputs if v in sub.producer]
+        if len(cone) < len(sub.ops):
+            seen.setdefault(frozenset(cone))
+    out = []
+    for cone in sorted(seen, key=lambda c: (len(c), sorted(c)))[:limit]:
+        for h in devices:
+            if not all(prof.can_run(o, h) for o in cone):
+                continue
+            homes = region_homes(region, graph_homes, h)
+            steps = place_frees(sub, [Compute(o, h) for o in sorted(cone, key=idx.__getitem__)], homes)
+            out.append(partial(region, steps, prof, h, f"cone:{len(cone)}"))
+    return out
+
+
+def heuristic_plans(region: Region, prof: Profile, device: str, homes: Mapping[str, str]) -> list[Plan]:
+    """Checkpointing on `device` with every keep set (graph order alone for a block without a backward part)."""
+    sub = region.graph
+    keeps = candidate_keeps(sub) if region.b_ops else [set()]
+    plans, seen = [], set()
+    for keep in keeps:
+        computes = checkpoint_computes(sub, keep, device)
+        key = tuple(computes)
+        if key in seen:
+            continue
+        seen.add(key)
+        steps = hold_to_boundary(sub, route(sub, computes, homes, prof))
+        plan = finish(sub, steps, "checkpoint", {}, homes, prof, time.perf_counter())
+        try:
+            plans.append(validated(sub, plan, prof, {}))
+        except XschedError:
+            continue  # a forward output recomputed only after the boundary: not an option
+    return plans
+
+
+def exact_plan(region: Region, prof: Profile, budgets: Mapping[str, int], devices: tuple[str, ...],
+               homes: Mapping[str, str], seconds: float, starts: list[Plan], seed: int) -> Plan | None:  # fmt: skip
+    """The stage MILP's plan within `budgets` (warm-started from the fastest plan of `starts` that fits), or None."""
+    from xsched.solve.milp import solve_milp
+
+    sub = region.graph
+    fits = [p for p in starts if all(p.predicted.peak_bytes.get(d, 0) <= b for d, b in budgets.items())
+            and dict(p.homes) == dict(homes)]  # fmt: skip
+    warm = min(fits, key=lambda p: p.predicted.time_s or 0.0, default=None)
+    opts = SolverOptions(time_limit_s=seconds, threads=1, seed=seed, restricted=(), mip_gap=LEAF_GAP)
+    try:
+        plan = solve_milp(sub, prof, budgets, devices, homes, opts, warm_start=warm)
+        plan = validated(sub, plan, prof, budgets)
+    except XschedError:
+        return None
+    return replace(plan, budgets={})
+
+
+def _mixed(task: LeafTask, single: list[Option]) -> list[Option]:
+    """Several devices: the MILP over all of them with one device's budget at MIXED_FRACTIONS of the peak of its
+    fastest single-device option's plan (inputs from other blocks on that device) and the others free."""
+    region, prof = task.region, task.profile
+    out = []
+    for d in task.devices:  # inputs from other blocks on the device whose memory is constrained
+        homes = region_homes(region, task.graph_homes, d)
+        mine = [o for o in single if o.home == d]
+        if not mine:
+            continue
+        peak = min(mine, key=lambda o: o.time_s).peak.get(d, 0)
+        for f in MIXED_FRACTIONS:
+            plan = exact_plan(region, prof, {d: int(peak * f)}, task.devices, homes, task.exact_s, [], task.seed)
+            if plan is not None:
+                out.append(summarize(region, plan, prof, d, f"milp-mixed:{d}@{f:g}"))
+    return out

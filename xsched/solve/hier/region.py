@@ -1,0 +1,79 @@
+"""A block as a problem of its own: the sub-graph of its ops (inputs: every value it reads from outside it;
+outputs: every value it makes that is read outside it or is a graph output), its profile, and its homes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from xsched.graph import Graph, Value
+from xsched.profile import Profile
+
+
+@dataclass(frozen=True)
+class Region:
+    """The sub-graph of a block: forward part `f_ops`, backward part `b_ops` (graph order), the values it reads
+    from outside (`inputs`) and the values it leaves for others, made by its forward part (`f_outputs`, which must
+    be resident when its backward part starts) or by its backward part (`b_outputs`)."""
+
+    graph: Graph
+    f_ops: tuple[str, ...]
+    b_ops: tuple[str, ...]
+    inputs: tuple[str, ...]
+    f_outputs: tuple[str, ...]
+    b_outputs: tuple[str, ...]
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return self.f_outputs + self.b_outputs
+
+
+def make_region(graph: Graph, f_ops: Sequence[str], b_ops: Sequence[str], name: str = "") -> Region:
+    """The region of ops `f_ops` + `b_ops` of `graph` (a convex set: its graph order is topological)."""
+    mine = set(f_ops) | set(b_ops)
+    ops = [o for o in graph.ops if o.id in mine]
+    made = {v for o in ops for v in o.outputs}
+    read = list(dict.fromkeys(v for o in ops for v in o.inputs))
+    inputs = [v for v in read if v not in made]
+    outside = {v for v in made if any(c not in mine for c in graph.consumers[v])}
+    graph_out = set(graph.outputs)
+    fset = set(f_ops)
+
+    def leaves(op_ids: Iterable[str]) -> tuple[str, ...]:
+        return tuple(v for o in op_ids for v in graph.op[o].outputs if v in outside or v in graph_out)
+
+    f_out, b_out = leaves(o.id for o in ops if o.id in fset), leaves(o.id for o in ops if o.id not in fset)
+    bwd_made = {v for o in graph.ops if o.phase == "bwd" for v in o.outputs}
+    values: list[Value] = []
+    present = set(inputs) | made
+    for v in graph.values:
+        if v.id not in present:
+            continue
+        if v.id in made:
+            values.append(_trim(v, present))
+        elif v.id in graph.producer:  # made by another block: an input here, a tangent if a backward op made it
+            values.append(Value(v.id, v.nbytes, "tangent" if v.id in bwd_made else "input", v.shape, v.dtype))
+        else:
+            values.append(_trim(v, present))
+    extra = {"forward_outputs": [{"ref": v} for v in f_out]} if b_ops else {}
+    sub = Graph(name or graph.name, tuple(values), tuple(ops), f_out + b_out, extra)
+    return Region(sub, tuple(o.id for o in ops if o.id in fset), tuple(o.id for o in ops if o.id not in fset),
+                  tuple(inputs), f_out, b_out)  # fmt: skip
+
+
+def _trim(v: Value, present: set[str]) -> Value:
+    """The value without links (grad_of, updates) to values outside the region."""
+    return replace(v, grad_of=v.grad_of if v.grad_of in present else None,
+                   updates=v.updates if v.updates in present else None)  # fmt: skip
+
+
+def sub_profile(profile: Profile, sub: Graph) -> Profile:
+    """The profile restricted to the region's ops, for its fingerprint."""
+    ops = set(sub.op)
+    compute = {d: {o: c for o, c in costs.items() if o in ops} for d, costs in profile.compute.items()}
+    return replace(profile, graph=sub.fingerprint, compute=compute)
+
+
+def region_homes(region: Region, homes: Mapping[str, str], home: str) -> dict[str, str]:
+    """Graph inputs stay on their homes; every other input (made by another block) starts on `home`."""
+    return {v: homes.get(v, home) for v in region.inputs}

@@ -1,0 +1,199 @@
+"""`solve_hier`: the hierarchy, each class of identical blocks solved once (bottom blocks by the flat solvers,
+the others by the H-ILP over their children's options) in a process pool, level by level, then the H-ILP of the
+whole graph under the real budgets, flattened into one plan."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from multiprocessing import get_context
+from typing import Any
+
+from xsched.errors import XschedError
+from xsched.graph import Graph
+from xsched.plan import Plan, SolverInfo
+from xsched.profile import Profile
+from xsched.solve.boundary import forward_outputs
+from xsched.solve.hier.canon import Canon, canon
+from xsched.solve.hier.hierarchy import MAX_GROUP, MAX_LEAF, MAX_TOP, Block, build_hierarchy
+from xsched.solve.hier.hilp import Unit, direct_plan, solve_hilp
+from xsched.solve.hier.hindex import index
+from xsched.solve.hier.leaf import LeafTask, leaf_options
+from xsched.solve.hier.menu import Option, fastest, leanest, translate
+from xsched.solve.hier.region import Region, make_region, sub_profile
+from xsched.solve.hier.upper import RegionTask, region_options
+from xsched.solve.milp import NoIncumbent
+from xsched.solve.options import SolverOptions
+
+OPTIONS_PER_BLOCK = 6  # per home device (HiREmate's N_o, split evenly)
+DEFAULT_OPTIONS = SolverOptions()  # frozen: one shared default
+
+
+@dataclass(frozen=True)
+class HierSettings:
+    """Sizes of the hierarchy, options kept per block, seconds per bottom MILP and per block H-ILP (0 for the
+    MILP: checkpointing only), and worker processes (None: the core count)."""
+
+    max_leaf: int = MAX_LEAF
+    max_group: int = MAX_GROUP
+    max_top: int = MAX_TOP
+    options: int = OPTIONS_PER_BLOCK
+    leaf_s: float | None = None
+    region_s: float | None = None
+    workers: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, low in (("max_leaf", 1), ("max_group", 2), ("max_top", 1), ("options", 1)):
+            if getattr(self, name) < low:
+                raise XschedError(f"hier setting {name} must be at least {low}, got {getattr(self, name)}",
+                                  stage="solve")  # fmt: skip
+
+    def seconds(self, limit: float) -> tuple[float, float]:
+        """Per bottom MILP and per block H-ILP: 2% and 5% of the time limit (within [0.5, 5] and [1, 30] s)."""
+        leaf = self.leaf_s if self.leaf_s is not None else min(5.0, max(0.5, 0.02 * limit))
+        region = self.region_s if self.region_s is not None else min(30.0, max(1.0, 0.05 * limit))
+        return leaf, region
+
+
+def solve_hier(graph: Graph, profile: Profile, budgets: Mapping[str, int], devices: Sequence[str],
+               homes: Mapping[str, str], options: SolverOptions = DEFAULT_OPTIONS, warm_start: Plan | None = None,
+               settings: HierSettings | None = None) -> Plan:  # fmt: skip
+    """The hierarchical plan (simulator-checked under `budgets`) found within `options.time_limit_s`."""
+    t0 = time.perf_counter()
+    st = settings or HierSettings()
+    workers = st.workers if st.workers is not None else options.workers
+    limit = options.time_limit_s if options.time_limit_s is not None else 3600.0
+    leaf_s, region_s = st.seconds(limit)
+    devices = tuple(devices)
+    hier = build_hierarchy(graph, st.max_leaf, st.max_group, st.max_top)
+    blocks = hier.blocks
+    top = blocks[-1]
+    pos = {id(b): i for i, b in enumerate(blocks)}
+    log: dict[str, Any] = {"levels": hier.levels, "blocks": len(blocks) - 1, "partition_s": time.perf_counter() - t0}
+    solved = _Solved(graph, profile, devices, homes)
+    with _pool(workers, len(blocks)) as run:
+        levels = sorted({b.level for b in blocks[:-1]})
+        for level in levels:
+            mine = [b for b in blocks[:-1] if b.level == level]
+            for leaf_pass in (True, False):  # bottom blocks of this level first: parents may mix both
+                group = [b for b in mine if b.leaf == leaf_pass]
+                if not group:
+                    continue
+                if leaf_pass:
+                    solved.leaves(group, pos, run, leaf_s, st.options, options.seed)
+                else:
+                    solved.internal(group, pos, run, region_s, st.options, options.seed)
+    log |= solved.log | {"before_top_s": time.perf_counter() - t0}
+    units = tuple(Unit(c.f_ops, c.b_ops, tuple(solved.options[pos[id(c)]])) for c in top.children)
+    left = max(1.0, limit - (time.perf_counter() - t0))
+    plan, how = _top(graph, profile, units, budgets, devices, homes, replace(options, time_limit_s=left))
+    info = plan.solver
+    status = "time_limit" if info.status == "time_limit" else "feasible"
+    extra = {**log, "top": how, "top_status": info.status, "top_gap": info.gap, **dict(info.extra)}
+    return replace(plan, solver=SolverInfo("hier", status, None, time.perf_counter() - t0, extra))
+
+
+def _top(graph: Graph, profile: Profile, units: tuple[Unit, ...], budgets: Mapping[str, int],
+         devices: tuple[str, ...], homes: Mapping[str, str], options: SolverOptions) -> tuple[Plan, str]:  # fmt: skip
+    """The H-ILP of the whole graph; without a plan from it, the better of the no-solver plans (every block once,
+    fastest or leanest options) that fits the budgets, said so; else the H-ILP's own error."""
+    fwd = forward_outputs(graph)
+    try:
+        return solve_hilp(graph, profile, units, budgets, devices, homes, fwd, options), "hilp"
+    except XschedError as e:
+        err = e
+    ix = index(graph, profile, units, {}, devices, homes, fwd)
+    first = devices[0]
+    for name, pick in (("fast", fastest), ("lean", leanest)):
+        try:
+            return direct_plan(ix, [pick(u.options, first) for u in units], budgets), f"{name} (H-ILP: {err.detail})"
+        except XschedError:
+            continue
+    # not a proof that no plan exists: the blocks, their options and the stage order restrict the model
+    raise NoIncumbent(f"hier: {err.detail} (for this decomposition and its options)")
+
+
+class _Solved:
+    """Each block's options, by its position in the hierarchy's walk; one solve per class of identical blocks."""
+
+    def __init__(self, graph: Graph, profile: Profile, devices: tuple[str, ...], homes: Mapping[str, str]) -> None:
+        self.graph, self.profile, self.devices, self.homes = graph, profile, devices, homes
+        self.options: dict[int, list[Option]] = {}
+        self.keys: dict[int, str] = {}
+        self.log: dict[str, Any] = {"classes": 0, "solved": 0, "leaf_s": 0.0, "region_s": 0.0}
+
+    def _region(self, b: Block) -> Region:
+        return make_region(self.graph, b.f_ops, b.b_ops, f"{self.graph.name}[{b.f_ops[0] if b.f_ops else b.b_ops[0]}]")
+
+    def _homes(self, region: Region) -> dict[str, str]:
+        return {v: self.homes[v] for v in region.inputs if v in self.homes}
+
+    def _classes(self, group: Sequence[Block], children: Callable[[Block], tuple[str, ...]]):
+        members: dict[str, list[tuple[Block, Region, Canon]]] = {}
+        for b in group:
+            region = self._region(b)
+            c = canon(region, self.profile, self.devices, self._homes(region), children(b))
+            members.setdefault(c.key, []).append((b, region, c))
+        self.log["classes"] += len(members)
+        return members
+
+    def _spread(self, members, results, pos: Mapping[int, int]) -> None:
+        for (key, group), opts in zip(members.items(), results):
+            rep = group[0][2]
+            for b, _, c in group:
+                ops, values = rep.to(c)
+                i = pos[id(b)]
+                self.keys[i] = key
+                self.options[i] = opts if c is rep else [translate(o, ops, values, self.graph, self.profile)
+                                                         for o in opts]  # fmt: skip
+
+    def leaves(self, group: Sequence[Block], pos: Mapping[int, int], run, seconds: float, limit: int,
+               seed: int) -> None:  # fmt: skip
+        t0 = time.perf_counter()
+        members = self._classes(group, lambda b: ())
+        tasks = [LeafTask(r, sub_profile(self.profile, r.graph), self.devices, self._homes(r), seconds, limit, seed)
+                 for _, r, _ in (g[0] for g in members.values())]  # fmt: skip
+        results = run(leaf_options, tasks)
+        self.log["solved"] += len(tasks)
+        self._spread(members, results, pos)
+        self.log["leaf_s"] += time.perf_counter() - t0
+
+    def internal(self, group: Sequence[Block], pos: Mapping[int, int], run, seconds: float, limit: int,
+                 seed: int) -> None:  # fmt: skip
+        t0 = time.perf_counter()
+        members = self._classes(group, lambda b: tuple(self.keys[pos[id(c)]] for c in b.children))
+        tasks = []
+        for b, r, _ in (g[0] for g in members.values()):
+            units = tuple(Unit(c.f_ops, c.b_ops, tuple(self.options[pos[id(c)]])) for c in b.children)
+            tasks.append(RegionTask(r, sub_profile(self.profile, r.graph), units, self.devices, self._homes(r),
+                                    seconds, limit, seed))  # fmt: skip
+        results = run(region_options, tasks)
+        self.log["solved"] += len(tasks)
+        self._spread(members, results, pos)
+        self.log["region_s"] += time.perf_counter() - t0
+
+
+class _pool:
+    """map() over tasks: in this process for one worker or one task, else in a pool of forked processes (results
+    in task order, so the outcome does not depend on which worker finishes first)."""
+
+    def __init__(self, workers: int | None, n: int) -> None:
+        self.workers = max(1, workers if workers is not None else (os.cpu_count() or 1))
+        self.executor: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> Callable[[Callable, list], list]:
+        return self.map
+
+    def map(self, fn: Callable, tasks: list) -> list:
+        if self.workers == 1 or len(tasks) <= 1:
+            return [fn(t) for t in tasks]
+        if self.executor is None:
+            self.executor = ProcessPoolExecutor(self.workers, mp_context=get_context("fork"))
+        return list(self.executor.map(fn, tasks))
+
+    def __exit__(self, *exc: object) -> None:
+        if self.executor is not None:
+            self.executor.shutdown(cancel_futures=True)
