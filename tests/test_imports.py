@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "xsched"
 # Layers, lowest first: a module may import modules of its own layer or below, never above. The longest
 # matching prefix decides a module's layer; the package facade `xsched` (lazy re-exports) stands outside.
 LAYERS = [
-    ["xsched.errors", "xsched.budgets", "xsched.zoo", "xsched.solve.options", "xsched.devices.energy",
+    ["xsched.errors", "xsched.files", "xsched.budgets", "xsched.zoo", "xsched.solve.options", "xsched.devices.energy",
      "xsched.execute.rng", "xsched.execute.stores", "xsched.execute.workers"],
     ["xsched.graph"],
     ["xsched.ops", "xsched.onnx.nodes", "xsched.plan", "xsched.profile.contract", "xsched.profile", "xsched.lanes"],

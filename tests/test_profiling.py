@@ -10,6 +10,7 @@ import re
 import pytest
 import torch
 
+import xsched.files as files
 import xsched.profile.store as prof
 from xsched.devices import Policy, get_device
 from xsched.devices.base import Device, Measurement
@@ -253,7 +254,7 @@ def test_interrupted_save_loses_nothing(tmp_path, graph, profile, monkeypatch):
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(prof.os, "replace", interrupted)
+    monkeypatch.setattr(files.os, "replace", interrupted)  # the atomic write save_profile goes through
     with pytest.raises(KeyboardInterrupt):
         save_profile(changed, path)
     assert path.read_bytes() == before and os.listdir(tmp_path) == ["p.json"]  # no temp file left behind

@@ -3,11 +3,8 @@ the file and checks it is for this graph, these devices and this machine (or re-
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +13,7 @@ import torch
 
 from xsched.devices.base import get_device, installed_kinds
 from xsched.errors import ProfileError
+from xsched.files import atomic_write
 from xsched.graph import Graph
 from xsched.profile.contract import Profile
 from xsched.profile.measure import profile_graph
@@ -32,24 +30,11 @@ def default_profile_path(graph: Graph, devices: Sequence[str]) -> Path:
 
 def save_profile(profile: Profile, path: str | Path) -> Path:
     """Write the profile atomically: a temp file in the same folder, fsync, rename; an interrupted save loses nothing."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     try:
         text = json.dumps(profile.to_dict(), indent=1, allow_nan=False) + "\n"
     except ValueError as e:
         raise ProfileError(f"profile has a non-finite number and cannot be saved as JSON: {e}") from e
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return path
+    return atomic_write(path, lambda f: f.write(text.encode()))
 
 
 def check_profile(

@@ -5,40 +5,20 @@ whole; the newest two are kept, and resuming reads the newest one that loads."""
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import re
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import torch
 
 from xsched.errors import XschedError
+from xsched.files import atomic_write
 
 FORMAT = "xsched.train.checkpoint/1"
 KEEP = 2  # the newest file and one before it, in case the newest cannot be read
 _NAME = re.compile(r"^step-(\d{8,})\.pt$")
-
-
-def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None]) -> Path:
-    """Write `path` through `write(file)` into a temp file beside it, fsync it, then rename it over `path`: a
-    reader sees the old file or the whole new one, never a part."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return path
 
 
 def checkpoint_path(directory: str | Path, step: int) -> Path:

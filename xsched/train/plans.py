@@ -15,11 +15,11 @@ from pathlib import Path
 
 from xsched.errors import PlanError, XschedError
 from xsched.execute.wrap_plan import DEFAULT_TIME_LIMIT_S, plan_profile, profile_path
+from xsched.files import atomic_write
 from xsched.graph import Graph
 from xsched.plan import Plan
 from xsched.profile import Profile
 from xsched.simulate import simulate
-from xsched.train.checkpoint import atomic_write
 
 KEY_FIELD = "train_cache_key"
 
