@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench_solver_compare import load
 from bench_zoo_floors import step_time  # scripts/ is on sys.path when this file runs
-from random_layered import random_layered
 
 from xsched import zoo
 from xsched.capture.torch import capture
@@ -148,13 +146,6 @@ def hiremate(args: argparse.Namespace) -> list[str]:
     return rows
 
 
-def random_graph(n: int, seed: int = 0) -> tuple[Graph, Profile]:
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / f"random_layered_n{n}.json"
-        path.write_text(json.dumps(random_layered(n, seed)))
-        return import_networkx(path)
-
-
 SCALE_HEAD = ["| graph | ops | costs | budget | flat auto | hier | flat solve | hier solve | hier levels/blocks/classes |",
               "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
 
@@ -185,7 +176,7 @@ def deep(args: argparse.Namespace) -> list[str]:
         _, graph = zoo_graph("gpt2", f"small:n_layer={layers}")
         rows += scale_rows(f"gpt2 (small, {layers} layers)", graph, measured_profile(graph, ["cpu"]), "cpu", (0.5,),
                            "measured", 600, 2 * args.limit)  # fmt: skip
-    graph, profile = random_graph(1000)
+    graph, profile = load("random_layered:1000:0")  # the generator's graph, as the solver compare loads it
     return rows + scale_rows(
         "random layered, seed 0", graph, profile, BENCH_DEVICE, (0.9,), "published family", 300, 2 * args.limit
     )
