@@ -341,6 +341,19 @@ def test_highs_matrix_is_the_pyomo_model() -> None:
         )
 
 
+@pytest.mark.parametrize("first, then", [(None, 1), (1, None), (1, 2)])
+def test_solves_with_other_thread_counts_in_one_process_all_run(first: int | None, then: int | None) -> None:
+    """HiGHS refuses a run whose thread count differs from the one its process-wide scheduler started with: the
+    second solve (as the hierarchical solver's one-thread H-ILP after a default MILP) still finds the optimum."""
+    g = GRAPHS["chain3_train"]
+    prof = profile_for(g, {"cpu": times_of(g)})
+    homes = {v: "cpu" for v in g.inputs}
+    budgets = {"cpu": eager_peak(g)}
+    for threads in (first, then):
+        plan = solve_milp(g, prof, budgets, ["cpu"], homes, replace(FAST, threads=threads))
+        assert plan.solver.status == "optimal"
+
+
 def test_heuristic_plan_is_a_feasible_start_of_the_lean_model() -> None:
     """The aggregated free group and the pruned free positions still admit a real plan: the checkpoint
     heuristic's plan on random_layered_n100 at 80%, mapped to stage variables, satisfies every constraint."""

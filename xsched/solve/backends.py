@@ -52,6 +52,24 @@ def new_highs():  # highspy.Highs
     return h
 
 
+_SCHEDULER_THREADS: list[int] = []  # the thread count HiGHS's process-wide scheduler was last started with
+
+
+def set_threads(h, threads: int | None) -> None:
+    """HiGHS's thread count for `h`'s next run (None or 0: HiGHS's default). HiGHS starts one scheduler per process
+    with the count of its first run and refuses (kError, no solution) a later run that asks for another, so the
+    scheduler is reset first when the count changes. Safe here: HiGHS runs one at a time in a process (parallel
+    solves use processes)."""
+    import highspy
+
+    want = int(threads or 0)
+    if _SCHEDULER_THREADS and _SCHEDULER_THREADS[0] != want:
+        highspy.Highs.resetGlobalScheduler(True)
+    _SCHEDULER_THREADS[:] = [want]
+    if want:
+        h.setOptionValue("threads", want)
+
+
 def to_highs(m: pyo.ConcreteModel, watched: list | None = None):  # (highspy.Highs, columns, column of each watched)
     """The model as one sparse matrix (Pyomo's standard-form compiler), passed to highspy in one call: a few
     times faster than appsi's per-constraint hand-off. `watched`: the variables whose columns are returned
@@ -118,8 +136,7 @@ def solve_highs(
     handoff_s = time.perf_counter() - t0
     h.setOptionValue("output_flag", bool(options.verbose))
     h.setOptionValue("mip_rel_gap", float(options.mip_gap))
-    if options.threads:
-        h.setOptionValue("threads", options.threads)
+    set_threads(h, options.threads)
     n = len(columns)
     x = np.array([float(v.value or 0.0) for v in columns]) if warm else None
     found: list[np.ndarray] = []

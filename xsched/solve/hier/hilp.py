@@ -261,7 +261,7 @@ def run_highs(m: pyo.ConcreteModel, ix: HIndex, options: SolverOptions, t0: floa
               start: tuple[set, set] | None = None) -> dict:  # fmt: skip
     """HiGHS on the model until the time limit (from t0), from `start` (runs and copies; HiGHS completes the
     other variables or drops it): status, the watched columns' values, objective, bound."""
-    from xsched.solve.backends import to_highs
+    from xsched.solve.backends import set_threads, to_highs
 
     watched = [*m.R.values(), *m.S.values(), *m.C.values()]
     h, _, cols = to_highs(m, watched)
@@ -277,7 +277,7 @@ def run_highs(m: pyo.ConcreteModel, ix: HIndex, options: SolverOptions, t0: floa
     h.setOptionValue("time_limit", max(0.05, limit - (time.perf_counter() - t0)))
     h.setOptionValue("mip_rel_gap", float(options.mip_gap))
     h.setOptionValue("output_flag", bool(options.verbose))
-    h.setOptionValue("threads", 1)
+    set_threads(h, 1)
     h.setOptionValue("random_seed", int(options.seed))
     t1 = time.perf_counter()
     h.run()

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pyomo.environ as pyo
 
-from xsched.solve.backends import new_highs
+from xsched.solve.backends import new_highs, set_threads
 from xsched.solve.intervals.cpsat import Outcome
 from xsched.solve.intervals.data import IntervalData
 from xsched.solve.intervals.extract import Placement
@@ -160,8 +160,7 @@ def solve_highs_intervals(data: IntervalData, time_limit_s: float, hint: Placeme
     h = new_highs()
     h.setOptionValue("output_flag", bool(options.verbose))
     h.setOptionValue("mip_rel_gap", float(options.mip_gap))
-    if options.threads:
-        h.setOptionValue("threads", options.threads)
+    set_threads(h, options.threads)
     h.passModel(
         len(cols), len(rhs), a_mat.nnz, int(highspy.MatrixFormat.kColwise), int(highspy.ObjSense.kMinimize),
         float(info.c_offset[0]), info.c.toarray()[0].astype(float),
