@@ -1,9 +1,11 @@
 """The hierarchical solver: every plan valid in the simulator (random training graphs, two devices), its quality
-against the exhaustive optimum on a small graph, determinism, training through wrap like eager, bad settings."""
+against the exhaustive optimum on small graphs (one where a gradient op is deferred), determinism, training
+through wrap like eager, bad settings."""
 
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -17,7 +19,7 @@ from torch.testing import assert_close
 
 from xsched.capture.torch import capture
 from xsched.errors import XschedError
-from xsched.graph import Graph
+from xsched.graph import Graph, Op, Value
 from xsched.plan import Compute, Plan
 from xsched.profile import Profile
 from xsched.profile.model import cost_profile
@@ -69,6 +71,42 @@ def test_quality_matches_the_exhaustive_optimum_on_a_small_graph() -> None:
         plan = solve_hier(g, prof, {"cpu": budget}, ["cpu"], homes, SolverOptions(time_limit_s=10), settings=one)
         valid(g, plan, prof, {"cpu": budget})
         assert best - 1e-9 <= plan.predicted.time_s <= 1.03 * best, (budget, plan.predicted.time_s, best)
+
+
+def deferral_graph() -> Graph:
+    """Three layers with parameters w0..w2; the backward op of the last layer makes the largest gradient (gw2, 100
+    bytes) first, from 20 bytes of inputs (a2, a1)."""
+    vals = [Value("x", 8, "input"), *(Value(f"w{i}", 4, "param") for i in range(3))]
+    ops, prev = [], "x"
+    for i, n in enumerate([40, 10, 10]):
+        vals.append(Value(f"a{i}", n))
+        ops.append(Op(f"f{i}", "t.fwd", (prev, f"w{i}"), (f"a{i}",), "fwd"))
+        prev = f"a{i}"
+    grad = "a2"
+    for i, gw in reversed(list(enumerate([20, 20, 100]))):
+        outs = (f"g{i - 1}", f"gw{i}") if i else (f"gw{i}",)
+        vals += [Value(f"g{i - 1}", 10)] if i else []
+        vals.append(Value(f"gw{i}", gw, grad_of=f"w{i}"))
+        ops.append(Op(f"b{i}", "t.bwd", (grad, f"a{i - 1}" if i else "x", f"w{i}"), outs, "bwd"))
+        grad = f"g{i - 1}"
+    return Graph("defer", tuple(vals), tuple(ops), ("gw0", "gw1", "gw2"))
+
+
+def test_a_gradient_op_is_deferred_as_the_optimum_does() -> None:
+    """10 bytes under the eager peak, the optimum over all step sequences frees gw2 at once and makes it again at
+    the end (b2 runs twice); the hierarchical plan matches it, and without deferred gradient ops it has none."""
+    g = deferral_graph()
+    prof = profile_for(g, {"cpu": times_of(g)})
+    homes = {v: "cpu" for v in g.inputs}
+    budgets = {"cpu": eager_peak(g) - 10}
+    best = exhaustive_optimum(g, prof, budgets, ["cpu"], homes)
+    one = HierSettings(max_leaf=2, max_top=4, leaf_s=1, region_s=2, workers=1)
+    plan = solve_hier(g, prof, budgets, ["cpu"], homes, SolverOptions(time_limit_s=10), settings=one)
+    valid(g, plan, prof, budgets)
+    assert plan.predicted.time_s == pytest.approx(best)
+    assert [s.op for s in plan.steps if isinstance(s, Compute)].count("b2") == 2
+    with pytest.raises(XschedError):
+        solve_hier(g, prof, budgets, ["cpu"], homes, SolverOptions(time_limit_s=10), settings=replace(one, defer=False))
 
 
 def gpt() -> tuple[Graph, Profile]:

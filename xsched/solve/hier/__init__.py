@@ -6,7 +6,7 @@ children's options), then the H-ILP of the whole graph under the real budgets, f
 |---|---|
 | `partition` | H-Partition on a DAG: dominator candidates, the greedy grouping, contraction, convexity |
 | `hierarchy` | the blocks of a graph: forward partition level by level, backward ops assigned to blocks |
-| `region` | a block as a problem: its sub-graph, profile and homes |
+| `region` | a block as a problem: its sub-graph, profile and homes; the deferrable gradient ops |
 | `canon` | canonical forms of blocks (classes of identical blocks) and their renaming |
 | `menu` | options (a block's schedule summarised for the level above), translation, Pareto selection |
 | `leaf` | options of bottom blocks from the flat solvers |

@@ -96,7 +96,8 @@ class _Greedy:
         pin = pinned | {("v", v, d) for v, d in ix.reads[(k, o)]}
         for v, d in ix.reads[(k, o)]:
             self.ensure(v, d, t, pin)
-        if k in ix.twin and self.held.get(ix.twin[k]) != o:
+        whole_b = k in ix.twin and ix.full[k][o]  # a backward part's first run, which needs its phantom
+        if whole_b and self.held.get(ix.twin[k]) != o:
             self.run(ix.twin[k], o, t, pin)
         pin |= {("p", ix.twin.get(k, k))}
         for d in ix.dev_range:  # the correction terms: inputs read for the last time here are freed in the part
@@ -114,7 +115,7 @@ class _Greedy:
             self.held[k] = o
             for d in ix.dev_range:
                 self.used[d] += ix.phantom[k][o][d]
-        if k in ix.twin:
+        if whole_b:
             self.release(ix.twin[k])
 
     def release(self, f: int) -> None:
@@ -138,13 +139,19 @@ class _Greedy:
             self.add(v, d)
             return
         p = ix.prod[v]
-        if p is None or ix.units[p][1] == "b":
-            raise _Stuck  # an input elsewhere with no link, or a gradient dropped: cannot be rebuilt
-        makers = [o for o in range(len(ix.parts[p])) if (v, d) in ix.outs[(p, o)] and (t > p or ix.full[p][o])
+        if p is None:
+            raise _Stuck  # an input elsewhere with no link: cannot be rebuilt
+        makers = [o for o in self._makers(p, v) if (v, d) in ix.outs[(p, o)] and (t > p or ix.full[p][o])
                   and (not self.strict or ((p, o, t) not in self.runs and t <= ix.last[p]))]  # fmt: skip
         if not makers:
-            raise _Stuck
+            raise _Stuck  # e.g. a gradient dropped that no partial option makes again
         self.run(p, min(makers, key=lambda o: (ix.time[p][o], o)), t, pinned)
+
+    def _makers(self, p: int, v: int) -> list[int]:
+        """Options of stage-unit p that can make v again: any of a forward part's, a backward part's partial ones."""
+        ix = self.ix
+        return [o for o in range(len(ix.parts[p])) if ix.mine[p][o] and (ix.units[p][1] == "f" or not ix.full[p][o])
+                and any(vv == v for vv, _ in ix.outs[(p, o)])]  # fmt: skip
 
     def fit(self, d: int, need: float, t: int, pinned: set) -> None:
         """Drop what is cheapest to rebuild until `need` more fits on d."""
@@ -183,12 +190,9 @@ class _Greedy:
     def _cost(self, v: int, memo: dict[int, float], depth: int = 0) -> float:
         """Time to make v again: its cheapest maker and, recursively (8 levels), the inputs that are not resident."""
         if v not in memo:
-            ix, p = self.ix, self.ix.prod[v]
-            if p is None or ix.units[p][1] == "b":
-                memo[v] = 1e9
-            else:
-                makers = [o for o in range(len(ix.parts[p])) if any(vv == v for vv, _ in ix.outs[(p, o)])]
-                memo[v] = min(self._rebuild(p, o, memo, depth) for o in makers) if makers else 1e9
+            p = self.ix.prod[v]
+            makers = self._makers(p, v) if p is not None else []
+            memo[v] = min(self._rebuild(p, o, memo, depth) for o in makers) if makers else 1e9
         return memo[v]
 
     def _rebuild(self, k: int, o: int, memo: dict[int, float], depth: int = 0) -> float:

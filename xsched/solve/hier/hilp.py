@@ -2,10 +2,15 @@
 kept, copied and freed, phantoms held from a block's forward part to its backward part; built in Pyomo, solved by
 HiGHS through the project's hand-off, extracted into steps the simulator checks.
 
-Memory is counted conservatively: while a part runs, its boundary outputs count from its start and its own figure
-(`Part.run`) covers everything else it holds; boundary values are freed only after their last reader in a stage.
-The flattened plan frees every residency after its last read, never later than the model assumes, so its peak
-stays within the model's figure (the simulator confirms it for every plan).
+Memory: while a part runs, its own figures (`Part.points`) cover what it makes (boundary outputs from their making
+on) less the boundary values it read for the last time that the level above frees after it (the correction terms);
+boundary values are otherwise freed only after their last reader in a stage. The flattened plan frees every
+residency after its last read, never later than the model assumes, so its peak stays within the model's figure
+(the simulator confirms it for every plan).
+
+Recomputation: a forward part may run again in a later stage (any option); a backward part only with a partial
+option (a deferred gradient op, `region.deferrable`), after the stage's own part, to make a parameter's gradient
+again late as the flat optimum does: its first run's copy is then freed at once.
 """
 
 from __future__ import annotations
@@ -83,7 +88,7 @@ def build_model(ix: HIndex, alpha: float = 0.0) -> pyo.ConcreteModel:
         freed_at.setdefault((d, t, k), []).append(v)
     capped = [d for d in ix.dev_range if ix.budget[d] is not None]
     u_keys = [(d, t, k) for d in capped for t in range(T) for k in ix.r_at.get(t, ())]
-    k_keys = [(k, c) for k, cls in ix.rng_class.items() for c in sorted(set(cls))]
+    k_keys = [(k, c) for k, fits in ix.rng_class.items() for c in sorted({c for f in fits for c in f})]
     # ---- variable groups
     m.R = pyo.Var(ix.r_keys, domain=pyo.Binary)  # R[k,o,t]: stage-unit k runs with option o in stage t
     m.S = pyo.Var(ix.s_keys, domain=pyo.Binary)  # S[v,d,t]: boundary value v is resident on d when stage t starts
@@ -102,9 +107,11 @@ def build_model(ix: HIndex, alpha: float = 0.0) -> pyo.ConcreteModel:
     def arrive(v: int, d: int, t: int) -> list:
         return [C[k] for k in c_into.get((v, d, t), ())]
 
-    def made(v: int, d: int, t: int) -> list:
+    rank = {t: {k: i for i, k in enumerate(ks)} for t, ks in ix.r_at.items()}
+
+    def made(v: int, d: int, t: int, before: int | None = None) -> list:  # in stage t (before stage-unit `before`)
         p = ix.prod[v]
-        if p is None:
+        if p is None or (before is not None and rank[t].get(p, len(rank[t])) >= rank[t][before]):
             return []
         return [R[p, o, t] for o in range(len(ix.parts[p])) if (v, d) in ix.outs[(p, o)] and (p, o, t) in R]
 
@@ -119,11 +126,13 @@ def build_model(ix: HIndex, alpha: float = 0.0) -> pyo.ConcreteModel:
     m.needs = pyo.ConstraintList()  # a part's boundary reads are resident, copied in, or made earlier in the stage
     for k, o, t in ix.r_keys:
         for v, d in ix.reads[(k, o)]:
-            m.needs.add(R[k, o, t] <= sum([s(v, d, t), *arrive(v, d, t), *made(v, d, t)]))
+            m.needs.add(R[k, o, t] <= sum([s(v, d, t), *arrive(v, d, t), *made(v, d, t, k)]))
     m.phantom = pyo.ConstraintList()  # a backward part needs its forward part's phantom of the same option
     for b, f in ix.twin.items():
         for o in range(len(ix.parts[b])):
-            m.phantom.add(R[b, o, b] <= sum([P[f, o, b] if (f, o, b) in P else 0, R[f, o, b] if (f, o, b) in R else 0]))
+            if (b, o, b) in R:
+                m.phantom.add(R[b, o, b] <= sum([P[f, o, b] if (f, o, b) in P else 0,
+                                                 R[f, o, b] if (f, o, b) in R else 0]))  # fmt: skip
     for f, o, t in ix.sp_keys:  # ... which only a run of the forward part makes
         m.phantom.add(P[f, o, t] <= sum([P[f, o, t - 1] if (f, o, t - 1) in P else 0, R[f, o, t - 1]]))
     m.keep = pyo.ConstraintList()  # resident at t+1: resident at t, copied in or made during t
@@ -147,13 +156,13 @@ def build_model(ix: HIndex, alpha: float = 0.0) -> pyo.ConcreteModel:
         for v in ix.fwd_out:
             m.ends.add(sum(s(v, d, ix.t_back) for d in ix.dev_range) >= 1)
     m.draws = pyo.ConstraintList()  # every run of a block draws its random numbers from the same RNGs
-    for k, cls in ix.rng_class.items():
-        m.draws.add(sum(m.K[k, c] for c in set(cls)) <= 1)
+    for k, fits in ix.rng_class.items():
+        m.draws.add(sum(m.K[k, c] for c in {c for f in fits for c in f}) <= 1)
         for kk in [k, *(b for b, f in ix.twin.items() if f == k)]:
-            for o, c in enumerate(cls):
+            for o, f in enumerate(fits):
                 for t in range(kk, ix.last[kk] + 1):
                     if (kk, o, t) in R:
-                        m.draws.add(R[kk, o, t] <= m.K[k, c])
+                        m.draws.add(R[kk, o, t] <= sum(m.K[k, c] for c in f))
     m.free = pyo.ConstraintList()  # free after k only if k used it, once, with no later reader in the stage
     for (v, d, t), ks in acts.items():
         fs = [F[v, d, t, k] for k in ks if (v, d, t, k) in F]
@@ -320,7 +329,8 @@ def plan_steps(ix: HIndex, r_on: set, c_on: set) -> list[Step]:
     steps: list[Step] = []
     for t in range(ix.T + 1):
         steps += [Copy(ix.values[v], ix.devices[s_], ix.devices[d]) for v, s_, d in sorted(copies.get(t, ()))]
-        for k, o in sorted(runs.get(t, ())):
+        rank = {k: i for i, k in enumerate(ix.r_at.get(t, ()))}
+        for k, o in sorted(runs.get(t, ()), key=lambda r: (rank[r[0]], r[1])):
             steps += [s for s in ix.parts[k][o].steps if not isinstance(s, Free)]
     return steps
 

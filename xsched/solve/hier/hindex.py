@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from xsched.graph import Graph
 from xsched.plan import required_homes
 from xsched.profile import Profile
-from xsched.solve.hier.menu import Option, Part
+from xsched.solve.hier.menu import EMPTY, Option, Part
 
 BUDGET_SLACK = 1e-5  # as the stage MILP: whole bytes stay exact, the solver's tolerances cannot overshoot
 
@@ -64,14 +64,19 @@ class HIndex:
     phantom: list[list[list[float]]] = field(default_factory=list)  # [k][o][d] for forward stage-units
     last: list[int] = field(default_factory=list)  # k -> last stage it may run in
     r_keys: list[tuple[int, int, int]] = field(default_factory=list)
-    r_at: dict[int, list[int]] = field(default_factory=dict)  # t -> stage-units with R keys, ascending
+    r_at: dict[int, list[int]] = field(default_factory=dict)  # t -> stage-units with R keys, in the stage's run
+    # order: forward parts run again (ascending), its own stage-unit, then backward parts' partial runs (ascending:
+    # a deferred gradient op goes after the stage's own part, which never reads what it makes)
     s_keys: list[tuple[int, int, int]] = field(default_factory=list)
     c_keys: list[tuple[int, int, int, int]] = field(default_factory=list)
     sp_keys: list[tuple[int, int, int]] = field(default_factory=list)
     copy_time: dict[tuple[int, int, int, int], float] = field(default_factory=dict)
     copy_energy: dict[tuple[int, int, int, int], float] = field(default_factory=dict)
-    rng_class: dict[int, list[int]] = field(default_factory=dict)  # forward stage-unit -> class of each option
+    rng_class: dict[int, list[tuple[int, ...]]] = field(default_factory=dict)  # forward stage-unit -> the RNG
+    # classes (distinct draws of its full options) each option's draws fit in
     full: list[list[bool]] = field(default_factory=list)  # [k][o]: False for a partial recompute option
+    mine: list[list[bool]] = field(default_factory=list)  # [k][o]: the option runs this stage-unit (a partial one
+    # runs one part only: a forward cone or a deferred gradient op)
 
     @property
     def dev_range(self) -> range:
@@ -91,7 +96,7 @@ def index(graph: Graph, profile: Profile, units: Sequence[Unit], budgets: Mappin
                                                            if units[u].b_ops]  # fmt: skip
     T = len(stage_units)
     where = {(u, p): k for k, (u, p) in enumerate(stage_units)}
-    parts = [[(o.f if p == "f" else o.b) for o in units[u].options] for u, p in stage_units]
+    parts = [[(o.f if p == "f" else o.b or EMPTY) for o in units[u].options] for u, p in stage_units]
     twin = {k: where[(u, "f")] for k, (u, p) in enumerate(stage_units) if p == "b"}
     maker = {op: where[(u, "f")] for u, un in enumerate(units) for op in un.f_ops}
     maker |= {op: where[(u, "b")] for u, un in enumerate(units) for op in un.b_ops}
@@ -123,6 +128,7 @@ def index(graph: Graph, profile: Profile, units: Sequence[Unit], budgets: Mappin
         t_back=min(twin, default=None), reads=reads, outs=outs,
     )  # fmt: skip
     ix.full = [[o.full for o in units[u].options] for u, _ in stage_units]
+    ix.mine = [[o.full or (o.b is None) == (p == "f") for o in units[u].options] for u, p in stage_units]
     _coefficients(ix)
     _keys(ix, need_end)
     _rng(ix, units)
@@ -146,7 +152,7 @@ def _coefficients(ix: HIndex) -> None:
                 outsz[d] += ix.mem[v]
             own = [p.run.get(d, 0) / ix.mu for d in ix.devices]
             left = [p.left.get(d, 0) / ix.mu for d in ix.devices]
-            if ix.units[k][1] == "b":
+            if ix.units[k][1] == "b" and ix.full[k][o]:
                 ph = [ix.parts[ix.twin[k]][o].left.get(d, 0) / ix.mu for d in ix.devices]
                 after = [outsz[d] - ph[d] for d in range(nd)]
             else:
@@ -161,35 +167,33 @@ def _coefficients(ix: HIndex) -> None:
 
 
 def _keys(ix: HIndex, need_end: set[int]) -> None:
-    """R only from a stage-unit's own stage to the last one that can use what it makes; S and C only between a
-    value's first possible stage and the last stage that can read it (T for outputs)."""
+    """R only from a stage-unit's own stage to the last one that can use what it makes (a first run with a full
+    option; later, a forward part with any option, a backward part with its partial ones only); S and C only
+    between a value's first possible stage and the last stage that can read it (T for outputs)."""
     T, nv = ix.T, len(ix.values)
-    readers: dict[int, set[int]] = {}
-    for (k, _), rs in ix.reads.items():
-        for v, _ in rs:
-            readers.setdefault(v, set()).add(k)
-    made_by: dict[int, set[int]] = {}
-    for (k, _), os_ in ix.outs.items():
-        for v, _ in os_:
-            made_by.setdefault(k, set()).add(v)
     twin_of = {f: b for b, f in ix.twin.items()}
     need = [T if v in need_end else -1 for v in range(nv)]
     ix.last = [0] * T
+
+    def again(k: int, o: int) -> bool:  # may run in a stage after its own
+        return ix.mine[k][o] and (ix.units[k][1] == "f" or not ix.full[k][o])
+
     for k in reversed(range(T)):
-        if ix.units[k][1] == "b":
-            last = k
-        else:
-            last = max([k, twin_of.get(k, k), *(min(need[v], T - 1) for v in made_by.get(k, ()))])
+        remade = {v for o in range(len(ix.parts[k])) if again(k, o) for v, _ in ix.outs[(k, o)]}
+        last = max([k, twin_of.get(k, k), *(min(need[v], T - 1) for v in remade)])
         ix.last[k] = last
         for v in {v for o in range(len(ix.parts[k])) for v, _ in ix.reads[(k, o)]}:
             need[v] = max(need[v], last)
     for k in range(T):
         for t in range(k, ix.last[k] + 1):
             ix.r_at.setdefault(t, []).append(k)
-            ix.r_keys += [(k, o, t) for o in range(len(ix.parts[k])) if t > k or ix.full[k][o]]
+            ix.r_keys += [(k, o, t) for o in range(len(ix.parts[k]))
+                          if (again(k, o) if t > k else ix.full[k][o] and ix.mine[k][o])]  # fmt: skip
         if k in twin_of:
             b = twin_of[k]
-            ix.sp_keys += [(k, o, t) for o in range(len(ix.parts[k])) for t in range(k + 1, b + 1)]
+            ix.sp_keys += [(k, o, t) for o in range(len(ix.parts[k])) if ix.full[k][o] for t in range(k + 1, b + 1)]
+    for t, ks in ix.r_at.items():
+        ks.sort(key=lambda k, t=t: (k < t and ix.units[k][1] == "b", k))
     where: dict[int, set[int]] = {v: set() for v in range(nv)}
     for rs in (*ix.reads.values(), *ix.outs.values()):
         for v, d in rs:
@@ -220,11 +224,13 @@ def _keys(ix: HIndex, need_end: set[int]) -> None:
 
 
 def _rng(ix: HIndex, units: Sequence[Unit]) -> None:
-    """Blocks whose options draw random numbers from different RNGs: one class per distinct set of draws."""
+    """Blocks whose options draw random numbers from different RNGs: one class per distinct set of draws of a
+    full option; each option fits the classes whose draws include its own (a partial one draws a subset)."""
     for k, (u, p) in enumerate(ix.units):
         if p != "f":
             continue
-        sigs = [o.rng for o in units[u].options]
-        if len(set(sigs)) > 1:
-            classes = {s: i for i, s in enumerate(dict.fromkeys(sigs))}
-            ix.rng_class[k] = [classes[s] for s in sigs]
+        opts = units[u].options
+        sigs = list(dict.fromkeys(o.rng for o in opts if o.full))
+        fits = [tuple(c for c, sig in enumerate(sigs) if o.rng <= sig) for o in opts]
+        if len(sigs) > 1 or any(len(f) < len(sigs) for f in fits):
+            ix.rng_class[k] = fits

@@ -5,7 +5,7 @@ of those — and, with several devices, the MILP over all of them; each plan sim
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from xsched.errors import XschedError
@@ -36,6 +36,7 @@ class LeafTask:
     exact_s: float
     limit: int
     seed: int = 0
+    deferred: tuple[str, ...] = ()  # its deferrable gradient ops (region.deferrable)
 
 
 def leaf_options(task: LeafTask) -> list[Option]:
@@ -64,7 +65,22 @@ def leaf_options(task: LeafTask) -> list[Option]:
     kept = pareto(found, task.limit)
     if not region.b_ops:
         kept += cones(region, prof, task.devices, task.graph_homes, task.limit * 2)
+    kept += deferred_options(region, prof, task.devices, task.graph_homes, task.deferred)
     return kept
+
+
+def deferred_options(region: Region, prof: Profile, devices: tuple[str, ...], graph_homes: Mapping[str, str],
+                     ops: Sequence[str]) -> list[Option]:  # fmt: skip
+    """Recompute options of a block's backward part: each deferrable gradient op alone, on each device, to make
+    its parameter gradients again late (its first run's are then freed at once). It reads only boundary values:
+    graph inputs and the values every region keeps for it (`make_region`'s `kept`)."""
+    out = []
+    for op in ops:
+        for h in devices:
+            if prof.can_run(op, h):
+                steps = place_frees(region.graph, [Compute(op, h)], region_homes(region, graph_homes, h))
+                out.append(partial(region, steps, prof, h, f"defer:{op}", backward=True))
+    return out
 
 
 def cones(region: Region, prof: Profile, devices: tuple[str, ...], graph_homes: Mapping[str, str],

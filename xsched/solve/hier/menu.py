@@ -94,14 +94,22 @@ def summarize(region: Region, plan: Plan, profile: Profile, home: str, label: st
     return Option(f, back, home, label, dict(plan.predicted.peak_bytes))
 
 
-def partial(region: Region, steps: Sequence[Step], profile: Profile, home: str, label: str) -> Option:
-    """A recompute option of a block without a backward part: `steps` make some of its outputs only."""
+EMPTY = Part((), 0.0, 0.0, frozenset(), frozenset(), {}, {}, {}, frozenset())  # the missing part of a partial option
+
+
+def partial(region: Region, steps: Sequence[Step], profile: Profile, home: str, label: str,
+            backward: bool = False) -> Option:  # fmt: skip
+    """A recompute option: `steps` make some of the block's outputs only, in a later stage than its first run —
+    of a block without a backward part (a forward cone), or (`backward`) of a block's backward part (a deferred
+    gradient op: its forward part slot is EMPTY)."""
     g = region.graph
     outs = frozenset((v, s.device) for s in steps if isinstance(s, Compute) for v in g.op[s.op].outputs
                      if v in set(region.outputs))  # fmt: skip
     boundary = set(region.inputs) | set(region.outputs)
-    f = _part(g, profile, steps, boundary, outs, set())
-    return Option(f, None, home, label, {}, full=False)
+    part = _part(g, profile, steps, boundary, outs, set())
+    if backward:
+        return Option(EMPTY, part, home, label, {}, full=False)
+    return Option(part, None, home, label, {}, full=False)
 
 
 def _apply(g: Graph, s: Step, resident: set[Res]) -> None:

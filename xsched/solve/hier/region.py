@@ -28,14 +28,34 @@ class Region:
         return self.f_outputs + self.b_outputs
 
 
-def make_region(graph: Graph, f_ops: Sequence[str], b_ops: Sequence[str], name: str = "") -> Region:
-    """The region of ops `f_ops` + `b_ops` of `graph` (a convex set: its graph order is topological)."""
+DEFER_RATIO = 0.5  # a gradient op is deferrable when its inputs to keep are at most this share of what it defers
+
+
+def deferrable(graph: Graph) -> dict[str, tuple[str, ...]]:
+    """Backward ops worth running again late to make their unread graph outputs (parameter gradients) then, as the
+    flat optimum does (it frees a weight's gradient at once and remakes it after the peak): op -> the values to keep
+    for it (its inputs other than graph inputs), when they are at most DEFER_RATIO of the bytes it defers."""
+    size = {v.id: v.nbytes for v in graph.values}
+    outs, ins = set(graph.outputs), set(graph.inputs)
+    found: dict[str, tuple[str, ...]] = {}
+    for o in graph.ops:
+        late = sum(size[v] for v in o.outputs if v in outs and not graph.consumers[v])
+        keep = tuple(dict.fromkeys(v for v in o.inputs if v not in ins))
+        if o.phase == "bwd" and late and sum(size[v] for v in keep) <= DEFER_RATIO * late:
+            found[o.id] = keep
+    return found
+
+
+def make_region(graph: Graph, f_ops: Sequence[str], b_ops: Sequence[str], name: str = "",
+                kept: frozenset[str] = frozenset()) -> Region:  # fmt: skip
+    """The region of ops `f_ops` + `b_ops` of `graph` (a convex set: its graph order is topological). Values in
+    `kept` that it makes are outputs too (the level above keeps them for a deferred gradient op)."""
     mine = set(f_ops) | set(b_ops)
     ops = [o for o in graph.ops if o.id in mine]
     made = {v for o in ops for v in o.outputs}
     read = list(dict.fromkeys(v for o in ops for v in o.inputs))
     inputs = [v for v in read if v not in made]
-    outside = {v for v in made if any(c not in mine for c in graph.consumers[v])}
+    outside = {v for v in made if v in kept or any(c not in mine for c in graph.consumers[v])}
     graph_out = set(graph.outputs)
     fset = set(f_ops)
 

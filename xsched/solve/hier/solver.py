@@ -23,7 +23,7 @@ from xsched.solve.hier.hilp import Unit, direct_plan, solve_hilp
 from xsched.solve.hier.hindex import index
 from xsched.solve.hier.leaf import LeafTask, leaf_options
 from xsched.solve.hier.menu import Option, fastest, leanest, translate
-from xsched.solve.hier.region import Region, make_region, sub_profile
+from xsched.solve.hier.region import Region, deferrable, make_region, sub_profile
 from xsched.solve.hier.upper import RegionTask, region_options
 from xsched.solve.milp import NoIncumbent
 from xsched.solve.options import SolverOptions
@@ -44,6 +44,7 @@ class HierSettings:
     leaf_s: float | None = None
     region_s: float | None = None
     workers: int | None = None
+    defer: bool = True  # recompute options for gradient ops (region.deferrable)
 
     def __post_init__(self) -> None:
         for name, low in (("max_leaf", 1), ("max_group", 2), ("max_top", 1), ("options", 1)):
@@ -73,7 +74,7 @@ def solve_hier(graph: Graph, profile: Profile, budgets: Mapping[str, int], devic
     top = blocks[-1]
     pos = {id(b): i for i, b in enumerate(blocks)}
     log: dict[str, Any] = {"levels": hier.levels, "blocks": len(blocks) - 1, "partition_s": time.perf_counter() - t0}
-    solved = _Solved(graph, profile, devices, homes)
+    solved = _Solved(graph, profile, devices, homes, deferrable(graph) if st.defer else {})
     with _pool(workers, len(blocks)) as run:
         levels = sorted({b.level for b in blocks[:-1]})
         for level in levels:
@@ -119,14 +120,18 @@ def _top(graph: Graph, profile: Profile, units: tuple[Unit, ...], budgets: Mappi
 class _Solved:
     """Each block's options, by its position in the hierarchy's walk; one solve per class of identical blocks."""
 
-    def __init__(self, graph: Graph, profile: Profile, devices: tuple[str, ...], homes: Mapping[str, str]) -> None:
+    def __init__(self, graph: Graph, profile: Profile, devices: tuple[str, ...], homes: Mapping[str, str],
+                 defer: Mapping[str, tuple[str, ...]]) -> None:  # fmt: skip
         self.graph, self.profile, self.devices, self.homes = graph, profile, devices, homes
+        self.defer = defer
+        self.kept = frozenset(v for vs in defer.values() for v in vs)
         self.options: dict[int, list[Option]] = {}
         self.keys: dict[int, str] = {}
         self.log: dict[str, Any] = {"classes": 0, "solved": 0, "leaf_s": 0.0, "region_s": 0.0}
 
     def _region(self, b: Block) -> Region:
-        return make_region(self.graph, b.f_ops, b.b_ops, f"{self.graph.name}[{b.f_ops[0] if b.f_ops else b.b_ops[0]}]")
+        name = f"{self.graph.name}[{b.f_ops[0] if b.f_ops else b.b_ops[0]}]"
+        return make_region(self.graph, b.f_ops, b.b_ops, name, self.kept)
 
     def _homes(self, region: Region) -> dict[str, str]:
         return {v: self.homes[v] for v in region.inputs if v in self.homes}
@@ -154,7 +159,8 @@ class _Solved:
                seed: int) -> None:  # fmt: skip
         t0 = time.perf_counter()
         members = self._classes(group, lambda b: ())
-        tasks = [LeafTask(r, sub_profile(self.profile, r.graph), self.devices, self._homes(r), seconds, limit, seed)
+        tasks = [LeafTask(r, sub_profile(self.profile, r.graph), self.devices, self._homes(r), seconds, limit, seed,
+                          tuple(o for o in r.b_ops if o in self.defer))
                  for _, r, _ in (g[0] for g in members.values())]  # fmt: skip
         results = run(leaf_options, tasks)
         self.log["solved"] += len(tasks)

@@ -8,10 +8,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from xsched.errors import XschedError
+from xsched.plan import Compute, place_frees
 from xsched.profile import Profile
 from xsched.solve.hier.hilp import Unit, direct_plan, solve_hilp
 from xsched.solve.hier.hindex import index
-from xsched.solve.hier.menu import Option, fastest, leanest, pareto, summarize
+from xsched.solve.hier.menu import Option, fastest, leanest, pareto, partial, summarize
 from xsched.solve.hier.region import Region, region_homes
 from xsched.solve.options import SolverOptions
 
@@ -62,4 +63,21 @@ def region_options(task: RegionTask) -> list[Option]:
     if not found:
         raise XschedError(f"no schedule of block {sub.name} from its children's options", stage="solve",
                           op=sub.ops[0].id if sub.ops else None)  # fmt: skip
-    return pareto(found, task.limit)
+    return pareto(found, task.limit) + lifted(region, prof, units, task.graph_homes)
+
+
+def lifted(region: Region, prof: Profile, units: tuple[Unit, ...], graph_homes: Mapping[str, str]) -> list[Option]:
+    """The children's deferred gradient ops as this block's recompute options (what they read is this block's
+    boundary too: graph inputs, and values every region keeps for them)."""
+    out, seen = [], set()
+    for u in units:
+        for o in u.options:
+            if o.full or o.b is None:
+                continue
+            computes = [s for s in o.b.steps if isinstance(s, Compute)]
+            if tuple(computes) in seen:
+                continue
+            seen.add(tuple(computes))
+            steps = place_frees(region.graph, computes, region_homes(region, graph_homes, o.home))
+            out.append(partial(region, steps, prof, o.home, o.label, backward=True))
+    return out
