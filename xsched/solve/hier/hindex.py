@@ -98,6 +98,7 @@ def index(graph: Graph, profile: Profile, units: Sequence[Unit], budgets: Mappin
     where = {(u, p): k for k, (u, p) in enumerate(stage_units)}
     parts = [[(o.f if p == "f" else o.b or EMPTY) for o in units[u].options] for u, p in stage_units]
     twin = {k: where[(u, "f")] for k, (u, p) in enumerate(stage_units) if p == "b"}
+    twin_of = {f: b for b, f in twin.items()}
     maker = {op: where[(u, "f")] for u, un in enumerate(units) for op in un.f_ops}
     maker |= {op: where[(u, "b")] for u, un in enumerate(units) for op in un.b_ops}
     names = list(dict.fromkeys(v for ps in parts for p in ps for v, _ in sorted(p.reads | p.outs)))
@@ -105,7 +106,10 @@ def index(graph: Graph, profile: Profile, units: Sequence[Unit], budgets: Mappin
     vix = {v: i for i, v in enumerate(names)}
     size = {v.id: v.nbytes for v in graph.values}
     home = {vix[v]: dix[homes[v]] for v in names if v not in graph.producer}
-    prod = [maker[graph.producer[v]] if v in graph.producer else None for v in names]
+    left_by = {v for k, ps in enumerate(parts) if stage_units[k][1] == "b" for p in ps for v, _ in p.outs}
+    # a value a forward op makes is the backward part's when that part leaves it (kept for a deferred gradient op)
+    prod = [None if v not in graph.producer else twin_of[maker[graph.producer[v]]]
+            if v in left_by and maker[graph.producer[v]] in twin_of else maker[graph.producer[v]] for v in names]  # fmt: skip
     need_end = {vix[v] for v in graph.outputs}
     end_dev = {vix[v]: dix[d] for v, d in required_homes(graph, homes).items() if v in vix}
     reads: dict[tuple[int, int], list[tuple[int, int]]] = {}

@@ -13,7 +13,7 @@ from xsched.plan import Compute, Plan, place_frees
 from xsched.profile import Profile
 from xsched.solve.hier.hilp import hold_to_boundary
 from xsched.solve.hier.menu import Option, pareto, partial, summarize
-from xsched.solve.hier.region import Region, region_homes
+from xsched.solve.hier.region import Region, deferring_graph, plain, region_homes
 from xsched.solve.options import SolverOptions
 from xsched.solve.problem import validated
 from xsched.solve.remat import candidate_keeps, checkpoint_computes
@@ -40,33 +40,58 @@ class LeafTask:
 
 
 def leaf_options(task: LeafTask) -> list[Option]:
-    """The block's options, the Pareto front of every plan found (at most `task.limit` per home device)."""
+    """The block's options, the Pareto front of every plan found (at most `task.limit` per home device and set of
+    outputs left), with a plan deferring its gradient ops derived from each."""
     region, prof = task.region, task.profile
-    sub = region.graph
-    found: list[Option] = []
+    base = plain(region)  # plans are made without the late outputs, which only a deferring plan keeps
+    sub = base.graph
+    prof = replace(prof, graph=sub.fingerprint)
+    made: list[tuple[Plan, str, str]] = []  # (plan, home, label)
     for h in task.devices:
         homes = region_homes(region, task.graph_homes, h)
         if not all(prof.can_run(o.id, h) for o in sub.ops):
             continue
-        plans = heuristic_plans(region, prof, h, homes)
-        found += [summarize(region, p, prof, h, p.solver.method) for p in plans]
+        plans = heuristic_plans(base, prof, h, homes)
+        made += [(p, h, p.solver.method) for p in plans]
         if task.exact_s > 0 and plans and region.b_ops:  # without a backward part every plan keeps the same
             peaks = sorted(p.predicted.peak_bytes.get(h, 0) for p in plans)
             for f in EXACT_FRACTIONS:
                 budget = int(peaks[0] + f * (peaks[-1] - peaks[0]))
-                plan = exact_plan(region, prof, {h: budget}, (h,), homes, task.exact_s, plans, task.seed)
+                plan = exact_plan(base, prof, {h: budget}, (h,), homes, task.exact_s, plans, task.seed)
                 if plan is not None:
-                    found.append(summarize(region, plan, prof, h, f"milp@{f:g}"))
+                    made.append((plan, h, f"milp@{f:g}"))
     if len(task.devices) > 1 and task.exact_s > 0:
-        found += _mixed(task, found)
-    if not found:
+        made += _mixed(task, base, prof, [summarize(region, p, prof, h, label) for p, h, label in made])
+    if not made:
         raise XschedError(f"no schedule of block {sub.name} on any of {list(task.devices)}", stage="solve",
                           op=sub.ops[0].id if sub.ops else None)  # fmt: skip
+    found = [summarize(region, p, prof, h, label) for p, h, label in made]
+    found += deferring(region, made, prof, task.graph_homes, task.deferred)
     kept = pareto(found, task.limit)
     if not region.b_ops:
         kept += cones(region, prof, task.devices, task.graph_homes, task.limit * 2)
     kept += deferred_options(region, prof, task.devices, task.graph_homes, task.deferred)
     return kept
+
+
+def deferring(region: Region, made: Sequence[tuple[Plan, str, str]], prof: Profile, graph_homes: Mapping[str, str],
+              ops: Sequence[str]) -> list[Option]:  # fmt: skip
+    """Each plan with the gradients of the deferrable `ops` freed once made and the values their recomputes read
+    left at the end (the level above makes the gradients again with `deferred_options`)."""
+    if not ops:
+        return []
+    g = deferring_graph(region, ops)
+    prof = replace(prof, graph=g.fingerprint)
+    out = []
+    for plan, h, label in made:
+        homes = region_homes(region, graph_homes, h)
+        steps = hold_to_boundary(g, place_frees(g, plan.steps, homes))
+        try:
+            out.append(summarize(region, finish(g, steps, "defer", {}, homes, prof, time.perf_counter()), prof, h,
+                                 f"defer+{label}"))  # fmt: skip
+        except XschedError:
+            continue
+    return out
 
 
 def deferred_options(region: Region, prof: Profile, devices: tuple[str, ...], graph_homes: Mapping[str, str],
@@ -149,19 +174,18 @@ def exact_plan(region: Region, prof: Profile, budgets: Mapping[str, int], device
     return replace(plan, budgets={})
 
 
-def _mixed(task: LeafTask, single: list[Option]) -> list[Option]:
+def _mixed(task: LeafTask, base: Region, prof: Profile, single: list[Option]) -> list[tuple[Plan, str, str]]:
     """Several devices: the MILP over all of them with one device's budget at MIXED_FRACTIONS of the peak of its
     fastest single-device option's plan (inputs from other blocks on that device) and the others free."""
-    region, prof = task.region, task.profile
     out = []
     for d in task.devices:  # inputs from other blocks on the device whose memory is constrained
-        homes = region_homes(region, task.graph_homes, d)
+        homes = region_homes(base, task.graph_homes, d)
         mine = [o for o in single if o.home == d]
         if not mine:
             continue
         peak = min(mine, key=lambda o: o.time_s).peak.get(d, 0)
         for f in MIXED_FRACTIONS:
-            plan = exact_plan(region, prof, {d: int(peak * f)}, task.devices, homes, task.exact_s, [], task.seed)
+            plan = exact_plan(base, prof, {d: int(peak * f)}, task.devices, homes, task.exact_s, [], task.seed)
             if plan is not None:
-                out.append(summarize(region, plan, prof, d, f"milp-mixed:{d}@{f:g}"))
+                out.append((plan, d, f"milp-mixed:{d}@{f:g}"))
     return out

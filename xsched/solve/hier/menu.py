@@ -267,8 +267,8 @@ def leanest(options: Sequence[Option], home: str) -> int:
 
 
 def pareto(options: Sequence[Option], limit: int) -> list[Option]:
-    """The options no other beats on time, phantom and running bytes at once (per home device), at most `limit`
-    of them spread over the phantom sizes: the largest, the smallest, then the one nearest each middle left
+    """The options no other beats on time, phantom and running bytes at once (per home device and outputs left),
+    at most `limit` of them spread over the phantom sizes: the largest, the smallest, then the one nearest each middle left
     (HiREmate's selection)."""
     unique: dict[tuple, Option] = {}
     for o in options:
@@ -276,9 +276,10 @@ def pareto(options: Sequence[Option], limit: int) -> list[Option]:
             unique.setdefault(o.key(), o)
 
     kept: list[Option] = []
-    by_home: dict[str, list[Option]] = {}
+    by_home: dict[tuple, list[Option]] = {}  # by home device and the outputs left (a deferring plan leaves others)
     for o in unique.values():
-        by_home.setdefault(o.home, []).append(o)
+        left = sorted({v for v, _ in o.b.outs}) if o.b else []
+        by_home.setdefault((o.home, tuple(left)), []).append(o)
     for home in sorted(by_home):
         group = by_home[home]
         devs = sorted({d for o in group for d in (*o.f.run, *o.f.left, *(o.b.run if o.b else {}))})

@@ -14,7 +14,8 @@ from xsched.profile import Profile
 class Region:
     """The sub-graph of a block: forward part `f_ops`, backward part `b_ops` (graph order), the values it reads
     from outside (`inputs`) and the values it leaves for others, made by its forward part (`f_outputs`, which must
-    be resident when its backward part starts) or by its backward part (`b_outputs`)."""
+    be resident when its backward part starts) or left by its backward part (`b_outputs`: those it makes, then
+    values kept for a deferred gradient op that its forward part makes)."""
 
     graph: Graph
     f_ops: tuple[str, ...]
@@ -22,13 +23,39 @@ class Region:
     inputs: tuple[str, ...]
     f_outputs: tuple[str, ...]
     b_outputs: tuple[str, ...]
+    late: tuple[str, ...] = ()  # the b_outputs read by its own ops only (kept for a deferred gradient op)
+    grads: frozenset[str] = frozenset()  # the gradients it makes that a deferred gradient op can make again
 
     @property
     def outputs(self) -> tuple[str, ...]:
         return self.f_outputs + self.b_outputs
 
 
+def plain(region: Region) -> Region:
+    """The region without its late outputs: what its plans are made for (a plan that keeps them is derived)."""
+    if not region.late:
+        return region
+    late = set(region.late)
+    b_out = tuple(v for v in region.b_outputs if v not in late)
+    graph = replace(region.graph, outputs=tuple(v for v in region.graph.outputs if v not in late))
+    return replace(region, graph=graph, b_outputs=b_out, late=())
+
+
+def deferring_graph(region: Region, ops: Sequence[str]) -> Graph:
+    """The region's graph for a plan that defers the gradients of `ops`: they are not outputs (freed once made),
+    the late outputs are."""
+    sub = region.graph
+    grads = {v for o in ops for v in sub.op[o].outputs if v in region.grads}
+    return replace(sub, outputs=tuple(v for v in sub.outputs if v not in grads))
+
+
 DEFER_RATIO = 0.5  # a gradient op is deferrable when its inputs to keep are at most this share of what it defers
+
+
+def late_grads(graph: Graph, ops: Iterable[str]) -> frozenset[str]:
+    """The outputs of `ops` that are unread graph outputs (what deferring them defers)."""
+    outs = set(graph.outputs)
+    return frozenset(v for o in ops for v in graph.op[o].outputs if v in outs and not graph.consumers[v])
 
 
 def deferrable(graph: Graph) -> dict[str, tuple[str, ...]]:
@@ -36,10 +63,10 @@ def deferrable(graph: Graph) -> dict[str, tuple[str, ...]]:
     flat optimum does (it frees a weight's gradient at once and remakes it after the peak): op -> the values to keep
     for it (its inputs other than graph inputs), when they are at most DEFER_RATIO of the bytes it defers."""
     size = {v.id: v.nbytes for v in graph.values}
-    outs, ins = set(graph.outputs), set(graph.inputs)
+    ins = set(graph.inputs)
     found: dict[str, tuple[str, ...]] = {}
     for o in graph.ops:
-        late = sum(size[v] for v in o.outputs if v in outs and not graph.consumers[v])
+        late = sum(size[v] for v in late_grads(graph, [o.id]))
         keep = tuple(dict.fromkeys(v for v in o.inputs if v not in ins))
         if o.phase == "bwd" and late and sum(size[v] for v in keep) <= DEFER_RATIO * late:
             found[o.id] = keep
@@ -47,22 +74,25 @@ def deferrable(graph: Graph) -> dict[str, tuple[str, ...]]:
 
 
 def make_region(graph: Graph, f_ops: Sequence[str], b_ops: Sequence[str], name: str = "",
-                kept: frozenset[str] = frozenset()) -> Region:  # fmt: skip
+                kept: frozenset[str] = frozenset(), grads: frozenset[str] = frozenset()) -> Region:  # fmt: skip
     """The region of ops `f_ops` + `b_ops` of `graph` (a convex set: its graph order is topological). Values in
-    `kept` that it makes are outputs too (the level above keeps them for a deferred gradient op)."""
+    `kept` that it makes are outputs too (the level above keeps them for a deferred gradient op); `grads`: the
+    gradients deferred gradient ops make."""
     mine = set(f_ops) | set(b_ops)
     ops = [o for o in graph.ops if o.id in mine]
     made = {v for o in ops for v in o.outputs}
     read = list(dict.fromkeys(v for o in ops for v in o.inputs))
     inputs = [v for v in read if v not in made]
-    outside = {v for v in made if v in kept or any(c not in mine for c in graph.consumers[v])}
     graph_out = set(graph.outputs)
+    needed = {v for v in made if v in graph_out or any(c not in mine for c in graph.consumers[v])}
+    late = {v for v in made if v in kept} - needed  # left at the end: never forced resident at the boundary
     fset = set(f_ops)
 
-    def leaves(op_ids: Iterable[str]) -> tuple[str, ...]:
-        return tuple(v for o in op_ids for v in graph.op[o].outputs if v in outside or v in graph_out)
+    def leaves(op_ids: Iterable[str], keep: set[str]) -> tuple[str, ...]:
+        return tuple(v for o in op_ids for v in graph.op[o].outputs if v in keep)
 
-    f_out, b_out = leaves(o.id for o in ops if o.id in fset), leaves(o.id for o in ops if o.id not in fset)
+    f_ids, b_ids = [o.id for o in ops if o.id in fset], [o.id for o in ops if o.id not in fset]
+    f_out, b_out = leaves(f_ids, needed), leaves(b_ids, needed | late) + leaves(f_ids, late)  # late: read by b_ops only
     bwd_made = {v for o in graph.ops if o.phase == "bwd" for v in o.outputs}
     values: list[Value] = []
     present = set(inputs) | made
@@ -78,7 +108,7 @@ def make_region(graph: Graph, f_ops: Sequence[str], b_ops: Sequence[str], name: 
     extra = {"forward_outputs": [{"ref": v} for v in f_out]} if b_ops else {}
     sub = Graph(name or graph.name, tuple(values), tuple(ops), f_out + b_out, extra)
     return Region(sub, tuple(o.id for o in ops if o.id in fset), tuple(o.id for o in ops if o.id not in fset),
-                  tuple(inputs), f_out, b_out)  # fmt: skip
+                  tuple(inputs), f_out, b_out, tuple(v for v in b_out if v in late), frozenset(made & grads))  # fmt: skip
 
 
 def _trim(v: Value, present: set[str]) -> Value:

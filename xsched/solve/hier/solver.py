@@ -23,7 +23,7 @@ from xsched.solve.hier.hilp import Unit, direct_plan, solve_hilp
 from xsched.solve.hier.hindex import index
 from xsched.solve.hier.leaf import LeafTask, leaf_options
 from xsched.solve.hier.menu import Option, fastest, leanest, translate
-from xsched.solve.hier.region import Region, deferrable, make_region, sub_profile
+from xsched.solve.hier.region import Region, deferrable, late_grads, make_region, sub_profile
 from xsched.solve.hier.upper import RegionTask, region_options
 from xsched.solve.milp import NoIncumbent
 from xsched.solve.options import SolverOptions
@@ -125,13 +125,14 @@ class _Solved:
         self.graph, self.profile, self.devices, self.homes = graph, profile, devices, homes
         self.defer = defer
         self.kept = frozenset(v for vs in defer.values() for v in vs)
+        self.grads = late_grads(graph, defer)
         self.options: dict[int, list[Option]] = {}
         self.keys: dict[int, str] = {}
         self.log: dict[str, Any] = {"classes": 0, "solved": 0, "leaf_s": 0.0, "region_s": 0.0}
 
     def _region(self, b: Block) -> Region:
         name = f"{self.graph.name}[{b.f_ops[0] if b.f_ops else b.b_ops[0]}]"
-        return make_region(self.graph, b.f_ops, b.b_ops, name, self.kept)
+        return make_region(self.graph, b.f_ops, b.b_ops, name, self.kept, self.grads)
 
     def _homes(self, region: Region) -> dict[str, str]:
         return {v: self.homes[v] for v in region.inputs if v in self.homes}
@@ -175,7 +176,7 @@ class _Solved:
         for b, r, _ in (g[0] for g in members.values()):
             units = tuple(Unit(c.f_ops, c.b_ops, tuple(self.options[pos[id(c)]])) for c in b.children)
             tasks.append(RegionTask(r, sub_profile(self.profile, r.graph), units, self.devices, self._homes(r),
-                                    seconds, limit, seed))  # fmt: skip
+                                    seconds, limit, seed, tuple(o for o in r.b_ops if o in self.defer)))  # fmt: skip
         results = run(region_options, tasks)
         self.log["solved"] += len(tasks)
         self._spread(members, results, pos)

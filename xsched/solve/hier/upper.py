@@ -5,15 +5,16 @@ recomputes children) — for the inputs from other blocks on each device in turn
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from xsched.errors import XschedError
-from xsched.plan import Compute, place_frees
+from xsched.plan import Compute, Plan, place_frees
 from xsched.profile import Profile
 from xsched.solve.hier.hilp import Unit, direct_plan, solve_hilp
 from xsched.solve.hier.hindex import index
+from xsched.solve.hier.leaf import deferring
 from xsched.solve.hier.menu import Option, fastest, leanest, pareto, partial, summarize
-from xsched.solve.hier.region import Region, region_homes
+from xsched.solve.hier.region import Region, plain, region_homes
 from xsched.solve.options import SolverOptions
 
 BUDGETS = ((1.0, 0.8), (1.0, 0.6), (0.0, 1.0), (0.0, 0.8), (0.0, 0.6))  # (from the fast (1) or lean (0) peak, x)
@@ -31,13 +32,17 @@ class RegionTask:
     seconds: float  # per H-ILP solve
     limit: int
     seed: int = 0
+    deferred: tuple[str, ...] = ()  # its deferrable gradient ops (region.deferrable)
 
 
 def region_options(task: RegionTask) -> list[Option]:
-    """The block's options (the Pareto front of every plan found, at most `task.limit` per home device)."""
+    """The block's options (the Pareto front of every plan found, at most `task.limit` per home device and set
+    of outputs left, with a plan deferring its gradient ops derived from each)."""
     region, prof, units = task.region, task.profile, task.units
-    sub = region.graph
-    found: list[Option] = []
+    base = plain(region)  # plans are made without the late outputs, which only a deferring plan keeps
+    sub = base.graph
+    prof = replace(prof, graph=sub.fingerprint)
+    made: list[tuple[Plan, str, str]] = []
     for h in task.devices:
         homes = region_homes(region, task.graph_homes, h)
         ix = index(sub, prof, units, {}, task.devices, homes, region.f_outputs)
@@ -47,7 +52,7 @@ def region_options(task: RegionTask) -> list[Option]:
                 plans[name] = direct_plan(ix, [pick(u.options, h) for u in units])
             except XschedError:
                 continue
-            found.append(summarize(region, plans[name], prof, h, name))
+            made.append((plans[name], h, name))
         if not plans:
             continue
         peaks = {name: p.predicted.peak_bytes.get(h, 0) for name, p in plans.items()}
@@ -59,10 +64,12 @@ def region_options(task: RegionTask) -> list[Option]:
                 plan = solve_hilp(sub, prof, units, {h: b}, task.devices, homes, region.f_outputs, opts)
             except XschedError:
                 continue  # no plan at this budget (or none in time): the others still count
-            found.append(summarize(region, plan, prof, h, f"hilp@{b}"))
-    if not found:
+            made.append((plan, h, f"hilp@{b}"))
+    if not made:
         raise XschedError(f"no schedule of block {sub.name} from its children's options", stage="solve",
                           op=sub.ops[0].id if sub.ops else None)  # fmt: skip
+    found = [summarize(region, p, prof, h, label) for p, h, label in made]
+    found += deferring(region, made, prof, task.graph_homes, task.deferred)
     return pareto(found, task.limit) + lifted(region, prof, units, task.graph_homes)
 
 
