@@ -249,15 +249,26 @@ def translate(option: Option, ops: Mapping[str, str], values: Mapping[str, str],
                   option.full)  # fmt: skip
 
 
-def fastest(options: Sequence[Option], home: str) -> int:
+def _leaving_all(options: Sequence[Option], home: str) -> list[int]:
+    """The full options that leave every output (not a deferring plan, whose gradients a later recompute makes),
+    on `home` if any: what a plan without recomputation can use."""
+
+    def left(o: Option) -> int:
+        return len({v for v, _ in (*o.f.outs, *(o.b.outs if o.b else ()))})
+
     full = [i for i, o in enumerate(options) if o.full]
-    mine = [i for i in full if options[i].home == home] or full
+    most = max((left(options[i]) for i in full), default=0)
+    full = [i for i in full if left(options[i]) == most]
+    return [i for i in full if options[i].home == home] or full
+
+
+def fastest(options: Sequence[Option], home: str) -> int:
+    mine = _leaving_all(options, home)
     return min(mine, key=lambda i: (options[i].time_s, i))
 
 
 def leanest(options: Sequence[Option], home: str) -> int:
-    full = [i for i, o in enumerate(options) if o.full]
-    mine = [i for i in full if options[i].home == home] or full
+    mine = _leaving_all(options, home)
 
     def held(o: Option) -> int:
         runs = [*o.f.run.values(), *(o.b.run.values() if o.b else ())]
