@@ -1,11 +1,14 @@
 """The autograd boundary rule of captured training graphs: `wrap` returns the forward outputs before backward
 starts, so each must be resident when the first step that reads a tangent (or runs a backward op) runs. The solvers
-do not model it; this module checks it and repairs plans that break it by computing the missing outputs earlier."""
+do not model it; this module checks it and repairs plans that break it by computing the missing outputs earlier,
+or by holding until the boundary those that are freed before it."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from xsched.graph import Graph
-from xsched.plan import Compute, Copy, Free, Plan, autograd_boundary, place_frees
+from xsched.plan import Compute, Copy, Free, Plan, Step, autograd_boundary, place_frees
 
 
 def forward_outputs(graph: Graph) -> list[str]:
@@ -67,3 +70,28 @@ def keep_forward_outputs(graph: Graph, plan: Plan) -> Plan | None:
     frees = place_frees(graph, order, dict(plan.homes))
     return Plan(**{**plan.__dict__, "steps": tuple(frees), "boundary": autograd_boundary(graph, frees),
                    "predicted": None})  # fmt: skip
+
+
+def hold_to_boundary(graph: Graph, steps: Sequence[Step]) -> list[Step]:
+    """Frees of forward outputs placed before the autograd boundary moved to just after it: the model keeps them
+    resident when backward starts (wrap returns them then), but a later recompute of one (it must also exist at
+    the end) ends the earlier residency at its last read, which the boundary is not."""
+    want = set(forward_outputs(graph))
+    b = autograd_boundary(graph, steps)
+    if not want or b is None:
+        return list(steps)
+    out = list(steps)
+    held: dict[str, int] = {}  # forward output -> index of its last free before the boundary
+    for i, s in enumerate(out[:b]):
+        if isinstance(s, Free) and s.value in want:
+            held[s.value] = i
+        elif isinstance(s, Compute):
+            for v in graph.op[s.op].outputs:
+                held.pop(v, None)
+        elif isinstance(s, Copy):
+            held.pop(s.value, None)
+    moved = [out[i] for i in sorted(held.values())]
+    for i in sorted(held.values(), reverse=True):
+        del out[i]
+    b -= len(moved)
+    return out[: b + 1] + moved + out[b + 1 :]

@@ -148,10 +148,9 @@ class _Greedy:
         self.run(p, min(makers, key=lambda o: (ix.time[p][o], o)), t, pinned)
 
     def _makers(self, p: int, v: int) -> list[int]:
-        """Options of stage-unit p that can make v again: any of a forward part's, a backward part's partial ones."""
+        """Options of stage-unit p that can make v again (`HIndex.again`)."""
         ix = self.ix
-        return [o for o in range(len(ix.parts[p])) if ix.mine[p][o] and (ix.units[p][1] == "f" or not ix.full[p][o])
-                and any(vv == v for vv, _ in ix.outs[(p, o)])]  # fmt: skip
+        return [o for o in range(len(ix.parts[p])) if ix.again(p, o) and any(vv == v for vv, _ in ix.outs[(p, o)])]
 
     def fit(self, d: int, need: float, t: int, pinned: set) -> None:
         """Drop what is cheapest to rebuild until `need` more fits on d."""

@@ -22,9 +22,10 @@ import numpy as np
 import pyomo.environ as pyo
 
 from xsched.errors import BudgetError, XschedError
-from xsched.plan import Compute, Copy, Free, Plan, SolverInfo, Step, autograd_boundary, place_frees
+from xsched.plan import Copy, Free, Plan, SolverInfo, Step, autograd_boundary, place_frees
 from xsched.profile import Profile
 from xsched.simulate import simulate
+from xsched.solve.boundary import hold_to_boundary
 from xsched.solve.extract import free_unwanted_ends, prune
 from xsched.solve.hier.greedy import as_start, greedy_events
 from xsched.solve.hier.hindex import HIndex, Unit, index
@@ -341,36 +342,6 @@ def plan_steps(ix: HIndex, r_on: set, c_on: set) -> list[Step]:
         for k, o in sorted(runs.get(t, ()), key=lambda r: (rank[r[0]], r[1])):
             steps += [s for s in ix.parts[k][o].steps if not isinstance(s, Free)]
     return steps
-
-
-def hold_to_boundary(graph, steps: Sequence[Step]) -> list[Step]:
-    """Frees of forward outputs placed before the autograd boundary moved to just after it: the model keeps them
-    resident when backward starts (wrap returns them then), but a later recompute of one (it must also exist at
-    the end) ends the earlier residency at its last read, which the boundary is not."""
-    from xsched.solve.boundary import forward_outputs
-
-    want = set(forward_outputs(graph))
-    b = autograd_boundary(graph, steps)
-    if not want or b is None:
-        return list(steps)
-    out = list(steps)
-    held: dict[str, int] = {}  # forward output -> index of its last free before the boundary
-    made: set[str] = set()
-    for i, s in enumerate(out[:b]):
-        if isinstance(s, Free) and s.value in want:
-            held[s.value] = i
-        elif isinstance(s, Compute):
-            for v in graph.op[s.op].outputs:
-                if v in want:
-                    made.add(v)
-                    held.pop(v, None)
-        elif isinstance(s, Copy) and s.value in want:
-            held.pop(s.value, None)
-    moved = [out[i] for i in sorted(held.values())]
-    for i in sorted(held.values(), reverse=True):
-        del out[i]
-    b -= len(moved)
-    return out[: b + 1] + moved + out[b + 1 :]
 
 
 def finish_plan(graph, profile: Profile, steps: Sequence[Step], budgets: Mapping[str, int],

@@ -82,6 +82,11 @@ class HIndex:
     def dev_range(self) -> range:
         return range(len(self.devices))
 
+    def again(self, k: int, o: int) -> bool:
+        """Stage-unit k may run with option o in a stage after its own: any option of a forward part, a partial
+        one of a backward part (a deferred gradient op)."""
+        return self.mine[k][o] and (self.units[k][1] == "f" or not self.full[k][o])
+
 
 def _pow2(x: float) -> float:
     return 2.0 ** (math.ceil(math.log2(x)) - 10) if x > 0 else 1.0
@@ -107,9 +112,16 @@ def index(graph: Graph, profile: Profile, units: Sequence[Unit], budgets: Mappin
     size = {v.id: v.nbytes for v in graph.values}
     home = {vix[v]: dix[homes[v]] for v in names if v not in graph.producer}
     left_by = {v for k, ps in enumerate(parts) if stage_units[k][1] == "b" for p in ps for v, _ in p.outs}
-    # a value a forward op makes is the backward part's when that part leaves it (kept for a deferred gradient op)
-    prod = [None if v not in graph.producer else twin_of[maker[graph.producer[v]]]
-            if v in left_by and maker[graph.producer[v]] in twin_of else maker[graph.producer[v]] for v in names]  # fmt: skip
+
+    def producer(v: str) -> int | None:
+        """The stage-unit making v: its op's, or that unit's backward part when the backward part leaves a value
+        its forward part made (kept for a deferred gradient op)."""
+        if v not in graph.producer:
+            return None
+        k = maker[graph.producer[v]]
+        return twin_of[k] if v in left_by and k in twin_of else k
+
+    prod = [producer(v) for v in names]
     need_end = {vix[v] for v in graph.outputs}
     end_dev = {vix[v]: dix[d] for v, d in required_homes(graph, homes).items() if v in vix}
     reads: dict[tuple[int, int], list[tuple[int, int]]] = {}
@@ -179,11 +191,8 @@ def _keys(ix: HIndex, need_end: set[int]) -> None:
     need = [T if v in need_end else -1 for v in range(nv)]
     ix.last = [0] * T
 
-    def again(k: int, o: int) -> bool:  # may run in a stage after its own
-        return ix.mine[k][o] and (ix.units[k][1] == "f" or not ix.full[k][o])
-
     for k in reversed(range(T)):
-        remade = {v for o in range(len(ix.parts[k])) if again(k, o) for v, _ in ix.outs[(k, o)]}
+        remade = {v for o in range(len(ix.parts[k])) if ix.again(k, o) for v, _ in ix.outs[(k, o)]}
         last = max([k, twin_of.get(k, k), *(min(need[v], T - 1) for v in remade)])
         ix.last[k] = last
         for v in {v for o in range(len(ix.parts[k])) for v, _ in ix.reads[(k, o)]}:
@@ -192,7 +201,7 @@ def _keys(ix: HIndex, need_end: set[int]) -> None:
         for t in range(k, ix.last[k] + 1):
             ix.r_at.setdefault(t, []).append(k)
             ix.r_keys += [(k, o, t) for o in range(len(ix.parts[k]))
-                          if (again(k, o) if t > k else ix.full[k][o] and ix.mine[k][o])]  # fmt: skip
+                          if (ix.again(k, o) if t > k else ix.full[k][o] and ix.mine[k][o])]  # fmt: skip
         if k in twin_of:
             b = twin_of[k]
             ix.sp_keys += [(k, o, t) for o in range(len(ix.parts[k])) if ix.full[k][o] for t in range(k + 1, b + 1)]

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from xsched.errors import XschedError
 from xsched.plan import Compute, Plan, place_frees
 from xsched.profile import Profile
-from xsched.solve.hier.hilp import hold_to_boundary
+from xsched.solve.boundary import hold_to_boundary
 from xsched.solve.hier.menu import Option, pareto, partial, summarize
 from xsched.solve.hier.region import Region, deferring_graph, plain, region_homes
 from xsched.solve.options import SolverOptions
@@ -60,12 +60,14 @@ def leaf_options(task: LeafTask) -> list[Option]:
                 plan = exact_plan(base, prof, {h: budget}, (h,), homes, task.exact_s, plans, task.seed)
                 if plan is not None:
                     made.append((plan, h, f"milp@{f:g}"))
+    found = [summarize(region, p, prof, h, label) for p, h, label in made]
     if len(task.devices) > 1 and task.exact_s > 0:
-        made += _mixed(task, base, prof, [summarize(region, p, prof, h, label) for p, h, label in made])
+        mixed = _mixed(task, base, prof, found)
+        made += mixed
+        found += [summarize(region, p, prof, h, label) for p, h, label in mixed]
     if not made:
         raise XschedError(f"no schedule of block {sub.name} on any of {list(task.devices)}", stage="solve",
                           op=sub.ops[0].id if sub.ops else None)  # fmt: skip
-    found = [summarize(region, p, prof, h, label) for p, h, label in made]
     found += deferring(region, made, prof, task.graph_homes, task.deferred)
     kept = pareto(found, task.limit)
     if not region.b_ops:

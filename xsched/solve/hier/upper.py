@@ -8,12 +8,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from xsched.errors import XschedError
-from xsched.plan import Compute, Plan, place_frees
+from xsched.plan import Plan
 from xsched.profile import Profile
 from xsched.solve.hier.hilp import Unit, direct_plan, solve_hilp
 from xsched.solve.hier.hindex import index
-from xsched.solve.hier.leaf import deferring
-from xsched.solve.hier.menu import Option, fastest, leanest, pareto, partial, summarize
+from xsched.solve.hier.leaf import deferred_options, deferring
+from xsched.solve.hier.menu import Option, fastest, leanest, pareto, summarize
 from xsched.solve.hier.region import Region, plain, region_homes
 from xsched.solve.options import SolverOptions
 
@@ -70,21 +70,5 @@ def region_options(task: RegionTask) -> list[Option]:
                           op=sub.ops[0].id if sub.ops else None)  # fmt: skip
     found = [summarize(region, p, prof, h, label) for p, h, label in made]
     found += deferring(region, made, prof, task.graph_homes, task.deferred)
-    return pareto(found, task.limit) + lifted(region, prof, units, task.graph_homes)
-
-
-def lifted(region: Region, prof: Profile, units: tuple[Unit, ...], graph_homes: Mapping[str, str]) -> list[Option]:
-    """The children's deferred gradient ops as this block's recompute options (what they read is this block's
-    boundary too: graph inputs, and values every region keeps for them)."""
-    out, seen = [], set()
-    for u in units:
-        for o in u.options:
-            if o.full or o.b is None:
-                continue
-            computes = [s for s in o.b.steps if isinstance(s, Compute)]
-            if tuple(computes) in seen:
-                continue
-            seen.add(tuple(computes))
-            steps = place_frees(region.graph, computes, region_homes(region, graph_homes, o.home))
-            out.append(partial(region, steps, prof, o.home, o.label, backward=True))
-    return out
+    # the children's deferred gradient ops as this block's recomputes (what they read is its boundary too)
+    return pareto(found, task.limit) + deferred_options(region, prof, task.devices, task.graph_homes, task.deferred)
