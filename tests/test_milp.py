@@ -360,13 +360,13 @@ def test_heuristic_plan_is_a_feasible_start_of_the_lean_model() -> None:
     import pyomo.environ as pyo
 
     from xsched.solve.extract import plan_to_solution
-    from xsched.solve.heuristics import best_heuristic
     from xsched.solve.milp import build_model, set_start
+    from xsched.solve.remat import checkpoint_search
     from xsched.solve.stages import index_stages
 
     g, prof = import_networkx(BENCH / "random_layered_n100.json")
     budgets = {"bench": int(eager_peak(g) * 0.8)}
-    start = best_heuristic(g, prof, budgets, ["bench"], {})[0]
+    start = checkpoint_search(g, prof, budgets, ["bench"], {})
     st = index_stages(g, prof, budgets, ["bench"], {}, FAST)
     m = build_model(st, FAST)
     sol = plan_to_solution(st, start)

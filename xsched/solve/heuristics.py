@@ -1,4 +1,4 @@
-"""Baseline plans and MILP warm starts: single-device eager, greedy fill, fastest device, checkpointing.
+"""Baseline plans and MILP warm starts: single-device eager, greedy fill, fastest device, checkpointing, gaps.
 
 Every function returns a `Plan` that `simulate` accepted under its budgets, or raises `BudgetError`
 naming the device and the op where the heuristic ran out of memory.
@@ -14,6 +14,7 @@ from xsched.errors import BudgetError, XschedError
 from xsched.graph import Graph
 from xsched.plan import Compute, Plan
 from xsched.profile import Profile
+from xsched.solve.gaps import gap_remat
 from xsched.solve.offload import offload_search
 from xsched.solve.remat import checkpoint_search, sqrt_checkpoint
 from xsched.solve.routing import best_single_device, op_workspace, route_and_finish
@@ -117,6 +118,7 @@ HEURISTICS: dict[str, Callable[..., Plan]] = {
     "sqrt": sqrt_checkpoint,
     "checkpoint": checkpoint_search,
     "offload": offload_search,
+    "gaps": gap_remat,
 }
 
 
