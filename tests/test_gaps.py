@@ -91,3 +91,13 @@ def test_never_faster_than_the_exhaustive_optimum(name: str) -> None:
             continue
         assert simulate(g, plan, prof).peak_bytes["cpu"] <= budget
         assert plan.predicted.time_s >= exhaustive_optimum(g, prof, {"cpu": budget}, ["cpu"], homes) - 1e-9
+
+
+def test_the_heuristics_benchmark_writes_one_row_per_graph_and_budget(tmp_path: Path) -> None:
+    import bench_heuristics
+
+    out = tmp_path / "h.md"
+    assert bench_heuristics.main(["--graphs", "random_layered:60:1", "--budgets", "0.95,0.9", "--out", str(out)]) == 0
+    rows = [r for r in out.read_text().splitlines() if r.startswith("| random_layered")]
+    assert [r.split(" | ")[2] for r in rows] == ["95%", "90%"]
+    assert all(r.count("|") == 8 for r in rows)

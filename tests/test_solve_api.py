@@ -141,3 +141,29 @@ def test_milp_plan_slower_than_its_warm_start_gives_the_warm_start_back(monkeypa
     assert plan.predicted.time_s < slow.predicted.time_s
     assert plan.solver.status == "heuristic" and plan.solver.extra["fallback_from"] == "milp"
     assert "its warm start" in plan.solver.extra["reason"]
+
+
+def test_the_heuristics_time_counts_in_an_exact_methods_limit(monkeypatch):
+    """The warm start's heuristics run inside the caller's time limit: the exact method gets what is left (at
+    least MIN_EXACT_S), so `method="hier"` on a large graph does not overrun its limit by the heuristics' seconds."""
+    import time
+
+    import xsched.solve.api as api
+    from xsched.solve.options import SolverOptions
+
+    limits = []
+
+    def echo(mod, *a, warm_start=None, **k):
+        limits.append(a[5].time_limit_s)
+        return warm_start
+
+    def slow_heuristics(*a):
+        time.sleep(0.3)
+        return solve(G, two_device_profile(G), {"a": "70%"}, devices=["a"], method="checkpoint"), {}
+
+    fake_milp(monkeypatch, echo)
+    monkeypatch.setattr(api, "best_heuristic", slow_heuristics)
+    profile = two_device_profile(G)
+    solve(G, profile, {"a": "70%"}, devices=["a"], method="milp", options=SolverOptions(time_limit_s=10.0))
+    solve(G, profile, {"a": "70%"}, devices=["a"], method="milp", options=SolverOptions(time_limit_s=0.2))
+    assert 9.0 < limits[0] <= 9.7 and limits[1] == api.MIN_EXACT_S

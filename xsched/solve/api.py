@@ -58,6 +58,9 @@ def solve(
     return _exact(problem, method, options, warm_start)
 
 
+MIN_EXACT_S = 1.0  # an exact method gets at least this much, even when the heuristics took the whole limit
+
+
 def plan_of(problem: Problem, result: SolveResult) -> Plan:
     """The result's plan, checked by the simulator; a result without one raises the backend's own error."""
     if result.plan is None:
@@ -103,6 +106,8 @@ def _exact(problem: Problem, method: str, options: SolverOptions, given: Plan | 
         info = SolverInfo(warm.solver.method, "heuristic", None, time.perf_counter() - t0, x)
         return replace(warm, solver=info)
 
+    if options.time_limit_s is not None:  # the heuristics' time counts in the caller's limit
+        options = replace(options, time_limit_s=max(MIN_EXACT_S, options.time_limit_s - context["heuristics_s"]))
     result = SOLVERS[method].fn(problem, options, warm)
     if result.plan is None:
         if result.status == "no_incumbent" and warm is not None:
