@@ -209,7 +209,8 @@ def gap_remat(
     def on(d: str) -> Plan:
         t0 = time.perf_counter()
         plans, why = [], []
-        for (name, order), depth in itertools.product(orders.items(), (0, MAX_DEPTH)):
+        depths = (0, MAX_DEPTH) if d in budgets else (0,)  # no budget on d: each order as it is
+        for (name, order), depth in itertools.product(orders.items(), depths):
             try:
                 if d in budgets:
                     computes = gap_computes(graph, order, d, budgets[d], profile, depth)
