@@ -16,7 +16,7 @@ from xsched.importers import import_networkx
 from xsched.profile import DeviceInfo, OpCost, Profile
 from xsched.simulate import simulate
 from xsched.solve.eager import eager_peak, eager_plan
-from xsched.solve.gaps import gap_computes, gap_remat
+from xsched.solve.gaps import gap_computes, gap_remat, order_scorer
 from xsched.solve.remat import evict_computes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
@@ -101,3 +101,31 @@ def test_the_heuristics_benchmark_writes_one_row_per_graph_and_budget(tmp_path: 
     rows = [r for r in out.read_text().splitlines() if r.startswith("| random_layered")]
     assert [r.split(" | ")[2] for r in rows] == ["95%", "90%"]
     assert all(r.count("|") == 8 for r in rows)
+
+
+def test_the_order_search_scored_by_gaps_runs_each_order_it_scores_and_feeds_the_portfolio() -> None:
+    """random_layered_n100 at the Moccasin paper's M = 37,055 bytes: each scored plan first computes the ops in the
+    order it was given and fits; the portfolio's gaps-scored search runs and its plan is no slower than gaps' own."""
+    from conftest import BENCH
+
+    from xsched.solve.options import SolverOptions
+    from xsched.solve.order import plan_order, starting_orders
+    from xsched.solve.portfolio import solve_portfolio
+
+    g, prof = import_networkx(BENCH / "random_layered_n100.json")
+    budgets = {"bench": 37055}
+    score = order_scorer(g, prof, budgets, "bench", {})
+    scored = 0
+    for order in starting_orders(g).values():
+        try:
+            plan = score(order, 0.0)
+        except BudgetError:
+            continue
+        scored += 1
+        assert plan_order(g, plan) == order and simulate(g, plan, prof).peak_bytes["bench"] <= 37055
+    assert scored
+    plan = solve_portfolio(g, prof, budgets, ["bench"], {}, SolverOptions(time_limit_s=6.0), workers=1)
+    members = {m["member"]: m for m in plan.solver.extra["members"]}
+    assert members["gaps-order-search"]["status"] == "heuristic" and plan.solver.extra["gaps_orders_tried"] > 1
+    assert simulate(g, plan, prof).peak_bytes["bench"] <= 37055
+    assert plan.predicted.time_s <= gap_remat(g, prof, budgets, ["bench"], {}).predicted.time_s + 1e-12

@@ -7,7 +7,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -205,23 +205,46 @@ def gap_remat(
     """Gap rematerialization on each single device, from each starting order (graph and memory-greedy), with
     missing inputs of a rerun held or made again (a chain of reruns, as checkpointing does); the fastest plan."""
     orders = starting_orders(graph)
+    return best_single_device(
+        lambda d: fastest_plan(graph, profile, budgets, homes, d, orders), graph, profile, devices, "gaps"
+    )
 
-    def on(d: str) -> Plan:
-        t0 = time.perf_counter()
-        plans, why = [], []
-        depths = (0, MAX_DEPTH) if d in budgets else (0,)  # no budget on d: each order as it is
-        for (name, order), depth in itertools.product(orders.items(), depths):
-            try:
-                if d in budgets:
-                    computes = gap_computes(graph, order, d, budgets[d], profile, depth)
-                else:
-                    computes = [Compute(graph.ops[i].id, d) for i in order]
-                plans.append(route_and_finish(graph, computes, "gaps", budgets, homes, profile, t0, device=d,
-                                              order=name, depth=depth, recomputes=len(computes) - len(graph.ops)))  # fmt: skip
-            except BudgetError as e:
-                why.append(f"{name} order, depth {depth}: {e.detail}")
-        if not plans:
-            raise BudgetError("; ".join(why), stage="solve", device=d)
-        return min(plans, key=lambda p: p.predicted.time_s or 0.0)
 
-    return best_single_device(on, graph, profile, devices, "gaps")
+def fastest_plan(
+    graph: Graph,
+    profile: Profile | None,
+    budgets: Mapping[str, int],
+    homes: Mapping[str, str],
+    device: str,
+    orders: Mapping[str, Sequence[int]],
+) -> Plan:
+    """The fastest gaps plan on `device` over the named orders, each with reruns one level deep and MAX_DEPTH
+    levels deep; BudgetError saying why each failed when none fits."""
+    t0 = time.perf_counter()
+    plans, why = [], []
+    depths = (0, MAX_DEPTH) if device in budgets else (0,)  # no budget on the device: each order as it is
+    for (name, order), depth in itertools.product(orders.items(), depths):
+        try:
+            if device in budgets:
+                computes = gap_computes(graph, order, device, budgets[device], profile, depth)
+            else:
+                computes = [Compute(graph.ops[i].id, device) for i in order]
+            plans.append(route_and_finish(graph, computes, "gaps", budgets, homes, profile, t0, device=device,
+                                          order=name, depth=depth, recomputes=len(computes) - len(graph.ops)))  # fmt: skip
+        except BudgetError as e:
+            why.append(f"{name} order, depth {depth}: {e.detail}")
+    if not plans:
+        raise BudgetError("; ".join(why), stage="solve", device=device)
+    return min(plans, key=lambda p: p.predicted.time_s or 0.0)
+
+
+def order_scorer(
+    graph: Graph, profile: Profile, budgets: Mapping[str, int], device: str, homes: Mapping[str, str]
+) -> Callable[[tuple[int, ...], float], Plan]:
+    """`search_order`'s scorer from gap rematerialization: an order's fastest gaps plan on `device` (BudgetError:
+    none fits). Milliseconds to a few seconds an order, so the search tries hundreds where CP-SAT tries a few."""
+
+    def score(order: tuple[int, ...], seconds: float) -> Plan:  # no time limit of its own to pass `seconds` to
+        return fastest_plan(graph, profile, budgets, homes, device, {"searched": order})
+
+    return score
