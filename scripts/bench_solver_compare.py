@@ -103,12 +103,12 @@ def runner(method: str, g: Graph, prof: Profile, budget: int, opts: SolverOption
     return lambda: solve_portfolio(g, prof, b, devs, homes, opts)
 
 
-def run_case(case: Case, threads: int | None) -> list[dict]:
+def run_case(case: Case, threads: int | None, only: Sequence[str] = ()) -> list[dict]:
     g, prof = load(case.graph)
     eager_time = eager_plan(g, DEV, prof).predicted.time_s
     budget = int(case.budget) if case.budget > 1 else int(eager_peak(g) * case.budget)
     rows = []
-    for method in case.methods:
+    for method in (m for m in case.methods if not only or m in only):
         opts = SolverOptions(time_limit_s=case.limit_s, threads=threads)
         row = {"case": case.name, "graph": g.name, "n": len(g.ops), "M": budget, "method": method,
                "target": case.target, "limit": case.limit_s}  # fmt: skip
@@ -147,14 +147,16 @@ def compare_main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cases", default="", help=f"comma-separated, of {', '.join(c.name for c in CASES)}")
     p.add_argument("--threads", type=int, default=None, help="HiGHS threads / CP-SAT workers (default: all cores)")
+    p.add_argument("--methods", default="", help="comma-separated: only these of each case's methods")
     p.add_argument("--out", type=Path, help="also write the markdown table here")
     args = p.parse_args(argv)
+    only = [m for m in args.methods.split(",") if m]
     names = [n for n in args.cases.split(",") if n]
     rows = []
     t0 = time.perf_counter()
     for case in CASES:
         if not names or case.name in names:
-            rows.extend(run_case(case, args.threads))
+            rows.extend(run_case(case, args.threads, only))
     load_avg = os.getloadavg()
     text = table(rows) + (f"\n\nTotal {time.perf_counter() - t0:.0f} s; load average at the end "
                           f"{load_avg[0]:.1f} / {load_avg[1]:.1f} / {load_avg[2]:.1f} on {os.cpu_count()} cores.")  # fmt: skip

@@ -121,11 +121,46 @@ def test_two_devices_and_determinism() -> None:
     g, prof = gpt()
     budgets = {"cuda:0": eager_peak(g) // 2}
     homes = {v: "cpu" for v in g.inputs}
+    # without the CP-SAT refinement: several CP-SAT workers under a wall-clock limit may stop at another incumbent
+    same = HierSettings(leaf_s=0, region_s=10, refine=False)
     plans = [solve_hier(g, prof, budgets, ["cuda:0", "cpu"], homes, SolverOptions(time_limit_s=30, workers=w),
-                        settings=HierSettings(leaf_s=0, region_s=10)) for w in (1, 2)]  # fmt: skip
+                        settings=same) for w in (1, 2)]  # fmt: skip
     valid(g, plans[0], prof, budgets)
     assert plans[0].steps == plans[1].steps
     assert {s.device for s in plans[0].steps if isinstance(s, Compute)} <= {"cpu", "cuda:0"}
+
+
+def test_the_refinement_never_slows_hiers_plan_and_says_what_it_started_from() -> None:
+    """At 90% of GPT's eager peak the H-ILP has a plan; CP-SAT's interval model, started from it (or from a faster
+    warm start), returns a valid plan no slower than its start, and the log names that start."""
+    pytest.importorskip("ortools")
+    from xsched.solve.heuristics import best_heuristic
+
+    g, prof = gpt()
+    homes = {v: "cpu" for v in g.inputs}
+    budgets = {"cpu": int(0.9 * eager_peak(g))}
+    st = HierSettings(leaf_s=0, region_s=2, workers=1)
+    opts = SolverOptions(time_limit_s=4)
+    plain = solve_hier(g, prof, budgets, ["cpu"], homes, opts, settings=replace(st, refine=False))
+    assert "refine" not in plain.solver.extra
+    refined = solve_hier(g, prof, budgets, ["cpu"], homes, opts, settings=st)
+    valid(g, refined, prof, budgets)
+    own = refined.solver.extra["hier_time_s"]  # hier's plan before the refinement
+    assert refined.solver.extra["refine"] and refined.predicted.time_s <= own
+    if "refined_from" in refined.solver.extra:
+        assert refined.solver.extra["refined_from"] == "hier" and refined.predicted.time_s < own
+    else:
+        assert refined.predicted.time_s == own
+    warm, _ = best_heuristic(g, prof, budgets, ["cpu"], homes)
+    from_warm = solve_hier(g, prof, budgets, ["cpu"], homes, opts, warm, settings=st)
+    valid(g, from_warm, prof, budgets)
+    own = from_warm.solver.extra["hier_time_s"]
+    start = min(own, warm.predicted.time_s)
+    if "refined_from" in from_warm.solver.extra:  # CP-SAT's plan, faster than the faster start
+        want = "hier" if own <= warm.predicted.time_s else "warm start"
+        assert from_warm.solver.extra["refined_from"] == want and from_warm.predicted.time_s < start
+    else:  # no start improved: hier's own plan (the caller keeps its warm start when that is faster)
+        assert from_warm.predicted.time_s == own
 
 
 def test_hier_is_a_method_and_trains_like_eager() -> None:
@@ -135,7 +170,7 @@ def test_hier_is_a_method_and_trains_like_eager() -> None:
     model = copy.deepcopy(eager)
     from xsched.execute.wrap import wrap
 
-    w = wrap(model, z.inputs, {"cpu": "80%"}, method="hier", profile="model", time_limit=20)
+    w = wrap(model, z.inputs, {"cpu": "80%"}, method="hier", profile="model", time_limit=10)
     assert w.plan.solver.method == "hier", w.plan.solver.extra.get("reason")
     assert sum(isinstance(s, Compute) for s in w.plan.steps) > len(w._first.graph.ops)  # it recomputes
     opt_a = torch.optim.SGD(w.parameters(), lr=0.1, momentum=0.9)

@@ -174,3 +174,38 @@ def test_soft_budgets_find_a_first_plan_from_an_over_budget_hint() -> None:
     assert out.status == "feasible"
     plan = to_plan(data, out.placed, SolverInfo("soft"))
     assert simulate(g, plan, prof).peak_bytes["cpu"] <= budgets["cpu"]
+
+
+def test_a_warm_start_running_an_op_more_than_c_times_is_a_complete_hint(tmp_path) -> None:
+    """Gap rematerialization runs an op of random_layered_n100 four times at 70%: the model gets a slot for each of
+    those runs (C = 2 elsewhere), so the hint holds every step and CP-SAT starts from the plan, never above it."""
+    pytest.importorskip("ortools")
+    import json
+    import sys
+    from collections import Counter
+    from pathlib import Path
+
+    from xsched.importers import import_networkx
+    from xsched.plan import Compute
+    from xsched.solve.gaps import gap_remat
+    from xsched.solve.intervals.extract import first_order, hint_from_plan, step_counts
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from random_layered import random_layered
+
+    path = tmp_path / "rl100.json"
+    path.write_text(json.dumps(random_layered(100, seed=0)))
+    g, prof = import_networkx(path)
+    budgets = {"bench": int(0.7 * eager_peak(g))}
+    warm = gap_remat(g, prof, budgets, ["bench"], {})
+    runs = Counter(s.op for s in warm.steps if isinstance(s, Compute))
+    assert max(runs.values()) > 2
+    order = first_order(build_data(g, prof, budgets, ["bench"], {}, tuple(range(len(g.ops))), 2), warm)
+    data = build_data(g, prof, budgets, ["bench"], {}, order, 2, 0.0, step_counts(g, warm, ["bench"]))
+    assert len(hint_from_plan(data, warm)) == sum(runs.values())
+    short = build_data(g, prof, budgets, ["bench"], {}, order, 2)
+    assert len(hint_from_plan(short, warm)) < sum(runs.values())  # without the extra slots: a partial hint
+    plan = solve_intervals(g, prof, budgets, ["bench"], {}, SolverOptions(time_limit_s=5.0), order=order,
+                           warm_start=warm, workers=1, c_max=2)  # fmt: skip
+    checked(g, plan, prof, budgets)
+    assert plan.predicted.time_s <= warm.predicted.time_s + 1e-9

@@ -12,6 +12,7 @@ import pytest
 from test_intervals import checked, random_dag
 from test_milp import GRAPHS, exhaustive_optimum, profile_for, tightest_budget, times_of
 
+from xsched.errors import XschedError
 from xsched.importers import import_networkx
 from xsched.simulate import simulate
 from xsched.solve.eager import eager_peak, eager_plan
@@ -43,6 +44,32 @@ def test_starting_orders_and_moves_are_topological(seed: int) -> None:
     rng = random.Random(seed)
     for cand in neighbours(g, greedy_order(g), rng, 10):
         assert topological(g, cand) and cand != greedy_order(g)
+
+
+def test_a_search_that_gives_up_after_one_order_tries_the_warm_starts_own_order() -> None:
+    """The warm plan's order (here none of the named ones, and not the least eager peak) comes first, so a scorer
+    that gives a plan only where the warm start is a complete hint still finds one before giving up."""
+    g = random_dag(3, n=10)
+    named = set(starting_orders(g).values())
+    rng = random.Random(0)
+    own = next(o for o in neighbours(g, greedy_order(g), rng, 50) if o not in named)
+    warm = order_plan_of(g, own)
+    starts = starting_orders(g, warm)
+    assert next(iter(starts.items())) == ("warm", own) and set(starts.values()) == named | {own}
+
+    def score(order, seconds):  # noqa: ANN001, ANN202
+        if order != own:
+            raise XschedError("no plan in this order", stage="solve")
+        return warm
+
+    plan, order, log = search_order(g, score, 0.5, warm, give_up=1)
+    assert plan is warm and order == own and log["order_origin"] == "warm"
+
+
+def order_plan_of(g, order):  # noqa: ANN001, ANN201
+    from xsched.solve.order import order_plan
+
+    return order_plan(g, order, "cpu", {v: "cpu" for v in g.inputs})
 
 
 def test_eager_peak_of_the_graph_order_is_the_simulators() -> None:

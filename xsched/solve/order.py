@@ -124,14 +124,17 @@ def order_plan(graph: Graph, order: Sequence[int], device: str, homes: Mapping[s
 
 
 def starting_orders(graph: Graph, warm: Plan | None = None) -> dict[str, tuple[int, ...]]:
-    """Named candidate orders, duplicates dropped, the least eager peak first."""
+    """Named candidate orders, duplicates dropped: the warm start's own order first (a scorer warm-started from
+    that plan has a complete hint there, so it gives a plan there at least: a search that gives up after one
+    order must not spend it elsewhere), then the least eager peak first."""
     cands = {"graph": tuple(range(len(graph.ops))), "greedy": greedy_order(graph), "dfs": depth_first_order(graph)}
-    if warm is not None and topological(graph, plan_order(graph, warm)):
-        cands["warm"] = plan_order(graph, warm)
     unique: dict[tuple[int, ...], str] = {}
     for name, o in cands.items():
         unique.setdefault(o, name)
-    return {name: o for o, name in sorted(unique.items(), key=lambda x: eager_peak_of(graph, x[0]))}
+    ranked = {name: o for o, name in sorted(unique.items(), key=lambda x: eager_peak_of(graph, x[0]))}
+    if warm is None or not topological(graph, own := plan_order(graph, warm)):
+        return ranked
+    return {unique.get(own, "warm"): own} | {name: o for name, o in ranked.items() if o != own}
 
 
 def neighbours(graph: Graph, order: tuple[int, ...], rng: random.Random, k: int) -> list[tuple[int, ...]]:

@@ -1,6 +1,7 @@
 """`solve_hier`: the hierarchy, each class of identical blocks solved once (bottom blocks by the flat solvers,
 the others by the H-ILP over their children's options) in a process pool, level by level, then the H-ILP of the
-whole graph under the real budgets, flattened into one plan."""
+whole graph under the real budgets, flattened into one plan, which CP-SAT's interval model refines in the time
+left (in the plan's own order, the plan as its complete hint)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass, replace
 from multiprocessing import get_context
 from typing import Any
 
-from xsched.errors import XschedError
+from xsched.errors import PlanError, XschedError
 from xsched.graph import Graph
 from xsched.plan import Plan, SolverInfo
 from xsched.profile import Profile
@@ -27,8 +28,12 @@ from xsched.solve.hier.region import Region, deferrable, late_grads, make_region
 from xsched.solve.hier.upper import RegionTask, region_options
 from xsched.solve.milp import NoIncumbent
 from xsched.solve.options import SolverOptions
+from xsched.solve.problem import BOUNDARY_RULE, validated
 
 OPTIONS_PER_BLOCK = 6  # per home device (HiREmate's N_o, split evenly)
+TOP_SHARE = 0.6  # of the time left after the blocks, for the top H-ILP when a refinement can follow it
+REFINE_MIN_S = 1.0  # a refinement with less time than this is not started
+REFINE_MAX_SIZE = 5000  # ops x devices: beyond this the interval model takes its time just to build and load
 DEFAULT_OPTIONS = SolverOptions()  # frozen: one shared default
 
 
@@ -45,6 +50,7 @@ class HierSettings:
     region_s: float | None = None
     workers: int | None = None
     defer: bool = True  # recompute options for gradient ops (region.deferrable)
+    refine: bool = True  # CP-SAT's interval model on the best plan's order in the time left (needs OR-Tools)
 
     def __post_init__(self) -> None:
         for name, low in (("max_leaf", 1), ("max_group", 2), ("max_top", 1), ("options", 1)):
@@ -90,11 +96,73 @@ def solve_hier(graph: Graph, profile: Profile, budgets: Mapping[str, int], devic
     log |= solved.log | {"before_top_s": time.perf_counter() - t0}
     units = tuple(Unit(c.f_ops, c.b_ops, tuple(solved.options[pos[id(c)]])) for c in top.children)
     left = max(1.0, limit - (time.perf_counter() - t0))
-    plan, how = _top(graph, profile, units, budgets, devices, homes, replace(options, time_limit_s=left))
-    info = plan.solver
+    refine = st.refine and _refinable(graph, devices)
+    top_s = max(1.0, TOP_SHARE * left) if refine else left
+    try:
+        plan, how = _top(graph, profile, units, budgets, devices, homes, replace(options, time_limit_s=top_s))
+    except NoIncumbent:
+        if warm_start is None or not refine:
+            raise
+        plan, how = None, "none"  # the refinement starts from the caller's plan
+    info = plan.solver if plan is not None else SolverInfo("hier", "no_incumbent")
     status = "time_limit" if info.status == "time_limit" else "feasible"
-    extra = {**log, "top": how, "top_status": info.status, "top_gap": info.gap, **dict(info.extra)}
+    extra = {**log, "top": how, "top_status": info.status, "top_gap": info.gap, **dict(info.extra),
+             "hier_time_s": plan.predicted.time_s if plan is not None else None}  # fmt: skip
+    if refine:
+        start, source = _faster(plan, warm_start, options)
+        left = limit - (time.perf_counter() - t0)
+        refined, extra["refine"] = _refined(graph, profile, budgets, devices, homes, options, start, left)
+        if refined is not start:
+            plan, extra["refined_from"] = refined, source
+        elif plan is None:  # the caller's plan, unchanged, is not hier's: the caller keeps it as its own
+            raise NoIncumbent(f"hier: no plan from the H-ILP, and the refinement of the warm start: {extra['refine']}")
     return replace(plan, solver=SolverInfo("hier", status, None, time.perf_counter() - t0, extra))
+
+
+def _refinable(graph: Graph, devices: tuple[str, ...]) -> bool:
+    from xsched.solve.intervals import available
+
+    return available() and len(graph.ops) * len(devices) <= REFINE_MAX_SIZE
+
+
+def _cost(plan: Plan, options: SolverOptions) -> float:
+    return (plan.predicted.time_s or 0.0) + options.alpha_energy * (plan.predicted.energy_j or 0.0)
+
+
+def _faster(plan: Plan | None, warm: Plan | None, options: SolverOptions) -> tuple[Plan, str]:
+    """The faster of hier's plan and the caller's, and which it is."""
+    if plan is None or (
+        warm is not None and warm.predicted is not None and _cost(warm, options) < _cost(plan, options)
+    ):
+        return warm, "warm start"
+    return plan, "hier"
+
+
+def _refined(graph: Graph, profile: Profile, budgets: Mapping[str, int], devices: tuple[str, ...],
+             homes: Mapping[str, str], options: SolverOptions, start: Plan, seconds: float) -> tuple[Plan, str]:  # fmt: skip
+    """CP-SAT's interval model for `start`'s order, from `start` (a complete hint: every step has its slot), within
+    `seconds`: its plan if faster, else `start`; and what happened, for the log."""
+    from xsched.solve.intervals import solve_intervals
+    from xsched.solve.order import plan_order
+
+    if seconds < REFINE_MIN_S:
+        return start, "no time left"
+    try:
+        plan = solve_intervals(graph, profile, budgets, devices, homes, replace(options, time_limit_s=seconds),
+                               order=plan_order(graph, start), warm_start=start, seed=options.seed,
+                               workers=options.threads or 0)  # fmt: skip
+        plan = validated(graph, plan, profile, budgets)  # wrap's boundary rule, which the model does not hold
+    except PlanError as e:
+        if e.detail != BOUNDARY_RULE:
+            raise  # an invalid plan from a solver is a bug
+        return start, "its plan breaks the boundary rule"
+    except XschedError as e:
+        if e.stage != "solve":
+            raise
+        return start, f"no plan ({e.detail[:60]})"
+    if _cost(plan, options) < _cost(start, options):
+        return plan, f"{start.predicted.time_s:.6g} -> {plan.predicted.time_s:.6g} s ({plan.solver.status})"
+    return start, f"not faster ({plan.solver.status})"
 
 
 def _top(graph: Graph, profile: Profile, units: tuple[Unit, ...], budgets: Mapping[str, int],

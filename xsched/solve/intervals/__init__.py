@@ -12,7 +12,7 @@ from xsched.plan import Plan, SolverInfo
 from xsched.profile import Profile
 from xsched.solve.intervals.cpsat import Outcome, available, solve_cpsat
 from xsched.solve.intervals.data import IntervalData, build_data
-from xsched.solve.intervals.extract import first_order, hint_from_plan, to_plan
+from xsched.solve.intervals.extract import first_order, hint_from_plan, step_counts, to_plan
 from xsched.solve.milp import NoIncumbent
 from xsched.solve.options import SolverOptions
 from xsched.solve.order import order_plan, plan_order, topological
@@ -55,13 +55,15 @@ def solve_intervals(
         if warm_start is not None and topological(graph, plan_order(graph, warm_start)):
             order = plan_order(graph, warm_start)
     order = tuple(order)
+    # a warm start running this order gets a slot for each of its steps, even past C: a complete hint
+    least = step_counts(graph, warm_start, devices) if _fits(warm_start, order, graph) else None
     best: Plan | None = None
     hint = None
     C, times = C_START, {"build_s": 0.0, "solve_s": 0.0, "extract_s": 0.0}
     last: Outcome | None = None
     prev_objective: int | None = None
     while True:
-        data = build_data(graph, profile, budgets, devices, homes, order, C, options.alpha_energy)
+        data = build_data(graph, profile, budgets, devices, homes, order, C, options.alpha_energy, least)
         if hint is None:  # the warm start if it runs this order, else every op once in this order (over budget)
             hint = (hint_from_plan(data, warm_start) if warm_start is not None else {}) or hint_from_plan(
                 data, order_plan(graph, order, _fastest(profile, devices), homes)
@@ -104,7 +106,7 @@ def solve_intervals(
         prev_objective = out.objective if out.status == "optimal" else None
         C += 1
         hint = _lift(out.placed, data, build_data(graph, profile, budgets, devices, homes, order, C,
-                                                  options.alpha_energy)) if out.placed else None  # fmt: skip
+                                                  options.alpha_energy, least)) if out.placed else None  # fmt: skip
     if best is None and out.status == "infeasible":
         raise BudgetError(f"the interval model (this order of {len(order)} ops, up to C = {C} intervals) has no plan "
                           "within the budgets", stage="solve", device=devices[0] if len(devices) == 1 else None)  # fmt: skip

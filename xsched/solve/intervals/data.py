@@ -93,8 +93,13 @@ def build_data(
     order: Sequence[int],
     C: int,
     alpha: float = 0.0,
+    least: Mapping[tuple, int] | None = None,
 ) -> IntervalData:
-    """The slots of `order` with up to C computes of each op per device and C copies of each value per link."""
+    """The slots of `order` with up to C computes of each op per device and C copies of each value per link.
+
+    least: more slots for some steps, keyed as `step_counts` keys them: a warm start running an op more than C
+    times (gap rematerialization may, several levels deep) is then a complete hint, which CP-SAT improves from."""
+    least = least or {}
     devs = tuple(devices)
     order = tuple(order)
     if not topological(graph, order):
@@ -136,7 +141,7 @@ def build_data(
             cost = costs[i][d]
             if cost is None:
                 continue
-            for c in range(C if reused else 1):
+            for c in range(max(C, least.get(("compute", i, d), 0)) if reused else 1):
                 first = q if c == 0 else q + 1
                 starts = tuple(event(j, q, T + 1) for j in range(first, T if c else (q + 1 if nd == 1 else T)))
                 if not starts:
@@ -164,7 +169,7 @@ def build_data(
                 starts = tuple(event(j, -1, T + 1) for j in range(first, last + 1))
                 if not starts:
                     continue
-                for c in range(C):
+                for c in range(max(C, least.get(("copy", v, s, d), 0))):
                     sid = len(slots)
                     ct = profile.copy_time(graph.values[v].id, mem[v], devs[s], devs[d]) or 0.0
                     ce = profile.copy_energy(mem[v], devs[s], devs[d])

@@ -3,9 +3,11 @@ solver hint (slot starts and ends) from a plan whose first computes follow the m
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 
 from xsched.errors import XschedError
+from xsched.graph import Graph
 from xsched.plan import Compute, Copy, Free, Plan, SolverInfo, autograd_boundary, place_frees
 from xsched.simulate import simulate
 from xsched.solve.extract import free_unwanted_ends, prune
@@ -49,11 +51,23 @@ def first_order(data: IntervalData, plan: Plan) -> tuple[int, ...]:
     return tuple(dict.fromkeys(idx[s.op] for s in plan.steps if isinstance(s, Compute)))
 
 
+def step_counts(graph: Graph, plan: Plan, devices: Sequence[str]) -> dict[tuple, int]:
+    """How many times `plan` runs each step, keyed as the model's slots: ("compute", op, device) and ("copy",
+    value, src, dst), by index."""
+    dix = {d: k for k, d in enumerate(devices)}
+    vix = {v.id: k for k, v in enumerate(graph.values)}
+    keys = [
+        ("compute", graph.op_index[s.op], dix[s.device]) if isinstance(s, Compute)
+        else ("copy", vix[s.value], dix[s.src], dix[s.dst])
+        for s in plan.steps if not isinstance(s, Free)
+    ]  # fmt: skip
+    return dict(Counter(keys))
+
+
 def hint_from_plan(data: IntervalData, plan: Plan) -> dict[int, tuple[int, tuple[int, ...]]]:
     """Slot placements reproducing `plan` as far as the model allows (empty when its first computes are in another
     order). A recompute lands in the stage of the next first compute; a copy at that stage's copy event. Steps the
-    slots cannot hold (more than C computes, recomputes out of position order in a stage) are left out: the hint
-    is partial and the solver repairs it."""
+    slots cannot hold (more computes than slots) are left out: the hint is partial and the solver repairs it."""
     g = data.graph
     if first_order(data, plan) != data.order:
         return {}
@@ -70,7 +84,7 @@ def hint_from_plan(data: IntervalData, plan: Plan) -> dict[int, tuple[int, tuple
     ends: dict[tuple[int, int], int] = {}  # (slot, v) -> end
     stage, last_event = 0, 0
     seen: set[int] = set()
-    for s in plan.steps:
+    for s in _reruns_in_position_order(plan.steps, pos, g.op_index):
         if isinstance(s, Free):
             open_.pop((vix[s.value], dix[s.device]), None)
             continue
@@ -109,3 +123,28 @@ def hint_from_plan(data: IntervalData, plan: Plan) -> dict[int, tuple[int, tuple
         if v in outputs:
             ends[(sid, v)] = data.end
     return {sid: (a, tuple(ends[(sid, v)] for v in data.slots[sid].values)) for sid, a in placed.items()}
+
+
+def _reruns_in_position_order(steps: Sequence, pos: Mapping[int, int], op_index: Mapping[str, int]) -> list:
+    """`steps` with the recomputes between two first computes sorted by order position, into the places the
+    computes held: a stage of the model runs its recomputes in position order, a plan (gap rematerialization, one
+    drop after another) need not. The order is topological, so the sorted recomputes still follow their inputs."""
+    out = list(steps)
+    seen: set[int] = set()
+    spots: list[int] = []
+
+    def settle() -> None:
+        for k, step in zip(spots, sorted((out[k] for k in spots), key=lambda c: pos[op_index[c.op]])):
+            out[k] = step
+        spots.clear()
+
+    for k, step in enumerate(steps):
+        if isinstance(step, Compute):
+            i = op_index[step.op]
+            if i in seen:
+                spots.append(k)
+                continue
+            settle()
+            seen.add(i)
+    settle()
+    return out
