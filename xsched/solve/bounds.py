@@ -42,7 +42,8 @@ def lower_bounds(
     graph: Graph, profile: Profile | None, devices: Sequence[str], homes: Mapping[str, str]
 ) -> dict[str, Bound]:
     """Per device: the inputs homed there (never freed) plus the larger of (a) the outputs that must
-    end there and (b) the biggest need of an op that can run only there."""
+    end there, held while the last of them is made (`_last_output`), and (b) the biggest need of an op that can
+    run only there."""
     where = runnable_on(graph, profile, devices)
     end_on = required_homes(graph, homes)
     bounds: dict[str, Bound] = {}
@@ -53,6 +54,12 @@ def lower_bounds(
         best = Bound(
             homed + ending, None, base + (f" + {format_bytes(ending)} of outputs that must end there" if ending else "")
         )
+        if len(devices) == 1 and ending:
+            held, op = _last_output(graph, profile, d, homes, end_on)
+            if homed + held > best.bytes:
+                why = (f"{base} + {format_bytes(held)} while the outputs that must end there are made: whichever is "
+                       f"made last, the others are held while its op runs (at best op {op}'s)")  # fmt: skip
+                best = Bound(homed + held, op, why)
         for op in graph.ops:
             if where[op.id] != [d]:
                 continue
@@ -62,6 +69,39 @@ def lower_bounds(
                 best = Bound(homed + need, op.id, why)
         bounds[d] = best
     return bounds
+
+
+def _last_output(
+    graph: Graph, profile: Profile | None, device: str, homes: Mapping[str, str], end_on: Mapping[str, str]
+) -> tuple[int, str]:
+    """The least bytes (beyond homed inputs) one device holds while its end-resident outputs are made, and the
+    producer of the last in that order.
+
+    Each such output o is resident from one making (the one that starts its last residency) to the end, so when
+    o's producer makes it that time, every output whose last residency started before is held too, beside that
+    op's own need: e_o, its need less the end-resident values among its inputs and outputs (counted apart, as if
+    already held: this keeps the bound sound).
+    With only this device no copy can bring o instead. Over the orders of those makings, the largest (outputs made
+    so far + e of the one being made) is least when the outputs are made in decreasing e (swapping two neighbours
+    out of that order never lowers the larger of their two terms)."""
+    items = []
+    for v, h in end_on.items():
+        if h != device:
+            continue
+        if v not in graph.producer:  # a graph input passed through: no op makes it
+            items.append((0, graph.value[v].nbytes, ""))
+            continue
+        op = graph.ops[graph.op_index[graph.producer[v]]]
+        own = set(op.inputs) | set(op.outputs)
+        held = sum(graph.value[u].nbytes for u in own if end_on.get(u) == device and homes.get(u) != device)
+        items.append((op_need(graph, op, device, homes, profile) - held, graph.value[v].nbytes, op.id))
+    items.sort(key=lambda x: -x[0])
+    made, best, who = 0, 0, ""
+    for extra, size, op_id in items:
+        made += size
+        if made + extra > best:
+            best, who = made + extra, op_id
+    return best, who
 
 
 def check_budgets(
