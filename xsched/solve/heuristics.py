@@ -16,6 +16,7 @@ from xsched.plan import Compute, Plan
 from xsched.profile import Profile
 from xsched.solve.gaps import gap_remat
 from xsched.solve.offload import offload_search
+from xsched.solve.problem import runnable
 from xsched.solve.remat import checkpoint_search, sqrt_checkpoint
 from xsched.solve.routing import best_single_device, op_workspace, route_and_finish
 
@@ -125,11 +126,12 @@ HEURISTICS: dict[str, Callable[..., Plan]] = {
 def best_heuristic(
     graph: Graph, profile: Profile, budgets: Mapping[str, int], devices: Sequence[str], homes: Mapping[str, str]
 ) -> tuple[Plan | None, dict[str, str]]:
-    """The fastest plan among all heuristics that meet the budgets, and why each other one failed."""
+    """The fastest plan among all heuristics that meet the budgets and that `wrap` can run (forward outputs resident
+    at the autograd boundary, repaired where the budgets allow), and why each other one failed."""
     plans, why = [], {}
     for name, fn in HEURISTICS.items():
         try:
-            plans.append(fn(graph, profile, budgets, devices, homes))
+            plans.append(runnable(graph, fn(graph, profile, budgets, devices, homes), profile, budgets))
         except XschedError as e:
             why[name] = e.detail
     best = min(plans, key=lambda p: p.predicted.time_s or 0.0, default=None)

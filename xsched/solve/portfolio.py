@@ -27,6 +27,7 @@ from xsched.solve.intervals import available, solve_intervals
 from xsched.solve.milp import solve_milp
 from xsched.solve.options import SolverOptions
 from xsched.solve.order import plan_order, search_order, starting_orders
+from xsched.solve.problem import runnable
 
 GAPS_ORDER_SHARE = 0.25  # share of the time limit for the order search scored by gap rematerialization (one device)
 ORDER_SHARE = 0.35  # share of what is left for the order search scored by CP-SAT
@@ -69,7 +70,7 @@ def solve_portfolio(
     def take(name: str, started: float, fn) -> None:  # run one member, keep its plan if better
         nonlocal best, found_by
         try:
-            p = fn()
+            p = runnable(graph, fn(), profile, budgets)
         except XschedError as e:
             log.append((name, time.perf_counter() - started, f"no plan ({e.detail[:60]})", None))
             return
@@ -82,6 +83,7 @@ def solve_portfolio(
         score = order_scorer(graph, profile, budgets, devices[0], homes)
         found, _, gaps_log = search_order(graph, score, GAPS_ORDER_SHARE * left(), best, seed, per_try_s=0.01,
                                           give_up=len(starting_orders(graph, best)))  # fmt: skip
+        found = _runnable_or_none(graph, found, profile, budgets)
         log.append(("gaps-order-search", time.perf_counter() - t1, _status(found), _time(found)))
         log_orders = {"gaps_orders_tried": gaps_log["orders_tried"]}
         if found is not None and _time(found) < _time(best) - 1e-12:
@@ -102,6 +104,7 @@ def solve_portfolio(
         found, order, search_log = search_order(
             graph, score, ORDER_SHARE * left(), best, seed, give_up=1 if big else None
         )
+        found = _runnable_or_none(graph, found, profile, budgets)
         log.append(("order-search", time.perf_counter() - t1, _status(found), _time(found)))
         if found is not None and (best is None or _time(found) < _time(best)):
             best, found_by = found, "order-search"
@@ -135,6 +138,14 @@ def solve_portfolio(
         **search_log, **log_orders,
     })  # fmt: skip
     return replace(best, solver=info)
+
+
+def _runnable_or_none(graph: Graph, plan: Plan | None, profile: Profile, budgets: Mapping[str, int]) -> Plan | None:
+    """A search's plan if `wrap` can run it (see `problem.runnable`), else None: it must not warm-start the rest."""
+    try:
+        return runnable(graph, plan, profile, budgets) if plan is not None else None
+    except XschedError:
+        return None
 
 
 def _time(p: Plan | None) -> float:

@@ -165,6 +165,18 @@ def validated(graph: Graph, plan: Plan, profile: Profile, budgets: Mapping[str, 
 BOUNDARY_RULE = "a forward output is not resident when backward starts, and computing it earlier breaks the budgets"
 
 
+def runnable(graph: Graph, plan: Plan, profile: Profile, budgets: Mapping[str, int]) -> Plan:
+    """A heuristic's or a search's plan as `validated` gives it; one that breaks the boundary rule raises a
+    BudgetError naming the value (a plan `wrap` cannot run does not meet the budgets), any other PlanError is a bug
+    and propagates."""
+    try:
+        return validated(graph, plan, profile, budgets)
+    except PlanError as e:
+        if e.detail != BOUNDARY_RULE:
+            raise
+        raise BudgetError(f"{plan.solver.method}: {BOUNDARY_RULE}", stage="solve", value=e.value) from e
+
+
 def first_order(plan: Plan) -> tuple[str, ...]:
     """The op ids in the order the plan first computes them: the order it chose."""
     return tuple(dict.fromkeys(s.op for s in plan.steps if isinstance(s, Compute)))
