@@ -15,7 +15,7 @@ from xsched.solve.auto import solve_auto
 from xsched.solve.bounds import check_budgets
 from xsched.solve.heuristics import best_heuristic
 from xsched.solve.options import SolverOptions
-from xsched.solve.problem import Problem, SolveResult, validated
+from xsched.solve.problem import Problem, SolveResult, objective, validated
 from xsched.solve.registry import SOLVERS
 
 METHODS = ("auto", *SOLVERS)  # those registered at import
@@ -125,12 +125,6 @@ def _exact(problem: Problem, method: str, options: SolverOptions, given: Plan | 
             {**plan.solver.extra, f"{method}_status": plan.solver.status, f"{method}_gap": plan.solver.gap},
         )
     return replace(plan, solver=replace(plan.solver, extra={**plan.solver.extra, **context}))
-
-
-def objective(plan: Plan, options: SolverOptions) -> float:
-    """What the exact solvers minimise, from the simulator's figures: time + alpha x energy."""
-    p = plan.predicted
-    return (p.time_s or 0.0) + options.alpha_energy * (p.energy_j or 0.0)
 
 
 __all__ = ["METHODS", "objective", "plan_of", "solve", "validated"]

@@ -13,7 +13,7 @@ from xsched.errors import BudgetError, PlanError, XschedError
 from xsched.plan import Plan, SolverInfo
 from xsched.solve.bounds import check_budgets, lower_bounds
 from xsched.solve.options import SolverOptions
-from xsched.solve.problem import BOUNDARY_RULE, Problem, SolveResult, first_order, validated
+from xsched.solve.problem import BOUNDARY_RULE, Problem, SolveResult, first_order, objective, validated
 from xsched.solve.registry import HIER_MIN_SIZE, SOLVERS
 
 # (method, share of the time left, smallest and largest ops x devices it runs on here): registered and available
@@ -52,7 +52,7 @@ def solve_auto(problem: Problem, options: SolverOptions, given: Plan | None = No
     results: list[SolveResult] = []
     for name, share in _exact_methods(problem):
         left = limit - (time.perf_counter() - t0)
-        if left <= 0.05 or (best is not None and _objective(best, options) <= floor * (1 + 1e-9)):
+        if left <= 0.05 or (best is not None and objective(best, options) <= floor * (1 + 1e-9)):
             break  # no time left, or a plan as fast as every op at its cheapest: nothing to gain
         if results and results[-1].status == "optimal" and found_by == results[-1].method:
             break  # proven optimal (in the stage MILP's formulation: plans in graph order)
@@ -86,7 +86,7 @@ def _better(problem: Problem, options: SolverOptions, best: Plan | None, by: str
 
     if options.energy_cap_j is not None and (plan.predicted.energy_j or 0.0) > options.energy_cap_j:
         return best, by
-    if best is None or _objective(plan, options) < _objective(best, options) * (1 - 1e-12):
+    if best is None or objective(plan, options) < objective(best, options) * (1 - 1e-12):
         return plan, name
     return best, by
 
@@ -106,11 +106,6 @@ def _exact_methods(problem: Problem) -> list[tuple[str, float]]:
     return plan
 
 
-def _objective(plan: Plan, options: SolverOptions) -> float:
-    p = plan.predicted
-    return (p.time_s or 0.0) + options.alpha_energy * (p.energy_j or 0.0)
-
-
 def _floor(problem: Problem, options: SolverOptions) -> float:
     """Every op once on its cheapest device, no copies: a lower bound for every plan in every order."""
     graph, profile, _, devices, _ = problem.args()
@@ -127,7 +122,7 @@ def _labelled(problem: Problem, options: SolverOptions, best: Plan, found_by: st
     and the stage MILP's bound, which holds for its formulation (first computes in graph order; extraction can
     then prune a plan below it, so it is capped at the plan's objective)."""
     order = list(first_order(best))
-    value = _objective(best, options)
+    value = objective(best, options)
     bound, source = floor, "every op once at its cheapest"
     milp_bounds = [r.extra["milp_bound"] for r in results if r.extra.get("milp_bound") is not None]
     if milp_bounds and max(milp_bounds) > bound:

@@ -162,6 +162,12 @@ def validated(graph: Graph, plan: Plan, profile: Profile, budgets: Mapping[str, 
     return replace(plan, predicted=result.prediction())
 
 
+def objective(plan: Plan, options: SolverOptions) -> float:
+    """What the exact solvers minimise, from the simulator's figures: time + alpha x energy."""
+    p = plan.predicted
+    return (p.time_s or 0.0) + options.alpha_energy * (p.energy_j or 0.0)
+
+
 BOUNDARY_RULE = "a forward output is not resident when backward starts, and computing it earlier breaks the budgets"
 
 

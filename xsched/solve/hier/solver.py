@@ -28,7 +28,7 @@ from xsched.solve.hier.region import Region, deferrable, late_grads, make_region
 from xsched.solve.hier.upper import RegionTask, region_options
 from xsched.solve.milp import NoIncumbent
 from xsched.solve.options import SolverOptions
-from xsched.solve.problem import BOUNDARY_RULE, validated
+from xsched.solve.problem import BOUNDARY_RULE, objective, validated
 
 OPTIONS_PER_BLOCK = 6  # per home device (HiREmate's N_o, split evenly)
 TOP_SHARE = 0.6  # of the time left after the blocks, for the top H-ILP when a refinement can follow it
@@ -125,14 +125,10 @@ def _refinable(graph: Graph, devices: tuple[str, ...]) -> bool:
     return available() and len(graph.ops) * len(devices) <= REFINE_MAX_SIZE
 
 
-def _cost(plan: Plan, options: SolverOptions) -> float:
-    return (plan.predicted.time_s or 0.0) + options.alpha_energy * (plan.predicted.energy_j or 0.0)
-
-
 def _faster(plan: Plan | None, warm: Plan | None, options: SolverOptions) -> tuple[Plan, str]:
     """The faster of hier's plan and the caller's, and which it is."""
     if plan is None or (
-        warm is not None and warm.predicted is not None and _cost(warm, options) < _cost(plan, options)
+        warm is not None and warm.predicted is not None and objective(warm, options) < objective(plan, options)
     ):
         return warm, "warm start"
     return plan, "hier"
@@ -160,7 +156,7 @@ def _refined(graph: Graph, profile: Profile, budgets: Mapping[str, int], devices
         if e.stage != "solve":
             raise
         return start, f"no plan ({e.detail[:60]})"
-    if _cost(plan, options) < _cost(start, options):
+    if objective(plan, options) < objective(start, options):
         return plan, f"{start.predicted.time_s:.6g} -> {plan.predicted.time_s:.6g} s ({plan.solver.status})"
     return start, f"not faster ({plan.solver.status})"
 

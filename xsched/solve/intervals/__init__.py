@@ -16,6 +16,7 @@ from xsched.solve.intervals.extract import first_order, hint_from_plan, step_cou
 from xsched.solve.milp import NoIncumbent
 from xsched.solve.options import SolverOptions
 from xsched.solve.order import order_plan, plan_order, topological
+from xsched.solve.problem import objective
 
 BACKENDS = ("cpsat", "highs")
 DEFAULT_OPTIONS = SolverOptions()  # frozen: one shared default
@@ -95,7 +96,7 @@ def solve_intervals(
             t1 = time.perf_counter()
             plan = to_plan(data, out.placed, SolverInfo(f"intervals-{backend}"))
             times["extract_s"] += time.perf_counter() - t1
-            if best is None or _score(plan, options) < _score(best, options) - 1e-12:
+            if best is None or objective(plan, options) < objective(best, options) - 1e-12:
                 best, last = plan, out
                 best_data = data
             hint = out.placed
@@ -157,11 +158,6 @@ def _fastest(profile: Profile, devices: Sequence[str]) -> str:
     """The device running the most ops, the fastest in total among those: where the order's hint computes."""
     ops = {d: profile.compute.get(d, {}) for d in devices}
     return min(devices, key=lambda d: (-len(ops[d]), sum(c.time_s for c in ops[d].values())))
-
-
-def _score(plan: Plan, options: SolverOptions) -> float:
-    p = plan.predicted
-    return (p.time_s or 0.0) + options.alpha_energy * (p.energy_j or 0.0)
 
 
 __all__ = ["BACKENDS", "available", "first_order", "solve_intervals"]
