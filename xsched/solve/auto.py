@@ -56,7 +56,8 @@ def solve_auto(problem: Problem, options: SolverOptions, given: Plan | None = No
             break  # no time left, or a plan as fast as every op at its cheapest: nothing to gain
         if results and results[-1].status == "optimal" and found_by == results[-1].method:
             break  # proven optimal (in the stage MILP's formulation: plans in graph order)
-        r = SOLVERS[name].fn(problem, replace(options, time_limit_s=left * share), best)
+        # hier without its CP-SAT refinement: the portfolio after it runs CP-SAT from its plan anyway
+        r = SOLVERS[name].fn(problem, replace(options, time_limit_s=left * share, hier_refine=False), best)
         results.append(r)
         members[name] = r.status
         best, found_by = _better(problem, options, best, found_by, r.plan, name)

@@ -19,6 +19,7 @@ class SolverOptions:
     verbose: bool = False
     seed: int = 0  # CP-SAT's random seed (with one worker, a run is deterministic for a seed)
     workers: int | None = None  # hier: processes solving independent blocks (None: the core count)
+    hier_refine: bool = True  # hier: CP-SAT refines its plan in the time left (auto: off, its portfolio follows)
     # stage MILP on HiGHS: LP-guided restricted searches before the full one, as (producer levels around the LP's
     # recomputes, share of the time left); () searches the full model only
     restricted: tuple[tuple[int, float], ...] = ((0, 0.25), (1, 0.5))

@@ -96,7 +96,7 @@ def solve_hier(graph: Graph, profile: Profile, budgets: Mapping[str, int], devic
     log |= solved.log | {"before_top_s": time.perf_counter() - t0}
     units = tuple(Unit(c.f_ops, c.b_ops, tuple(solved.options[pos[id(c)]])) for c in top.children)
     left = max(1.0, limit - (time.perf_counter() - t0))
-    refine = st.refine and _refinable(graph, devices)
+    refine = st.refine and options.hier_refine and _refinable(graph, devices)
     top_s = max(1.0, TOP_SHARE * left) if refine else left
     try:
         plan, how = _top(graph, profile, units, budgets, devices, homes, replace(options, time_limit_s=top_s))
