@@ -9,11 +9,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from xsched.budgets import format_bytes
-from xsched.errors import BudgetError, PlanError, XschedError
+from xsched.errors import BudgetError, XschedError
 from xsched.plan import Plan, SolverInfo
 from xsched.solve.bounds import check_budgets, lower_bounds
 from xsched.solve.options import SolverOptions
-from xsched.solve.problem import BOUNDARY_RULE, Problem, SolveResult, first_order, objective, validated
+from xsched.solve.problem import Problem, SolveResult, first_order, objective, runnable
 from xsched.solve.registry import HIER_MIN_SIZE, SOLVERS
 
 # (method, share of the time left, smallest and largest ops x devices it runs on here): registered and available
@@ -79,10 +79,8 @@ def _better(problem: Problem, options: SolverOptions, best: Plan | None, by: str
     if plan is None:
         return best, by
     try:
-        plan = validated(problem.graph, plan, problem.profile, problem.budgets)
-    except PlanError as e:
-        if e.detail != BOUNDARY_RULE:
-            raise  # an invalid plan from a solver is a bug
+        plan = runnable(problem.graph, plan, problem.profile, problem.budgets)  # an invalid plan (a bug) propagates
+    except BudgetError:
         return best, by  # valid, but wrap could not return its forward outputs: not a candidate
 
     if options.energy_cap_j is not None and (plan.predicted.energy_j or 0.0) > options.energy_cap_j:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from xsched.errors import XschedError
+from xsched.errors import BudgetError, XschedError
 from xsched.graph import Graph
 from xsched.plan import Plan, SolverInfo
 from xsched.profile import Profile
@@ -144,7 +144,7 @@ def _runnable_or_none(graph: Graph, plan: Plan | None, profile: Profile, budgets
     """A search's plan if `wrap` can run it (see `problem.runnable`), else None: it must not warm-start the rest."""
     try:
         return runnable(graph, plan, profile, budgets) if plan is not None else None
-    except XschedError:
+    except BudgetError:  # the boundary rule; an invalid plan (a bug) propagates
         return None
 
 

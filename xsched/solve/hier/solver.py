@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from multiprocessing import get_context
 from typing import Any
 
-from xsched.errors import PlanError, XschedError
+from xsched.errors import XschedError
 from xsched.graph import Graph
 from xsched.plan import Plan, SolverInfo
 from xsched.profile import Profile
@@ -28,7 +28,7 @@ from xsched.solve.hier.region import Region, deferrable, late_grads, make_region
 from xsched.solve.hier.upper import RegionTask, region_options
 from xsched.solve.milp import NoIncumbent
 from xsched.solve.options import SolverOptions
-from xsched.solve.problem import BOUNDARY_RULE, objective, validated
+from xsched.solve.problem import objective, runnable
 
 OPTIONS_PER_BLOCK = 6  # per home device (HiREmate's N_o, split evenly)
 TOP_SHARE = 0.6  # of the time left after the blocks, for the top H-ILP when a refinement can follow it
@@ -147,12 +147,8 @@ def _refined(graph: Graph, profile: Profile, budgets: Mapping[str, int], devices
         plan = solve_intervals(graph, profile, budgets, devices, homes, replace(options, time_limit_s=seconds),
                                order=plan_order(graph, start), warm_start=start, seed=options.seed,
                                workers=options.threads or 0)  # fmt: skip
-        plan = validated(graph, plan, profile, budgets)  # wrap's boundary rule, which the model does not hold
-    except PlanError as e:
-        if e.detail != BOUNDARY_RULE:
-            raise  # an invalid plan from a solver is a bug
-        return start, "its plan breaks the boundary rule"
-    except XschedError as e:
+        plan = runnable(graph, plan, profile, budgets)  # wrap's boundary rule, which the model does not hold
+    except XschedError as e:  # a BudgetError for the boundary rule too; an invalid plan (a bug) propagates
         if e.stage != "solve":
             raise
         return start, f"no plan ({e.detail[:60]})"
