@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections import Counter
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from xsched.execute.executor import Executor
 from xsched.execute.report import measure
 from xsched.execute.wrap import wrap
 from xsched.graph import Graph, Op, Value
+from xsched.ops import random_ops
 from xsched.plan import Compute, Copy, Free, Plan, SolverInfo
 from xsched.profile import DeviceInfo, LinkCost, OpCost, Profile
 from xsched.solve.api import solve
@@ -39,32 +41,76 @@ def profile_for(graph: Graph) -> Profile:
     return Profile(graph.fingerprint, {"cuda:0": DeviceInfo("cuda"), "cpu": DeviceInfo("cpu")}, compute, links)
 
 
-@pytest.mark.parametrize("name", ["resnet18", "gpt2", "vgg16"])
-def test_gpu_compute_with_host_homes_matches_cpu_eager(name: str) -> None:
-    """Params and inputs live on the host, every op runs on the GPU: h2d copies in, grads copied back out."""
-    z = zoo.build(name, scale="tiny")
-    graph = capture(z.model, z.inputs)
-    homes = {v: "cpu" for v in graph.inputs}
-    plan = solve(graph, profile_for(graph), {}, DEVICES, "fastest", homes=homes)
-    assert any(isinstance(s, Copy) and s.dst == "cuda:0" for s in plan.steps)
-    assert any(isinstance(s, Copy) and s.src == "cuda:0" for s in plan.steps)
-    env = bind_inputs(graph, z.model, z.inputs)
-    # eager on the GPU, same seed: dropout draws from the CUDA generator in the same order
-    ref = copy.deepcopy(z.model).cuda()
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Norm-wise: elementwise tolerances fail on GPU reductions whose order differs from eager's kernels."""
+    got, want = got.detach().double().cpu(), want.detach().double().cpu()
+    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+def eager_step(model: nn.Module, inputs: tuple, device: str, dtype: torch.dtype) -> tuple[list, dict]:
+    """Eager PyTorch on `device` in `dtype`: the outputs and the parameters' gradients of ones-backward."""
+    m = copy.deepcopy(model).to(device=device, dtype=dtype)
+    xs = [x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device) for x in inputs]
     torch.manual_seed(0)
-    outs = [o for o in tree_flatten(ref(*[x.cuda() for x in z.inputs]))[0] if isinstance(o, torch.Tensor)]
+    outs = [o for o in tree_flatten(m(*xs))[0] if isinstance(o, torch.Tensor)]
     diff = [o for o in outs if o.requires_grad]
     torch.autograd.backward(diff, [torch.ones_like(o) for o in diff])
+    return outs, {n: p.grad for n, p in m.named_parameters()}
+
+
+def run_on_gpu_from_host(graph: Graph, model: nn.Module, inputs: tuple) -> list:
+    """Every op on the GPU, params and inputs at home on the host: h2d copies in, grads copied back out.
+    Both the concurrent lanes and one step at a time (trace=True)."""
+    plan = solve(graph, profile_for(graph), {}, DEVICES, "fastest", homes={v: "cpu" for v in graph.inputs})
+    assert any(isinstance(s, Copy) and s.dst == "cuda:0" for s in plan.steps)
+    assert any(isinstance(s, Copy) and s.src == "cuda:0" for s in plan.steps)
+    env = bind_inputs(graph, model, inputs)
     ex = Executor(graph, plan)
-    for trace in (False, True):  # concurrent lanes, then one step at a time
+    runs = []
+    for trace in (False, True):
         torch.manual_seed(0)
         got = unpack_outputs(graph, ex(env, trace=trace).outputs)
-        for a, b in zip(got.outputs, outs):
-            assert_close(a.cpu(), b.detach().cpu(), rtol=1e-4, atol=1e-5)
-        for n, p in ref.named_parameters():
-            assert got.grads[n].device.type == "cpu", f"grad of {n} must end on its param's home"
-            assert_close(got.grads[n], p.grad.cpu(), rtol=1e-4, atol=1e-5)
+        assert all(g.device.type == "cpu" for g in got.grads.values()), "grads must end on their params' home"
+        runs.append(got)
     ex.close()
+    return runs
+
+
+@pytest.mark.parametrize("name", ["resnet18", "gpt2", "vgg16"])
+def test_gpu_compute_with_host_homes_is_as_accurate_as_eager_on_the_gpu(name: str) -> None:
+    """Against a float64 CPU reference, the executor's GPU run is within a small factor of eager PyTorch's own
+    error on the GPU (cuDNN and cuBLAS pick other kernels than the CPU, so equality to 1e-5 is not the test).
+    Dropout is off here: the CPU reference draws its masks from another generator."""
+    z = zoo.build(name, scale="tiny")
+    for m in z.model.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+    ref_outs, ref_grads = eager_step(z.model, z.inputs, "cpu", torch.float64)
+    gpu_outs, gpu_grads = eager_step(z.model, z.inputs, "cuda", torch.float32)
+    graph = capture(z.model, z.inputs)
+    for got in run_on_gpu_from_host(graph, z.model, z.inputs):
+        for a, g, r in zip(got.outputs, gpu_outs, ref_outs):
+            assert relative_error(a, r) <= 3 * relative_error(g, r) + 1e-5
+        for n, r in ref_grads.items():
+            mine, eager = relative_error(got.grads[n], r), relative_error(gpu_grads[n], r)
+            assert mine <= 3 * eager + 1e-5, f"grad of {n}: {mine:.2e} from float64, eager on the GPU {eager:.2e}"
+
+
+def test_dropout_captured_on_the_gpu_draws_eagers_masks() -> None:
+    """A model captured from GPU tensors records CUDA's fused dropout (captured from CPU tensors, dropout is
+    bernoulli_, another random stream on CUDA): run on the GPU, it draws the masks eager PyTorch draws there."""
+    z = zoo.build("gpt2", scale="tiny")
+    gpu_model, gpu_inputs = copy.deepcopy(z.model).cuda(), tuple(x.cuda() for x in z.inputs)
+    graph = capture(gpu_model, gpu_inputs)
+    assert any(o.target == "aten.native_dropout.default" for o in graph.ops)
+    tangents = [v for v, t in bind_inputs(graph, gpu_model, gpu_inputs).items() if graph.value[v].kind == "tangent"]
+    assert tangents and all(bind_inputs(graph, gpu_model, gpu_inputs)[v].is_cuda for v in tangents)
+    outs, grads = eager_step(z.model, z.inputs, "cuda", torch.float32)
+    for got in run_on_gpu_from_host(graph, z.model, z.inputs):
+        for a, b in zip(got.outputs, outs):
+            assert relative_error(a, b) < 1e-5
+        for n, g in grads.items():
+            assert relative_error(got.grads[n], g) < 1e-5, n
 
 
 def test_gpu_free_right_after_copy_out_keeps_the_data() -> None:
@@ -98,7 +144,8 @@ def test_wrap_on_gpu_trains_like_eager() -> None:
     eager = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(64, 64), nn.BatchNorm1d(64), nn.ReLU())]).cuda()
     model = copy.deepcopy(eager)
     x = torch.randn(512, 64, device="cuda")
-    w = wrap(model, (x,), {"cuda:0": "60%"})
+    w = wrap(model, (x,), {"cuda:0": "70%"})
+    assert sum(isinstance(s, Compute) for s in w.plan.steps) > len(w._first.graph.ops)  # it recomputes
     for m in (eager, w):
         opt = torch.optim.SGD(m.parameters(), lr=0.1)
         for _ in range(3):
@@ -109,6 +156,31 @@ def test_wrap_on_gpu_trains_like_eager() -> None:
         assert_close(p, q, rtol=1e-4, atol=1e-5)
     for p, q in zip(model.buffers(), eager.buffers()):
         assert_close(p, q, rtol=1e-4, atol=1e-5)
+
+
+def test_wrap_on_gpu_recomputes_dropout_with_eagers_masks() -> None:
+    """A GPT with dropout on the GPU, every sqrt(n)-th activation kept and the rest recomputed: the replayed
+    dropouts draw the masks eager PyTorch drew, so losses, gradients and updated params agree."""
+    z = zoo.build("gpt2", scale="tiny")
+    eager = z.model.cuda()
+    model = copy.deepcopy(eager)
+    idx = z.inputs[0].cuda()
+    w = wrap(model, (idx, idx), {"cuda:0": "100%"}, method="sqrt")
+    runs = Counter(s.op for s in w.plan.steps if isinstance(s, Compute))
+    assert any(runs[o] > 1 for o in random_ops(w._first.graph)), "the plan recomputes a dropout"
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (w, eager)]
+    for step in range(2):
+        torch.cuda.manual_seed(10 + step)
+        got = w(idx, idx)[1]
+        torch.cuda.manual_seed(10 + step)
+        want = eager(idx, idx)[1]
+        assert relative_error(got, want) < 1e-5
+        for loss, opt in zip((got, want), opts):
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    for (n, p), q in zip(model.named_parameters(), eager.parameters()):
+        assert relative_error(p, q) < 1e-5, n
 
 
 def test_report_uses_cuda_memory_statistics() -> None:

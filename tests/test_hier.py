@@ -5,6 +5,8 @@ through wrap like eager, bad settings."""
 from __future__ import annotations
 
 import copy
+import multiprocessing
+import os
 from dataclasses import replace
 
 import pytest
@@ -27,6 +29,7 @@ from xsched.simulate import simulate
 from xsched.solve.api import solve
 from xsched.solve.eager import eager_peak
 from xsched.solve.hier import HierSettings, solve_hier
+from xsched.solve.hier import solver as hier_solver
 from xsched.solve.options import SolverOptions
 from xsched.zoo import build
 
@@ -115,19 +118,38 @@ def gpt() -> tuple[Graph, Profile]:
     return g, cost_profile(g, ["cpu", "cuda:0"])
 
 
-def test_two_devices_and_determinism() -> None:
+def test_two_devices_and_determinism(monkeypatch) -> None:
     """GPT on a CPU (holding params and inputs) and a (modelled) GPU with half the memory its eager plan needs: a
-    valid plan; the same plan in one process and in a pool of two (each solve ends before its time limit)."""
+    valid plan; the same plan in one process, in a pool of two forked workers, and in a pool started by a fork
+    server (what a process that has initialised CUDA uses; each solve ends before its time limit)."""
     g, prof = gpt()
     budgets = {"cuda:0": eager_peak(g) // 2}
     homes = {v: "cpu" for v in g.inputs}
     # without the CP-SAT refinement: several CP-SAT workers under a wall-clock limit may stop at another incumbent
     same = HierSettings(leaf_s=0, region_s=10, refine=False)
-    plans = [solve_hier(g, prof, budgets, ["cuda:0", "cpu"], homes, SolverOptions(time_limit_s=30, workers=w),
-                        settings=same) for w in (1, 2)]  # fmt: skip
+
+    def plan(workers: int) -> Plan:
+        return solve_hier(g, prof, budgets, ["cuda:0", "cpu"], homes, SolverOptions(time_limit_s=30, workers=workers),
+                          settings=same)  # fmt: skip
+
+    plans = [plan(1), plan(2)]
+    monkeypatch.setattr(hier_solver, "_start_method", lambda: "forkserver")
+    plans.append(plan(2))
     valid(g, plans[0], prof, budgets)
-    assert plans[0].steps == plans[1].steps
+    assert plans[0].steps == plans[1].steps == plans[2].steps
     assert {s.device for s in plans[0].steps if isinstance(s, Compute)} <= {"cpu", "cuda:0"}
+
+
+def _double_or_die(x: int) -> int:
+    if x == 2 and multiprocessing.parent_process() is not None:
+        os._exit(1)  # a worker killed mid-task (out of memory, a crash in a native library)
+    return 2 * x
+
+
+def test_a_pool_whose_worker_dies_finishes_its_tasks_in_this_process() -> None:
+    with hier_solver._pool(2, 3) as run:
+        assert run(_double_or_die, [1, 2, 3]) == [2, 4, 6]
+        assert run(_double_or_die, [4, 5]) == [8, 10]
 
 
 def test_the_refinement_never_slows_hiers_plan_and_says_what_it_started_from() -> None:

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 import re
+import time
 
 import pytest
 import torch
@@ -99,6 +100,36 @@ def test_same_signature_measured_once(graph, monkeypatch):
 
     p = profile_graph(graph, [Counting("counting")], **{**FAST, "rounds": 3})
     assert len(calls) == 3 * len(groups) and set(p.compute["counting"]) == {o.id for o in graph.ops}
+
+
+def test_the_time_cap_holds_within_a_round():
+    """Hundreds of distinct ops in the first round: past max_total_s, the rest of the round gets the quick policy
+    (checked every CAP_CHECK_OPS ops), not only the later rounds."""
+    from conftest import chain_graph
+
+    from xsched.profile.measure import CAP_CHECK_OPS
+
+    g = chain_graph([64 * (i + 1) for i in range(3 * CAP_CHECK_OPS)], train=True)
+    seen = []
+
+    class Slow(Device):
+        kind = "slow"
+        memory_bytes = 1
+        description = "takes 10 ms per op"
+
+        def fingerprint_parts(self):
+            return {}
+
+        def measure_op(self, graph, op, policy=None):
+            seen.append(policy.max_time_s)
+            time.sleep(0.01)
+            return Measurement(1e-3, 0.0, "model")
+
+    full = Policy()
+    profile_graph(g, [Slow("slow")], policy=full, rounds=1, max_total_s=0.05, progress=False)
+    assert len(seen) == len(signature_groups(g)) > 2 * CAP_CHECK_OPS
+    assert seen[:CAP_CHECK_OPS] == [full.max_time_s] * CAP_CHECK_OPS  # checked before the first op: not late yet
+    assert set(seen[2 * CAP_CHECK_OPS :]) == {full.quick().max_time_s}
 
 
 def test_each_round_hands_the_device_all_ops_in_graph_order(graph):
@@ -278,9 +309,7 @@ def test_cli_profile_and_devices(tmp_path, graph, capsys):
     assert main(["devices", "--json", "--no-sim"]) == 0
     kinds = [r["kind"] for r in json.loads(capsys.readouterr().out)]
     ort = importlib.util.find_spec("onnxruntime") is not None  # its providers are devices too (xsched.devices.ort)
-    assert [k for k in kinds if k != "ort"] == ["cpu"] * (1 - torch.cuda.is_available()) + [
-        "cuda"
-    ] * torch.cuda.device_count()
+    assert [k for k in kinds if k != "ort"] == ["cpu"] + ["cuda"] * torch.cuda.device_count()
     assert ("ort" in kinds) == ort
 
 

@@ -117,13 +117,21 @@ def capture(model: nn.Module, example_inputs: tuple, *, inference: bool = False,
     return build_graph(gm, info, name or type(model).__name__)
 
 
+def _model_device(model: nn.Module, inputs: tuple) -> torch.device:
+    """Where the forward outputs, and so their default tangents, live: the first parameter's, buffer's or
+    input's device (a CPU tangent for a GPU model would be copied to the GPU at every run)."""
+    tensors = (*model.parameters(), *model.buffers(), *(x for x in inputs if isinstance(x, torch.Tensor)))
+    return next((t.device for t in tensors), torch.device("cpu"))
+
+
 def bind_inputs(
     graph: Graph, model: nn.Module, inputs: tuple, tangents: tuple | None = None
 ) -> dict[str, torch.Tensor]:
     """Value id -> tensor for every graph input. Tangents are indexed by forward-output position
-    (or given in tangent order); None means ones, as `loss.backward()` would use."""
+    (or given in tangent order); None means ones, as `loss.backward()` would use, on the model's device."""
     if not isinstance(inputs, tuple):
         inputs = (inputs,)
+    home = _model_device(model, inputs)
     params = dict(model.named_parameters())
     buffers = dict(model.named_buffers())
     n_out = len(graph.extra.get("forward_outputs", []))
@@ -141,7 +149,7 @@ def bind_inputs(
         elif v.kind == "tangent":
             pos = int(name.split(":")[1])
             if tangents is None:
-                env[vid] = torch.ones(v.shape or (), dtype=getattr(torch, v.dtype or "float32"))
+                env[vid] = torch.ones(v.shape or (), dtype=getattr(torch, v.dtype or "float32"), device=home)
             elif len(tangents) == n_out:
                 env[vid] = tangents[pos]
             elif len(tangents) == len(tangent_vals):

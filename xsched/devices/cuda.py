@@ -135,7 +135,7 @@ class CudaDevice(Device):
             workspace = self._workspace(op, env)
             samples = repeat_until_stable(lambda: ops.run_op(op, env, dev), policy, event_clock)
             t = statistics.median(samples)
-            energy = self._nvml_energy(lambda: ops.run_op(op, env, dev), t)
+            energy = self._nvml_energy(lambda: ops.run_op(op, env, dev), t, min(ENERGY_WINDOW_S, policy.max_time_s))
         source = "nvml"
         if energy is None:
             energy, source = modelled_energy(t, self.power, 1.0), "model"
@@ -164,11 +164,12 @@ class CudaDevice(Device):
         del outs
         return max(0, peak - base - out_bytes)
 
-    def _nvml_energy(self, call: Callable[[], Any], t: float) -> float | None:
-        """Joules per call from NVML's total-energy counter over enough calls to fill ENERGY_WINDOW_S."""
+    def _nvml_energy(self, call: Callable[[], Any], t: float, window_s: float) -> float | None:
+        """Joules per call from NVML's total-energy counter over enough calls to fill `window_s`: the policy's time
+        per op at most, so that profiling's time cap (the quick policy) bounds the energy windows too."""
         if nvml_energy_mj(self.nvml) is None:
             return None
-        n = max(1, min(MAX_ENERGY_CALLS, math.ceil(ENERGY_WINDOW_S / max(t, 1e-7))))
+        n = max(1, min(MAX_ENERGY_CALLS, math.ceil(window_s / max(t, 1e-7))))
         torch.cuda.synchronize(self.torch_device)
         e0 = nvml_energy_mj(self.nvml)
         for _ in range(n):

@@ -32,6 +32,7 @@ log = logging.getLogger("xsched.profile")
 COPY_SIZES = (4 << 10, 64 << 10, 1 << 20, 8 << 20, 32 << 20)  # bytes: spans the latency- and bandwidth-bound regimes
 ROUNDS = 3  # passes over all ops on a real device (see profile_graph)
 PER_VALUE = 8  # the largest values also get a measured copy time of their own on every measured link
+CAP_CHECK_OPS = 16  # ops measured between two checks of the profiling time cap (max_total_s)
 
 
 # ---- the measuring loop ----
@@ -90,7 +91,7 @@ def profile_graph(
 
     Ops with one signature are measured once per round; a real device goes `rounds` times through all of them and
     keeps each op's median over the rounds, so a burst of load from other processes spoils one round of an op,
-    not its cost. Once `max_total_s` is spent, the remaining rounds get the quick policy.
+    not its cost. Once `max_total_s` is spent, the remaining ops get the quick policy (checked every CAP_CHECK_OPS).
     `pinned` says which host memory the `copy` entries assume; the other kind's fit is in extra["links"].
     An op a device cannot run is left out of that device's costs (contract 2), its reason in extra["unsupported"].
     """
@@ -174,13 +175,18 @@ def _measure_device(
     found: dict[tuple[str, ...], list[Measurement] | str] = {tuple(ids): [] for ids in groups.values()}
     for _ in range(rounds):
         todo = [k for k, ms in found.items() if not isinstance(ms, str)]
-        late = max_total_s is not None and time.perf_counter() - start >= max_total_s  # checked once per round
-        results = d.measure_ops(graph, [graph.op[k[0]] for k in todo], policy.quick() if late else policy)
-        for op_ids, m in zip(todo, results, strict=True):
-            if isinstance(m, str):
-                found[op_ids] = m
-            else:
-                found[op_ids].append(m)  # type: ignore[union-attr]
+        # the time cap is checked every CAP_CHECK_OPS ops: a first round over hundreds of distinct ops at the full
+        # policy (GPT-2 on a GPU) would otherwise run minutes past it
+        step = CAP_CHECK_OPS if max_total_s is not None else max(1, len(todo))  # no cap: the round at once
+        for at in range(0, len(todo), step):
+            chunk = todo[at : at + step]
+            late = max_total_s is not None and time.perf_counter() - start >= max_total_s
+            results = d.measure_ops(graph, [graph.op[k[0]] for k in chunk], policy.quick() if late else policy)
+            for op_ids, m in zip(chunk, results, strict=True):
+                if isinstance(m, str):
+                    found[op_ids] = m
+                else:
+                    found[op_ids].append(m)  # type: ignore[union-attr]
         bar.update(len(found))
     return found
 

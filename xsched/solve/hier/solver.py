@@ -5,13 +5,17 @@ left (in the plan's own order, the plan as its complete hint)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from multiprocessing import get_context
 from typing import Any
+
+import torch
 
 from xsched.errors import XschedError
 from xsched.graph import Graph
@@ -243,9 +247,19 @@ class _Solved:
         self.log["region_s"] += time.perf_counter() - t0
 
 
+_logger = logging.getLogger(__name__)
+
+
+def _start_method() -> str:
+    """fork (workers start at once), unless this process has initialised CUDA: a forked child inherits a CUDA
+    context it cannot use and dies at its first CUDA call, or when its garbage collector frees a CUDA tensor."""
+    return "forkserver" if torch.cuda.is_initialized() else "fork"
+
+
 class _pool:
-    """map() over tasks: in this process for one worker or one task, else in a pool of forked processes (results
-    in task order, so the outcome does not depend on which worker finishes first)."""
+    """map() over tasks: in this process for one worker or one task, else in a pool of worker processes (results
+    in task order, so the outcome does not depend on which worker finishes first). A pool whose worker died
+    (killed, out of memory) is given up, and its tasks run in this process: slower, but nothing is lost."""
 
     def __init__(self, workers: int | None, n: int) -> None:
         self.workers = max(1, workers if workers is not None else (os.cpu_count() or 1))
@@ -258,8 +272,15 @@ class _pool:
         if self.workers == 1 or len(tasks) <= 1:
             return [fn(t) for t in tasks]
         if self.executor is None:
-            self.executor = ProcessPoolExecutor(self.workers, mp_context=get_context("fork"))
-        return list(self.executor.map(fn, tasks))
+            self.executor = ProcessPoolExecutor(self.workers, mp_context=get_context(_start_method()))
+        try:
+            return list(self.executor.map(fn, tasks))
+        except BrokenProcessPool as e:
+            _logger.warning("hier: a worker process died (%s); solving the blocks in this process", e)
+            self.workers = 1
+            self.executor.shutdown(cancel_futures=True)
+            self.executor = None
+            return [fn(t) for t in tasks]
 
     def __exit__(self, *exc: object) -> None:
         if self.executor is not None:
