@@ -38,11 +38,13 @@ class SimResult:
 class Simulator(PlanInterpreter):
     """The interpreter's walk with each step's profiled time and energy (untimed without a profile)."""
 
-    def __init__(self, graph: Graph, plan: Plan, profile: Profile | None, *, check_budgets: bool) -> None:
+    def __init__(self, graph: Graph, plan: Plan, profile: Profile | None, *, check_budgets: bool,
+                 lanes: bool = True) -> None:  # fmt: skip
         super().__init__(graph, plan, check_budgets=check_budgets)
         if profile is not None:
             profile.check_graph(graph.fingerprint)
         self.profile = profile
+        self.lanes = lanes
         self.time = self.energy = 0.0
         self.durations: list[float] = []
         self.after: list[dict[str, int]] = []
@@ -85,13 +87,14 @@ class Simulator(PlanInterpreter):
     def end(self) -> SimResult:
         timed = self.profile is not None
         steps = self.plan.steps
-        spans = overlapped_spans(steps, self.durations, step_waits(self.graph, steps, self.randoms)) if timed else []
+        overlap = timed and self.lanes
+        spans = overlapped_spans(steps, self.durations, step_waits(self.graph, steps, self.randoms)) if overlap else []
         return SimResult(
             peak_bytes=self.peak,
             peak_step=self.peak_step,
             resident_after=tuple(self.after),
             time_s=self.time if timed else None,
-            makespan_s=max((e for _, e in spans), default=0.0) if timed else None,
+            makespan_s=max((e for _, e in spans), default=0.0) if overlap else None,
             energy_j=self.energy if timed else None,
             step_span=tuple(spans),
             computes=sum(self.computed.values()),
@@ -106,6 +109,8 @@ def simulate(
     profile: Profile | None = None,
     *,
     check_budgets: bool = True,
+    lanes: bool = True,
 ) -> SimResult:
-    """Replay `plan` on `graph`; raise PlanError naming the step, op, value and device at fault."""
-    return Simulator(graph, plan, profile, check_budgets=check_budgets).run()
+    """Replay `plan` on `graph`; raise PlanError naming the step, op, value and device at fault. Without `lanes`,
+    no makespan (the overlap of the devices' lanes, most of the cost on large plans): peaks and serial time only."""
+    return Simulator(graph, plan, profile, check_budgets=check_budgets, lanes=lanes).run()

@@ -24,6 +24,7 @@ _PROOF_SCOPE = {"milp": ", for plans that first compute the ops in graph order"}
 NO_LIMIT_S = 3600.0  # time_limit_s=None: an hour
 PROBE_SHARE, PROBE_MAX_S = 0.2, 10.0  # time for finding a budget that works, after no plan was found
 PROBE_FACTORS = (1.1, 1.25, 1.5, 2.0, 4.0)  # budgets scaled by these until a heuristic fits
+MIN_MEMBER_S = 0.5  # an exact member is not started with less time left: building its model alone takes longer
 
 
 def solve_auto(problem: Problem, options: SolverOptions, given: Plan | None = None) -> Plan:
@@ -52,7 +53,7 @@ def solve_auto(problem: Problem, options: SolverOptions, given: Plan | None = No
     results: list[SolveResult] = []
     for name, share in _exact_methods(problem):
         left = limit - (time.perf_counter() - t0)
-        if left <= 0.05 or (best is not None and objective(best, options) <= floor * (1 + 1e-9)):
+        if left < MIN_MEMBER_S or (best is not None and objective(best, options) <= floor * (1 + 1e-9)):
             break  # no time left, or a plan as fast as every op at its cheapest: nothing to gain
         if results and results[-1].status == "optimal" and found_by == results[-1].method:
             break  # proven optimal (in the stage MILP's formulation: plans in graph order)

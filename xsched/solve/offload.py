@@ -63,13 +63,14 @@ def with_parking(
     return steps
 
 
-def _parked_plan(graph, computes, parked, store, homes, profile, prefetch, defer=False) -> Plan:
+def _parked_plan(graph, computes, parked, store, homes, profile, prefetch, defer=False, lanes=True) -> Plan:
     """The routed plan, simulated, budgets not checked. With `defer`, the frees that follow a copy out wait
-    until after the next compute on the device, which then need not wait for the copy (more memory, less time)."""
+    until after the next compute on the device, which then need not wait for the copy (more memory, less time).
+    Without `lanes`, its prediction has peaks and the serial time but no makespan."""
     steps = route(graph, with_parking(computes, parked, store, prefetch, homes), homes, profile)
     if defer:
         steps = deferred_frees(steps, {v for _, _, v in parked})
-    return finish(graph, steps, "offload", {}, homes, profile, 0.0)
+    return finish(graph, steps, "offload", {}, homes, profile, 0.0, lanes=lanes)
 
 
 def deferred_frees(steps: Sequence[Step], parked: set[str]) -> tuple[Step, ...]:
@@ -177,27 +178,30 @@ def _fit_order(graph, computes, store, budgets, homes, profile) -> tuple[float, 
     """One order's plan (see _best_fit); "" when it does not fit its compute device, else why not."""
     c = computes[0].device
     cands = sorted(gaps(graph, computes, homes), key=lambda g: -(g[1] - g[0]) * graph.value[g[2]].nbytes)
-    built: dict[tuple[int, int], Plan] = {}  # (values parked, prefetch) -> plan: the bisection revisits some
+    # (values parked, prefetch) -> peaks per device; the bisection revisits some, and asks only whether a plan
+    # fits, so these plans skip the lanes' timing (most of a simulation's cost)
+    peaks: dict[tuple[int, int], Mapping[str, int]] = {}
 
-    def plan_of(k: int, prefetch: int) -> Plan:
-        if (k, prefetch) not in built:
-            built[(k, prefetch)] = _parked_plan(graph, computes, cands[:k], store, homes, profile, prefetch)
-        return built[(k, prefetch)]
+    def fits(k: int, prefetch: int, devices: Sequence[str]) -> bool:
+        if (k, prefetch) not in peaks:
+            plan = _parked_plan(graph, computes, cands[:k], store, homes, profile, prefetch, lanes=False)
+            peaks[(k, prefetch)] = plan.predicted.peak_bytes
+        return all(peaks[(k, prefetch)].get(d, 0) <= budgets[d] for d in devices if d in budgets)
 
-    if not _fits(plan_of(len(cands), 0), budgets, [c]):
+    if not fits(len(cands), 0, [c]):
         return ""  # parking every gap with no prefetch is the leanest this order gets on its compute device
     for prefetch in PREFETCH_OPS:
-        if not _fits(plan_of(len(cands), prefetch), budgets, [c]):
+        if not fits(len(cands), prefetch, [c]):
             continue
         lo, hi = 0, len(cands)
         while lo < hi:
             mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if _fits(plan_of(mid, prefetch), budgets, [c]) else (mid + 1, hi)
-        plan = plan_of(lo, prefetch)
-        if not _fits(plan, budgets, [c]):  # the peak is not monotone in the prefix: park every gap
-            lo, plan = len(cands), plan_of(len(cands), prefetch)
-        if not _fits(plan, budgets, list(budgets)):
+            lo, hi = (lo, mid) if fits(mid, prefetch, [c]) else (mid + 1, hi)
+        if not fits(lo, prefetch, [c]):  # the peak is not monotone in the prefix: park every gap
+            lo = len(cands)
+        if not fits(lo, prefetch, list(budgets)):
             return f"what {c} must park to fit overflows {store}"
+        plan = _parked_plan(graph, computes, cands[:lo], store, homes, profile, prefetch)
         deferred = _parked_plan(graph, computes, cands[:lo], store, homes, profile, prefetch, defer=True)
         defer = _fits(deferred, budgets, list(budgets)) and _time(deferred) < _time(plan)
         plan = deferred if defer else plan

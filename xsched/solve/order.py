@@ -12,6 +12,9 @@ from xsched.graph import Graph
 from xsched.plan import Compute, Plan, SolverInfo, place_frees
 
 Scorer = Callable[[tuple[int, ...], float], "Plan | None"]  # (order, seconds) -> the solver's plan, None: none
+# the local search stops after this many draws of moves in a row that were all scored already: the best order's
+# neighbourhood is then (almost surely) exhausted, which happens on small graphs long before the time limit
+STALE_DRAWS = 50
 
 
 def topological(graph: Graph, order: Sequence[int]) -> bool:
@@ -204,22 +207,29 @@ def search_order(
             return None, best_order, {"orders_tried": tried, "order_origin": f"none (no plan from {tried} starting orders)",
                                       "order_search_s": time.perf_counter() - t0}  # fmt: skip
     rng = random.Random(seed)
+    seen = set(starts.values())  # scoring an order again under the same limit finds the same plan
+    stale = 0
     while time_limit_s - (time.perf_counter() - t0) > per:  # moves from the best order (or the first start)
         moved = False
-        cands = neighbours(graph, best_order, rng, 4)
-        if not cands:
+        moves = neighbours(graph, best_order, rng, 4)
+        if not moves:
             break  # no op can move (a chain): the order is forced
+        cands = [c for c in moves if c not in seen]
+        stale = 0 if cands else stale + 1
+        if stale >= STALE_DRAWS:
+            break  # every move drawn lately was scored already: a local optimum of a small graph
         for cand in cands:
             left = time_limit_s - (time.perf_counter() - t0)
             if left <= 0.05:
                 break
+            seen.add(cand)
             p = _try(score, cand, min(per, left))
             tried += 1
             if better(p):
                 best, best_order, origin, moved = p, cand, origin.split("+")[0] + "+moves", True
                 break
         if best is None and not moved:
-            best_order = cands[-1]  # no plan yet: walk on rather than circle the first start
+            best_order = moves[-1]  # no plan yet: walk on rather than circle the first start
     return best, best_order, {"orders_tried": tried, "order_origin": origin, "order_search_s": time.perf_counter() - t0}
 
 

@@ -95,9 +95,12 @@ def finish(
     homes: Mapping[str, str],
     profile: Profile | None,
     started: float,
+    *,
+    lanes: bool = True,
     **extra: object,
 ) -> Plan:
-    """Wrap steps in a Plan, check it with the simulator and attach its predicted figures.
+    """Wrap steps in a Plan, check it with the simulator and attach its predicted figures (without `lanes`, no
+    makespan: a search that only asks whether a plan fits skips the lanes' timing).
 
     Over a budget is a BudgetError naming the device, its peak and the step where the peak is reached.
     """
@@ -109,7 +112,7 @@ def finish(
         solver=SolverInfo(method=f"heuristic:{name}", status="heuristic", extra=extra),
         boundary=autograd_boundary(graph, steps),
     )
-    result = simulate(graph, plan, profile, check_budgets=False)
+    result = simulate(graph, plan, profile, check_budgets=False, lanes=lanes)
     for d, budget in budgets.items():
         peak = result.peak_bytes.get(d, 0)
         if peak > budget:
