@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from xsched.budgets import format_bytes
 from xsched.errors import BudgetError
@@ -131,7 +131,9 @@ REDO_DEPTH = 32  # levels of missing ancestors in a recompute's cost estimate (D
 MAX_EVICTIONS = 4  # per op of the graph: past this the eviction search gives up (it thrashes on tight budgets)
 
 
-def evict_computes(graph: Graph, device: str, budget: int, profile: Profile | None = None) -> list[Compute]:
+def evict_computes(
+    graph: Graph, device: str, budget: int, profile: Profile | None = None, evict_outputs: bool = False
+) -> list[Compute]:
     """Graph order under a byte budget, evicting and recomputing on demand (in the spirit of DTR,
     Kirisame et al. 2021): when an op does not fit, evict the held value with the lowest
     recompute time / (bytes x distance to its next use), and recompute evicted values, and their
@@ -140,11 +142,22 @@ def evict_computes(graph: Graph, device: str, budget: int, profile: Profile | No
     The tracker holds every value until its last consumer or its eviction and every graph input
     from the start, so the routed plan (frees after last reads) never needs more than it saw.
     What the ops waiting on the recompute stack hold is never evicted, so nothing is recomputed in circles.
+    Graph outputs are held from when they are made; with `evict_outputs`, a forward output may be evicted once
+    backward has started and is recomputed at the end (leaner where that recompute is short, as in an MLP whose
+    output feeds one backward op; where it is long, as a GPT's logits, the end runs out of room).
     """
     nbytes = {v.id: v.nbytes for v in graph.values}
     cost = {o.id: (c.time_s if profile and (c := profile.op_cost(o.id, device)) else 1.0) for o in graph.ops}
+    end = len(graph.ops)  # the graph outputs' last read, after every op
     uses: dict[str, list[int]] = {v: [graph.op_index[c] for c in reversed(cs)] for v, cs in graph.consumers.items()}
-    fixed = set(graph.inputs) | set(graph.outputs)
+    # forward outputs may be evicted once backward has started (wrap has returned them by then) and recomputed
+    # at the end; gradients and buffer updates stay (recomputing one redoes a backward chain at the end)
+    backward = next((k for k, o in enumerate(graph.ops) if o.phase == "bwd"), end)
+    late = {v for v in graph.outputs if v in graph.producer and graph.op[graph.producer[v]].phase == "fwd"}
+    late = late if evict_outputs else set()
+    for v in late:
+        uses.setdefault(v, []).insert(0, end)
+    fixed = set(graph.inputs) | (set(graph.outputs) - late)
     held = set(graph.inputs)
     used = sum(nbytes[v] for v in held)
     out: list[Compute] = []
@@ -164,11 +177,15 @@ def evict_computes(graph: Graph, device: str, budget: int, profile: Profile | No
         """Lowest goes first: cheap to redo, big, and needed late; values no later op reads go first of all."""
         return redo_cost(v, memo) / (nbytes[v] * (uses[v][-1] - now + 1)) if uses[v] else -1.0
 
-    for i, root in enumerate(graph.ops):
-        stack = [root.id]
+    ends = [graph.producer[v] for v in graph.outputs if v in late]  # after the last op: the evicted ones again
+    for i, root in enumerate([*(o.id for o in graph.ops), *ends]):
+        at_end = i >= end
+        if at_end and all(v in held for v in graph.op[root].outputs if v in late):
+            continue
+        stack = [root]
         while stack:
             op = graph.op[stack[-1]]
-            if len(stack) > 1 and all(v in held for v in op.outputs):
+            if (len(stack) > 1 or at_end) and all(v in held for v in op.outputs):
                 stack.pop()  # pushed twice for the same missing value: already recomputed
                 continue
             missing = [graph.producer[v] for v in op.inputs if v not in held]
@@ -177,6 +194,8 @@ def evict_computes(graph: Graph, device: str, budget: int, profile: Profile | No
                 continue
             need = sum(nbytes[v] for v in op.outputs) + op_workspace(op, device, profile)
             pinned = {v for x in stack for v in (*graph.op[x].inputs, *graph.op[x].outputs)}
+            if at_end or i < backward:
+                pinned |= late  # held when backward starts, and at the end once restored
             while used + need > budget:
                 victims = [v for v in held - pinned - fixed if nbytes[v] > 0]
                 if not victims:
@@ -188,7 +207,8 @@ def evict_computes(graph: Graph, device: str, budget: int, profile: Profile | No
                 if evictions >= max_evictions:
                     raise BudgetError(f"eviction gave up at op {op.id} after {evictions} evictions on {device} "
                                       f"(budget {format_bytes(budget)})", stage="solve", op=op.id, device=device)  # fmt: skip
-                v = min(victims, key=lambda v, now=i, memo={}: (evict_score(v, now, memo), order[v]))
+                now = min(i, end)
+                v = min(victims, key=lambda v, now=now, memo={}: (evict_score(v, now, memo), order[v]))
                 evictions += 1
                 held.discard(v)
                 used -= nbytes[v]
@@ -197,7 +217,9 @@ def evict_computes(graph: Graph, device: str, budget: int, profile: Profile | No
             held.update(fresh)
             used += sum(nbytes[v] for v in fresh)
             stack.pop()
-        for v in dict.fromkeys((*root.inputs, *root.outputs)):
+        if at_end:
+            continue
+        for v in dict.fromkeys((*graph.op[root].inputs, *graph.op[root].outputs)):
             while uses[v] and uses[v][-1] <= i:
                 uses[v].pop()
             if not uses[v] and v not in fixed and v in held:
@@ -220,17 +242,24 @@ def checkpoint_search(
             candidates.append(("evict", lambda: evict_computes(graph, d, budgets[d], profile)))
         fits: list[tuple[float, int, str, list[Compute]]] = []
         lowest: tuple[int, str] | None = None  # the leanest plan seen: peak on d, label
-        for label, make in candidates:
+
+        def consider(label: str, make: Callable[[], list[Compute]]) -> None:
+            nonlocal lowest
             try:
                 computes = make()
             except BudgetError:
-                continue
+                return
             plan = finish(graph, route(graph, computes, homes, profile), "checkpoint", {}, homes, profile, t0)
             peaks = plan.predicted.peak_bytes
             if all(peaks.get(e, 0) <= b for e, b in budgets.items()):
                 fits.append((plan.predicted.time_s or 0.0, len(fits), label, computes))
             if lowest is None or peaks.get(d, 0) < lowest[0]:
                 lowest = (peaks.get(d, 0), label)
+
+        for label, make in candidates:
+            consider(label, make)
+        if not fits and d in budgets:  # last resort: forward outputs evicted too, and recomputed at the end
+            consider("evict outputs", lambda: evict_computes(graph, d, budgets[d], profile, evict_outputs=True))
         if not fits:
             peak, label = lowest or (0, "none")
             raise BudgetError(
