@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.testing import assert_close
 
-from xsched.errors import XschedError
+from xsched.errors import BudgetError, XschedError
 from xsched.execute.wrap import XschedModule, wrap
 from xsched.plan import Compute, Copy
 
@@ -89,6 +89,16 @@ def test_a_forward_output_recomputed_at_the_end_trains_like_eager() -> None:
             m(x).square().mean().backward()
             opt.step()
     assert_same_state(model, eager)
+
+
+def test_a_forward_output_no_backward_op_reads_is_never_evicted() -> None:
+    """The same blocks with a final Linear, whose output backward never reads: evicting it would break the
+    boundary rule (it must be resident when backward starts), so the leanest budgets get a BudgetError."""
+    torch.manual_seed(0)
+    blocks = [m for _ in range(4) for m in (nn.Linear(64, 64), nn.BatchNorm1d(64), nn.ReLU())]
+    model = nn.Sequential(*blocks, nn.Linear(64, 64))
+    with pytest.raises(BudgetError):
+        wrap(model, (torch.randn(512, 64),), {"cpu": "52%"}, method="checkpoint", profile="model")
 
 
 def test_two_calls_in_one_iteration() -> None:

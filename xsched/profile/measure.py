@@ -32,7 +32,7 @@ log = logging.getLogger("xsched.profile")
 COPY_SIZES = (4 << 10, 64 << 10, 1 << 20, 8 << 20, 32 << 20)  # bytes: spans the latency- and bandwidth-bound regimes
 ROUNDS = 3  # passes over all ops on a real device (see profile_graph)
 PER_VALUE = 8  # the largest values also get a measured copy time of their own on every measured link
-CAP_CHECK_OPS = 16  # ops measured between two checks of the profiling time cap (max_total_s)
+CAP_CHECK_OPS = 16  # ops measured one at a time (not interleaved) between two checks of the time cap
 
 
 # ---- the measuring loop ----
@@ -91,7 +91,8 @@ def profile_graph(
 
     Ops with one signature are measured once per round; a real device goes `rounds` times through all of them and
     keeps each op's median over the rounds, so a burst of load from other processes spoils one round of an op,
-    not its cost. Once `max_total_s` is spent, the remaining ops get the quick policy (checked every CAP_CHECK_OPS).
+    not its cost. Once `max_total_s` is spent, the remaining ops get the quick policy (checked every CAP_CHECK_OPS
+    ops on a device that measures ops one at a time, once per round on one that interleaves them).
     `pinned` says which host memory the `copy` entries assume; the other kind's fit is in extra["links"].
     An op a device cannot run is left out of that device's costs (contract 2), its reason in extra["unsupported"].
     """
@@ -177,7 +178,9 @@ def _measure_device(
         todo = [k for k, ms in found.items() if not isinstance(ms, str)]
         # the time cap is checked every CAP_CHECK_OPS ops: a first round over hundreds of distinct ops at the full
         # policy (GPT-2 on a GPU) would otherwise run minutes past it
-        step = CAP_CHECK_OPS if max_total_s is not None else max(1, len(todo))  # no cap: the round at once
+        # a device that interleaves a round's ops (cold inputs for each, Device.measure_ops) gets the whole round
+        per_op = type(d).measure_ops is Device.measure_ops
+        step = CAP_CHECK_OPS if max_total_s is not None and per_op else max(1, len(todo))
         for at in range(0, len(todo), step):
             chunk = todo[at : at + step]
             late = max_total_s is not None and time.perf_counter() - start >= max_total_s

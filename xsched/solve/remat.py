@@ -11,6 +11,7 @@ from xsched.errors import BudgetError
 from xsched.graph import Graph
 from xsched.plan import Compute, Plan
 from xsched.profile import Profile
+from xsched.solve.boundary import forward_outputs
 from xsched.solve.routing import best_single_device, finish, op_workspace, route, route_and_finish
 
 # ---------------------------------------------------------------- checkpointing (Chen et al. 2016)
@@ -142,19 +143,21 @@ def evict_computes(
     The tracker holds every value until its last consumer or its eviction and every graph input
     from the start, so the routed plan (frees after last reads) never needs more than it saw.
     What the ops waiting on the recompute stack hold is never evicted, so nothing is recomputed in circles.
-    Graph outputs are held from when they are made; with `evict_outputs`, a forward output may be evicted once
-    backward has started and is recomputed at the end (leaner where that recompute is short, as in an MLP whose
-    output feeds one backward op; where it is long, as a GPT's logits, the end runs out of room).
+    Graph outputs are held from when they are made; with `evict_outputs`, a value the wrapped forward returns may
+    be evicted once backward ops have read it and is recomputed at the end, from whatever is held then (leaner
+    where the memory that recompute needs is free at the end; a GPT's logits need more than is left there).
     """
     nbytes = {v.id: v.nbytes for v in graph.values}
     cost = {o.id: (c.time_s if profile and (c := profile.op_cost(o.id, device)) else 1.0) for o in graph.ops}
     end = len(graph.ops)  # the graph outputs' last read, after every op
     uses: dict[str, list[int]] = {v: [graph.op_index[c] for c in reversed(cs)] for v, cs in graph.consumers.items()}
-    # forward outputs may be evicted once backward has started (wrap has returned them by then) and recomputed
-    # at the end; gradients and buffer updates stay (recomputing one redoes a backward chain at the end)
-    backward = next((k for k, o in enumerate(graph.ops) if o.phase == "bwd"), end)
-    late = {v for v in graph.outputs if v in graph.producer and graph.op[graph.producer[v]].phase == "fwd"}
-    late = late if evict_outputs else set()
+    # with evict_outputs, the values the wrapped forward returns may be evicted once backward ops have read them
+    # (the boundary rule holds them until backward starts) and are recomputed at the end; gradients and buffer
+    # updates stay (recomputing one redoes a chain at the end for a few bytes)
+    late = set(forward_outputs(graph)) & set(graph.outputs) if evict_outputs else set()
+    # re-making a producer at the end re-makes all its outputs, so each must have been read in backward first
+    siblings = {v: [u for u in graph.op[graph.producer[v]].outputs if u in late] for v in late}
+    read_in_bwd: set[str] = set()
     for v in late:
         uses.setdefault(v, []).insert(0, end)
     fixed = set(graph.inputs) | (set(graph.outputs) - late)
@@ -194,10 +197,11 @@ def evict_computes(
                 continue
             need = sum(nbytes[v] for v in op.outputs) + op_workspace(op, device, profile)
             pinned = {v for x in stack for v in (*graph.op[x].inputs, *graph.op[x].outputs)}
-            if at_end or i < backward:
-                pinned |= late  # held when backward starts, and at the end once restored
+            if at_end:
+                pinned |= late  # the end reads them all: one restored is not evicted for the next
             while used + need > budget:
-                victims = [v for v in held - pinned - fixed if nbytes[v] > 0]
+                victims = [v for v in held - pinned - fixed if nbytes[v] > 0
+                           and (v not in late or all(u in read_in_bwd for u in siblings[v]))]  # fmt: skip
                 if not victims:
                     raise BudgetError(
                         f"eviction cannot fit op {op.id} in {format_bytes(budget)} on {device}: "
@@ -213,6 +217,8 @@ def evict_computes(
                 held.discard(v)
                 used -= nbytes[v]
             out.append(Compute(op.id, device))
+            if op.phase == "bwd":
+                read_in_bwd.update(v for v in op.inputs if v in late)
             fresh = [v for v in op.outputs if v not in held]
             held.update(fresh)
             used += sum(nbytes[v] for v in fresh)
