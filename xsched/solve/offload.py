@@ -178,15 +178,15 @@ def _fit_order(graph, computes, store, budgets, homes, profile) -> tuple[float, 
     """One order's plan (see _best_fit); "" when it does not fit its compute device, else why not."""
     c = computes[0].device
     cands = sorted(gaps(graph, computes, homes), key=lambda g: -(g[1] - g[0]) * graph.value[g[2]].nbytes)
-    # (values parked, prefetch) -> peaks per device; the bisection revisits some, and asks only whether a plan
-    # fits, so these plans skip the lanes' timing (most of a simulation's cost)
-    peaks: dict[tuple[int, int], Mapping[str, int]] = {}
+    # (values parked, prefetch) -> plan; the bisection revisits some, and asks only whether a plan fits, so these
+    # plans skip the lanes' timing (most of a simulation's cost)
+    untimed: dict[tuple[int, int], Plan] = {}
 
     def fits(k: int, prefetch: int, devices: Sequence[str]) -> bool:
-        if (k, prefetch) not in peaks:
-            plan = _parked_plan(graph, computes, cands[:k], store, homes, profile, prefetch, lanes=False)
-            peaks[(k, prefetch)] = plan.predicted.peak_bytes
-        return all(peaks[(k, prefetch)].get(d, 0) <= budgets[d] for d in devices if d in budgets)
+        if (k, prefetch) not in untimed:
+            untimed[(k, prefetch)] = _parked_plan(graph, computes, cands[:k], store, homes, profile, prefetch,
+                                                  lanes=False)  # fmt: skip
+        return _fits(untimed[(k, prefetch)], budgets, devices)
 
     if not fits(len(cands), 0, [c]):
         return ""  # parking every gap with no prefetch is the leanest this order gets on its compute device
