@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import torch
 from bench_executor import step_memory  # scripts/ is on sys.path when this file is run as a script
+from torch.utils._pytree import tree_flatten
 
 from xsched import zoo
 from xsched.capture.torch import bind_inputs, capture
@@ -73,8 +74,8 @@ class _Backward:
 
 
 def _tensor_leaves(out: object) -> list[torch.Tensor]:
-    items = out if isinstance(out, (tuple, list)) else (out,)
-    return [o for o in items if isinstance(o, torch.Tensor)]
+    """The forward's tensors, flattened as capture flattens them (nested tuples, lists and dicts)."""
+    return [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
 
 
 def eager_times(step: Callable[[], object], dev: torch.device, iters: int, warmup: int) -> list[float]:
