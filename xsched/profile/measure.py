@@ -176,9 +176,9 @@ def _measure_device(
     found: dict[tuple[str, ...], list[Measurement] | str] = {tuple(ids): [] for ids in groups.values()}
     for _ in range(rounds):
         todo = [k for k, ms in found.items() if not isinstance(ms, str)]
-        # the time cap is checked every CAP_CHECK_OPS ops: a first round over hundreds of distinct ops at the full
-        # policy (GPT-2 on a GPU) would otherwise run minutes past it
-        # a device that interleaves a round's ops (cold inputs for each, Device.measure_ops) gets the whole round
+        # the time cap is checked every CAP_CHECK_OPS ops (a first round over hundreds of distinct ops at the full
+        # policy, GPT-2 on a GPU, ran minutes past it); a device that interleaves a round's ops, so that each finds
+        # its inputs cold (Device.measure_ops), still gets the whole round at once
         per_op = type(d).measure_ops is Device.measure_ops
         step = CAP_CHECK_OPS if max_total_s is not None and per_op else max(1, len(todo))
         for at in range(0, len(todo), step):
