@@ -289,7 +289,8 @@ def test_time_limited_solve_returns_a_valid_plan_or_no_incumbent() -> None:
     try:
         plan = solve_milp(g, prof, budgets, ["bench"], {}, SolverOptions(time_limit_s=1.0))
     except NoIncumbent as e:
-        assert "without a plan" in str(e)
+        # a slow machine stops before HiGHS starts (the build alone outlasts the limit), a fast one inside it
+        assert "without a plan" in str(e) or "left of its time limit" in str(e)
         return
     checked(g, plan, prof, budgets)
     assert plan.solver.status in ("time_limit", "feasible", "optimal") and plan.solver.gap is not None
