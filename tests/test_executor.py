@@ -156,14 +156,15 @@ def check_against_eager(name: str, plan: Plan, *, trace: bool, overlap: bool | N
 def test_zoo_matches_eager_pytorch(name: str, devices: tuple[str, ...]) -> None:
     """Outputs, grads and buffers equal eager PyTorch under the eager plan and the 50% and 25% recomputation
     plans; with trace the bytes resident after every step equal the simulator's; without it, on two devices, the
-    default run (in plan order, one-device runs as generated programs) and the lanes (overlapping) give them too."""
+    default run (in plan order, one-device runs as generated programs) and the lanes (overlapping) give them too
+    (at 50%)."""
     graph = workload(name)[1]
     for percent in (100, 50, 25):
         plan = eager_plan_on(graph, devices) if percent == 100 else recompute_plan(name, devices, percent)
         if len(devices) == 2:
             assert any(isinstance(s, Copy) for s in plan.steps)
         check_against_eager(name, plan, trace=True).close()
-        if len(devices) == 2 and percent != 100:
+        if len(devices) == 2 and percent == 50:  # the two untraced modes once per model (the suite's time)
             check_against_eager(name, plan, trace=False, overlap=None).close()
             check_against_eager(name, plan, trace=False, overlap=True).close()
 

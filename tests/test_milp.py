@@ -411,10 +411,11 @@ def test_time_limit_covers_building_and_search() -> None:
 
 
 def test_random_layered_n100_at_80_percent() -> None:
-    """The issue's quality target, cold (no warm start): plan TDI <= 2.3% under a 30 s limit (timing: bench_solver)."""
+    """The issue's quality target, cold (no warm start): plan TDI <= 2.3% under a 15 s limit (the issue's 30 s and
+    the wall-clock figures: bench_solver; 1.13% in 15 s here, 2.2% in 10 s)."""
     g, prof = import_networkx(BENCH / "random_layered_n100.json")
     budgets = {"bench": int(eager_peak(g) * 0.8)}
-    plan = checked(g, solve_milp(g, prof, budgets, ["bench"], {}, SolverOptions(time_limit_s=30.0)), prof, budgets)
+    plan = checked(g, solve_milp(g, prof, budgets, ["bench"], {}, SolverOptions(time_limit_s=15.0)), prof, budgets)
     base = sum(prof.op_cost(o.id, "bench").time_s for o in g.ops)
     assert plan.predicted.time_s / base - 1 <= 0.023
 
@@ -433,7 +434,7 @@ def test_slow_lp_falls_back_to_the_structural_restriction() -> None:
     the recomputes of the first computes' inputs instead, and still find a good plan without a warm start."""
     g, prof = import_networkx(BENCH / "random_layered_n100.json")
     budgets = {"bench": int(eager_peak(g) * 0.8)}
-    opts = SolverOptions(time_limit_s=20.0, lp_share=0.0)  # the LP gets 0.01 s: never enough on n100
+    opts = SolverOptions(time_limit_s=15.0, lp_share=0.0)  # the LP gets 0.01 s: never enough on n100
     plan = checked(g, solve_milp(g, prof, budgets, ["bench"], {}, opts), prof, budgets)
     base = sum(prof.op_cost(o.id, "bench").time_s for o in g.ops)
     assert plan.predicted.time_s / base - 1 <= 0.023
