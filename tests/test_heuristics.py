@@ -153,6 +153,32 @@ def test_checkpoint_search_is_budget_driven_on_a_training_chain():
     assert e.value.device == "d"
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(train_dags(max_ops=10), st.data())
+def test_checkpoint_search_finds_the_fastest_fitting_candidate(g, data):
+    """The search stops once a candidate's computes alone take longer than the fastest fit; its plan is as fast as
+    the fastest of every candidate planned (the keep sets and eviction, the way it routes them)."""
+    costs = {o.id: OpCost(data.draw(st.sampled_from([0.5, 1.0, 3.0]))) for o in g.ops}
+    profile = Profile(g.fingerprint, {"d": DeviceInfo("cpu")}, {"d": costs})
+    homes = {v: "d" for v in g.inputs}
+    budgets = {"d": data.draw(st.integers(eager_peak(g) // 3, eager_peak(g)))}
+    every = [RM.checkpoint_computes(g, k, "d") for k in RM.candidate_keeps(g)]
+    try:
+        every.append(RM.evict_computes(g, "d", budgets["d"], profile))
+    except BudgetError:
+        pass
+    plans = [RT.finish(g, RT.route(g, c, homes, profile), "x", {}, homes, profile, 0.0) for c in every]
+    times = [p.predicted.time_s for p in plans if p.predicted.peak_bytes.get("d", 0) <= budgets["d"]]
+    try:
+        found = RM.checkpoint_search(g, profile, budgets, ["d"], homes)
+    except BudgetError:
+        assert not times  # nothing fit
+        return
+    check(g, found, profile, budgets)
+    if times:
+        assert found.predicted.time_s == pytest.approx(min(times))
+
+
 def test_greedy_fill_spills_to_the_second_device_when_the_first_is_full():
     g = chain_graph([50, 60, 70, 80, 90, 100])  # op k needs x + a(k-1) + a(k): 58, 118, 138, 158, ...
     profile = two_device_profile(g)

@@ -234,6 +234,20 @@ def evict_computes(
     return out
 
 
+def _or_none(make: Callable[[], list[Compute]]) -> list[Compute] | None:
+    try:
+        return make()
+    except BudgetError:
+        return None
+
+
+def _compute_time(computes: Sequence[Compute], profile: Profile | None) -> float:
+    """The computes' own time on their devices: a lower bound on the time of any plan that runs them."""
+    if profile is None:
+        return 0.0
+    return sum(c.time_s for s in computes if (c := profile.op_cost(s.op, s.device)) is not None)
+
+
 def checkpoint_search(
     graph: Graph, profile: Profile | None, budgets: Mapping[str, int], devices: Sequence[str], homes: Mapping[str, str]
 ) -> Plan:
@@ -246,26 +260,29 @@ def checkpoint_search(
         candidates = [(f"keep {len(k)}", lambda k=k: checkpoint_computes(graph, k, d)) for k in keeps]
         if d in budgets:
             candidates.append(("evict", lambda: evict_computes(graph, d, budgets[d], profile)))
-        fits: list[tuple[float, int, str, list[Compute]]] = []
+        fits: list[tuple[float, int, str, list[Compute]]] = []  # time, rank among the candidates, label, computes
         lowest: tuple[int, str] | None = None  # the leanest plan seen: peak on d, label
 
-        def consider(label: str, make: Callable[[], list[Compute]]) -> None:
+        def consider(rank: int, label: str, computes: list[Compute]) -> None:
             nonlocal lowest
-            try:
-                computes = make()
-            except BudgetError:
-                return
             plan = finish(graph, route(graph, computes, homes, profile), "checkpoint", {}, homes, profile, t0)
             peaks = plan.predicted.peak_bytes
             if all(peaks.get(e, 0) <= b for e, b in budgets.items()):
-                fits.append((plan.predicted.time_s or 0.0, len(fits), label, computes))
+                fits.append((plan.predicted.time_s or 0.0, rank, label, computes))
             if lowest is None or peaks.get(d, 0) < lowest[0]:
                 lowest = (peaks.get(d, 0), label)
 
-        for label, make in candidates:
-            consider(label, make)
+        # eviction first (budget-driven, often the fastest), then the keep sets by their computes' own time, which
+        # bounds their plan's time from below: once it exceeds the fastest fit, no later candidate can win
+        made = [(rank, label, c) for rank, (label, make) in enumerate(candidates) if (c := _or_none(make)) is not None]
+        made.sort(key=lambda m: (m[1] != "evict", _compute_time(m[2], profile)))
+        for rank, label, computes in made:
+            if fits and label != "evict" and _compute_time(computes, profile) > min(f[0] for f in fits):
+                break
+            consider(rank, label, computes)
         if not fits and d in budgets:  # last resort: forward outputs evicted too, and recomputed at the end
-            consider("evict outputs", lambda: evict_computes(graph, d, budgets[d], profile, evict_outputs=True))
+            if computes := _or_none(lambda: evict_computes(graph, d, budgets[d], profile, evict_outputs=True)):
+                consider(len(candidates), "evict outputs", computes)
         if not fits:
             peak, label = lowest or (0, "none")
             raise BudgetError(
