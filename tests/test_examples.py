@@ -12,7 +12,11 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 def test_train_wrapped_matches_eager():
     out = subprocess.run(
-        [sys.executable, str(EXAMPLES / "train_wrapped.py"), "5"], capture_output=True, text=True, timeout=300, check=True
+        [sys.executable, str(EXAMPLES / "train_wrapped.py"), "5"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
     ).stdout
     pairs = re.findall(r"xsched loss ([0-9.]+)\s+eager loss ([0-9.]+)", out)
     assert len(pairs) == 5
