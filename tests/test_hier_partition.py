@@ -3,6 +3,8 @@ parts), backward parts in reverse order of forward parts, and identical transfor
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -13,11 +15,11 @@ from xsched.graph import Graph
 from xsched.profile.model import cost_profile
 from xsched.simulate import simulate
 from xsched.solve.eager import eager_peak
-from xsched.solve.hier import HierSettings, solve_hier
+from xsched.solve.hier import HierSettings, leaf, solve_hier
 from xsched.solve.hier.canon import canon
 from xsched.solve.hier.hierarchy import build_hierarchy
 from xsched.solve.hier.partition import Dag, group_level, is_convex
-from xsched.solve.hier.region import make_region
+from xsched.solve.hier.region import make_region, plain, region_homes
 from xsched.solve.options import SolverOptions
 from xsched.zoo import build
 
@@ -106,3 +108,32 @@ def test_zoo_blocks_are_convex(name: str) -> None:
     for b in h.blocks:
         for part in (b.f_ops, b.b_ops):
             assert is_convex(dag, frozenset(idx[o] for o in part))
+
+
+def test_budget_driven_leaf_plans_beat_checkpointing_between_its_peaks(monkeypatch) -> None:
+    """Gap rematerialization and eviction at budgets between checkpointing's leanest and fastest peaks add valid
+    plans to a GPT's bottom blocks: at some budget a block then has a plan faster than every keep set that fits."""
+    z = build("gpt2", scale="tiny:n_layer=2")
+    g = capture(z.model, z.inputs)
+    prof = cost_profile(g, ["cpu"])
+    homes = {v: "cpu" for v in g.inputs}
+    gains = 0
+    for b in build_hierarchy(g).blocks:
+        if not (b.leaf and b.b_ops):
+            continue
+        r = plain(make_region(g, b.f_ops, b.b_ops))
+        sub_prof = replace(prof, graph=r.graph.fingerprint)
+        sub_homes = region_homes(r, homes, "cpu")
+        with monkeypatch.context() as m:
+            m.setattr(leaf, "DRIVEN_FRACTIONS", ())
+            keeps = leaf.heuristic_plans(r, sub_prof, "cpu", sub_homes)
+        every = leaf.heuristic_plans(r, sub_prof, "cpu", sub_homes)
+        assert len(every) >= len(keeps)
+        for p in every:
+            sim = simulate(r.graph, p, sub_prof)
+            assert sim.peak_bytes == dict(p.predicted.peak_bytes) and sim.time_s == pytest.approx(p.predicted.time_s)
+        for p in every[len(keeps) :]:
+            peak = p.predicted.peak_bytes["cpu"]
+            fit = [q.predicted.time_s for q in keeps if q.predicted.peak_bytes["cpu"] <= peak]
+            gains += not fit or p.predicted.time_s < min(fit) - 1e-12
+    assert gains > 0

@@ -34,7 +34,9 @@ from xsched.solve.milp import NoIncumbent
 from xsched.solve.options import SolverOptions
 from xsched.solve.problem import objective, runnable
 
-OPTIONS_PER_BLOCK = 6  # per home device (HiREmate's N_o, split evenly)
+OPTIONS_PER_BLOCK = (
+    12  # per home device (HiREmate's N_o, split evenly); 6 kept too few of the leaves' budget-driven plans
+)
 TOP_SHARE = 0.6  # of the time left after the blocks, for the top H-ILP when a refinement can follow it
 REFINE_MIN_S = 1.0  # a refinement with less time than this is not started
 REFINE_MAX_SIZE = 5000  # ops x devices: beyond this the interval model takes its time just to build and load
