@@ -110,7 +110,7 @@ def test_zoo_blocks_are_convex(name: str) -> None:
             assert is_convex(dag, frozenset(idx[o] for o in part))
 
 
-def test_budget_driven_leaf_plans_beat_checkpointing_between_its_peaks(monkeypatch) -> None:
+def test_budget_driven_leaf_plans_beat_checkpointing_between_its_peaks() -> None:
     """Gap rematerialization and eviction at budgets between checkpointing's leanest and fastest peaks add valid
     plans to a GPT's bottom blocks: at some budget a block then has a plan faster than every keep set that fits."""
     z = build("gpt2", scale="tiny:n_layer=2")
@@ -124,9 +124,7 @@ def test_budget_driven_leaf_plans_beat_checkpointing_between_its_peaks(monkeypat
         r = plain(make_region(g, b.f_ops, b.b_ops))
         sub_prof = replace(prof, graph=r.graph.fingerprint)
         sub_homes = region_homes(r, homes, "cpu")
-        with monkeypatch.context() as m:
-            m.setattr(leaf, "DRIVEN_FRACTIONS", ())
-            keeps = leaf.heuristic_plans(r, sub_prof, "cpu", sub_homes)
+        keeps = leaf.heuristic_plans(r, sub_prof, "cpu", sub_homes, ())
         every = leaf.heuristic_plans(r, sub_prof, "cpu", sub_homes)
         assert len(every) >= len(keeps)
         for p in every:
@@ -137,3 +135,15 @@ def test_budget_driven_leaf_plans_beat_checkpointing_between_its_peaks(monkeypat
             fit = [q.predicted.time_s for q in keeps if q.predicted.peak_bytes["cpu"] <= peak]
             gains += not fit or p.predicted.time_s < min(fit) - 1e-12
     assert gains > 0
+
+
+def test_the_menu_is_smaller_for_many_blocks() -> None:
+    """Up to MANY_BLOCKS blocks: 12 options per block and budget-driven leaf plans; above: 6 and keep sets only (a
+    96-layer GPT's top H-ILP did not finish in 600 s with the larger menu); settings override both."""
+    from xsched.solve.hier import solver
+
+    many = solver.MANY_BLOCKS
+    assert HierSettings().menu(many) == (solver.OPTIONS_PER_BLOCK, leaf.DRIVEN_FRACTIONS)
+    assert HierSettings().menu(many + 1) == (solver.OPTIONS_MANY_BLOCKS, ())
+    assert HierSettings(options=3, driven=True).menu(many + 1) == (3, leaf.DRIVEN_FRACTIONS)
+    assert HierSettings(driven=False).menu(1) == (solver.OPTIONS_PER_BLOCK, ())

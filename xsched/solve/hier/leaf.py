@@ -42,6 +42,7 @@ class LeafTask:
     limit: int
     seed: int = 0
     deferred: tuple[str, ...] = ()  # its deferrable gradient ops (region.deferrable)
+    fractions: tuple[float, ...] = DRIVEN_FRACTIONS  # of its budget-driven plans (heuristic_plans); () for none
 
 
 def leaf_options(task: LeafTask) -> list[Option]:
@@ -56,7 +57,7 @@ def leaf_options(task: LeafTask) -> list[Option]:
         homes = region_homes(region, task.graph_homes, h)
         if not all(prof.can_run(o.id, h) for o in sub.ops):
             continue
-        plans = heuristic_plans(base, prof, h, homes)
+        plans = heuristic_plans(base, prof, h, homes, task.fractions)
         made += [(p, h, p.solver.method) for p in plans]
         if task.exact_s > 0 and plans and region.b_ops:  # without a backward part every plan keeps the same
             peaks = sorted(p.predicted.peak_bytes.get(h, 0) for p in plans)
@@ -143,9 +144,10 @@ def cones(region: Region, prof: Profile, devices: tuple[str, ...], graph_homes: 
     return out
 
 
-def heuristic_plans(region: Region, prof: Profile, device: str, homes: Mapping[str, str]) -> list[Plan]:
+def heuristic_plans(region: Region, prof: Profile, device: str, homes: Mapping[str, str],
+                    fractions: Sequence[float] = DRIVEN_FRACTIONS) -> list[Plan]:  # fmt: skip
     """Checkpointing on `device` with every keep set (graph order alone for a block without a backward part), then
-    gap rematerialization and eviction at DRIVEN_FRACTIONS between the leanest and the fastest of those peaks."""
+    gap rematerialization and eviction at `fractions` of the way from the leanest to the fastest of those peaks."""
     sub = region.graph
     keeps = candidate_keeps(sub) if region.b_ops else [set()]
     plans: list[Plan] = []
@@ -171,7 +173,7 @@ def heuristic_plans(region: Region, prof: Profile, device: str, homes: Mapping[s
     if region.b_ops and plans:
         peaks = sorted(p.predicted.peak_bytes.get(device, 0) for p in plans)
         order = range(len(sub.ops))
-        for f in DRIVEN_FRACTIONS:
+        for f in fractions:
             b = int(peaks[0] + f * (peaks[-1] - peaks[0]))
             add(lambda b=b: gap_computes(sub, order, device, b, prof))
             add(lambda b=b: evict_computes(sub, device, b, prof))
