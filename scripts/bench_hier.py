@@ -150,11 +150,13 @@ def hiremate(args: argparse.Namespace) -> list[str]:
         floor = lower_bounds(graph, profile, ["cpu"], {v: "cpu" for v in graph.inputs})["cpu"].bytes
         for share, pub, pub_s in zip((0.75, 0.5), published, seconds):
             budgets = {"cpu": int(floor + share * (peak - floor))}
-            plan, wall, status = timed(graph, profile, budgets, "hier", pub_s / 5)  # the target: 1/5 of its time
+            # the target is 1/5 of its time; the limit leaves 2% for what solve does after it (the simulator's check: the
+            # runs at exactly 1/5 took 0.1 s more)
+            plan, wall, status = timed(graph, profile, budgets, "hier", 0.98 * pub_s / 5)
             measured = f"{measured_overhead(z, plan, profile, budgets, args.iters):+.1f}%" if plan else "-"
             rows.append(f"| {label} | {len(graph.ops)} | {share:.0%} ({budgets['cpu'] / peak:.0%} of peak) "
                         f"| {starts(plan, base)} | {pct(plan, base)} | {measured} | +{pub}% | {wall:.1f} s ({status}) | {pub_s} s "
-                        f"| {wall / pub_s:.2f} |")  # fmt: skip
+                        f"| {wall / pub_s:.3f} |")  # fmt: skip
             log(rows[-1])
     return rows
 
