@@ -12,7 +12,7 @@ from xsched.errors import BudgetError, PlanError
 from xsched.graph import Graph
 from xsched.plan import Compute, Copy, Free, Plan, Step
 from xsched.profile import Profile
-from xsched.solve.remat import candidate_keeps, checkpoint_computes, evict_computes
+from xsched.solve.remat import candidate_keeps, checkpoint_computes, compute_time, evict_computes
 from xsched.solve.routing import finish, route
 
 PREFETCH_OPS = (8, 2, 0)  # how many computes early a copy back is issued, tried in this order
@@ -157,7 +157,7 @@ def _best_fit(graph, orders, store, budgets, homes, profile) -> tuple[float, tup
     why = f"no order fits {c}, even parking every gap"
     best: tuple[float, tuple, dict] | None = None
     for n, computes in enumerate(orders):
-        if best is not None and _compute_time(graph, computes, profile) >= best[0]:
+        if best is not None and compute_time(computes, profile) >= best[0]:
             continue
         found = _fit_order(graph, computes, store, budgets, homes, profile)
         if isinstance(found, str):
@@ -166,12 +166,6 @@ def _best_fit(graph, orders, store, budgets, homes, profile) -> tuple[float, tup
         if best is None or found[0] < best[0]:
             best = (found[0], found[1], {**found[2], "order": n})
     return best if best is not None else why
-
-
-def _compute_time(graph: Graph, computes: Sequence[Compute], profile: Profile | None) -> float:
-    if profile is None:
-        return float(len(computes))
-    return sum(c.time_s for s in computes if (c := profile.op_cost(s.op, s.device)) is not None)
 
 
 def _fit_order(graph, computes, store, budgets, homes, profile) -> tuple[float, tuple, dict] | str:

@@ -241,8 +241,8 @@ def _or_none(make: Callable[[], list[Compute]]) -> list[Compute] | None:
         return None
 
 
-def _compute_time(computes: Sequence[Compute], profile: Profile | None) -> float:
-    """The computes' own time on their devices: a lower bound on the time of any plan that runs them."""
+def compute_time(computes: Sequence[Compute], profile: Profile | None) -> float:
+    """The computes' own time on their devices (0 untimed): a lower bound on the time of any plan that runs them."""
     if profile is None:
         return 0.0
     return sum(c.time_s for s in computes if (c := profile.op_cost(s.op, s.device)) is not None)
@@ -274,10 +274,10 @@ def checkpoint_search(
 
         # eviction first (budget-driven, often the fastest), then the keep sets by their computes' own time, which
         # bounds their plan's time from below: once it exceeds the fastest fit, no later candidate can win
-        made = [(rank, label, c) for rank, (label, make) in enumerate(candidates) if (c := _or_none(make)) is not None]
-        made.sort(key=lambda m: (m[1] != "evict", _compute_time(m[2], profile)))
-        for rank, label, computes in made:
-            if fits and label != "evict" and _compute_time(computes, profile) > min(f[0] for f in fits):
+        made = [(label != "evict", compute_time(c, profile), rank, label, c)
+                for rank, (label, make) in enumerate(candidates) if (c := _or_none(make)) is not None]  # fmt: skip
+        for keep_set, own_time, rank, label, computes in sorted(made, key=lambda m: m[:3]):
+            if fits and keep_set and own_time > min(f[0] for f in fits):
                 break
             consider(rank, label, computes)
         if not fits and d in budgets:  # last resort: forward outputs evicted too, and recomputed at the end
