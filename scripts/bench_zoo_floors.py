@@ -2,6 +2,8 @@
 and the proven lower bound; predicted time overhead at each, measured through `wrap` at 50% and at the floor.
 
     python scripts/bench_zoo_floors.py --limit 120 --out docs/bench/zoo_floors.md
+    python scripts/bench_zoo_floors.py --bounds-only    # the proven bounds alone, from modelled costs
+
 
 Budgets step down in 5% of the eager peak. The heuristics' floor is the lowest step where the best heuristic plan
 fits; from one step below it `auto` (time limit `--limit` per budget) steps down until it returns no plan or the
@@ -29,9 +31,10 @@ from xsched.capture.torch import capture
 from xsched.errors import BudgetError, XschedError
 from xsched.execute.wrap import wrap
 from xsched.execute.wrap_plan import measured_profile
-from xsched.plan import Plan
+from xsched.plan import Plan, required_homes
 from xsched.solve.api import solve
-from xsched.solve.bounds import lower_bounds
+from xsched.solve.bounds import lower_bounds, op_need
+from xsched.solve.crossing import crossing_bound
 from xsched.solve.eager import eager_peak, eager_plan
 from xsched.solve.heuristics import best_heuristic
 from xsched.solve.options import SolverOptions
@@ -129,6 +132,38 @@ def run_model(name: str, limit: float, iters: int) -> dict:
     return row
 
 
+def bounds_table(names: list[str]) -> str:
+    """Each model's proven bound on one device (modelled costs: only workspaces matter), what sets it, the
+    crossing bound alone (homed inputs + `crossing_bound` with nothing to beat) and the seconds `lower_bounds`
+    took."""
+    out = [
+        "| model | ops | eager peak | proven bound | set by | crossing bound alone | bound s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        z = zoo.build(name, scale="default")
+        graph = capture(copy.deepcopy(z.model), z.inputs, name=name)
+        peak, homes = eager_peak(graph), {v: DEV for v in graph.inputs}
+        t0 = time.perf_counter()
+        bound = lower_bounds(graph, None, [DEV], homes)[DEV]
+        seconds = time.perf_counter() - t0
+        need = {op.id: op_need(graph, op, DEV, homes, None) for op in graph.ops}
+        ends = set(required_homes(graph, homes)) | set(graph.outputs)
+        alone = crossing_bound(graph, need, DEV, homes, ends, 0)
+        homed = sum(graph.value[v].nbytes for v in graph.inputs)
+        setter = (
+            "crossing"
+            if "ops needing at least" in bound.reason
+            else "gradients held"
+            if "while the outputs" in bound.reason
+            else "one op"
+        )
+        out.append(f"| {name} | {len(graph.ops)} | {peak / 2**20:.1f} MiB | {100 * bound.bytes / peak:.2f}% | {setter} "
+                   f"| {100 * (homed + (alone.bytes if alone else 0)) / peak:.2f}% | {seconds:.2f} |")  # fmt: skip
+        print(out[-1], flush=True)
+    return "\n".join(out)
+
+
 def table(rows: list[dict]) -> str:
     head = ("| model | ops | eager peak | proven bound | heuristic floor | auto floor | found by (status, solve s) "
             "| auto stopped at | predicted at 50% | measured at 50% | predicted at floor | measured at floor |")  # fmt: skip
@@ -148,7 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=float, default=120.0, help="auto's time limit per budget, seconds")
     ap.add_argument("--iters", type=int, default=10, help="measured training steps per row")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--bounds-only", action="store_true", help="print the proven bounds alone (seconds, not minutes)")
     args = ap.parse_args(argv)
+    if args.bounds_only:
+        print(bounds_table(args.models.split(",")))
+        return 0
     t0 = time.perf_counter()
     rows = []
     for name in args.models.split(","):

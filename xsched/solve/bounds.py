@@ -10,6 +10,7 @@ from xsched.errors import BudgetError, ProfileError
 from xsched.graph import Graph, Op
 from xsched.plan import required_homes
 from xsched.profile import Profile
+from xsched.solve.crossing import crossing_bound
 
 
 @dataclass(frozen=True)
@@ -41,9 +42,10 @@ def _homed(graph: Graph, homes: Mapping[str, str], device: str) -> int:
 def lower_bounds(
     graph: Graph, profile: Profile | None, devices: Sequence[str], homes: Mapping[str, str]
 ) -> dict[str, Bound]:
-    """Per device: the inputs homed there (never freed) plus the larger of (a) the outputs that must
-    end there, held while the last of them is made (`_last_output`), and (b) the biggest need of an op that can
-    run only there."""
+    """Per device: the inputs homed there (never freed) plus the largest of (a) the outputs that must
+    end there, held while the last of them is made (`_last_output`), (b) with one device, what is held while the
+    last of its heaviest ops runs (`crossing.crossing_bound`), and (c) the biggest need of an op that can run only
+    there."""
     where = runnable_on(graph, profile, devices)
     end_on = required_homes(graph, homes)
     bounds: dict[str, Bound] = {}
@@ -60,6 +62,15 @@ def lower_bounds(
                 why = (f"{base} + {format_bytes(held)} while the outputs that must end there are made: whichever is "
                        f"made last, the others are held while its op runs (at best op {op}'s)")  # fmt: skip
                 best = Bound(homed + held, op, why)
+        if len(devices) == 1:
+            need = {op.id: op_need(graph, op, d, homes, profile) for op in graph.ops}
+            crossing = crossing_bound(graph, need, d, homes, set(end_on) | set(graph.outputs), best.bytes - homed)
+            if crossing is not None:
+                op = graph.ops[graph.op_index[crossing.op]]
+                why = (f"{base} + {format_bytes(crossing.bytes)} while the last of the {crossing.heavy} ops needing at "
+                       f"least {format_bytes(crossing.need)} runs: its need, and what later outputs read that no such "
+                       f"op can make again (at best op {op.id}, {op.name or op.target})")  # fmt: skip
+                best = Bound(homed + crossing.bytes, op.id, why)
         for op in graph.ops:
             if where[op.id] != [d]:
                 continue
