@@ -170,6 +170,20 @@ def test_zoo_matches_eager_pytorch(name: str, devices: tuple[str, ...]) -> None:
             check_against_eager(name, plan, trace=False, overlap=True).close()
 
 
+@pytest.mark.parametrize(("name", "percent", "variant"), [("mlp_mixer", 28, "lean late keep"), ("unet", 29, "window")])
+def test_lean_checkpointing_fits_below_the_checkpoint_floor_and_matches_eager(name, percent, variant) -> None:
+    """Below what checkpointing and eviction reach (ZOO's floor is above `percent`), the checkpoint search's last
+    resort fits: lean checkpointing with weight gradients made late (mlp_mixer), or a window of the backward made
+    again at the end (unet). Its plan gives eager PyTorch's outputs, gradients and buffers, and the bytes resident
+    after every step are the simulator's."""
+    graph = workload(name)[1]
+    devices = ("cpu:0",)
+    budgets = {"cpu:0": eager_peak(graph) * percent // 100}
+    plan = solve(graph, unit_profile(graph, devices), budgets, devices, "checkpoint", homes=homes_on(graph, devices))
+    assert variant in plan.solver.extra["variant"] and plan.predicted.peak_bytes["cpu:0"] <= budgets["cpu:0"]
+    check_against_eager(name, plan, trace=True).close()
+
+
 def test_greedy_split_across_two_devices_overlaps_and_stays_within_plan_memory() -> None:
     """Ops on both devices (greedy fill), run concurrently: eager numbers, peaks within the simulator's."""
     _, graph = workload("gpt2")

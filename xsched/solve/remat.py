@@ -1,4 +1,5 @@
-"""Rematerialization heuristics: checkpointing (Chen et al. 2016), budget-driven checkpoint search, eviction."""
+"""Rematerialization heuristics: checkpointing (Chen et al. 2016), budget-driven checkpoint search, eviction, and
+lean checkpointing as the search's last resort."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from collections.abc import Callable, Mapping, Sequence
 
 from xsched.budgets import format_bytes
 from xsched.errors import BudgetError
-from xsched.graph import Graph
-from xsched.plan import Compute, Plan
+from xsched.graph import Graph, Op
+from xsched.plan import Compute, Plan, required_homes
 from xsched.profile import Profile
+from xsched.solve import lean
 from xsched.solve.boundary import forward_outputs
 from xsched.solve.routing import best_single_device, finish, op_workspace, route, route_and_finish
 
@@ -23,16 +25,20 @@ def droppable(graph: Graph) -> list[str]:
     return [v for o in graph.ops if o.phase == "fwd" for v in o.outputs if v not in outputs]
 
 
-def checkpoint_computes(graph: Graph, keep: set[str], device: str) -> list[Compute]:
-    """Graph order with recomputation: forward values not in `keep` are dropped after their last
-    forward (non-backward) use; a later op that needs one recomputes it, and recursively whatever of
-    its ancestors is missing, from what is still held. Recomputed values are held until their last
-    use (route/place_frees free them), so each is recomputed at most once.
+def checkpoint_computes(
+    graph: Graph, keep: set[str], device: str, *, order: Sequence[Op] | None = None, drop_recomputed: bool = False
+) -> list[Compute]:
+    """`order` (default graph order) with recomputation: forward values not in `keep` are dropped after their
+    last forward (non-backward) use; a later op that needs one recomputes it, and recursively whatever of its
+    ancestors is missing, from what is still held. Recomputed values are held until their last use (route/place_frees
+    free them), so each is recomputed at most once; `drop_recomputed` drops them after every backward op instead, so each
+    backward op holds only its own (more recomputation, less memory: `xsched.solve.lean`).
     """
+    order = graph.ops if order is None else order
+    at = {op.id: i for i, op in enumerate(order)}
     drop = set(droppable(graph)) - keep
     fwd_last = {
-        v: max((graph.op_index[c] for c in cs if graph.op[c].phase != "bwd"), default=-1)
-        for v, cs in graph.consumers.items()
+        v: max((at[c] for c in cs if graph.op[c].phase != "bwd"), default=-1) for v, cs in graph.consumers.items()
     }
     held = set(graph.inputs)
     out: list[Compute] = []
@@ -53,13 +59,15 @@ def checkpoint_computes(graph: Graph, keep: set[str], device: str) -> list[Compu
             held.update(p.outputs)
             stack.pop()
 
-    for i, op in enumerate(graph.ops):
+    for i, op in enumerate(order):
         for v in op.inputs:
             ensure(v)
         out.append(Compute(op.id, device))
         held.update(op.outputs)
         if op.phase != "bwd":
             held.difference_update(v for v in (*op.inputs, *op.outputs) if v in drop and fwd_last[v] <= i)
+        elif drop_recomputed:
+            held.difference_update(drop)
     return out
 
 
@@ -263,7 +271,7 @@ def checkpoint_search(
         fits: list[tuple[float, int, str, list[Compute]]] = []  # time, rank among the candidates, label, computes
         lowest: tuple[int, str] | None = None  # the leanest plan seen: peak on d, label
 
-        def consider(rank: int, label: str, computes: list[Compute]) -> None:
+        def consider(rank: int, label: str, computes: list[Compute]) -> int:
             nonlocal lowest
             plan = finish(graph, route(graph, computes, homes, profile), "checkpoint", {}, homes, profile, t0)
             peaks = plan.predicted.peak_bytes
@@ -271,6 +279,7 @@ def checkpoint_search(
                 fits.append((plan.predicted.time_s or 0.0, rank, label, computes))
             if lowest is None or peaks.get(d, 0) < lowest[0]:
                 lowest = (peaks.get(d, 0), label)
+            return peaks.get(d, 0)
 
         # eviction first (budget-driven, often the fastest), then the keep sets by their computes' own time, which
         # bounds their plan's time from below: once it exceeds the fastest fit, no later candidate can win
@@ -283,6 +292,8 @@ def checkpoint_search(
         if not fits and d in budgets:  # last resort: forward outputs evicted too, and recomputed at the end
             if computes := _or_none(lambda: evict_computes(graph, d, budgets[d], profile, evict_outputs=True)):
                 consider(len(candidates), "evict outputs", computes)
+        if not fits and d in budgets:  # lean checkpointing, and windows of the backward made again at the end
+            lean_search(graph, keeps, d, homes, lambda label, c: consider(len(candidates), label, c))
         if not fits:
             peak, label = lowest or (0, "none")
             raise BudgetError(
@@ -298,3 +309,31 @@ def checkpoint_search(
         )  # fmt: skip
 
     return best_single_device(on, graph, profile, devices, "checkpoint")
+
+
+def lean_search(
+    graph: Graph, keeps: Sequence[set[str]], device: str, homes: Mapping[str, str],
+    consider: Callable[[str, list[Compute]], int],
+) -> None:  # fmt: skip
+    """Hands `consider` (which plans labelled computes and returns their peak on `device`) lean checkpointing of
+    every keep set, in graph order and with late gradients; then each gradient window made again after the
+    `lean.BASES` leanest of those; then the leanest window after the next leanest, up to `lean.WINDOW_BASES`."""
+    ends = set(required_homes(graph, homes)) | set(graph.outputs)
+    orders = {"": None, "late ": lean.late_gradient_order(graph, ends)}
+    distinct: dict[tuple[str, ...], tuple[str, list[Compute]]] = {}  # keep sets that differ may compute alike
+    for name, order in orders.items():
+        for keep in keeps:
+            computes = checkpoint_computes(graph, keep, device, order=order, drop_recomputed=True)
+            distinct.setdefault(tuple(c.op for c in computes), (f"lean {name}keep {len(keep)}", computes))
+    bases = sorted(((consider(label, c), label, c) for label, c in distinct.values()), key=lambda b: b[0])
+    remakes = [lean.remake_window(graph, window, homes, device) for window in lean.gradient_windows(graph, ends)]
+    if not remakes:
+        return
+    tried = [
+        (consider(f"{label} + window of {len(remake)}", computes + remake), i)
+        for i, remake in enumerate(remakes)
+        for _, label, computes in bases[: lean.BASES]
+    ]
+    remake = remakes[min(tried)[1]]
+    for _, label, computes in bases[lean.BASES : lean.WINDOW_BASES]:
+        consider(f"{label} + window of {len(remake)}", computes + remake)
