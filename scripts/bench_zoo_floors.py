@@ -31,7 +31,7 @@ from xsched.capture.torch import capture
 from xsched.errors import BudgetError, XschedError
 from xsched.execute.wrap import wrap
 from xsched.execute.wrap_plan import measured_profile
-from xsched.plan import Plan, required_homes
+from xsched.plan import Plan, ends_on_one_device
 from xsched.solve.api import solve
 from xsched.solve.bounds import lower_bounds, op_need
 from xsched.solve.crossing import crossing_bound
@@ -148,17 +148,9 @@ def bounds_table(names: list[str]) -> str:
         bound = lower_bounds(graph, None, [DEV], homes)[DEV]
         seconds = time.perf_counter() - t0
         need = {op.id: op_need(graph, op, DEV, homes, None) for op in graph.ops}
-        ends = set(required_homes(graph, homes)) | set(graph.outputs)
-        alone = crossing_bound(graph, need, DEV, homes, ends, 0)
+        alone = crossing_bound(graph, need, DEV, homes, ends_on_one_device(graph, homes), 0)
         homed = sum(graph.value[v].nbytes for v in graph.inputs)
-        setter = (
-            "crossing"
-            if "ops needing at least" in bound.reason
-            else "gradients held"
-            if "while the outputs" in bound.reason
-            else "one op"
-        )
-        out.append(f"| {name} | {len(graph.ops)} | {peak / 2**20:.1f} MiB | {100 * bound.bytes / peak:.2f}% | {setter} "
+        out.append(f"| {name} | {len(graph.ops)} | {peak / 2**20:.1f} MiB | {100 * bound.bytes / peak:.2f}% | {bound.by} "
                    f"| {100 * (homed + (alone.bytes if alone else 0)) / peak:.2f}% | {seconds:.2f} |")  # fmt: skip
         print(out[-1], flush=True)
     return "\n".join(out)

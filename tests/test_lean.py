@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from test_heuristics import train_dags
 
 from xsched.graph import Graph
-from xsched.plan import Compute, required_homes
+from xsched.plan import Compute, ends_on_one_device
 from xsched.simulate import simulate
 from xsched.solve import lean
 from xsched.solve.remat import candidate_keeps, lean_search
@@ -25,7 +25,7 @@ def is_topological(graph: Graph, order: list[str]) -> bool:
 @given(train_dags())
 def test_late_gradient_order_is_topological_and_only_moves_gradient_makers_later(g: Graph) -> None:
     homes = {v: "cpu" for v in g.inputs}
-    ends = set(required_homes(g, homes)) | set(g.outputs)
+    ends = ends_on_one_device(g, homes)
     order = [op.id for op in lean.late_gradient_order(g, ends)]
     assert is_topological(g, order)
     makers = {

@@ -183,6 +183,12 @@ def rng_domain(device: str) -> str:
     return device if device.startswith("cuda") else "cpu"
 
 
+def ends_on_one_device(graph: Graph, homes: Mapping[str, str]) -> set[str]:
+    """The values that must be resident at the end when the plan has one device: every graph output (it must end
+    somewhere, and there is nowhere else) and every required home."""
+    return set(graph.outputs) | set(required_homes(graph, homes))
+
+
 def required_homes(graph: Graph, homes: Mapping[str, str]) -> dict[str, str]:
     """Output value -> the device where it must be resident at the end (param grads, buffer updates)."""
     need: dict[str, str] = {}

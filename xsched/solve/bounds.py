@@ -8,18 +8,20 @@ from dataclasses import dataclass
 from xsched.budgets import format_bytes
 from xsched.errors import BudgetError, ProfileError
 from xsched.graph import Graph, Op
-from xsched.plan import required_homes
+from xsched.plan import ends_on_one_device, required_homes
 from xsched.profile import Profile
 from xsched.solve.crossing import crossing_bound
 
 
 @dataclass(frozen=True)
 class Bound:
-    """No valid plan peaks below `bytes` on a device; `op` (if any) and `reason` say what sets it."""
+    """No valid plan peaks below `bytes` on a device; `op` (if any) and `reason` say what sets it, `by` which bound
+    it is: "homed" (inputs and end outputs), "gradients" (`_last_output`), "crossing" or "op" (an op only it runs)."""
 
     bytes: int
     op: str | None
     reason: str
+    by: str = "homed"
 
 
 def runnable_on(graph: Graph, profile: Profile | None, devices: Sequence[str]) -> dict[str, list[str]]:
@@ -61,23 +63,23 @@ def lower_bounds(
             if homed + held > best.bytes:
                 why = (f"{base} + {format_bytes(held)} while the outputs that must end there are made: whichever is "
                        f"made last, the others are held while its op runs (at best op {op}'s)")  # fmt: skip
-                best = Bound(homed + held, op, why)
+                best = Bound(homed + held, op, why, "gradients")
+        needs = {op.id: op_need(graph, op, d, homes, profile) for op in graph.ops}
         if len(devices) == 1:
-            need = {op.id: op_need(graph, op, d, homes, profile) for op in graph.ops}
-            crossing = crossing_bound(graph, need, d, homes, set(end_on) | set(graph.outputs), best.bytes - homed)
+            crossing = crossing_bound(graph, needs, d, homes, ends_on_one_device(graph, homes), best.bytes - homed)
             if crossing is not None:
-                op = graph.ops[graph.op_index[crossing.op]]
+                op = graph.op[crossing.op]
                 why = (f"{base} + {format_bytes(crossing.bytes)} while the last of the {crossing.heavy} ops needing at "
                        f"least {format_bytes(crossing.need)} runs: its need, and what later outputs read that no such "
                        f"op can make again (at best op {op.id}, {op.name or op.target})")  # fmt: skip
-                best = Bound(homed + crossing.bytes, op.id, why)
+                best = Bound(homed + crossing.bytes, op.id, why, "crossing")
         for op in graph.ops:
             if where[op.id] != [d]:
                 continue
-            need = op_need(graph, op, d, homes, profile)
+            need = needs[op.id]
             if homed + need > best.bytes:
                 why = f"{base} + {format_bytes(need)} for op {op.id} ({op.name or op.target}: inputs, outputs, workspace), which can run only on {d}"
-                best = Bound(homed + need, op.id, why)
+                best = Bound(homed + need, op.id, why, "op")
         bounds[d] = best
     return bounds
 

@@ -46,8 +46,10 @@ class _Network:
         for i, op in enumerate(graph.ops):
             arcs |= {(i, self._in(u)) for u in op.outputs} | {(self._out(u), i) for u in op.inputs}
         arcs |= {(self._out(v), self.sink) for v in ends}
-        rows, cols = zip(*sorted(arcs), strict=True) if arcs else ((), ())
-        self.rows, self.cols = list(rows), list(cols)
+        arcs |= {(self._in(v.id), self._out(v.id)) for v in graph.values}  # holding v: capacity set per cut
+        self.rows, self.cols = (list(side) for side in zip(*sorted(arcs), strict=True))
+        self.holding = np.array([r >= n_ops and (r - n_ops) % 2 == 0 for r in self.rows])  # the in -> out arcs
+        self.value_of_arc = (np.array(self.rows)[self.holding] - n_ops) // 2
 
     def _in(self, v: str) -> int:
         return len(self.graph.ops) + 2 * self.val_index[v]
@@ -58,11 +60,13 @@ class _Network:
     def cut(self, sources: list[int], free: set[str]) -> int:
         """Least bytes of values (beyond `free` and the homed ones) whose holding separates every path from an
         op in `sources` to a value that must end resident; floored to whole units, so never above the true cut."""
-        rows = self.rows + [self._in(v.id) for v in self.graph.values] + [self.source] * len(sources)
-        cols = self.cols + [self._out(v.id) for v in self.graph.values] + sources
-        held = [0 if v.id in free else int(c) for v, c in zip(self.graph.values, self.cap, strict=True)]
-        data = [INF] * len(self.rows) + held + [INF] * len(sources)
-        matrix = csr_matrix((np.array(data, dtype=np.int32), (rows, cols)), shape=(self.n, self.n))
+        cap = self.cap.copy()
+        cap[[self.val_index[v] for v in free]] = 0
+        data = np.full(len(self.rows), INF, dtype=np.int64)
+        data[self.holding] = cap[self.value_of_arc]
+        rows, cols = self.rows + [self.source] * len(sources), self.cols + sources
+        data = np.concatenate([data, np.full(len(sources), INF, dtype=np.int64)]).astype(np.int32)
+        matrix = csr_matrix((data, (rows, cols)), shape=(self.n, self.n))
         return int(maximum_flow(matrix, self.source, self.sink).flow_value) * self.unit
 
 
@@ -80,7 +84,6 @@ def crossing_bound(
     cannot beat the best so far. `need`: op id -> its bytes beyond the homed inputs (`bounds.op_need`)."""
     network = _Network(graph, homes, device, ends)
     end_bytes = sum(graph.value[v].nbytes for v in ends if homes.get(v) != device)
-    index = {op.id: i for i, op in enumerate(graph.ops)}
     cut_at_least = dict.fromkeys(need, 0)  # an op's cut only grows as the set A grows
     best: Crossing | None = None
     flows = 0
@@ -88,7 +91,7 @@ def crossing_bound(
         if threshold + end_bytes <= beat:  # every a* of this set or a larger one needs at most this much
             break
         heavy = sorted((op.id for op in graph.ops if need[op.id] >= threshold), key=lambda o: need[o] + cut_at_least[o])
-        sources = [index[o] for o in heavy]
+        sources = [graph.op_index[o] for o in heavy]
         least: tuple[int, str] | None = None
         for o in heavy:
             if least is not None and (need[o] + cut_at_least[o] >= least[0] or least[0] <= beat):
@@ -96,7 +99,7 @@ def crossing_bound(
             if flows == MAX_FLOWS:
                 return best  # this set's least is unknown; the sets done so far stand
             flows += 1
-            op = graph.ops[index[o]]
+            op = graph.op[o]
             cut_at_least[o] = network.cut(sources, set(op.inputs) | set(op.outputs))
             if least is None or need[o] + cut_at_least[o] < least[0]:
                 least = (need[o] + cut_at_least[o], o)

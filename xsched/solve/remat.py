@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from xsched.budgets import format_bytes
 from xsched.errors import BudgetError
 from xsched.graph import Graph, Op
-from xsched.plan import Compute, Plan, required_homes
+from xsched.plan import Compute, Plan, ends_on_one_device
 from xsched.profile import Profile
 from xsched.solve import lean
 from xsched.solve.boundary import forward_outputs
@@ -318,8 +318,9 @@ def lean_search(
     """Hands `consider` (which plans labelled computes and returns their peak on `device`) lean checkpointing of
     every keep set, in graph order and with late gradients; then each gradient window made again after the
     `lean.BASES` leanest of those; then the leanest window after the next leanest, up to `lean.WINDOW_BASES`."""
-    ends = set(required_homes(graph, homes)) | set(graph.outputs)
-    orders = {"": None, "late ": lean.late_gradient_order(graph, ends)}
+    ends = ends_on_one_device(graph, homes)
+    late = lean.late_gradient_order(graph, ends)
+    orders = {"": None, "late ": late} if late != list(graph.ops) else {"": None}  # nothing moved: one order
     distinct: dict[tuple[str, ...], tuple[str, list[Compute]]] = {}  # keep sets that differ may compute alike
     for name, order in orders.items():
         for keep in keeps:
