@@ -83,8 +83,10 @@ def main() -> None:
     ap.add_argument("--cases", default="mlp_mixer:75,unet:50,bn_mlp:60,bn_mlp:55")
     ap.add_argument("--limit", type=float, default=20.0, help="auto's time limit per case, seconds")
     a = ap.parse_args()
-    rows = ["| model | ops | budget | auto's wall time | over the limit | found by | members: seconds/limit, outcome |",
-            "|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = [
+        "| model | ops | budget | auto's wall time | over the limit | found by | members: seconds/limit, outcome |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for case in a.cases.split(","):
         name, _, pct = case.partition(":")
         rows.append(run_case(name, int(pct), a.limit))

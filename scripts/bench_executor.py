@@ -96,14 +96,16 @@ def overhead_rows(models: list[tuple[str, str]], iters: int) -> list[str]:
     rows = [
         "| model | ops | eager PyTorch step | xsched eager plan step | overhead | in-place reuse off | overhead | reused | per-op closure loop (no autograd) | executor run | executor vs loop |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]  # fmt: skip
+    ]
     for name, scale in models:
         z = zoo.build(name, scale=scale)
         plain = z.model
         wrapped = wrap(copy.deepcopy(z.model), z.inputs, {"cpu": "100%"}, method="eager")
         allocating = wrap(copy.deepcopy(z.model), z.inputs, {"cpu": "100%"}, method="eager", inplace=False)
-        steps = {k: train_step(m, z.inputs, torch.optim.SGD(m.parameters(), lr=1e-3))
-                 for k, m in (("eager", plain), ("xsched", wrapped), ("no-inplace", allocating))}  # fmt: skip
+        steps = {
+            k: train_step(m, z.inputs, torch.optim.SGD(m.parameters(), lr=1e-3))
+            for k, m in (("eager", plain), ("xsched", wrapped), ("no-inplace", allocating))
+        }
         # the executor alone against a plain loop calling the same per-op closures (not a floor: the executor runs
         # one-device slices as generated code, which skips the closures' per-argument Python)
         graph = capture(copy.deepcopy(z.model), z.inputs)
@@ -199,8 +201,10 @@ def step_memory(loss_fn: Callable[[], torch.Tensor], params: Iterable[torch.Tens
         nodes.append(n)
         stack.extend(n.children)
     mark = min(n.start_time_ns for n in nodes if n.name == _FORWARD_DONE)
-    allocs = sorted((n for n in nodes if n.tag == _EventType.Allocation and n.extra_fields.device.type == "cpu"),
-                    key=lambda n: n.start_time_ns)  # fmt: skip
+    allocs = sorted(
+        (n for n in nodes if n.tag == _EventType.Allocation and n.extra_fields.device.type == "cpu"),
+        key=lambda n: n.start_time_ns,
+    )
     live: dict[int, int] = {}
     now = peak = 0
     held = None
@@ -257,8 +261,10 @@ def compiled_under(m: nn.Module, x: torch.Tensor, frac: float) -> tuple[Callable
 
     code = _call.__code__.replace(co_name=f"_call_budget_{frac}", co_qualname=f"_call_budget_{frac}")
     fn = torch.compile(types.FunctionType(code, globals()))
-    with functorch_config.patch(activation_memory_budget=frac, enable_autograd_cache=False), \
-            inductor_config.patch(fx_graph_cache=False):  # fmt: skip
+    with (
+        functorch_config.patch(activation_memory_budget=frac, enable_autograd_cache=False),
+        inductor_config.patch(fx_graph_cache=False),
+    ):
         t0 = time.perf_counter()
         loss_of(fn(m, x)).backward()  # compiles forward and backward under this budget
         took = time.perf_counter() - t0
@@ -280,8 +286,10 @@ def budget_rows(depth: int, width: int, batch: int, iters: int, compile_too: boo
         w, used = smallest_feasible(copy.deepcopy(base), x, int(budget[:-1]))
         if used != budget:
             label = f"xsched {used} (smallest feasible from {budget})"
-            notes.append(f"{budget} of the eager peak: the heuristics (auto: eager, checkpoint, greedy, sqrt) raise "
-                         f"BudgetError; {used} is the smallest feasible budget in 5% steps")  # fmt: skip
+            notes.append(
+                f"{budget} of the eager peak: the heuristics (auto: eager, checkpoint, greedy, sqrt) raise "
+                f"BudgetError; {used} is the smallest feasible budget in 5% steps"
+            )
         models[label] = w
         fwds[label] = lambda w=w: loss_of(w(x))
         figures[label] = xsched_figures(w)
@@ -349,8 +357,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--depth", type=int, default=24)
     ap.add_argument("--width", type=int, default=128)
     ap.add_argument("--batch", type=int, default=2048)
-    ap.add_argument("--models", default="resnet18:small,gpt2:small,mlp_mixer:small,vgg16:small,"
-                    "resnet18:default,gpt2:default,mlp_mixer:default,vgg16:default")  # fmt: skip
+    ap.add_argument(
+        "--models",
+        default="resnet18:small,gpt2:small,mlp_mixer:small,vgg16:small,"
+        "resnet18:default,gpt2:default,mlp_mixer:default,vgg16:default",
+    )
     ap.add_argument("--tables", choices=("all", "overhead", "budgets"), default="all", help="which tables to run")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)

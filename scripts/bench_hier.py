@@ -48,8 +48,15 @@ HIREMATE = {
     "GPT-2-style": ("gpt2", "default:n_layer=4,n_embd=128,n_head=4,seq=64,vocab=1024,batch=8", (4.5, 11.3), (86, 107)),
     "UNet": ("unet", "default:depth=4,width=16,image=64,classes=1,batch=8", (4.9, 18.9), (50, 166)),
 }
-QUALITY = [("resnet18", "tiny"), ("gpt2", "tiny"), ("mlp_mixer", "tiny"), ("unet", "tiny"), ("vgg16", "tiny"),
-           ("gpt2", "small"), ("random_layered_n100", None)]  # fmt: skip
+QUALITY = [
+    ("resnet18", "tiny"),
+    ("gpt2", "tiny"),
+    ("mlp_mixer", "tiny"),
+    ("unet", "tiny"),
+    ("vgg16", "tiny"),
+    ("gpt2", "small"),
+    ("random_layered_n100", None),
+]
 
 
 def log(msg: str) -> None:
@@ -65,8 +72,15 @@ def every_op_once(graph: Graph, profile: Profile, device: str) -> float:
     return eager_plan(graph, device, profile).predicted.time_s
 
 
-def timed(graph: Graph, profile: Profile, budgets: dict[str, int], method: str, limit: float,
-          devices: list[str] | None = None, homes: dict[str, str] | None = None) -> tuple[Plan | None, float, str]:  # fmt: skip
+def timed(
+    graph: Graph,
+    profile: Profile,
+    budgets: dict[str, int],
+    method: str,
+    limit: float,
+    devices: list[str] | None = None,
+    homes: dict[str, str] | None = None,
+) -> tuple[Plan | None, float, str]:
     """(plan or None, wall seconds, status): every plan checked in the simulator against the budgets."""
     t0 = time.perf_counter()
     try:
@@ -83,8 +97,14 @@ def timed(graph: Graph, profile: Profile, budgets: dict[str, int], method: str, 
     return plan, wall, f"{plan.solver.method}/{plan.solver.status}{gap}{refined}"
 
 
-def flat_auto(graph: Graph, profile: Profile, budgets: dict[str, int], limit: float,
-              devices: list[str] | None = None, homes: dict[str, str] | None = None) -> tuple[Plan | None, float, str]:  # fmt: skip
+def flat_auto(
+    graph: Graph,
+    profile: Profile,
+    budgets: dict[str, int],
+    limit: float,
+    devices: list[str] | None = None,
+    homes: dict[str, str] | None = None,
+) -> tuple[Plan | None, float, str]:
     """`auto` without the hierarchical solver in its registry: what a user got before it."""
     entry = SOLVERS.pop("hier")
     try:
@@ -127,8 +147,10 @@ def quality(args: argparse.Namespace) -> list[str]:
             hier, hw, hs = timed(graph, profile, budgets, "hier", args.limit)
             proven = flat is not None and flat.solver.status == "optimal"
             ratio = f"{hier.predicted.time_s / flat.predicted.time_s:.4f}" if proven and hier else "-"
-            rows.append(f"| {label} | {len(graph.ops)} | {share:.0%} ({budgets[dev] / peak:.0%}) | {pct(flat, base)} ({fs}) | {pct(hier, base)} "
-                        f"| {ratio} | {hw:.1f} s |")  # fmt: skip
+            rows.append(
+                f"| {label} | {len(graph.ops)} | {share:.0%} ({budgets[dev] / peak:.0%}) | {pct(flat, base)} ({fs}) | {pct(hier, base)} "
+                f"| {ratio} | {hw:.1f} s |"
+            )
             log(rows[-1])
     return rows
 
@@ -140,9 +162,11 @@ def measured_overhead(z: zoo.ZooModel, plan: Plan, profile: Profile, budgets: di
 
 
 def hiremate(args: argparse.Namespace) -> list[str]:
-    rows = ["| model | ops | budget (floor + share of peak - floor) | warm start / hier's own | hier predicted "
-            "| measured (wrap) | HiREmate | hier solve | HiREmate solve | solve ratio |",
-            "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = [
+        "| model | ops | budget (floor + share of peak - floor) | warm start / hier's own | hier predicted "
+        "| measured (wrap) | HiREmate | hier solve | HiREmate solve | solve ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for label, (name, scale, published, seconds) in HIREMATE.items():
         z, graph = zoo_graph(name, scale)
         profile = measured_profile(graph, ["cpu"])
@@ -154,19 +178,31 @@ def hiremate(args: argparse.Namespace) -> list[str]:
             # runs at exactly 1/5 took 0.1 s more)
             plan, wall, status = timed(graph, profile, budgets, "hier", 0.98 * pub_s / 5)
             measured = f"{measured_overhead(z, plan, profile, budgets, args.iters):+.1f}%" if plan else "-"
-            rows.append(f"| {label} | {len(graph.ops)} | {share:.0%} ({budgets['cpu'] / peak:.0%} of peak) "
-                        f"| {starts(plan, base)} | {pct(plan, base)} | {measured} | +{pub}% | {wall:.1f} s ({status}) | {pub_s} s "
-                        f"| {wall / pub_s:.3f} |")  # fmt: skip
+            rows.append(
+                f"| {label} | {len(graph.ops)} | {share:.0%} ({budgets['cpu'] / peak:.0%} of peak) "
+                f"| {starts(plan, base)} | {pct(plan, base)} | {measured} | +{pub}% | {wall:.1f} s ({status}) | {pub_s} s "
+                f"| {wall / pub_s:.3f} |"
+            )
             log(rows[-1])
     return rows
 
 
-SCALE_HEAD = ["| graph | ops | costs | budget | flat auto | hier | flat solve | hier solve | hier levels/blocks/classes |",
-              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+SCALE_HEAD = [
+    "| graph | ops | costs | budget | flat auto | hier | flat solve | hier solve | hier levels/blocks/classes |",
+    "|---|---|---|---|---|---|---|---|---|",
+]
 
 
-def scale_rows(label: str, graph: Graph, profile: Profile, dev: str, fracs: tuple[float, ...], costs: str,
-               limit: float, flat_limit: float) -> list[str]:  # fmt: skip
+def scale_rows(
+    label: str,
+    graph: Graph,
+    profile: Profile,
+    dev: str,
+    fracs: tuple[float, ...],
+    costs: str,
+    limit: float,
+    flat_limit: float,
+) -> list[str]:
     """hier (within `limit`) and flat `auto` (within `flat_limit`) at each fraction of the eager peak (the proven
     floor if higher)."""
     base, peak = every_op_once(graph, profile, dev), eager_peak(graph)
@@ -179,8 +215,10 @@ def scale_rows(label: str, graph: Graph, profile: Profile, dev: str, fracs: tupl
         flat, fw, fs = flat_auto(graph, profile, budgets, flat_limit)
         e = hier.solver.extra if hier else {}
         shape = f"{e['levels']}/{e['blocks']}/{e['classes']}" if "levels" in e else "-"
-        rows.append(f"| {label} | {len(graph.ops)} | {costs} | {name} | {pct(flat, base)} ({fs}) "
-                    f"| {pct(hier, base)} ({hs}) | {fw:.0f} s | {hw:.0f} s | {shape} |")  # fmt: skip
+        rows.append(
+            f"| {label} | {len(graph.ops)} | {costs} | {name} | {pct(flat, base)} ({fs}) "
+            f"| {pct(hier, base)} ({hs}) | {fw:.0f} s | {hw:.0f} s | {shape} |"
+        )
         log(rows[-1])
     return rows
 
@@ -189,8 +227,16 @@ def deep(args: argparse.Namespace) -> list[str]:
     rows = list(SCALE_HEAD)
     for layers in args.gpt_layers:
         _, graph = zoo_graph("gpt2", f"small:n_layer={layers}")
-        rows += scale_rows(f"gpt2 (small, {layers} layers)", graph, measured_profile(graph, ["cpu"]), "cpu", (0.5,),
-                           "measured", 600, 2 * args.limit)  # fmt: skip
+        rows += scale_rows(
+            f"gpt2 (small, {layers} layers)",
+            graph,
+            measured_profile(graph, ["cpu"]),
+            "cpu",
+            (0.5,),
+            "measured",
+            600,
+            2 * args.limit,
+        )
     graph, profile = load("random_layered:1000:0")  # the generator's graph, as the solver compare loads it
     return rows + scale_rows(
         "random layered, seed 0", graph, profile, BENCH_DEVICE, (0.9,), "published family", 300, 2 * args.limit
@@ -201,14 +247,24 @@ def zoo_default(args: argparse.Namespace) -> list[str]:
     rows = list(SCALE_HEAD)
     for name in args.models:
         _, graph = zoo_graph(name, "default")
-        rows += scale_rows(f"{name} (default)", graph, measured_profile(graph, ["cpu"]), "cpu", (0.5, 0.3),
-                           "measured", args.limit, args.limit)  # fmt: skip
+        rows += scale_rows(
+            f"{name} (default)",
+            graph,
+            measured_profile(graph, ["cpu"]),
+            "cpu",
+            (0.5, 0.3),
+            "measured",
+            args.limit,
+            args.limit,
+        )
     return rows
 
 
 def two(args: argparse.Namespace) -> list[str]:
-    rows = ["| model | ops | GPU budget | cpu alone | gpu alone | hier on both | vs best single | GPU ops | hier solve |",
-            "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = [
+        "| model | ops | GPU budget | cpu alone | gpu alone | hier on both | vs best single | GPU ops | hier solve |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     cases = [(label, name, sc) for label, (name, sc, _, _) in HIREMATE.items()]
     cases += [(f"{m} (default)", m, "default") for m in args.two_models]
     for label, name, sc in cases:
@@ -223,8 +279,10 @@ def two(args: argparse.Namespace) -> list[str]:
         gpu_ops = sum(isinstance(s, Compute) and s.device == GPU for s in plan.steps) if plan else 0
         ratio = f"{plan.predicted.time_s / best.predicted.time_s:.3f}x" if plan else "-"
         ms = lambda p: f"{p.predicted.time_s * 1e3:.2f} ms" if p else "cannot hold"  # noqa: E731
-        rows.append(f"| {label} | {len(graph.ops)} | {budgets[GPU] / 2**20:.0f} MiB | {ms(singles['cpu'])} "
-                    f"| {ms(singles[GPU])} | {ms(plan)} ({status}) | {ratio} | {gpu_ops} | {wall:.0f} s |")  # fmt: skip
+        rows.append(
+            f"| {label} | {len(graph.ops)} | {budgets[GPU] / 2**20:.0f} MiB | {ms(singles['cpu'])} "
+            f"| {ms(singles[GPU])} | {ms(plan)} ({status}) | {ratio} | {gpu_ops} | {wall:.0f} s |"
+        )
         log(rows[-1])
     return rows
 

@@ -158,8 +158,11 @@ def measure_interleaved(
     (logical CPUs: every step in plan order in the calling thread) and on its lanes (overlap=True: a thread per
     stream, copies overlapping compute), and the executor's resident-byte peak per device. The order rotates each
     round, so load from other jobs spreads over all plans and modes."""
-    exs = {(k, lanes): Executor(graph, p, check=False, overlap=lanes or None) for k, p in plans.items()
-           for lanes in (False, True)}  # fmt: skip
+    exs = {
+        (k, lanes): Executor(graph, p, check=False, overlap=lanes or None)
+        for k, p in plans.items()
+        for lanes in (False, True)
+    }
     runs = list(exs)
     times: dict[tuple[str, bool], list[float]] = {r: [] for r in runs}
     peaks: dict[str, dict[str, int]] = {k: {} for k in plans}
@@ -409,8 +412,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
         out += table(HEAD_F, part["floors"])
     out += ["", f"## Part B: predicted only, {args.gpu} computes, the real cpu stores over the spec's host link", ""]
-    out += ["THESE ARE MODEL PREDICTIONS (the simulator with the roofline profile of the simulated GPU), NOT "
-            "MEASUREMENTS: no GPU ran.", "", NOTES_B.format(gpu=args.gpu), ""]  # fmt: skip
+    out += [
+        "THESE ARE MODEL PREDICTIONS (the simulator with the roofline profile of the simulated GPU), NOT "
+        "MEASUREMENTS: no GPU ran.",
+        "",
+        NOTES_B.format(gpu=args.gpu),
+        "",
+    ]
     out += table(HEAD_B, part["b"])
     text = "\n".join(out)
     print(text)

@@ -104,12 +104,27 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     placed_off = OrtExecutor(g, eager, c.model, optimization="disabled")
     plain = plain_session(c.model, [dev.name], "all")
     plain_off = plain_session(c.model, [dev.name], "disabled")
-    t = interleaved({"placed": lambda: placed.run(feeds), "plain": lambda: plain.run(None, feeds),
-                     "placed_off": lambda: placed_off.run(feeds), "plain_off": lambda: plain_off.run(None, feeds)},
-                    args.iters, 2, clock)  # fmt: skip
-    row = {"model": name, "nodes": len(g.ops), "signatures": profile.extra["profiling"]["signatures"],
-           "export_s": exported, "capture_s": captured, "profile_s": profile.extra["profiling"]["wall_s"],
-           "predicted": predicted, **t}  # fmt: skip
+    t = interleaved(
+        {
+            "placed": lambda: placed.run(feeds),
+            "plain": lambda: plain.run(None, feeds),
+            "placed_off": lambda: placed_off.run(feeds),
+            "plain_off": lambda: plain_off.run(None, feeds),
+        },
+        args.iters,
+        2,
+        clock,
+    )
+    row = {
+        "model": name,
+        "nodes": len(g.ops),
+        "signatures": profile.extra["profiling"]["signatures"],
+        "export_s": exported,
+        "capture_s": captured,
+        "profile_s": profile.extra["profiling"]["wall_s"],
+        "predicted": predicted,
+        **t,
+    }
     if args.reduced:
         row.update(reduced(c, dev.name, feeds, profile, args, clock))
     return row
@@ -128,8 +143,14 @@ def reduced(c: Any, device: str, feeds: dict, profile: Any, args: argparse.Names
     link = LinkCost(*fit_link(COPY_SIZES, [copy_seconds(get_device(a), get_device(b), n) for n in COPY_SIZES]))
     compute = {a: profile.compute[device], b: profile.compute[device]}
     info = {a: profile.devices[device], b: profile.devices[device]}
-    both = Profile(profile.graph, info, compute, {f"{a}->{b}": link, f"{b}->{a}": link}, {a: "model", b: "model"},
-                   {"note": "the one measured CPU's node costs for both logical CPUs"})  # fmt: skip
+    both = Profile(
+        profile.graph,
+        info,
+        compute,
+        {f"{a}->{b}": link, f"{b}->{a}": link},
+        {a: "model", b: "model"},
+        {"note": "the one measured CPU's node costs for both logical CPUs"},
+    )
     inputs = sum(g.value[v].nbytes for v in g.inputs)
     peak = max(simulate(g, eager_plan(g, a)).peak_bytes.values())
     budgets = {a: int(inputs + args.budget * (peak - inputs)), b: peak - inputs}
@@ -141,9 +162,15 @@ def reduced(c: Any, device: str, feeds: dict, profile: Any, args: argparse.Names
     plain = plain_session(c.model, [device], "all")
     t = interleaved({"placed": lambda: ex.run(feeds), "plain": lambda: plain.run(None, feeds)}, args.iters, 2, clock)
     copies = sum(type(s).__name__ == "Copy" for s in plan.steps)
-    return {"reduced": "ok", "segments": len(ex.segments), "copies": copies, "r_placed": t["placed"],
-            "r_plain": t["plain"], "r_predicted": plan.predicted.time_s if plan.predicted else None,
-            "r_budget": budgets[a] / peak}  # fmt: skip
+    return {
+        "reduced": "ok",
+        "segments": len(ex.segments),
+        "copies": copies,
+        "r_placed": t["placed"],
+        "r_plain": t["plain"],
+        "r_predicted": plan.predicted.time_s if plan.predicted else None,
+        "r_budget": budgets[a] / peak,
+    }
 
 
 def table(rows: list[dict[str, Any]], reduced_rows: bool) -> str:
@@ -161,16 +188,22 @@ def table(rows: list[dict[str, Any]], reduced_rows: bool) -> str:
             f"{r['placed_off'] * 1e3:.2f} | {r['placed_off'] / r['plain_off']:.3f} |"
         )
     if reduced_rows:
-        lines += ["", "| model | budget (of eager peak) | segments | copies | placed ms | plain session ms | ratio | "
-                      "predicted ms |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            "| model | budget (of eager peak) | segments | copies | placed ms | plain session ms | ratio | "
+            "predicted ms |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for r in rows:
             if r.get("reduced") != "ok":
                 lines.append(f"| {r['model']} | - | {r.get('reduced', '-')} | | | | | |")
                 continue
             pred = f"{r['r_predicted'] * 1e3:.2f}" if r["r_predicted"] is not None else "-"
-            lines.append(f"| {r['model']} | {r['r_budget']:.0%} | {r['segments']} | {r['copies']} | "
-                         f"{r['r_placed'] * 1e3:.2f} | {r['r_plain'] * 1e3:.2f} | {r['r_placed'] / r['r_plain']:.3f} | "
-                         f"{pred} |")  # fmt: skip
+            lines.append(
+                f"| {r['model']} | {r['r_budget']:.0%} | {r['segments']} | {r['copies']} | "
+                f"{r['r_placed'] * 1e3:.2f} | {r['r_plain'] * 1e3:.2f} | {r['r_placed'] / r['r_plain']:.3f} | "
+                f"{pred} |"
+            )
     return "\n".join(lines)
 
 
@@ -194,10 +227,12 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.out:
         m = cpu_model()
-        head = (f"## ONNX models on ONNX Runtime (scale {args.scale})\n\nCommand: `python scripts/bench_onnx.py "
-                f"{' '.join(sys.argv[1:] if argv is None else argv)}`  \nMachine: {m['brand']}, {m['logical_cores']} "
-                f"logical cores, onnxruntime {ort.__version__}, torch {torch.__version__}, Python "
-                f"{platform.python_version()}; device {args.device}\n\n")  # fmt: skip
+        head = (
+            f"## ONNX models on ONNX Runtime (scale {args.scale})\n\nCommand: `python scripts/bench_onnx.py "
+            f"{' '.join(sys.argv[1:] if argv is None else argv)}`  \nMachine: {m['brand']}, {m['logical_cores']} "
+            f"logical cores, onnxruntime {ort.__version__}, torch {torch.__version__}, Python "
+            f"{platform.python_version()}; device {args.device}\n\n"
+        )
         Path(args.out).write_text(head + text + "\n\n" + NOTES)
     return 0
 

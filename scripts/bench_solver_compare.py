@@ -44,14 +44,28 @@ class Case:
 
 
 CASES = (
-    Case("n100_fixed", "random_layered_n100", 37055, 10, ("milp", "intervals-highs", "intervals-cpsat"),
-         "order fixed: TDI <= 4.1% in <= 10 s"),
-    Case("n100_free", "random_layered_n100", 37055, 60, ("order-search", "portfolio"), "order free: <= 2.3% in <= 60 s"),
+    Case(
+        "n100_fixed",
+        "random_layered_n100",
+        37055,
+        10,
+        ("milp", "intervals-highs", "intervals-cpsat"),
+        "order fixed: TDI <= 4.1% in <= 10 s",
+    ),
+    Case(
+        "n100_free", "random_layered_n100", 37055, 60, ("order-search", "portfolio"), "order free: <= 2.3% in <= 60 s"
+    ),
     Case("n250", "random_layered_n250", 117472, 60, ALL, "TDI <= 1.8% in <= 60 s"),
     Case("resnet50", "checkmate_resnet50_train", 0.8, 60, ALL, "28.4 GB: TDI <= 0.3% in <= 60 s"),
-    Case("n500", "random_layered:500:0", 0.9, 120, ("intervals-cpsat", "order-search", "portfolio"),
-         "90%: valid plan in <= 120 s, TDI <= 1%"),
-)  # fmt: skip
+    Case(
+        "n500",
+        "random_layered:500:0",
+        0.9,
+        120,
+        ("intervals-cpsat", "order-search", "portfolio"),
+        "90%: valid plan in <= 120 s, TDI <= 1%",
+    ),
+)
 
 
 def load(spec: str) -> tuple[Graph, Profile]:
@@ -80,8 +94,9 @@ def runner(method: str, g: Graph, prof: Profile, budget: int, opts: SolverOption
         def fixed() -> Plan:  # the heuristics' warm start inside the time limit
             t0, w = time.perf_counter(), warm()
             o = replace(opts, time_limit_s=opts.time_limit_s - (time.perf_counter() - t0))
-            return solve_intervals(g, prof, b, devs, homes, o, backend=backend, order=tuple(range(len(g.ops))),
-                                   warm_start=w)  # fmt: skip
+            return solve_intervals(
+                g, prof, b, devs, homes, o, backend=backend, order=tuple(range(len(g.ops))), warm_start=w
+            )
 
         return fixed
     if method == "order-search":
@@ -110,8 +125,15 @@ def run_case(case: Case, threads: int | None, only: Sequence[str] = ()) -> list[
     rows = []
     for method in (m for m in case.methods if not only or m in only):
         opts = SolverOptions(time_limit_s=case.limit_s, threads=threads)
-        row = {"case": case.name, "graph": g.name, "n": len(g.ops), "M": budget, "method": method,
-               "target": case.target, "limit": case.limit_s}  # fmt: skip
+        row = {
+            "case": case.name,
+            "graph": g.name,
+            "n": len(g.ops),
+            "M": budget,
+            "method": method,
+            "target": case.target,
+            "limit": case.limit_s,
+        }
         t0 = time.perf_counter()
         try:
             plan = runner(method, g, prof, budget, opts)()
@@ -121,12 +143,20 @@ def run_case(case: Case, threads: int | None, only: Sequence[str] = ()) -> list[
             row["wall"] = time.perf_counter() - t0
             sim = simulate(g, plan, prof)  # budgets included: a plan over M fails here
             x = plan.solver.extra
-            row.update(status=plan.solver.status, gap=plan.solver.gap, tdi=100 * (sim.time_s / eager_time - 1),
-                       peak=sim.peak_bytes[DEV], by=x.get("found_by") or plan.solver.method,
-                       order=x.get("order_origin", ""))  # fmt: skip
+            row.update(
+                status=plan.solver.status,
+                gap=plan.solver.gap,
+                tdi=100 * (sim.time_s / eager_time - 1),
+                peak=sim.peak_bytes[DEV],
+                by=x.get("found_by") or plan.solver.method,
+                order=x.get("order_origin", ""),
+            )
         rows.append(row)
-        print(f"{case.name} {method}: {row['status']} TDI {row.get('tdi', float('nan')):.2f} % in {row['wall']:.1f} s",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"{case.name} {method}: {row['status']} TDI {row.get('tdi', float('nan')):.2f} % in {row['wall']:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
     return rows
 
 
@@ -138,8 +168,10 @@ def table(rows: Sequence[dict]) -> str:
         gap = f"{r['gap']:.2%}" if r.get("gap") is not None else "-"
         peak = f"{r['peak'] / r['M']:.1%}" if "peak" in r else "-"
         by = " / ".join(x for x in (r.get("by", ""), r.get("order", "")) if x) or "-"
-        out.append(f"| {r['case']} ({r['target']}) | {r['graph']} | {r['n']} | {r['M']:,} | {r['method']} | {tdi} "
-                   f"| {r['wall']:.1f} ({r['limit']:.0f}) | {r['status']} | {gap} | {by} | {peak} |")  # fmt: skip
+        out.append(
+            f"| {r['case']} ({r['target']}) | {r['graph']} | {r['n']} | {r['M']:,} | {r['method']} | {tdi} "
+            f"| {r['wall']:.1f} ({r['limit']:.0f}) | {r['status']} | {gap} | {by} | {peak} |"
+        )
     return "\n".join(out)
 
 
@@ -158,8 +190,10 @@ def compare_main(argv: Sequence[str]) -> int:
         if not names or case.name in names:
             rows.extend(run_case(case, args.threads, only))
     load_avg = os.getloadavg()
-    text = table(rows) + (f"\n\nTotal {time.perf_counter() - t0:.0f} s; load average at the end "
-                          f"{load_avg[0]:.1f} / {load_avg[1]:.1f} / {load_avg[2]:.1f} on {os.cpu_count()} cores.")  # fmt: skip
+    text = table(rows) + (
+        f"\n\nTotal {time.perf_counter() - t0:.0f} s; load average at the end "
+        f"{load_avg[0]:.1f} / {load_avg[1]:.1f} / {load_avg[2]:.1f} on {os.cpu_count()} cores."
+    )
     print(text)
     if args.out:
         args.out.write_text(text + "\n")

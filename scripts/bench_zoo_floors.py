@@ -107,9 +107,12 @@ def run_model(name: str, limit: float, iters: int) -> dict:
             break
         seconds[pct] = time.perf_counter() - t0
         plans[pct] = plan
-        print(f"  {name} {pct}%: {plan.solver.extra.get('found_by')} {plan.solver.status} "
-              f"+{100 * (plan.predicted.time_s / eager_s - 1):.1f}% in {seconds[pct]:.0f} s", file=sys.stderr,
-              flush=True)  # fmt: skip
+        print(
+            f"  {name} {pct}%: {plan.solver.extra.get('found_by')} {plan.solver.status} "
+            f"+{100 * (plan.predicted.time_s / eager_s - 1):.1f}% in {seconds[pct]:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
         pct -= STEP
     else:
         row.setdefault("stopped", f"{pct}%: below the bound" if pct >= STEP else "5% reached")
@@ -150,22 +153,28 @@ def bounds_table(names: list[str]) -> str:
         need = {op.id: op_need(graph, op, DEV, homes, None) for op in graph.ops}
         alone = crossing_bound(graph, need, DEV, homes, ends_on_one_device(graph, homes), 0)
         homed = sum(graph.value[v].nbytes for v in graph.inputs)
-        out.append(f"| {name} | {len(graph.ops)} | {peak / 2**20:.1f} MiB | {100 * bound.bytes / peak:.2f}% | {bound.by} "
-                   f"| {100 * (homed + (alone.bytes if alone else 0)) / peak:.2f}% | {seconds:.2f} |")  # fmt: skip
+        out.append(
+            f"| {name} | {len(graph.ops)} | {peak / 2**20:.1f} MiB | {100 * bound.bytes / peak:.2f}% | {bound.by} "
+            f"| {100 * (homed + (alone.bytes if alone else 0)) / peak:.2f}% | {seconds:.2f} |"
+        )
         print(out[-1], flush=True)
     return "\n".join(out)
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| model | ops | eager peak | proven bound | heuristic floor | auto floor | found by (status, solve s) "
-            "| auto stopped at | predicted at 50% | measured at 50% | predicted at floor | measured at floor |")  # fmt: skip
+    head = (
+        "| model | ops | eager peak | proven bound | heuristic floor | auto floor | found by (status, solve s) "
+        "| auto stopped at | predicted at 50% | measured at 50% | predicted at floor | measured at floor |"
+    )
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     pct = lambda x: "-" if math.isnan(x) else f"{x:+.1f}%"  # noqa: E731
     for r in rows:
-        out.append(f"| {r['model']} | {r['ops']} | {r['peak'] / 2**20:.1f} MiB | {r['bound']:.1f}% "
-                   f"| {r['heuristic_floor']}% | **{r['auto_floor']}%** | {r['floor_by']} ({r['floor_status']}, "
-                   f"{r['floor_solve_s']:.0f} s) | {r['stopped']} | {pct(r['pred_50'])} | {pct(r['meas_50'])} "
-                   f"| {pct(r['pred_floor'])} | {pct(r['meas_floor'])} |")  # fmt: skip
+        out.append(
+            f"| {r['model']} | {r['ops']} | {r['peak'] / 2**20:.1f} MiB | {r['bound']:.1f}% "
+            f"| {r['heuristic_floor']}% | **{r['auto_floor']}%** | {r['floor_by']} ({r['floor_status']}, "
+            f"{r['floor_solve_s']:.0f} s) | {r['stopped']} | {pct(r['pred_50'])} | {pct(r['meas_50'])} "
+            f"| {pct(r['pred_floor'])} | {pct(r['meas_floor'])} |"
+        )
     return "\n".join(out)
 
 
@@ -190,8 +199,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(table(rows[-1:]).splitlines()[-1], flush=True)
     la = os.getloadavg()
-    text = (table(rows) + f"\n\nTotal {time.perf_counter() - t0:.0f} s; auto's limit {args.limit:g} s per budget; "
-            f"load average at the end {la[0]:.1f} / {la[1]:.1f} / {la[2]:.1f} on {os.cpu_count()} cores.")  # fmt: skip
+    text = (
+        table(rows) + f"\n\nTotal {time.perf_counter() - t0:.0f} s; auto's limit {args.limit:g} s per budget; "
+        f"load average at the end {la[0]:.1f} / {la[1]:.1f} / {la[2]:.1f} on {os.cpu_count()} cores."
+    )
     print(text)
     if args.out:
         args.out.write_text(f"# Zoo floors (one CPU, scale default)\n\n{__doc__}\n{text}\n")

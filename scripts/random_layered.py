@@ -60,8 +60,9 @@ def random_layered(n: int, seed: int = 0) -> dict[str, Any]:
     for v in flat:
         end = v in (0, n - 1)
         size = 10 * max(2, round(rng.lognormvariate(math.log(160), 0.6)))
-        nodes.append({"out_cost": size, "param_cost": 0, "duration": 0 if end else rng.randint(1, 1000),
-                      "name": rename[v]})  # fmt: skip
+        nodes.append(
+            {"out_cost": size, "param_cost": 0, "duration": 0 if end else rng.randint(1, 1000), "name": rename[v]}
+        )
     nodes.sort(key=lambda x: x["name"])
     links = [{"0": rename[a], "1": rename[b]} for a, b in sorted(edges, key=lambda e: (rename[e[0]], rename[e[1]]))]
     return {"directed": True, "multigraph": False, "graph": {}, "nodes": nodes, "links": links}

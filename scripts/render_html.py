@@ -44,8 +44,16 @@ class _Pipe:
     def __init__(self, binary: str, profile_dir: str) -> None:
         r_cmd, w_cmd = os.pipe()  # we write commands, chromium reads fd 3
         r_out, w_out = os.pipe()  # chromium writes fd 4, we read
-        flags = ["--headless", "--disable-gpu", "--no-sandbox", "--no-first-run", "--hide-scrollbars",
-                 "--remote-debugging-pipe", f"--user-data-dir={profile_dir}", "about:blank"]  # fmt: skip
+        flags = [
+            "--headless",
+            "--disable-gpu",
+            "--no-sandbox",
+            "--no-first-run",
+            "--hide-scrollbars",
+            "--remote-debugging-pipe",
+            f"--user-data-dir={profile_dir}",
+            "about:blank",
+        ]
 
         def onto_3_and_4() -> None:  # in the child: the pipe ends where the browser expects them
             a, b = os.dup(r_cmd), os.dup(w_out)  # first out of the way, in case either end already is 3 or 4
@@ -53,8 +61,13 @@ class _Pipe:
             os.dup2(b, 4)
 
         # close_fds=False: the close-fds pass runs after preexec_fn and would close 3 and 4 again
-        self.proc = subprocess.Popen([binary, *flags], preexec_fn=onto_3_and_4, close_fds=False,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [binary, *flags],
+            preexec_fn=onto_3_and_4,
+            close_fds=False,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         os.close(r_cmd)
         os.close(w_out)
         self.w, self.r = w_cmd, r_out
@@ -62,8 +75,9 @@ class _Pipe:
         self.next_id = 0
         self.events: list[dict[str, Any]] = []
 
-    def send(self, method: str, params: dict[str, Any] | None = None, session: str | None = None,
-             timeout: float = 30.0) -> dict[str, Any]:  # fmt: skip
+    def send(
+        self, method: str, params: dict[str, Any] | None = None, session: str | None = None, timeout: float = 30.0
+    ) -> dict[str, Any]:
         self.next_id += 1
         msg: dict[str, Any] = {"id": self.next_id, "method": method, "params": params or {}}
         if session:
@@ -130,8 +144,9 @@ def _errors(events: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def render(path: str | Path, png: str | Path | None = None, width: int = 1280, binary: str | None = None,
-           timeout: float = 60.0) -> Rendered:  # fmt: skip
+def render(
+    path: str | Path, png: str | Path | None = None, width: int = 1280, binary: str | None = None, timeout: float = 60.0
+) -> Rendered:
     """Load file `path` in headless Chromium; its errors, and with `png` a full-page screenshot there."""
     binary = binary or find_browser()
     if binary is None:
@@ -140,13 +155,17 @@ def render(path: str | Path, png: str | Path | None = None, width: int = 1280, b
     with tempfile.TemporaryDirectory(prefix="xsched-chromium-") as profile_dir:
         pipe = _Pipe(binary, profile_dir)
         try:
-            target = next(t for t in pipe.send("Target.getTargets", timeout=timeout)["targetInfos"]
-                          if t["type"] == "page")  # fmt: skip
+            target = next(
+                t for t in pipe.send("Target.getTargets", timeout=timeout)["targetInfos"] if t["type"] == "page"
+            )
             session = pipe.send("Target.attachToTarget", {"targetId": target["targetId"], "flatten": True})["sessionId"]
             for domain in ("Page", "Runtime", "Log"):
                 pipe.send(f"{domain}.enable", session=session)
-            pipe.send("Emulation.setDeviceMetricsOverride",
-                      {"width": width, "height": 900, "deviceScaleFactor": 1, "mobile": False}, session)  # fmt: skip
+            pipe.send(
+                "Emulation.setDeviceMetricsOverride",
+                {"width": width, "height": 900, "deviceScaleFactor": 1, "mobile": False},
+                session,
+            )
             pipe.events.clear()
             pipe.send("Page.navigate", {"url": url}, session)
             pipe.wait_for("Page.loadEventFired", timeout)
@@ -154,8 +173,12 @@ def render(path: str | Path, png: str | Path | None = None, width: int = 1280, b
             out = Rendered(_errors(pipe.events), int(size["width"]), int(size["height"]))
             if png is not None:
                 clip = {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1}
-                shot = pipe.send("Page.captureScreenshot", {"format": "png", "clip": clip,
-                                                            "captureBeyondViewport": True}, session, timeout)  # fmt: skip
+                shot = pipe.send(
+                    "Page.captureScreenshot",
+                    {"format": "png", "clip": clip, "captureBeyondViewport": True},
+                    session,
+                    timeout,
+                )
                 Path(png).write_bytes(base64.b64decode(shot["data"]))
                 out.screenshot = Path(png)
             out.errors = _errors(pipe.events)  # with anything logged while painting the screenshot

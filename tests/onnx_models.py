@@ -30,8 +30,9 @@ def _export(name: str, scale: str, batch: int | None, how: str, dynamic: bool) -
         try:
             if how == "dynamo":
                 dims = {n: {0: torch.export.Dim("batch")} for n in names} if dynamic else None
-                return torch.onnx.export(model, inputs, input_names=names, dynamo=True, dynamic_shapes=dims,
-                                         verbose=False).model_proto.SerializeToString()  # fmt: skip
+                return torch.onnx.export(
+                    model, inputs, input_names=names, dynamo=True, dynamic_shapes=dims, verbose=False
+                ).model_proto.SerializeToString()
             buf = io.BytesIO()
             torch.onnx.export(model, inputs, buf, input_names=names, dynamic_axes=axes, dynamo=False)
             return buf.getvalue()
@@ -60,7 +61,11 @@ def chain_model(n: int = 6, size: int = 64, skip: bool = True):
         nodes.append(helper.make_node("Mul", ["z", "s"], ["y"], name="scale"))  # a 0-d weight
         last = "y"
     s = helper.make_tensor("s", TensorProto.FLOAT, [], [0.5])
-    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [size, size])],
-                              [helper.make_tensor_value_info(last, TensorProto.FLOAT, [size, size])],
-                              [w, s] if skip else [w])  # fmt: skip
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [size, size])],
+        [helper.make_tensor_value_info(last, TensorProto.FLOAT, [size, size])],
+        [w, s] if skip else [w],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

@@ -70,10 +70,14 @@ def last_output_by_every_order(g: Graph) -> int:
         op = g.ops[g.op_index[g.producer[v]]]
         own = (set(op.inputs) | set(op.outputs)) - set(g.inputs)
         extra[v] = sum(g.value[u].nbytes for u in own if u not in grads) + op.workspace_bytes
-    return min(
-        max(sum(grads[u] for u in order[: k + 1]) + extra[v] for k, v in enumerate(order))
-        for order in itertools.permutations(grads)
-    ) if grads else 0  # fmt: skip
+    return (
+        min(
+            max(sum(grads[u] for u in order[: k + 1]) + extra[v] for k, v in enumerate(order))
+            for order in itertools.permutations(grads)
+        )
+        if grads
+        else 0
+    )
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -10,8 +10,20 @@ from xsched.demo import DemoSettings, run_demo
 def test_demo_writes_the_report_and_trains_a_plan_like_eager(tmp_path) -> None:
     pytest.importorskip("matplotlib")
     lines: list[str] = []
-    settings = DemoSettings("mlp_mixer", "tiny", "sim:rtx4090", "90%", str(tmp_path / "demo"), time_limit_s=0.5,
-                            solve_s=3.0, points=2, steps=2, warmup=1, profile_s=2.0, progress=False)  # fmt: skip
+    settings = DemoSettings(
+        "mlp_mixer",
+        "tiny",
+        "sim:rtx4090",
+        "90%",
+        str(tmp_path / "demo"),
+        time_limit_s=0.5,
+        solve_s=3.0,
+        points=2,
+        steps=2,
+        warmup=1,
+        profile_s=2.0,
+        progress=False,
+    )
     assert run_demo(settings, say=lines.append) == 0
     text = "\n".join(lines)
     html = tmp_path / "demo" / "report.html"

@@ -14,9 +14,21 @@ G = chain_graph([16, 32, 8])  # x(8) -> f0 -> a0(16) -> f1 -> a1(32) -> f2 -> a2
 
 def test_a_value_freed_and_recomputed_says_what_keeping_it_would_need() -> None:
     g = chain_graph([16, 32, 8], train=True)  # backward: b2(a2, a1) -> g2, b1(g2, a0) -> g1, b0(g1, x) -> g0
-    steps = [Compute("f0", "cpu"), Compute("f1", "cpu"), Free("a0", "cpu"), Compute("f2", "cpu"),
-             Compute("b2", "cpu"), Free("a2", "cpu"), Free("a1", "cpu"), Compute("f0", "cpu"), Compute("b1", "cpu"),
-             Free("g2", "cpu"), Free("a0", "cpu"), Compute("b0", "cpu"), Free("g1", "cpu")]  # fmt: skip
+    steps = [
+        Compute("f0", "cpu"),
+        Compute("f1", "cpu"),
+        Free("a0", "cpu"),
+        Compute("f2", "cpu"),
+        Compute("b2", "cpu"),
+        Free("a2", "cpu"),
+        Free("a1", "cpu"),
+        Compute("f0", "cpu"),
+        Compute("b1", "cpu"),
+        Free("g2", "cpu"),
+        Free("a0", "cpu"),
+        Compute("b0", "cpu"),
+        Free("g1", "cpu"),
+    ]
     prof = profile_for(g, {"cpu": {o.id: 0.002 for o in g.ops}})
     plan = Plan(g.fingerprint, {"cpu": 64}, {"x": "cpu"}, tuple(steps), SolverInfo("hand"))
     rows = {r.value: r for r in explain(g, plan, prof)}
@@ -24,8 +36,10 @@ def test_a_value_freed_and_recomputed_says_what_keeping_it_would_need() -> None:
     assert a0.decision == "recomputed" and a0.devices == ("cpu", "cpu")
     # kept from its free (step 2) to its recompute (step 7), a0's 16 B would sit on top of the most in use between:
     # 56 B while b2 runs (step 4: x 8 + a1 32 + a2 8 + g2 8), so 72 B against a budget of 64 B
-    assert a0.reasons == ("freed on cpu at step 2, recomputed at step 7 (2 ms): keeping it would need 72 B on cpu, "
-                          "over its budget of 64 B",)  # fmt: skip
+    assert a0.reasons == (
+        "freed on cpu at step 2, recomputed at step 7 (2 ms): keeping it would need 72 B on cpu, "
+        "over its budget of 64 B",
+    )
     assert rows["a1"].decision == "kept" and "last read at step 4" in rows["a1"].reasons[0]
     assert rows["g0"].decision == "kept" and "graph output" in rows["g0"].reasons[0]
     assert summary(tuple(rows.values()))["recomputed"] == 1
@@ -33,8 +47,15 @@ def test_a_value_freed_and_recomputed_says_what_keeping_it_would_need() -> None:
 
 
 def test_a_copy_for_a_faster_device_names_both_times() -> None:
-    steps = [Compute("f0", "cpu"), Copy("a0", "cpu", "gpu"), Free("a0", "cpu"), Compute("f1", "gpu"),
-             Copy("a1", "gpu", "cpu"), Free("a1", "gpu"), Compute("f2", "cpu")]  # fmt: skip
+    steps = [
+        Compute("f0", "cpu"),
+        Copy("a0", "cpu", "gpu"),
+        Free("a0", "cpu"),
+        Compute("f1", "gpu"),
+        Copy("a1", "gpu", "cpu"),
+        Free("a1", "gpu"),
+        Compute("f2", "cpu"),
+    ]
     times = {"cpu": {"f0": 1.0, "f1": 0.5, "f2": 1.0}, "gpu": {"f0": 0.1, "f1": 0.05, "f2": 0.1}}
     prof = profile_for(G, times, {"cpu->gpu": LinkCost(0.0, 1e9), "gpu->cpu": LinkCost(0.0, 1e9)})
     plan = Plan(G.fingerprint, {}, {"x": "cpu"}, tuple(steps), SolverInfo("hand"))

@@ -129,8 +129,9 @@ def test_two_devices_and_determinism(monkeypatch) -> None:
     same = HierSettings(leaf_s=0, region_s=10, refine=False)
 
     def plan(workers: int) -> Plan:
-        return solve_hier(g, prof, budgets, ["cuda:0", "cpu"], homes, SolverOptions(time_limit_s=30, workers=workers),
-                          settings=same)  # fmt: skip
+        return solve_hier(
+            g, prof, budgets, ["cuda:0", "cpu"], homes, SolverOptions(time_limit_s=30, workers=workers), settings=same
+        )
 
     plans = [plan(1), plan(2)]
     monkeypatch.setattr(hier_solver, "_start_method", lambda: "forkserver")

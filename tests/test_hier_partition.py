@@ -90,9 +90,15 @@ def test_a_twelve_layer_gpt_has_one_layer_class_solved_once() -> None:
     _, shallow = layer_classes(4)
     assert {shallow["1"], shallow["2"]} == inner
     prof = cost_profile(g, ["cpu"])
-    plan = solve_hier(g, prof, {"cpu": eager_peak(g)}, ["cpu"], {v: "cpu" for v in g.inputs},
-                      SolverOptions(time_limit_s=20, workers=1),
-                      settings=HierSettings(leaf_s=0, region_s=2, refine=False))  # fmt: skip
+    plan = solve_hier(
+        g,
+        prof,
+        {"cpu": eager_peak(g)},
+        ["cpu"],
+        {v: "cpu" for v in g.inputs},
+        SolverOptions(time_limit_s=20, workers=1),
+        settings=HierSettings(leaf_s=0, region_s=2, refine=False),
+    )
     x = plan.solver.extra
     assert x["solved"] == x["classes"] < x["blocks"] - 20  # 24 layer blocks, two classes among them
     simulate(g, plan, prof)

@@ -10,8 +10,17 @@ PACKAGE = Path(__file__).resolve().parents[1] / "xsched"
 # Layers, lowest first: a module may import modules of its own layer or below, never above. The longest
 # matching prefix decides a module's layer; the package facade `xsched` (lazy re-exports) stands outside.
 LAYERS = [
-    ["xsched.errors", "xsched.files", "xsched.budgets", "xsched.zoo", "xsched.solve.options", "xsched.devices.energy",
-     "xsched.execute.rng", "xsched.execute.stores", "xsched.execute.workers"],
+    [
+        "xsched.errors",
+        "xsched.files",
+        "xsched.budgets",
+        "xsched.zoo",
+        "xsched.solve.options",
+        "xsched.devices.energy",
+        "xsched.execute.rng",
+        "xsched.execute.stores",
+        "xsched.execute.workers",
+    ],
     ["xsched.graph"],
     ["xsched.ops", "xsched.onnx.nodes", "xsched.plan", "xsched.profile.contract", "xsched.profile", "xsched.lanes"],
     ["xsched.capture", "xsched.importers", "xsched.interpret", "xsched.devices", "xsched.profile.model"],
@@ -20,7 +29,7 @@ LAYERS = [
     ["xsched.execute", "xsched.loaders", "xsched.explain", "xsched.capture.onnx"],
     ["xsched.report", "xsched.train", "xsched.demo", "xsched.onnx"],
     ["xsched.cli"],
-]  # fmt: skip
+]
 
 
 def modules() -> dict[str, Path]:

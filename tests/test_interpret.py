@@ -45,12 +45,16 @@ def test_hooks_run_in_plan_order_with_residency_updated_after_each() -> None:
     log = Recorder(g, _plan(g, steps)).run()
     assert log == [
         ("begin", {"cpu": 8, "gpu": 0}),
-        ("compute", 0, "f0", "cpu"), ("after", 0, {"cpu": 24, "gpu": 0}),
-        ("copy", 1, "a0", "cpu", "gpu"), ("after", 1, {"cpu": 24, "gpu": 16}),
-        ("free", 2, "a0", "cpu"), ("after", 2, {"cpu": 8, "gpu": 16}),
-        ("compute", 3, "f1", "gpu"), ("after", 3, {"cpu": 8, "gpu": 48}),
+        ("compute", 0, "f0", "cpu"),
+        ("after", 0, {"cpu": 24, "gpu": 0}),
+        ("copy", 1, "a0", "cpu", "gpu"),
+        ("after", 1, {"cpu": 24, "gpu": 16}),
+        ("free", 2, "a0", "cpu"),
+        ("after", 2, {"cpu": 8, "gpu": 16}),
+        ("compute", 3, "f1", "gpu"),
+        ("after", 3, {"cpu": 8, "gpu": 48}),
         ("end",),
-    ]  # fmt: skip
+    ]
 
 
 def test_peak_counts_outputs_and_workspace_while_a_compute_runs() -> None:
@@ -74,15 +78,29 @@ BROKEN = [
     ([Compute("nope", "cpu")], None, "compute of an unknown op", 0, "nope", None, "cpu"),
     ([Copy("a0", "cpu", "gpu")], None, "value is not resident on cpu", 0, "f0", "a0", "cpu"),
     ([Compute("f0", "cpu"), Copy("a0", "cpu", "cpu")], None, "copy to the device it comes from", 1, None, "a0", "cpu"),
-    ([Compute("f0", "cpu"), Copy("a0", "cpu", "gpu"), Copy("a0", "cpu", "gpu")], None, "already resident on gpu", 2,
-     None, "a0", "gpu"),
+    (
+        [Compute("f0", "cpu"), Copy("a0", "cpu", "gpu"), Copy("a0", "cpu", "gpu")],
+        None,
+        "already resident on gpu",
+        2,
+        None,
+        "a0",
+        "gpu",
+    ),
     ([Free("a0", "cpu")], None, "free of a value not resident on cpu", 0, None, "a0", "cpu"),
     ([Free("x", "cpu")], None, "graph input freed on its home device", 0, None, "x", "cpu"),
     ([Compute("f0", "cpu")], None, "op is never computed", 1, "f1", None, None),
-    ([Compute("f0", "cpu"), Compute("f1", "cpu"), Free("a1", "cpu")], None, "not resident anywhere at the end", 3,
-     "f1", "a1", None),
+    (
+        [Compute("f0", "cpu"), Compute("f1", "cpu"), Free("a1", "cpu")],
+        None,
+        "not resident anywhere at the end",
+        3,
+        "f1",
+        "a1",
+        None,
+    ),
     ([Compute("f0", "cpu"), Compute("f1", "cpu")], {}, "graph input has no home device", None, None, "x", None),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("steps,homes,words,step,op,value,device", BROKEN)

@@ -24,10 +24,12 @@ from xsched.solve.order import topological
 
 EXACT = SolverOptions(time_limit_s=20.0, mip_gap=0.0)
 BACKENDS = [
-    pytest.param("cpsat", marks=pytest.mark.skipif(
-        __import__("importlib").util.find_spec("ortools") is None, reason="needs ortools")),
+    pytest.param(
+        "cpsat",
+        marks=pytest.mark.skipif(__import__("importlib").util.find_spec("ortools") is None, reason="needs ortools"),
+    ),
     "highs",
-]  # fmt: skip
+]
 
 
 def checked(graph: Graph, plan: Plan, profile: Profile, budgets: Mapping[str, int]) -> Plan:
@@ -69,8 +71,9 @@ def test_graph_order_reaches_the_exhaustive_optimum(backend: str, name: str, poi
     homes = {v: "cpu" for v in g.inputs}
     budgets = {"cpu": eager_peak(g) if point == "peak" else tightest_budget(g, prof, homes)}
     want = exhaustive_optimum(g, prof, budgets, ["cpu"], homes)
-    plan = checked(g, solve_intervals(g, prof, budgets, ["cpu"], homes, EXACT, backend=backend, workers=1), prof,
-                   budgets)  # fmt: skip
+    plan = checked(
+        g, solve_intervals(g, prof, budgets, ["cpu"], homes, EXACT, backend=backend, workers=1), prof, budgets
+    )
     assert plan.solver.status == "optimal"
     assert plan.predicted.time_s == pytest.approx(want)
 
@@ -144,8 +147,9 @@ def test_one_worker_and_a_seed_give_the_same_plan(backend: str) -> None:
     prof = profile_for(g, {"cpu": {o.id: 1.0 + i % 3 for i, o in enumerate(g.ops)}})
     homes = {"x": "cpu"}
     budgets = {"cpu": int(0.8 * eager_peak(g))}
-    runs = [solve_intervals(g, prof, budgets, ["cpu"], homes, EXACT, backend=backend, seed=3, workers=1)
-            for _ in range(2)]  # fmt: skip
+    runs = [
+        solve_intervals(g, prof, budgets, ["cpu"], homes, EXACT, backend=backend, seed=3, workers=1) for _ in range(2)
+    ]
     assert runs[0].steps == runs[1].steps
 
 
@@ -205,7 +209,17 @@ def test_a_warm_start_running_an_op_more_than_c_times_is_a_complete_hint(tmp_pat
     assert len(hint_from_plan(data, warm)) == sum(runs.values())
     short = build_data(g, prof, budgets, ["bench"], {}, order, 2)
     assert len(hint_from_plan(short, warm)) < sum(runs.values())  # without the extra slots: a partial hint
-    plan = solve_intervals(g, prof, budgets, ["bench"], {}, SolverOptions(time_limit_s=5.0), order=order,
-                           warm_start=warm, workers=1, c_max=2)  # fmt: skip
+    plan = solve_intervals(
+        g,
+        prof,
+        budgets,
+        ["bench"],
+        {},
+        SolverOptions(time_limit_s=5.0),
+        order=order,
+        warm_start=warm,
+        workers=1,
+        c_max=2,
+    )
     checked(g, plan, prof, budgets)
     assert plan.predicted.time_s <= warm.predicted.time_s + 1e-9

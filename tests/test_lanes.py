@@ -31,8 +31,12 @@ def pair() -> tuple[Graph, Plan]:
 def test_waits_by_hand() -> None:
     g, plan = pair()
     assert [lane_of(s) for s in plan.steps] == [
-        "compute:cpu:0", "copy:cpu:0->cpu:1", "free:cpu:0", "compute:cpu:1", "free:cpu:1"
-    ]  # fmt: skip
+        "compute:cpu:0",
+        "copy:cpu:0->cpu:1",
+        "free:cpu:0",
+        "compute:cpu:1",
+        "free:cpu:1",
+    ]
     # the copy waits for relu; each free for the step that put `a` there and its reads; neg for the copy
     assert step_waits(g, plan.steps) == [(), (0,), (0, 1), (1,), (1, 3)]
 

@@ -40,8 +40,11 @@ def test_sizes_are_what_onnx_runtime_computes(name, how):
     assert model_inputs == [f"input:{k}" for k in range(len(model_inputs))] and model_inputs
     for v, arr in _all_values(c.model, g).items():
         want = g.value[v]
-        assert (tuple(arr.shape), str(arr.dtype), arr.nbytes) == (want.shape, str(np.dtype(np_dtype(want.dtype))),
-                                                                   want.nbytes), v  # fmt: skip
+        assert (tuple(arr.shape), str(arr.dtype), arr.nbytes) == (
+            want.shape,
+            str(np.dtype(np_dtype(want.dtype))),
+            want.nbytes,
+        ), v
 
 
 def test_each_call_runs_its_op_alone():
@@ -50,9 +53,15 @@ def test_each_call_runs_its_op_alone():
     g = capture_onnx(model)
     values = _all_values(model, g)
     for op in g.ops[:12]:
-        m = build_model(g, [op.id], list(dict.fromkeys(op.inputs)), op.outputs,
-                        initializers={v: onnx.numpy_helper.to_array(t) for t in model.graph.initializer
-                                      for v in [t.name] if v in op.inputs})  # fmt: skip
+        m = build_model(
+            g,
+            [op.id],
+            list(dict.fromkeys(op.inputs)),
+            op.outputs,
+            initializers={
+                v: onnx.numpy_helper.to_array(t) for t in model.graph.initializer for v in [t.name] if v in op.inputs
+            },
+        )
         sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
         feeds = {i.name: values[i.name] for i in sess.get_inputs()}
         for v, got in zip(op.outputs, sess.run(op.outputs, feeds)):
@@ -76,8 +85,11 @@ def test_symbolic_batch_is_bound_from_shapes_or_inputs():
     assert g.value["in0"].shape == (3, 3, 32, 32) and g.value[g.outputs[0]].shape == (3, 10)
     assert capture_onnx(model, inputs=[np.zeros((5, 3, 32, 32), np.float32)]).value[g.outputs[0]].shape == (5, 10)
     assert parse_shape("3x3x32x32") == (3, 3, 32, 32)
-    for shapes, message in [({"in0": (3, 3, 32)}, "does not match"), ({"x": (1,)}, "not an input of the model"),
-                            ({"in0": (3, 4, 32, 32)}, "does not match")]:  # fmt: skip
+    for shapes, message in [
+        ({"in0": (3, 3, 32)}, "does not match"),
+        ({"x": (1,)}, "not an input of the model"),
+        ({"in0": (3, 4, 32, 32)}, "does not match"),
+    ]:
         with pytest.raises(CaptureError, match=message):
             capture_onnx(model, shapes)
     with pytest.raises(CaptureError, match="a shape is dimensions joined by 'x'"):
@@ -85,38 +97,70 @@ def test_symbolic_batch_is_bound_from_shapes_or_inputs():
 
 
 def _one_node(node, opset=17, domains=(), ins=(("x", [4]),), outs=(("y", [4], TensorProto.FLOAT),)):
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(i, TensorProto.FLOAT, s) for i, s in ins],
-                              [helper.make_tensor_value_info(n, t, s) for n, s, t in outs])  # fmt: skip
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info(i, TensorProto.FLOAT, s) for i, s in ins],
+        [helper.make_tensor_value_info(n, t, s) for n, s, t in outs],
+    )
     imports = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, 1) for d in domains]
     return helper.make_model(graph, opset_imports=imports)
 
 
 def _body():
-    return helper.make_graph([helper.make_node("Identity", ["x"], ["z"])], "body", [],
-                             [helper.make_tensor_value_info("z", TensorProto.FLOAT, [4])])  # fmt: skip
+    return helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["z"])],
+        "body",
+        [],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [4])],
+    )
 
 
 @pytest.mark.parametrize(
     ("model", "message", "node"),
     [
-        (_one_node(helper.make_node("If", ["x"], ["y"], name="branch", then_branch=_body(), else_branch=_body())),
-         r"node branch \(If\) holds a subgraph \((then|else)_branch, (then|else)_branch\): control flow", "branch"),
+        (
+            _one_node(helper.make_node("If", ["x"], ["y"], name="branch", then_branch=_body(), else_branch=_body())),
+            r"node branch \(If\) holds a subgraph \((then|else)_branch, (then|else)_branch\): control flow",
+            "branch",
+        ),
         (_one_node(helper.make_node("Loop", ["x"], ["y"], name="repeat", body=_body())), r"repeat \(Loop\)", "repeat"),
-        (_one_node(helper.make_node("Scan", ["x"], ["y"], name="scan", body=_body(), num_scan_inputs=1)),
-         r"scan \(Scan\) holds a subgraph", "scan"),
-        (_one_node(helper.make_node("Frob", ["x"], ["y"], name="mine", domain="com.example"), domains=["com.example"]),
-         r"node mine \(Frob\) is in opset domain 'com.example' \(version 1\), unknown", "mine"),
-        (_one_node(helper.make_node("Relu", ["x"], ["y"], name="future"), opset=99),
-         r"node future \(Relu\) is in opset 99 of ai.onnx; onnx .* knows opsets up to", "future"),
-        (_one_node(helper.make_node("Frobnicate", ["x"], ["y"], name="odd")),
-         r"node odd: opset 17 of ai.onnx has no operator 'Frobnicate'", "odd"),
-        (_one_node(helper.make_node("NonZero", ["x"], ["y"], name="nz"), outs=[("y", ["a", "b"], TensorProto.INT64)]),
-         r"cannot infer the shape of y, output of node nz \(NonZero\): got \[1,\?\] \(its shape depends on the data\)",
-         "nz"),
-        (_one_node(helper.make_node("MatMul", ["x", "w"], ["y"], name="mm"), ins=(("x", [4]), ("w", [3]))),
-         r"shape inference failed: .*mm", "mm"),
+        (
+            _one_node(helper.make_node("Scan", ["x"], ["y"], name="scan", body=_body(), num_scan_inputs=1)),
+            r"scan \(Scan\) holds a subgraph",
+            "scan",
+        ),
+        (
+            _one_node(
+                helper.make_node("Frob", ["x"], ["y"], name="mine", domain="com.example"), domains=["com.example"]
+            ),
+            r"node mine \(Frob\) is in opset domain 'com.example' \(version 1\), unknown",
+            "mine",
+        ),
+        (
+            _one_node(helper.make_node("Relu", ["x"], ["y"], name="future"), opset=99),
+            r"node future \(Relu\) is in opset 99 of ai.onnx; onnx .* knows opsets up to",
+            "future",
+        ),
+        (
+            _one_node(helper.make_node("Frobnicate", ["x"], ["y"], name="odd")),
+            r"node odd: opset 17 of ai.onnx has no operator 'Frobnicate'",
+            "odd",
+        ),
+        (
+            _one_node(
+                helper.make_node("NonZero", ["x"], ["y"], name="nz"), outs=[("y", ["a", "b"], TensorProto.INT64)]
+            ),
+            r"cannot infer the shape of y, output of node nz \(NonZero\): got \[1,\?\] \(its shape depends on the data\)",
+            "nz",
+        ),
+        (
+            _one_node(helper.make_node("MatMul", ["x", "w"], ["y"], name="mm"), ins=(("x", [4]), ("w", [3]))),
+            r"shape inference failed: .*mm",
+            "mm",
+        ),
     ],
-)  # fmt: skip
+)
 def test_unsupported_nodes_are_named(model, message, node):
     with pytest.raises(CaptureError, match=message) as e:
         capture_onnx(model)
@@ -128,9 +172,15 @@ def test_unsupported_nodes_are_named(model, message, node):
 def test_dynamic_reshape_target_is_named():
     """A Reshape whose target is a model input: its output size depends on the data, named by its node."""
     node = helper.make_node("Reshape", ["x", "s"], ["y"], name="rs")
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4]),
-                                            helper.make_tensor_value_info("s", TensorProto.INT64, [2])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b"])])  # fmt: skip
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [4]),
+            helper.make_tensor_value_info("s", TensorProto.INT64, [2]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b"])],
+    )
     with pytest.raises(CaptureError, match=r"cannot infer the shape of y, output of node rs \(Reshape\)") as e:
         capture_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
     assert e.value.op == "rs"
@@ -138,8 +188,13 @@ def test_dynamic_reshape_target_is_named():
 
 def test_bad_files(tmp_path):
     good = chain_model().SerializeToString()
-    cases = {"missing.onnx": None, "empty.onnx": b"", "junk.onnx": b"this is not an onnx model\n" * 8,
-             "truncated.onnx": good[: len(good) // 2], "tail.onnx": good[:-3]}  # fmt: skip
+    cases = {
+        "missing.onnx": None,
+        "empty.onnx": b"",
+        "junk.onnx": b"this is not an onnx model\n" * 8,
+        "truncated.onnx": good[: len(good) // 2],
+        "tail.onnx": good[:-3],
+    }
     for name, data in cases.items():
         path = tmp_path / name
         if data is not None:

@@ -25,8 +25,25 @@ def test_pipeline_on_an_onnx_file(tmp_path, capsys, monkeypatch):
     shape = ["--shape", "in0=2x3x32x32"]
     assert main(["capture", str(model), *shape, "-o", g]) == 0
     assert json.loads(Path(g).read_text())["values"][0]["shape"] == [2, 3, 32, 32]
-    assert main(["profile", str(model), *shape, "--devices", "ort:cpu", "--reps", "3", "--max-time", "0",
-                 "--quiet", "-o", p]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "profile",
+                str(model),
+                *shape,
+                "--devices",
+                "ort:cpu",
+                "--reps",
+                "3",
+                "--max-time",
+                "0",
+                "--quiet",
+                "-o",
+                p,
+            ]
+        )
+        == 0
+    )
     assert main(["plan", g, p, "--method", "checkpoint", "--budget", "ort:cpu=100%", "-o", plan]) == 0
     capsys.readouterr()
     assert main(["run", str(model), plan, *shape, "--profile", p, "--iters", "2"]) == 0
@@ -41,10 +58,12 @@ def test_bad_onnx_inputs_exit_2_with_one_line(tmp_path, capsys):
     pytest.importorskip("onnx")
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"\x08\x07garbage" * 10)
-    for argv in (["capture", str(bad), "-o", str(tmp_path / "g.json")],
-                 ["capture", str(tmp_path / "none.onnx"), "-o", str(tmp_path / "g.json")],
-                 ["capture", str(bad), "--shape", "x=1,2", "-o", str(tmp_path / "g.json")],
-                 ["capture", "zoo:resnet18", "--shape", "x=1x2", "-o", str(tmp_path / "g.json")]):  # fmt: skip
+    for argv in (
+        ["capture", str(bad), "-o", str(tmp_path / "g.json")],
+        ["capture", str(tmp_path / "none.onnx"), "-o", str(tmp_path / "g.json")],
+        ["capture", str(bad), "--shape", "x=1,2", "-o", str(tmp_path / "g.json")],
+        ["capture", "zoo:resnet18", "--shape", "x=1x2", "-o", str(tmp_path / "g.json")],
+    ):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith("xsched: error:") and err.count("\n") == 1, err

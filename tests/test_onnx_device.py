@@ -27,9 +27,12 @@ def test_names_and_options():
     assert one.index == 1 and one.threads == 1 and one.fingerprint != d.fingerprint
     assert d.fingerprint_parts()["onnxruntime"] == ort.__version__
     assert any(r.name == "ort:cpu" and r.kind == "ort" for r in available_devices(include_sim=False))
-    for bad, message in [("ort:tpu", "ort:cpu\\[:N\\] or ort:cuda\\[:N\\]"), ("ort:cpu:x", "ort:cpu\\[:N\\]"),
-                         ("ort:cpu,threads=0", "threads must be a positive integer"),
-                         ("ort:cpu,speed=9", "bad device option")]:  # fmt: skip
+    for bad, message in [
+        ("ort:tpu", "ort:cpu\\[:N\\] or ort:cuda\\[:N\\]"),
+        ("ort:cpu:x", "ort:cpu\\[:N\\]"),
+        ("ort:cpu,threads=0", "threads must be a positive integer"),
+        ("ort:cpu,speed=9", "bad device option"),
+    ]:
         with pytest.raises(DeviceError, match=message) as e:
             get_device(bad)
         assert "\n" not in str(e.value)

@@ -50,8 +50,9 @@ def _between(g: Graph, frac: float) -> int:
     return int(inputs + frac * (max(simulate(g, eager_plan(g, "d")).peak_bytes.values()) - inputs))
 
 
-@pytest.mark.parametrize(("name", "how"), [("resnet18", "legacy"), ("gpt2", "dynamo"), ("mlp_mixer", "legacy"),
-                                           ("unet", "dynamo")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "how"), [("resnet18", "legacy"), ("gpt2", "dynamo"), ("mlp_mixer", "legacy"), ("unet", "dynamo")]
+)
 def test_eager_plan_is_one_session(name, how):
     c = capture_model(zoo_onnx(name, how=how))
     ex = _check(c, eager_plan(c.graph, "ort:cpu"), optimization="all")
@@ -87,8 +88,13 @@ def test_auto_plan_on_two_devices():
     c = capture_model(chain_model(n=8))
     g = c.graph
     devices = ["ort:cpu:0", "ort:cpu:1"]
-    plan = solve(g, cost_profile(g, devices), {"ort:cpu:0": "80%", "ort:cpu:1": "60%"}, devices,
-                 options=SolverOptions(time_limit_s=5))  # fmt: skip
+    plan = solve(
+        g,
+        cost_profile(g, devices),
+        {"ort:cpu:0": "80%", "ort:cpu:1": "60%"},
+        devices,
+        options=SolverOptions(time_limit_s=5),
+    )
     _check(c, plan)
 
 
@@ -104,9 +110,23 @@ def test_segment_rules_on_a_hand_made_plan():
     g = c.graph
     ops = [o.id for o in g.ops]  # mm, n1..n5, skip, scale
     a, b = "ort:cpu:0", "ort:cpu:1"
-    steps = [Compute("mm", a), Compute("n1", a), Copy("a1", a, b), Compute("n2", b), Compute("n3", b),
-             Copy("x", a, b), Copy("w", a, b), Copy("s", a, b), Compute("mm", b), Compute("n4", b),
-             Compute("n5", b), Compute("mm", b), Compute("skip", b), Compute("scale", b), Copy("y", b, a)]  # fmt: skip
+    steps = [
+        Compute("mm", a),
+        Compute("n1", a),
+        Copy("a1", a, b),
+        Compute("n2", b),
+        Compute("n3", b),
+        Copy("x", a, b),
+        Copy("w", a, b),
+        Copy("s", a, b),
+        Compute("mm", b),
+        Compute("n4", b),
+        Compute("n5", b),
+        Compute("mm", b),
+        Compute("skip", b),
+        Compute("scale", b),
+        Copy("y", b, a),
+    ]
     assert {s.op for s in steps if isinstance(s, Compute)} == set(ops)
     plan = _manual(g, steps)
     ex = _check(c, plan)
@@ -133,8 +153,10 @@ def test_feeds_and_values_keep_their_shapes():
 def test_random_node_cannot_be_recomputed():
     TensorProto, helper = onnx.TensorProto, onnx.helper
 
-    nodes = [helper.make_node("RandomUniformLike", ["x"], ["r"], name="rand"),
-             helper.make_node("Add", ["x", "r"], ["y"], name="add")]  # fmt: skip
+    nodes = [
+        helper.make_node("RandomUniformLike", ["x"], ["r"], name="rand"),
+        helper.make_node("Add", ["x", "r"], ["y"], name="add"),
+    ]
     vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4]) for n in ("x", "y")]
     model = helper.make_model(
         helper.make_graph(nodes, "g", vi[:1], vi[1:]), opset_imports=[helper.make_opsetid("", 17)]
@@ -162,8 +184,9 @@ def test_symbolic_batch_through_the_session_api(tmp_path):
 
     model = zoo_onnx("resnet18", dynamic=True)
     plain = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    s = xsched.onnx.session(model, {"ort:cpu": "100%"}, ["CPUExecutionProvider"], profile="model",
-                            profile_dir=str(tmp_path))  # fmt: skip
+    s = xsched.onnx.session(
+        model, {"ort:cpu": "100%"}, ["CPUExecutionProvider"], profile="model", profile_dir=str(tmp_path)
+    )
     out = s.run(None, {"in0": np.ones((3, 3, 32, 32), np.float32)})
     for batch in (3, 5):
         x = np.random.default_rng(batch).standard_normal((batch, 3, 32, 32)).astype(np.float32)
@@ -172,8 +195,11 @@ def test_symbolic_batch_through_the_session_api(tmp_path):
     assert out[0].shape == (3, 10) and len(s.placed) == 2 and s.plan.budgets
     name = s.output_names[0]
     assert s.run([name], {"in0": x})[0].shape == (5, 10)
-    for feed, message in [({}, "missing inputs in0"), ({"in0": x, "z": x}, "unknown inputs z"),
-                          ({"in0": x.astype(np.float64)}, "input in0 is float64, the model wants float32")]:  # fmt: skip
+    for feed, message in [
+        ({}, "missing inputs in0"),
+        ({"in0": x, "z": x}, "unknown inputs z"),
+        ({"in0": x.astype(np.float64)}, "input in0 is float64, the model wants float32"),
+    ]:
         with pytest.raises(XschedError, match=message):
             s.run(None, feed)
     with pytest.raises(XschedError, match="unknown output nope"):
@@ -196,10 +222,21 @@ def test_placed_on_cuda_and_cpu():
     c = capture_model(chain_model(n=8))
     g = c.graph
     gpu, cpu = "ort:cuda:0", "ort:cpu"
-    steps = [Compute("mm", gpu), Compute("n1", gpu), Copy("a1", gpu, cpu), Compute("n2", cpu), Compute("n3", cpu),
-             Copy("a3", cpu, gpu)] + [Compute(o.id, gpu) for o in g.ops[4:]]  # fmt: skip
-    plan = Plan(g.fingerprint, {}, {v: gpu for v in g.inputs}, place_frees(g, steps, {v: gpu for v in g.inputs}),
-                SolverInfo("test"))  # fmt: skip
+    steps = [
+        Compute("mm", gpu),
+        Compute("n1", gpu),
+        Copy("a1", gpu, cpu),
+        Compute("n2", cpu),
+        Compute("n3", cpu),
+        Copy("a3", cpu, gpu),
+    ] + [Compute(o.id, gpu) for o in g.ops[4:]]
+    plan = Plan(
+        g.fingerprint,
+        {},
+        {v: gpu for v in g.inputs},
+        place_frees(g, steps, {v: gpu for v in g.inputs}),
+        SolverInfo("test"),
+    )
     ex = OrtExecutor(g, plan, c.model)
     feeds = example_feeds(g)
     got = ex.run(feeds, trace=True).outputs

@@ -99,8 +99,9 @@ def test_order_search_reaches_the_free_order_optimum_of_small_dags(seed: int) ->
     want = exhaustive_optimum(g, prof, budgets, ["cpu"], homes)
 
     def score(order, seconds):  # noqa: ANN001, ANN202
-        return solve_intervals(g, prof, budgets, ["cpu"], homes, SolverOptions(time_limit_s=seconds), order=order,
-                               workers=1)  # fmt: skip
+        return solve_intervals(
+            g, prof, budgets, ["cpu"], homes, SolverOptions(time_limit_s=seconds), order=order, workers=1
+        )
 
     plan, order, log = search_order(g, score, 15.0, per_try_s=2.0)
     checked(g, plan, prof, budgets)

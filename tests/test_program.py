@@ -74,9 +74,15 @@ def toy(nbytes_b: int = 64) -> tuple[Graph, dict[str, torch.Tensor]]:
     )
     ops = (
         Op("relu", "aten.relu.default", ("x",), ("a",), "fwd", call={"args": [{"ref": "x"}], "outs": [[]]}),
-        Op("mm", "aten.mm.default", ("a", "w"), ("b",), "fwd",
-           call={"args": [{"ref": "a"}, {"ref": "w"}], "outs": [[]]}),
-    )  # fmt: skip
+        Op(
+            "mm",
+            "aten.mm.default",
+            ("a", "w"),
+            ("b",),
+            "fwd",
+            call={"args": [{"ref": "a"}, {"ref": "w"}], "outs": [[]]},
+        ),
+    )
     return Graph("toy", values, ops, ("b",)), {"x": torch.randn(4, 4), "w": torch.randn(3, 4)}
 
 
@@ -112,8 +118,13 @@ def test_program_errors_name_step_op_value_and_device() -> None:
 def test_inline_program_only_for_one_device_computes_and_frees() -> None:
     graph, _ = toy()
     plan = toy_plan(graph, (Compute("relu", "cpu"), Compute("mm", "cpu"), Free("a", "cpu")))
-    two = Plan(graph.fingerprint, {}, {"x": "cpu:0", "w": "cpu:1"}, (Compute("relu", "cpu:0"), Compute("mm", "cpu:1")),
-               SolverInfo("hand"))  # fmt: skip
+    two = Plan(
+        graph.fingerprint,
+        {},
+        {"x": "cpu:0", "w": "cpu:1"},
+        (Compute("relu", "cpu:0"), Compute("mm", "cpu:1")),
+        SolverInfo("hand"),
+    )
     with pytest.raises(XschedError, match="one device"):
         inline_program(Executor(graph, two, check=False).prepared, 0, 2)
     assert callable(inline_program(Executor(graph, plan, check=False).prepared, 0, 3))

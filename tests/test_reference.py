@@ -180,8 +180,13 @@ def test_plan_errors_name_step_op_value_and_device():
     with pytest.raises(PlanError, match="not resident on cpu"):
         run_plan(g, copy_missing, env)
     reader = next(o for o in g.ops if first.outputs[0] in o.inputs)
-    use_after_free = Plan(g.fingerprint, {}, homes, (Compute(first.id, "cpu"), Free(first.outputs[0], "cpu"),
-                                                     Compute(reader.id, "cpu")), SolverInfo("bad"))  # fmt: skip
+    use_after_free = Plan(
+        g.fingerprint,
+        {},
+        homes,
+        (Compute(first.id, "cpu"), Free(first.outputs[0], "cpu"), Compute(reader.id, "cpu")),
+        SolverInfo("bad"),
+    )
     with pytest.raises(PlanError, match="not resident on cpu") as e:
         run_plan(g, use_after_free, env)
     assert (e.value.step, e.value.op, e.value.value) == (2, reader.id, first.outputs[0])

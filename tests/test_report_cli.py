@@ -44,10 +44,28 @@ def files(tmp_path_factory):
 def test_report_json_and_a_device_added_to_the_profile(files, tmp_path, capsys):
     pytest.importorskip("matplotlib")
     out = tmp_path / "rep"
-    argv = ["report", str(files / "g.json"), "--profile", str(files / "p.json"), "-o", str(out),
-            "--machine", "sim:rtx4090+sim:xeon-8480", "--machine", "sim:t4@60%mem+sim:xeon-8480",
-            "--sections", "whatif,pictures", "--method", "checkpoint", "--baselines", "eager", "--points", "2",
-            "--quiet", "--json"]  # fmt: skip
+    argv = [
+        "report",
+        str(files / "g.json"),
+        "--profile",
+        str(files / "p.json"),
+        "-o",
+        str(out),
+        "--machine",
+        "sim:rtx4090+sim:xeon-8480",
+        "--machine",
+        "sim:t4@60%mem+sim:xeon-8480",
+        "--sections",
+        "whatif,pictures",
+        "--method",
+        "checkpoint",
+        "--baselines",
+        "eager",
+        "--points",
+        "2",
+        "--quiet",
+        "--json",
+    ]
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["html"] == str(out / "report.html") and (out / "report.html").is_file()
@@ -77,8 +95,22 @@ def test_report_json_and_a_device_added_to_the_profile(files, tmp_path, capsys):
 )
 def test_report_user_errors_are_one_line_exit_2(files, tmp_path, capsys, extra, message):
     pytest.importorskip("matplotlib")
-    argv = ["report", str(files / "g.json"), "--profile", str(files / "p.json"), "-o", str(tmp_path / "r"),
-            "--quiet", "--points", "2", "--sections", "pictures", "--machine", "sim:rtx4090", *extra]  # fmt: skip
+    argv = [
+        "report",
+        str(files / "g.json"),
+        "--profile",
+        str(files / "p.json"),
+        "-o",
+        str(tmp_path / "r"),
+        "--quiet",
+        "--points",
+        "2",
+        "--sections",
+        "pictures",
+        "--machine",
+        "sim:rtx4090",
+        *extra,
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("xsched: error: ") and message in err and err.count("\n") == 1, err

@@ -247,8 +247,12 @@ def test_two_device_split_with_copies_is_valid_and_dropping_a_copy_is_named(g, d
 
 def test_random_op_rerun_must_draw_from_the_same_rng():
     """A random op first run on the CPU may be recomputed on another logical CPU, not on a GPU."""
-    g = Graph("draw", (Value("m", 8), Value("p", 4)), (Op("r", "aten.rand.default", (), ("m",)),
-              Op("b", "aten.sum.default", ("m",), ("p",))), ("p",))  # fmt: skip
+    g = Graph(
+        "draw",
+        (Value("m", 8), Value("p", 4)),
+        (Op("r", "aten.rand.default", (), ("m",)), Op("b", "aten.sum.default", ("m",), ("p",))),
+        ("p",),
+    )
 
     def rerun_on(dev: str) -> Plan:
         return make_plan(g, [Compute("r", "cpu:0"), Free("m", "cpu:0"), Compute("r", dev), Compute("b", dev)], {})

@@ -24,8 +24,17 @@ def test_trains_like_eager_pytorch_and_resumes(tmp_path) -> None:
     """A plan that recomputes (sqrt checkpointing) trains the example MLP with the losses and weights of plain
     PyTorch; a second run resumes from the first one's checkpoint and continues the same curve."""
     ck = tmp_path / "ck"
-    config = TrainConfig(f"{EXAMPLE}:factory", {"cpu": "100%"}, steps=3, batch=32, method="sqrt", profile="model",
-                         cache_dir=str(tmp_path / "cache"), checkpoint_dir=str(ck), checkpoint_every=2)  # fmt: skip
+    config = TrainConfig(
+        f"{EXAMPLE}:factory",
+        {"cpu": "100%"},
+        steps=3,
+        batch=32,
+        method="sqrt",
+        profile="model",
+        cache_dir=str(tmp_path / "cache"),
+        checkpoint_dir=str(ck),
+        checkpoint_every=2,
+    )
     first = train(config)
     plan = Plan.load(first.plan_path)
     assert sum(isinstance(s, Compute) for s in plan.steps) > len({s.op for s in plan.steps if isinstance(s, Compute)})
@@ -124,13 +133,30 @@ def vector_loss(batch=4):
         (["{tmp}/m.py:bare_tensor", "--budget", "cpu=1GiB"], "example_batch must be (inputs, targets), got a Tensor"),
         (["{tmp}/m.py:not_a_model", "--budget", "cpu=1GiB"], "the model must be an nn.Module, got str"),
         (["{tmp}/m.py:missing", "--budget", "cpu=1GiB"], "has no function 'missing'"),
-        (["{tmp}/m.py:vector_loss", "--budget", "cpu=100%", "--profile", "model"], "loss_fn returned a tensor of shape [4]"),
+        (
+            ["{tmp}/m.py:vector_loss", "--budget", "cpu=100%", "--profile", "model"],
+            "loss_fn returned a tensor of shape [4]",
+        ),
         (["{tmp}/m.py:vector_loss", "--budget", "cpu=64", "--profile", "model"], "proven infeasible"),
     ],
-    ids=["spec", "zoo-name", "budget", "budget-flag", "no-budget", "steps", "resume-no-dir", "resume-missing-dir",
-         "resume-empty-dir", "capture-factory", "bare-tensor", "not-a-model", "no-function", "vector-loss",
-         "infeasible"],
-)  # fmt: skip
+    ids=[
+        "spec",
+        "zoo-name",
+        "budget",
+        "budget-flag",
+        "no-budget",
+        "steps",
+        "resume-no-dir",
+        "resume-missing-dir",
+        "resume-empty-dir",
+        "capture-factory",
+        "bare-tensor",
+        "not-a-model",
+        "no-function",
+        "vector-loss",
+        "infeasible",
+    ],
+)
 def test_user_errors_are_one_line_and_exit_2(tmp_path, capsys, args, message) -> None:
     (tmp_path / "m.py").write_text(FACTORIES)
     argv = ["train", *(a.replace("{tmp}", str(tmp_path)) for a in args), "--cache-dir", str(tmp_path / "cache")]
@@ -143,8 +169,15 @@ def test_user_errors_are_one_line_and_exit_2(tmp_path, capsys, args, message) ->
 
 def test_a_finished_run_resumed_trains_nothing(tmp_path) -> None:
     ck = tmp_path / "ck"
-    config = TrainConfig("zoo:gpt2", {"cpu": "100%"}, steps=2, scale="tiny", profile="model",
-                         cache_dir=str(tmp_path / "cache"), checkpoint_dir=str(ck))  # fmt: skip
+    config = TrainConfig(
+        "zoo:gpt2",
+        {"cpu": "100%"},
+        steps=2,
+        scale="tiny",
+        profile="model",
+        cache_dir=str(tmp_path / "cache"),
+        checkpoint_dir=str(ck),
+    )
     train(config)
     again = train(dataclasses.replace(config, resume=True))
     assert again.start_step == 2 and again.records == ()
@@ -155,8 +188,9 @@ def test_a_finished_run_resumed_trains_nothing(tmp_path) -> None:
 def test_trains_on_a_gpu_like_eager_pytorch(tmp_path) -> None:
     """A bare `cuda` budget is this process's GPU: the example MLP trains there (measured profile, auto plan) with
     plain PyTorch's losses, and its peak memory is measured, not predicted."""
-    config = TrainConfig(f"{EXAMPLE}:factory", {"cuda": "100%", "cpu": "100%"}, steps=3, batch=32,
-                         cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    config = TrainConfig(
+        f"{EXAMPLE}:factory", {"cuda": "100%", "cpu": "100%"}, steps=3, batch=32, cache_dir=str(tmp_path / "cache")
+    )
     result = train(config)
     want, _ = eager_run(EXAMPLE, batch=32, world=1, steps=3)
     assert_close(result.losses, want, rtol=1e-4, atol=1e-5)

@@ -27,8 +27,15 @@ def test_killed_run_resumes_on_the_same_curve(tmp_path) -> None:
     ck, every = tmp_path / "ck", 3
     args = (*GPT, "--checkpoint-dir", str(ck), "--checkpoint-every", str(every), "--json")
     with open(tmp_path / "err", "w") as err:
-        proc = subprocess.Popen(cli(*args, "--steps", "1000000"), stdout=subprocess.PIPE, stderr=err, text=True,
-                                env=child_env(), cwd=tmp_path, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            cli(*args, "--steps", "1000000"),
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env=child_env(),
+            cwd=tmp_path,
+            start_new_session=True,
+        )
         seen = []
         for line in proc.stdout:  # type: ignore[union-attr]
             seen.append(json.loads(line))
@@ -43,8 +50,14 @@ def test_killed_run_resumes_on_the_same_curve(tmp_path) -> None:
     saved = saved_steps(ck)[0]
     assert last + 1 - saved <= every, f"{last + 1} steps done, newest checkpoint after {saved}"
 
-    resumed = subprocess.run(cli(*args, "--resume", "--steps", str(saved + 4)), capture_output=True, text=True,
-                             env=child_env(), cwd=tmp_path, timeout=300)  # fmt: skip
+    resumed = subprocess.run(
+        cli(*args, "--resume", "--steps", str(saved + 4)),
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     evs = events(resumed.stdout)
     assert evs[0]["start_step"] == saved and evs[0]["plan_reused"]
@@ -53,15 +66,32 @@ def test_killed_run_resumes_on_the_same_curve(tmp_path) -> None:
     for step in set(after) & set(killed):
         assert after[step] == killed[step], f"step {step}: resumed {after[step]!r}, killed run {killed[step]!r}"
 
-    whole = train(TrainConfig("zoo:gpt2", {"cpu": "100%"}, steps=saved + 4, scale="tiny", profile="model", seed=3,
-                              cache_dir=str(tmp_path / "fresh")))  # fmt: skip
+    whole = train(
+        TrainConfig(
+            "zoo:gpt2",
+            {"cpu": "100%"},
+            steps=saved + 4,
+            scale="tiny",
+            profile="model",
+            seed=3,
+            cache_dir=str(tmp_path / "fresh"),
+        )
+    )
     curve = [killed[s] for s in range(saved)] + [after[s] for s in range(saved, saved + 4)]
     assert_close(curve, whole.losses, rtol=1e-6, atol=1e-6)
 
 
 def torchrun(tmp_path, *args: str) -> list[dict]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
-           *cli(*args, "--json")[1:]]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(free_port()),
+        *cli(*args, "--json")[1:],
+    ]
     run = subprocess.run(cmd, capture_output=True, text=True, env=child_env(), cwd=tmp_path, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     evs = events(run.stdout)  # every line JSON: only rank 0 prints, and only JSON
@@ -72,8 +102,20 @@ def torchrun(tmp_path, *args: str) -> list[dict]:
 def test_torchrun_two_ranks_train_like_eager_on_the_combined_batch(tmp_path) -> None:
     """Two ranks of batch 16 give the losses and final weights of one plain PyTorch model on 32 rows a step."""
     ck = tmp_path / "ck"
-    evs = torchrun(tmp_path, f"{EXAMPLE}:factory", "--batch", "16", "--budget", "cpu=100%", "--steps", "4",
-                   "--profile", "model", "--checkpoint-dir", str(ck))  # fmt: skip
+    evs = torchrun(
+        tmp_path,
+        f"{EXAMPLE}:factory",
+        "--batch",
+        "16",
+        "--budget",
+        "cpu=100%",
+        "--steps",
+        "4",
+        "--profile",
+        "model",
+        "--checkpoint-dir",
+        str(ck),
+    )
     want, model = eager_run(EXAMPLE, batch=16, world=2, steps=4)
     got = step_losses(evs)
     assert_close([got[s] for s in range(4)], want, rtol=1e-5, atol=1e-6)

@@ -8,10 +8,17 @@ from collections.abc import Callable, Mapping
 from xsched.errors import BudgetError
 
 _UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-}  # fmt: skip
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*|%)\s*$")
 
 

@@ -52,8 +52,9 @@ def run_demo(s: DemoSettings = DemoSettings(), say: Callable[[str], None] = prin
     from xsched.report.sweep import SweepSettings
 
     gpu = s.gpu or ("cuda:0" if torch.cuda.is_available() else "sim:rtx4090")
-    settings = ReportSettings(SweepSettings("auto", s.time_limit_s, s.points), ("sweep", "energy", "pictures"),
-                              progress=s.progress)  # fmt: skip
+    settings = ReportSettings(
+        SweepSettings("auto", s.time_limit_s, s.points), ("sweep", "energy", "pictures"), progress=s.progress
+    )
     check_settings(settings)  # matplotlib present: before any work
     start = time.perf_counter()
     z = build(s.model, scale=s.scale)
@@ -66,27 +67,35 @@ def run_demo(s: DemoSettings = DemoSettings(), say: Callable[[str], None] = prin
     t0 = time.perf_counter()
     machine = parse_machine(f"{gpu}+cpu")
     report = build_report(graph, profile, [machine], Path(s.out), settings, "xsched demo")
-    say(f"3. what-if report (budget sweeps of {gpu} and cpu, energy, plan pictures) in {_since(t0)}: "
-        f"{report.html.resolve()}")  # fmt: skip
+    say(
+        f"3. what-if report (budget sweeps of {gpu} and cpu, energy, plan pictures) in {_since(t0)}: "
+        f"{report.html.resolve()}"
+    )
     knee = Plan.load(report.files["plan.json"])
     budgets = ", ".join(f"{d} {format_bytes(b)}" for d, b in knee.budgets.items())
     say(f"   the plan it pictures ({budgets}): {knee.predicted.time_s * 1e3:.3g} ms per iteration predicted")
     worst = _reference_check(graph, knee, z.model, z.inputs)
-    say(f"   that plan run step by step (reference interpreter"
+    say(
+        f"   that plan run step by step (reference interpreter"
         f"{'' if gpu.startswith('cuda') else f', the {gpu} steps on the CPU'}): max |difference| from eager "
-        f"{worst:.3g}")  # fmt: skip
+        f"{worst:.3g}"
+    )
     t0 = time.perf_counter()
     cpu = profile_graph(graph, ["cpu"], max_total_s=s.profile_s, progress=False) if gpu.startswith("cuda") else profile
     plan = solve(graph, cpu, {"cpu": s.cpu_budget}, options=SolverOptions(time_limit_s=s.solve_s))
     eager = eager_plan(graph, "cpu", cpu)
-    say(f"4. planned the CPU alone at {s.cpu_budget} of its eager peak in {_since(t0)}: peak "
+    say(
+        f"4. planned the CPU alone at {s.cpu_budget} of its eager peak in {_since(t0)}: peak "
         f"{format_bytes(plan.predicted.peak_bytes['cpu'])} of {format_bytes(eager.predicted.peak_bytes['cpu'])}, "
         f"predicted {plan.predicted.time_s / eager.predicted.time_s:.2f}x the eager time "
-        f"({plan.solver.status}, found by {plan.solver.extra.get('found_by', plan.solver.method)})")  # fmt: skip
+        f"({plan.solver.status}, found by {plan.solver.extra.get('found_by', plan.solver.method)})"
+    )
     same, ratio = _train_against_eager(z.model, z.inputs, plan, s.steps, s.warmup)
-    say(f"5. trained through xsched.wrap with that plan: losses and parameters at every step "
+    say(
+        f"5. trained through xsched.wrap with that plan: losses and parameters at every step "
         f"{'equal' if same else 'DIFFER from'} eager PyTorch's; measured step time {ratio:.2f}x eager's (medians of "
-        f"{s.steps}, interleaved)")  # fmt: skip
+        f"{s.steps}, interleaved)"
+    )
     say(f"done in {_since(start)}; open {report.html.resolve()}")
     return 0 if same and worst <= 1e-4 else 1
 
@@ -119,8 +128,9 @@ def _loss(out: object) -> torch.Tensor:
     return out.float().square().mean()  # type: ignore[union-attr]
 
 
-def _train_against_eager(model: torch.nn.Module, inputs: tuple, plan: Plan, steps: int,
-                         warmup: int | None) -> tuple[bool, float]:  # fmt: skip
+def _train_against_eager(
+    model: torch.nn.Module, inputs: tuple, plan: Plan, steps: int, warmup: int | None
+) -> tuple[bool, float]:
     """SGD steps of the model eagerly and through wrap(plan=...), same seeds: (all losses and parameters equal within
     1e-5, median wrapped step time over eager's). Each is warmed up until its step time settles, then `steps` steps
     of each are timed, interleaved (so both see the machine's load alike); every step is compared."""
@@ -151,6 +161,7 @@ def _train_against_eager(model: torch.nn.Module, inputs: tuple, plan: Plan, step
         for k in runs:
             times[k].append(step(k, len(losses[k])))
     same = all(abs(a - b) <= 1e-5 * max(1.0, abs(a)) for a, b in zip(losses["eager"], losses["xsched"]))
-    same = same and all(torch.allclose(p, q, rtol=1e-5, atol=1e-6)
-                        for p, q in zip(eager_model.parameters(), xs_model.parameters()))  # fmt: skip
+    same = same and all(
+        torch.allclose(p, q, rtol=1e-5, atol=1e-6) for p, q in zip(eager_model.parameters(), xs_model.parameters())
+    )
     return same, statistics.median(times["xsched"]) / statistics.median(times["eager"])

@@ -29,10 +29,17 @@ class ValueExplanation:
     held_steps: int = 0  # steps from its first compute to its last read (a kept value; the plan's end for outputs)
 
     def as_dict(self) -> dict:
-        return {"value": self.value, "nbytes": self.nbytes, "producer": self.producer, "target": self.target,
-                "decision": self.decision, "devices": list(self.devices),
-                "copies": [list(c) for c in self.copies], "reasons": list(self.reasons),
-                "held_steps": self.held_steps}  # fmt: skip
+        return {
+            "value": self.value,
+            "nbytes": self.nbytes,
+            "producer": self.producer,
+            "target": self.target,
+            "decision": self.decision,
+            "devices": list(self.devices),
+            "copies": [list(c) for c in self.copies],
+            "reasons": list(self.reasons),
+            "held_steps": self.held_steps,
+        }
 
 
 class _Recorder(PlanInterpreter):
@@ -77,13 +84,28 @@ def explain(graph: Graph, plan: Plan, profile: Profile | None = None) -> tuple[V
         copies = tuple(rec.copied.get(v.id, ()))
         if op is None:
             if copies:
-                out.append(ValueExplanation(v.id, v.nbytes, None, v.kind, "moved", (plan.homes[v.id],), copies,
-                                            tuple(_copy_reasons(graph, plan, profile, rec, v.id))))  # fmt: skip
+                out.append(
+                    ValueExplanation(
+                        v.id,
+                        v.nbytes,
+                        None,
+                        v.kind,
+                        "moved",
+                        (plan.homes[v.id],),
+                        copies,
+                        tuple(_copy_reasons(graph, plan, profile, rec, v.id)),
+                    )
+                )
             continue
         runs = rec.computes.get(op.id, [])
         recomputed = len(runs) > 1
-        decision = "recomputed+moved" if recomputed and copies else "recomputed" if recomputed else (
-            "moved" if copies else "kept")  # fmt: skip
+        decision = (
+            "recomputed+moved"
+            if recomputed and copies
+            else "recomputed"
+            if recomputed
+            else ("moved" if copies else "kept")
+        )
         reasons, held = [], 0
         if recomputed:
             reasons += _recompute_reasons(plan, profile, rec, v.id, op.id, v.nbytes)
@@ -92,8 +114,11 @@ def explain(graph: Graph, plan: Plan, profile: Profile | None = None) -> tuple[V
         if not recomputed:
             why, held = _keep_reason(graph, plan, profile, rec, v.id, op.id, runs[0])
             reasons.append(why)
-        out.append(ValueExplanation(v.id, v.nbytes, op.id, op.target, decision, tuple(d for _, d in runs), copies,
-                                    tuple(reasons), held))  # fmt: skip
+        out.append(
+            ValueExplanation(
+                v.id, v.nbytes, op.id, op.target, decision, tuple(d for _, d in runs), copies, tuple(reasons), held
+            )
+        )
     return tuple(out)
 
 
@@ -110,8 +135,7 @@ def _budget_text(plan: Plan, device: str, need: int) -> str:
     return f"{format_bytes(need)} on {device}, {verdict} its budget of {format_bytes(budget)}"
 
 
-def _recompute_reasons(plan: Plan, profile: Profile | None, rec: _Recorder, v: str, op: str,
-                       nbytes: int) -> list[str]:  # fmt: skip
+def _recompute_reasons(plan: Plan, profile: Profile | None, rec: _Recorder, v: str, op: str, nbytes: int) -> list[str]:
     """For each recompute: the free before it, and what keeping the value instead would have needed."""
     reasons = []
     runs = rec.computes[op]
@@ -157,8 +181,9 @@ def _copy_reasons(graph: Graph, plan: Plan, profile: Profile | None, rec: _Recor
     return reasons
 
 
-def _keep_reason(graph: Graph, plan: Plan, profile: Profile | None, rec: _Recorder, v: str, op: str,
-                 run: tuple[int, str]) -> tuple[str, int]:  # fmt: skip
+def _keep_reason(
+    graph: Graph, plan: Plan, profile: Profile | None, rec: _Recorder, v: str, op: str, run: tuple[int, str]
+) -> tuple[str, int]:
     """Why a value computed once stays: how long it is held, and what recomputing it would cost instead."""
     i, d = run
     ms = _ms(profile, op, d)
@@ -183,8 +208,17 @@ def explain_table(rows: tuple[ValueExplanation, ...], kept_rows: int = 10) -> st
     kept = sorted((r for r in rows if r.decision == "kept"), key=lambda r: -r.nbytes * r.held_steps)
     shown += kept[:kept_rows]
     head = ("value", "size", "producer", "decision", "devices", "why")
-    body = [(r.value, format_bytes(r.nbytes), r.target.removeprefix("aten."), r.decision,
-             ",".join(dict.fromkeys(r.devices)), "; ".join(r.reasons)) for r in shown]  # fmt: skip
+    body = [
+        (
+            r.value,
+            format_bytes(r.nbytes),
+            r.target.removeprefix("aten."),
+            r.decision,
+            ",".join(dict.fromkeys(r.devices)),
+            "; ".join(r.reasons),
+        )
+        for r in shown
+    ]
     widths = [max(len(x[c]) for x in [head, *body]) for c in range(5)]
     lines = ["  ".join(f"{x[c]:<{widths[c]}}" for c in range(5)) + "  " + x[5] for x in [head, *body]]
     counts = ", ".join(f"{n} {k}" for k, n in summary(rows).items())

@@ -118,8 +118,10 @@ class PlanInterpreter:
                 raise self.error(
                     f"random op runs on {s.device} after a first run drawing from the {first} RNG: its draws "
                     "cannot be replayed there",
-                    step=i, op=op.id, device=s.device,
-                )  # fmt: skip
+                    step=i,
+                    op=op.id,
+                    device=s.device,
+                )
         # while a compute runs, its outputs and its workspace count on top of what is resident
         out_bytes = sum(self.nbytes[v] for v in op.outputs)
         self.bump(i, s.device, self.used[s.device] + out_bytes + self.workspace(i, s, op), op=op.id)
@@ -136,8 +138,13 @@ class PlanInterpreter:
         if s.src == s.dst:
             raise self.error("copy to the device it comes from", step=i, value=s.value, device=s.src)
         if s.value not in self.resident[s.src]:
-            raise self.error(f"value is not resident on {s.src}", step=i, value=s.value, device=s.src,
-                             op=self.graph.producer.get(s.value))  # fmt: skip
+            raise self.error(
+                f"value is not resident on {s.src}",
+                step=i,
+                value=s.value,
+                device=s.src,
+                op=self.graph.producer.get(s.value),
+            )
         if s.value in self.resident[s.dst]:
             raise self.error(f"value is already resident on {s.dst}", step=i, value=s.value, device=s.dst)
         self.on_copy(i, s)
@@ -172,12 +179,14 @@ class PlanInterpreter:
         for v in self.graph.outputs:
             where = [d for d, r in self.resident.items() if v in r]
             if not where:
-                raise self.error("graph output is not resident anywhere at the end", step=n, value=v,
-                                 op=self.graph.producer.get(v))  # fmt: skip
+                raise self.error(
+                    "graph output is not resident anywhere at the end", step=n, value=v, op=self.graph.producer.get(v)
+                )
             need = must_end_on.get(v)
             if need is not None and need not in where:
-                raise self.error(f"output must end on {need}, its param's or buffer's home", step=n, value=v,
-                                 device=need)  # fmt: skip
+                raise self.error(
+                    f"output must end on {need}, its param's or buffer's home", step=n, value=v, device=need
+                )
 
     def where_output(self, v: str) -> str:
         """The device an output is read from at the end: where it must end, else the first holding it."""
@@ -195,5 +204,10 @@ def at_step(e: XschedError, i: int, s: Step) -> XschedError:
 
 def wrong_size(op: Op, value: str, got: int | str, want: int, device: str | None = None) -> XschedError:
     """A run produced a tensor whose bytes differ from the graph's (the memory model's ground truth)."""
-    return XschedError(f"{op.target} produced {got} bytes for a value of {want}: the captured shape is wrong",
-                       stage="execute", op=op.id, value=value, device=device)  # fmt: skip
+    return XschedError(
+        f"{op.target} produced {got} bytes for a value of {want}: the captured shape is wrong",
+        stage="execute",
+        op=op.id,
+        value=value,
+        device=device,
+    )

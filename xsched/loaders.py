@@ -91,8 +91,9 @@ def split_batch(batch: Any, where: str) -> Batch:
     inputs, targets = batch
     inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     if not any(isinstance(x, torch.Tensor) for x in inputs):
-        raise XschedError(f"{where}: the inputs hold no tensor (got {[type(x).__name__ for x in inputs]})",
-                          stage="load")  # fmt: skip
+        raise XschedError(
+            f"{where}: the inputs hold no tensor (got {[type(x).__name__ for x in inputs]})", stage="load"
+        )
     return inputs, targets
 
 
@@ -146,6 +147,7 @@ def load_training_task(spec: str, batch: int | None = None, scale: str = "defaul
         raise XschedError(f"{spec}: loss_fn must be callable, got {type(loss_fn).__name__}", stage="load")
     batches = rest[0] if rest else None
     if batches is not None and not callable(batches):
-        raise XschedError(f"{spec}: batches must be callable (step, rank, world), got {type(batches).__name__}",
-                          stage="load")  # fmt: skip
+        raise XschedError(
+            f"{spec}: batches must be callable (step, rank, world), got {type(batches).__name__}", stage="load"
+        )
     return TrainingTask(spec, model, split_batch(example, f"{spec}: example_batch"), loss_fn, batches)

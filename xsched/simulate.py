@@ -38,8 +38,9 @@ class SimResult:
 class Simulator(PlanInterpreter):
     """The interpreter's walk with each step's profiled time and energy (untimed without a profile)."""
 
-    def __init__(self, graph: Graph, plan: Plan, profile: Profile | None, *, check_budgets: bool,
-                 lanes: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self, graph: Graph, plan: Plan, profile: Profile | None, *, check_budgets: bool, lanes: bool = True
+    ) -> None:
         super().__init__(graph, plan, check_budgets=check_budgets)
         if profile is not None:
             profile.check_graph(graph.fingerprint)
@@ -53,8 +54,7 @@ class Simulator(PlanInterpreter):
     def workspace(self, i: int, s: Compute, op: Op) -> int:
         cost = self.profile.op_cost(op.id, s.device) if self.profile is not None else None
         if self.profile is not None and cost is None:
-            raise self.error(f"op cannot run on {s.device} (no cost in the profile)", step=i, op=op.id,
-                             device=s.device)  # fmt: skip
+            raise self.error(f"op cannot run on {s.device} (no cost in the profile)", step=i, op=op.id, device=s.device)
         self._cost = cost
         return max(op.workspace_bytes, cost.workspace_bytes if cost else 0)
 
@@ -69,8 +69,7 @@ class Simulator(PlanInterpreter):
         if self.profile is not None:
             ct = self.profile.copy_time(s.value, n, s.src, s.dst)
             if ct is None:
-                raise self.error(f"no copy link {s.src}->{s.dst} in the profile", step=i, value=s.value,
-                                 device=s.dst)  # fmt: skip
+                raise self.error(f"no copy link {s.src}->{s.dst} in the profile", step=i, value=s.value, device=s.dst)
             t = ct
             self.energy += self.profile.copy_energy(n, s.src, s.dst)
         self.time += t

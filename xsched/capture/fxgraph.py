@@ -199,9 +199,18 @@ class _Lowering:
         workspace = sum(_nbytes(t) for p, t in _tensor_paths(val) if p not in used)
         stack = self.info.node_module(self.index[n])
         self.ops.append(
-            Op(op_id, target_name(target), inputs, tuple(outputs), "fwd", stack[-1][0] if stack else "", workspace,
-               {"args": args, "kwargs": kwargs, "outs": outs}, {"node": n.name})
-        )  # fmt: skip
+            Op(
+                op_id,
+                target_name(target),
+                inputs,
+                tuple(outputs),
+                "fwd",
+                stack[-1][0] if stack else "",
+                workspace,
+                {"args": args, "kwargs": kwargs, "outs": outs},
+                {"node": n.name},
+            )
+        )
         self.op_node[op_id] = n
 
 

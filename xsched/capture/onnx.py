@@ -28,15 +28,17 @@ class OnnxCapture:
     model: Any  # onnx.ModelProto, local functions inlined
 
 
-def capture_onnx(source: str | Path | Any, shapes: Shapes | None = None, inputs: Any = None, *,
-                 name: str | None = None) -> Graph:  # fmt: skip
+def capture_onnx(
+    source: str | Path | Any, shapes: Shapes | None = None, inputs: Any = None, *, name: str | None = None
+) -> Graph:
     """The inference graph of an ONNX model (a path or a ModelProto). `shapes` (input name -> dims) or
     `inputs` (arrays by input name, or in input order) bind the symbolic dimensions of its inputs."""
     return capture_model(source, shapes, inputs, name=name).graph
 
 
-def capture_model(source: str | Path | Any, shapes: Shapes | None = None, inputs: Any = None, *,
-                  name: str | None = None) -> OnnxCapture:  # fmt: skip
+def capture_model(
+    source: str | Path | Any, shapes: Shapes | None = None, inputs: Any = None, *, name: str | None = None
+) -> OnnxCapture:
     onnx = require("onnx", "capture")
     model, label = load_model(source)
     if model.functions:  # exporters may wrap blocks in local functions: their nodes are what runs
@@ -104,21 +106,32 @@ def check_nodes(model: Any) -> None:
         where, domain = node_label(node, i), ("" if node.domain == "ai.onnx" else node.domain)
         held = [a.name for a in node.attribute if a.type in subgraph]
         if held:
-            raise CaptureError(f"node {where} ({node.op_type}) holds a subgraph ({', '.join(held)}): control flow "
-                               "(If, Loop, Scan) is not supported, xsched places straight-line graphs", op=where)  # fmt: skip
+            raise CaptureError(
+                f"node {where} ({node.op_type}) holds a subgraph ({', '.join(held)}): control flow "
+                "(If, Loop, Scan) is not supported, xsched places straight-line graphs",
+                op=where,
+            )
         if domain not in opsets:
-            raise CaptureError(f"node {where} ({node.op_type}) is in domain {domain!r}, which the model does not "
-                               "import", op=where)  # fmt: skip
+            raise CaptureError(
+                f"node {where} ({node.op_type}) is in domain {domain!r}, which the model does not import", op=where
+            )
         version = opsets[domain]
         if domain not in KNOWN_DOMAINS:
-            raise CaptureError(f"node {where} ({node.op_type}) is in opset domain {domain!r} (version {version}), "
-                               "unknown to ONNX and ONNX Runtime", op=where)  # fmt: skip
+            raise CaptureError(
+                f"node {where} ({node.op_type}) is in opset domain {domain!r} (version {version}), "
+                "unknown to ONNX and ONNX Runtime",
+                op=where,
+            )
         if domain == "" and version > newest:
-            raise CaptureError(f"node {where} ({node.op_type}) is in opset {version} of ai.onnx; onnx "
-                               f"{onnx.__version__} knows opsets up to {newest}", op=where)  # fmt: skip
+            raise CaptureError(
+                f"node {where} ({node.op_type}) is in opset {version} of ai.onnx; onnx "
+                f"{onnx.__version__} knows opsets up to {newest}",
+                op=where,
+            )
         if domain != "com.microsoft" and not onnx.defs.has(node.op_type, version, domain):
-            raise CaptureError(f"node {where}: opset {version} of {domain or 'ai.onnx'} has no operator "
-                               f"{node.op_type!r}", op=where)  # fmt: skip
+            raise CaptureError(
+                f"node {where}: opset {version} of {domain or 'ai.onnx'} has no operator {node.op_type!r}", op=where
+            )
 
 
 def _check(model: Any) -> None:
@@ -142,12 +155,15 @@ def bind_shapes(model: Any, shapes: Shapes | None = None, inputs: Any = None) ->
     given = {str(k): tuple(int(d) for d in v) for k, v in (shapes or {}).items()}
     for k, shape in _example_shapes(inputs, names).items():
         if given.setdefault(k, shape) != shape:
-            raise CaptureError(f"input {k}: shape {_fmt(given[k])} given, but the example input is {_fmt(shape)}",
-                               value=k)  # fmt: skip
+            raise CaptureError(
+                f"input {k}: shape {_fmt(given[k])} given, but the example input is {_fmt(shape)}", value=k
+            )
     unknown = sorted(set(given) - set(names))
     if unknown:
-        raise CaptureError(f"shape given for {', '.join(unknown)}, not an input of the model (inputs: "
-                           f"{', '.join(names)})", value=unknown[0])  # fmt: skip
+        raise CaptureError(
+            f"shape given for {', '.join(unknown)}, not an input of the model (inputs: {', '.join(names)})",
+            value=unknown[0],
+        )
     bound: dict[str, tuple[int, ...]] = {}
     symbols: dict[str, tuple[int, str]] = {}
     for inp in declared:
@@ -158,21 +174,27 @@ def bind_shapes(model: Any, shapes: Shapes | None = None, inputs: Any = None) ->
         if want is None:
             if dims is None or not all(isinstance(d, int) for d in dims):
                 syms = [str(d) for d in dims or () if not isinstance(d, int)] or ["its rank"]
-                raise CaptureError(f"input {inp.name} has symbolic dimension(s) {', '.join(syms)} (shape "
-                                   f"{_fmt(dims)}): bind them with shapes={{{inp.name!r}: (...)}} or --shape "
-                                   f"{inp.name}=2x3x...", value=inp.name)  # fmt: skip
+                raise CaptureError(
+                    f"input {inp.name} has symbolic dimension(s) {', '.join(syms)} (shape "
+                    f"{_fmt(dims)}): bind them with shapes={{{inp.name!r}: (...)}} or --shape "
+                    f"{inp.name}=2x3x...",
+                    value=inp.name,
+                )
             want = tuple(int(d) for d in dims)
         elif dims is not None and (
             len(dims) != len(want) or any(isinstance(d, int) and d != w for d, w in zip(dims, want))
         ):
-            raise CaptureError(f"shape {_fmt(want)} given for input {inp.name} does not match the model's "
-                               f"{_fmt(dims)}", value=inp.name)  # fmt: skip
+            raise CaptureError(
+                f"shape {_fmt(want)} given for input {inp.name} does not match the model's {_fmt(dims)}", value=inp.name
+            )
         for d, w in zip(dims or (), want):
             if isinstance(d, str) and d:
                 first = symbols.setdefault(d, (w, inp.name))
                 if first[0] != w:
-                    raise CaptureError(f"symbolic dimension {d} is {first[0]} in input {first[1]} but {w} in input "
-                                       f"{inp.name}", value=inp.name)  # fmt: skip
+                    raise CaptureError(
+                        f"symbolic dimension {d} is {first[0]} in input {first[1]} but {w} in input {inp.name}",
+                        value=inp.name,
+                    )
         bound[inp.name] = want
     return bound
 
@@ -217,9 +239,17 @@ def _graph(model: Any, types: Mapping[str, Any], known: Mapping[str, Any], name:
         for vid in node.output:
             if vid:
                 values[vid] = _value(vid, types, "activation", None, f"output of node {oid} ({node.op_type})", oid)
-        ops.append(Op(id=oid, target=_target(node), inputs=tuple(dict.fromkeys(v for v in node.input if v)),
-                      outputs=tuple(v for v in node.output if v), phase="fwd", name=node.name or oid,
-                      call=encode_call(node, opsets)))  # fmt: skip
+        ops.append(
+            Op(
+                id=oid,
+                target=_target(node),
+                inputs=tuple(dict.fromkeys(v for v in node.input if v)),
+                outputs=tuple(v for v in node.output if v),
+                phase="fwd",
+                name=node.name or oid,
+                call=encode_call(node, opsets),
+            )
+        )
     onnx = require("onnx", "capture")
     known = {**known, **{v: onnx.numpy_helper.to_array(t) for v, t in params.items() if v in values}}
     for vid, arr in known.items():  # profiling runs ops alone: their shape and index inputs need real content

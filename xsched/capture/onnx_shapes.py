@@ -127,8 +127,10 @@ def _fold(light: Any, types: Mapping[str, Any], weights: Mapping[str, Any], know
         outs = [v for v in n.output if v]
         if n.op_type != "Constant" and outs and all(v in found or v in known for v in outs):
             values = {**known, **found}
-            replaced += [onnx.helper.make_node("Constant", [], [v], value=onnx.numpy_helper.from_array(values[v], v))
-                         for v in outs]  # fmt: skip
+            replaced += [
+                onnx.helper.make_node("Constant", [], [v], value=onnx.numpy_helper.from_array(values[v], v))
+                for v in outs
+            ]
         else:
             replaced.append(n)
     del light.graph.node[:]
@@ -155,8 +157,11 @@ def _evaluate(light: Any, types: Mapping[str, Any], weights: Mapping[str, Any], 
         if id(n) not in need:
             continue
         if n.op_type in ("Shape", "Size"):
-            nodes.append(onnx.helper.make_node("Constant", [], [n.output[0]], value=onnx.numpy_helper.from_array(
-                _shape_value(n, types, np))))  # fmt: skip
+            nodes.append(
+                onnx.helper.make_node(
+                    "Constant", [], [n.output[0]], value=onnx.numpy_helper.from_array(_shape_value(n, types, np))
+                )
+            )
         else:
             nodes.append(n)
             reads.update(v for v in n.input if v and v not in producer)

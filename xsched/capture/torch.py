@@ -94,9 +94,13 @@ def capture(model: nn.Module, example_inputs: tuple, *, inference: bool = False,
         record["grads"] = [g is not None for g in grads]
         return [*outs, *(g for g in grads if g is not None), *bs]
 
-    gm, mutated = _trace(joint, [*params.values(), *buffers.values(), *(example_inputs[i] for i in input_pos)],
-                         [torch.empty(m.shape, dtype=m.dtype, device=m.device) for m, w in zip(out_meta, wants_grad) if w],
-                         inference, modules)  # fmt: skip
+    gm, mutated = _trace(
+        joint,
+        [*params.values(), *buffers.values(), *(example_inputs[i] for i in input_pos)],
+        [torch.empty(m.shape, dtype=m.dtype, device=m.device) for m, w in zip(out_meta, wants_grad) if w],
+        inference,
+        modules,
+    )
     _reject_mutations(mutated, [f"param {k}" for k in params], [f"input input:{i}" for i in input_pos], n_buf)
     grad_names = [f"param:{k}" for k in grad_params] + [f"input:{i}" for i in grad_inputs]
     got = [nm for nm, ok in zip(grad_names, record["grads"]) if ok]
@@ -218,9 +222,12 @@ def _forward_outputs(
 
 
 def _trace(
-    joint: Callable[..., list[torch.Tensor]], primals: list[torch.Tensor], tangents: list[torch.Tensor],
-    inference: bool, modules: _ModuleTracker,
-) -> tuple[torch.fx.GraphModule, list[bool]]:  # fmt: skip
+    joint: Callable[..., list[torch.Tensor]],
+    primals: list[torch.Tensor],
+    tangents: list[torch.Tensor],
+    inference: bool,
+    modules: _ModuleTracker,
+) -> tuple[torch.fx.GraphModule, list[bool]]:
     """make_fx of `joint` under functionalization; also which primals it mutated in place."""
     mutated: list[bool] = []
 

@@ -38,8 +38,13 @@ def parse_shape_flags(flags: Sequence[str]) -> dict[str, tuple[int, ...]]:
 
 
 def add_shape_flag(parser: Any) -> None:
-    parser.add_argument("--shape", action="append", default=[], metavar="INPUT=DIMS",
-                        help="ONNX models: bind an input's symbolic dimensions, e.g. input=1x3x224x224 (repeatable)")  # fmt: skip
+    parser.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="INPUT=DIMS",
+        help="ONNX models: bind an input's symbolic dimensions, e.g. input=1x3x224x224 (repeatable)",
+    )
 
 
 def print_json(data: Any) -> None:
@@ -61,8 +66,14 @@ def timed_progress(desc: str, limit_s: float | None, disable: bool) -> Iterator[
     from tqdm import tqdm
 
     done = threading.Event()
-    bar = tqdm(total=round(limit_s), desc=desc, unit="s", leave=False, file=sys.stderr,
-               bar_format="{desc}: {bar} {n:.0f}/{total:.0f} s")  # fmt: skip
+    bar = tqdm(
+        total=round(limit_s),
+        desc=desc,
+        unit="s",
+        leave=False,
+        file=sys.stderr,
+        bar_format="{desc}: {bar} {n:.0f}/{total:.0f} s",
+    )
     t0 = time.perf_counter()
 
     def tick() -> None:

@@ -18,8 +18,11 @@ def add(sub: argparse._SubParsersAction) -> None:
     m = sub.add_parser("demo", help="the whole pipeline on a zoo model: capture, profile, report, plan, train, check")
     m.add_argument("model", nargs="?", default=d.model, help=f"zoo model name (default {d.model})")
     m.add_argument("--scale", default=d.scale, help=f"zoo size knob (default {d.scale})")
-    m.add_argument("--gpu", default=d.gpu, help="cuda:0, or a simulated GPU sim:<spec> (default: cuda:0 if present, "
-                   "else sim:rtx4090)")  # fmt: skip
+    m.add_argument(
+        "--gpu",
+        default=d.gpu,
+        help="cuda:0, or a simulated GPU sim:<spec> (default: cuda:0 if present, else sim:rtx4090)",
+    )
     m.add_argument("--cpu-budget", default=d.cpu_budget, help="budget of the plan trained for real on the CPU")
     m.add_argument("-o", "--output", default=d.out, help=f"folder for the report (default {d.out})")
     m.add_argument("--time-limit", type=float, default=d.time_limit_s, help="seconds per plan in the report")

@@ -13,8 +13,16 @@ def cmd_capture(a: argparse.Namespace) -> int:
     g.save(a.output)
     phases = {p: sum(o.phase == p for o in g.ops) for p in ("fwd", "loss", "bwd")}
     if a.json:
-        print_json({"graph": a.output, "name": g.name, "fingerprint": g.fingerprint, "ops": len(g.ops),
-                    "values": len(g.values), "phases": phases})  # fmt: skip
+        print_json(
+            {
+                "graph": a.output,
+                "name": g.name,
+                "fingerprint": g.fingerprint,
+                "ops": len(g.ops),
+                "values": len(g.values),
+                "phases": phases,
+            }
+        )
         return 0
     print(f"{g.name}: {len(g.ops)} ops ({phases}), {len(g.values)} values -> {a.output}")
     return 0
@@ -28,8 +36,16 @@ def cmd_import(a: argparse.Namespace) -> int:
     if a.profile_out:
         p.save(a.profile_out)
     if a.json:
-        print_json({"graph": a.output, "profile": a.profile_out, "name": g.name, "fingerprint": g.fingerprint,
-                    "ops": len(g.ops), "input_links": sum(len(o.inputs) for o in g.ops)})  # fmt: skip
+        print_json(
+            {
+                "graph": a.output,
+                "profile": a.profile_out,
+                "name": g.name,
+                "fingerprint": g.fingerprint,
+                "ops": len(g.ops),
+                "input_links": sum(len(o.inputs) for o in g.ops),
+            }
+        )
         return 0
     print(f"{g.name}: {len(g.ops)} ops, {sum(len(o.inputs) for o in g.ops)} input links -> {a.output}")
     return 0

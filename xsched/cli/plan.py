@@ -31,8 +31,9 @@ def cmd_plan(a: argparse.Namespace) -> int:
 
         options = SolverOptions(time_limit_s=a.time_limit, mip_gap=a.gap, solver=a.solver)
         with timed_progress(f"solving ({a.method})", a.time_limit, quiet(a)):
-            plan = solve(graph, profile, budgets or {d: "100%" for d in (devices or profile.compute)}, devices,
-                         a.method, options)  # fmt: skip
+            plan = solve(
+                graph, profile, budgets or {d: "100%" for d in (devices or profile.compute)}, devices, a.method, options
+            )
     plan.save(a.output)
     rows = None
     if a.explain:
@@ -41,11 +42,20 @@ def cmd_plan(a: argparse.Namespace) -> int:
         rows = explain(graph, plan, profile)
     p, s = plan.predicted, plan.solver
     if a.json:
-        out = {"plan": a.output, "method": s.method, "status": s.status, "gap": s.gap, "solve_s": s.solve_s,
-               "found_by": s.extra.get("found_by"), "steps": len(plan.steps),
-               "time_s": p.time_s if p else None, "makespan_s": p.makespan_s if p else None,
-               "energy_j": p.energy_j if p else None, "peak_bytes": dict(p.peak_bytes) if p else {},
-               "budgets": dict(plan.budgets)}  # fmt: skip
+        out = {
+            "plan": a.output,
+            "method": s.method,
+            "status": s.status,
+            "gap": s.gap,
+            "solve_s": s.solve_s,
+            "found_by": s.extra.get("found_by"),
+            "steps": len(plan.steps),
+            "time_s": p.time_s if p else None,
+            "makespan_s": p.makespan_s if p else None,
+            "energy_j": p.energy_j if p else None,
+            "peak_bytes": dict(p.peak_bytes) if p else {},
+            "budgets": dict(plan.budgets),
+        }
         if rows is not None:
             out["explain"] = [r.as_dict() for r in rows]
         print_json(out)

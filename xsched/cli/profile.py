@@ -53,13 +53,27 @@ def cmd_profile(args: argparse.Namespace) -> int:
     out = save_profile(profile, args.output or default_profile_path(graph, names))
     wall = profile.extra["profiling"]["wall_s"]
     if args.json:
-        print_json({"profile": str(out), "graph": graph.name, "ops": len(graph.ops), "wall_s": wall,
-                    "distinct": profile.extra["profiling"]["signatures"],
-                    "devices": {d: {"ops": len(profile.compute[d]),
-                                    "sum_time_s": sum(c.time_s for c in profile.compute[d].values()),
-                                    "energy_source": profile.energy_source[d]} for d in names},
-                    "copy": {k: {"latency_s": link.latency_s, "bytes_per_s": link.bytes_per_s}
-                             for k, link in profile.copy.items()}})  # fmt: skip
+        print_json(
+            {
+                "profile": str(out),
+                "graph": graph.name,
+                "ops": len(graph.ops),
+                "wall_s": wall,
+                "distinct": profile.extra["profiling"]["signatures"],
+                "devices": {
+                    d: {
+                        "ops": len(profile.compute[d]),
+                        "sum_time_s": sum(c.time_s for c in profile.compute[d].values()),
+                        "energy_source": profile.energy_source[d],
+                    }
+                    for d in names
+                },
+                "copy": {
+                    k: {"latency_s": link.latency_s, "bytes_per_s": link.bytes_per_s}
+                    for k, link in profile.copy.items()
+                },
+            }
+        )
         return 0
     print(
         f"{graph.name}: {len(graph.ops)} ops ({profile.extra['profiling']['signatures']} distinct) on {len(names)} devices in {wall:.1f} s -> {out}"

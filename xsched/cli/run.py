@@ -63,14 +63,18 @@ def _run_onnx(args: argparse.Namespace, plan: Plan) -> int:
     captured = capture_model(args.model, parse_shape_flags(args.shape))
     graph = captured.graph
     if graph.fingerprint != plan.graph:
-        raise PlanError(f"{args.plan} was made for graph {plan.graph}; {args.model} (input shapes as given) "
-                        f"captures as {graph.fingerprint}: plan it again for this model", stage="execute")  # fmt: skip
+        raise PlanError(
+            f"{args.plan} was made for graph {plan.graph}; {args.model} (input shapes as given) "
+            f"captures as {graph.fingerprint}: plan it again for this model",
+            stage="execute",
+        )
     if args.profile:
         profile, source = load_profile(args.profile, graph, check_machine=False), f"profile {args.profile}"
     else:
         profile, source = cost_profile(graph, plan.devices), "a bandwidth cost model (no --profile given)"
-    report = measure_onnx(graph, plan, captured.model, profile=profile, iters=args.iters, warmup=args.warmup,
-                          predicted_from=source)  # fmt: skip
+    report = measure_onnx(
+        graph, plan, captured.model, profile=profile, iters=args.iters, warmup=args.warmup, predicted_from=source
+    )
     if args.json:
         print_json(dataclasses.asdict(report))
         return 0

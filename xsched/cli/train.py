@@ -71,8 +71,13 @@ def add(sub: argparse._SubParsersAction) -> None:
         "train data-parallel; only rank 0 prints and writes checkpoints.",
     )
     t.add_argument("model", help="zoo:NAME (synthetic data, per-family loss) or path/to/file.py:factory")
-    t.add_argument("--budget", action="append", default=[], metavar="DEVICE=SIZE",
-                   help="per-device budget, e.g. cpu=16GiB or cuda=50%% (repeatable; bare 'cuda' is this rank's GPU)")  # fmt: skip
+    t.add_argument(
+        "--budget",
+        action="append",
+        default=[],
+        metavar="DEVICE=SIZE",
+        help="per-device budget, e.g. cpu=16GiB or cuda=50%% (repeatable; bare 'cuda' is this rank's GPU)",
+    )
     t.add_argument("--steps", type=int, default=100, help="total steps to reach (a resumed run trains the rest)")
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--optimizer", default="adamw", help="adamw (default) or sgd (momentum 0.9)")
@@ -81,8 +86,12 @@ def add(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--devices", help="comma-separated devices (default: the budgets' devices)")
     t.add_argument("--method", default="auto", help="solver method (default auto)")
     t.add_argument("--time-limit", type=float, help="solver time limit in seconds (default 60)")
-    t.add_argument("--profile", default="measure", choices=("measure", "model"),
-                   help="plan on measured costs (default, cached) or modelled ones")  # fmt: skip
+    t.add_argument(
+        "--profile",
+        default="measure",
+        choices=("measure", "model"),
+        help="plan on measured costs (default, cached) or modelled ones",
+    )
     t.add_argument("--cache-dir", default="profiles", help="where profiles and plans are cached (default profiles/)")
     t.add_argument("--checkpoint-dir", help="folder for step-*.pt checkpoints (written by rank 0)")
     t.add_argument("--checkpoint-every", type=int, help="checkpoint every K steps (default 100; always at the end)")

@@ -31,8 +31,12 @@ from xsched.graph import Graph, Op, Value
 from xsched.onnx.nodes import ALIAS_OPS, FORMAT, example_array, op_model, op_type, static_array
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
-OPTIMIZATION = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
-                "all": "ORT_ENABLE_ALL"}  # fmt: skip
+OPTIMIZATION = {
+    "disabled": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "all": "ORT_ENABLE_ALL",
+}
 
 
 def onnxruntime(device: str | None = None) -> Any:
@@ -74,9 +78,12 @@ class OrtDevice(Device):
             raise DeviceError("clock is wall, or thread on ort:cpu with threads=1 (one thread's CPU time)", device=name)
         self.ort = onnxruntime(name)
         if self.provider not in self.ort.get_available_providers():
-            raise DeviceError(f"{self.provider} is not available in this onnxruntime {self.ort.__version__} build "
-                              f"(it has {', '.join(self.ort.get_available_providers())}; for CUDA: pip install "
-                              "onnxruntime-gpu)", device=name)  # fmt: skip
+            raise DeviceError(
+                f"{self.provider} is not available in this onnxruntime {self.ort.__version__} build "
+                f"(it has {', '.join(self.ort.get_available_providers())}; for CUDA: pip install "
+                "onnxruntime-gpu)",
+                device=name,
+            )
         from xsched.devices.sim import match_spec
 
         hardware = cpu_model()["brand"] if where == "cpu" else str(self._gpu().get("name", ""))
@@ -120,15 +127,23 @@ class OrtDevice(Device):
         return f"ONNX Runtime {self.ort.__version__} {self.provider} on {what}{threads}"
 
     def fingerprint_parts(self) -> dict[str, str]:
-        parts = {"provider": self.provider, "onnxruntime": self.ort.__version__, "threads": str(self.threads or 0),
-                 "clock": self.clock}  # fmt: skip
+        parts = {
+            "provider": self.provider,
+            "onnxruntime": self.ort.__version__,
+            "threads": str(self.threads or 0),
+            "clock": self.clock,
+        }
         if self.where == "cpu":
             m = cpu_model()
             parts.update(brand=m["brand"], arch=m["arch"], logical_cores=str(m["logical_cores"]))
         else:
             g = self._gpu()
-            parts.update(name=str(g.get("name", "unknown")), memory_bytes=str(g.get("memory_bytes", "unknown")),
-                         driver=str(g.get("driver", "unknown")), cuda=str(getattr(self.ort, "cuda_version", "")))  # fmt: skip
+            parts.update(
+                name=str(g.get("name", "unknown")),
+                memory_bytes=str(g.get("memory_bytes", "unknown")),
+                driver=str(g.get("driver", "unknown")),
+                cuda=str(getattr(self.ort, "cuda_version", "")),
+            )
         return parts
 
     @property
@@ -234,8 +249,11 @@ class OrtDevice(Device):
         rng = np.random.default_rng(seed)
         params = [v for v in op.inputs if graph.value[v].kind == "param"] if self.params_as_initializers else []
         model, fed = op_model(graph, op, params)
-        external = {v: self.ort.OrtValue.ortvalue_from_numpy(example_array(graph, v, rng)) for v in params
-                    if static_array(graph.value[v]) is None}  # fmt: skip
+        external = {
+            v: self.ort.OrtValue.ortvalue_from_numpy(example_array(graph, v, rng))
+            for v in params
+            if static_array(graph.value[v]) is None
+        }
         session = self.session(model, external, optimization="disabled")
         io = session.io_binding()
         for v in fed:
@@ -316,7 +334,14 @@ class OrtDevice(Device):
 @functools.cache
 def _trivial_graph() -> Graph:
     """One Identity on one float: a node that moves (almost) no data."""
-    call = {"format": FORMAT, "domain": "", "op_type": "Identity", "opsets": {"": 17}, "attributes": "",
-            "args": [{"ref": "x"}], "outs": [{"ref": "y"}]}  # fmt: skip
+    call = {
+        "format": FORMAT,
+        "domain": "",
+        "op_type": "Identity",
+        "opsets": {"": 17},
+        "attributes": "",
+        "args": [{"ref": "x"}],
+        "outs": [{"ref": "y"}],
+    }
     values = (Value("x", 4, "input", (1,), "float32"), Value("y", 4, "activation", (1,), "float32"))
     return Graph("trivial", values, (Op("identity", "onnx::Identity", ("x",), ("y",), call=call),), ("y",))

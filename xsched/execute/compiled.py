@@ -236,8 +236,16 @@ def reusable_inputs(graph: Graph, steps: Sequence[Any], watch: frozenset[str]) -
             continue
         x, y = graph.value[first["ref"]], graph.value[op.outputs[0]]
         rest = [*args[1:], *op.call.get("kwargs", {}).values()]
-        if (x.kind != "activation" or x.id in watch or x.id in aliased or (x.id, s.device) in copied
-                or x.shape != y.shape or x.dtype != y.dtype or x.shape is None or _mentions(rest, x.id)):  # fmt: skip
+        if (
+            x.kind != "activation"
+            or x.id in watch
+            or x.id in aliased
+            or (x.id, s.device) in copied
+            or x.shape != y.shape
+            or x.dtype != y.dtype
+            or x.shape is None
+            or _mentions(rest, x.id)
+        ):
             continue
         for t in steps[i + 1 :]:
             if isinstance(t, Free) and t.value == x.id and t.device == s.device:

@@ -95,9 +95,14 @@ class Executor:
         self.random = random_ops(graph)
         self.watch = watch
         self.must_end_on = required_homes(graph, plan.homes)
-        self._homes = [(d, tuple(v for v in graph.inputs if plan.homes[v] == d and graph.value[v].kind != "tangent"),
-                        tuple(v for v in graph.inputs if plan.homes[v] == d and graph.value[v].kind == "tangent"))
-                       for d in self.names]  # fmt: skip
+        self._homes = [
+            (
+                d,
+                tuple(v for v in graph.inputs if plan.homes[v] == d and graph.value[v].kind != "tangent"),
+                tuple(v for v in graph.inputs if plan.homes[v] == d and graph.value[v].kind == "tangent"),
+            )
+            for d in self.names
+        ]
         steps = plan.steps
         self.reuse = reusable_inputs(graph, steps, watch) if inplace else {}
         # the simulator's overlapped model, with the frees that wait only on their compute lane run on it
@@ -118,8 +123,9 @@ class Executor:
         self.fns: list[StepFn] = _Prepare(self, kinds).run() if check else _unchecked(self, kinds)
         # inline slices run as generated programs, unless a custom step kind must see its steps
         self._generate = kinds[Compute] is prepare_compute and kinds[Free] is prepare_free
-        self.prepared = PreparedPlan(graph, plan, dict(self.dev), self.nbytes, self.random, self.recomputed_random,
-                                     dict(self.reuse), watch)  # fmt: skip
+        self.prepared = PreparedPlan(
+            graph, plan, dict(self.dev), self.nbytes, self.random, self.recomputed_random, dict(self.reuse), watch
+        )
         self._programs: dict[tuple[int, int], StepFn] = {}
         self._groups: dict[tuple[int, int], list[tuple[int, ...]]] = {}
         self._cuts: dict[tuple[int, int], list[tuple[int, int]]] = {}

@@ -50,8 +50,13 @@ class ReferenceRun(PlanInterpreter):
 
     stage = "execute"
 
-    def __init__(self, graph: Graph, plan: Plan, env: Mapping[str, torch.Tensor],
-                 devices: Mapping[str, torch.device | str] | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        graph: Graph,
+        plan: Plan,
+        env: Mapping[str, torch.Tensor],
+        devices: Mapping[str, torch.device | str] | None,
+    ) -> None:
         super().__init__(graph, plan, check_budgets=True)
         self.dev = {d: torch_device(d, devices) for d in self.devices}
         self.stores: dict[str, dict[str, torch.Tensor]] = {d: {} for d in self.devices}
@@ -72,8 +77,11 @@ class ReferenceRun(PlanInterpreter):
                 raise XschedError(
                     f"random op first ran on a {kind} device; recomputing it on {device.type} cannot reproduce its "
                     "numbers",
-                    stage="execute", step=i, op=op.id, device=s.device,
-                )  # fmt: skip
+                    stage="execute",
+                    step=i,
+                    op=op.id,
+                    device=s.device,
+                )
             resume = get_rng(device)
             set_rng(device, state)
         elif is_random(op):

@@ -62,10 +62,13 @@ class RunReport:
             return "-" if x is None else f"{x * 1e3:.3f} ms"
 
         rows = [
-            ("iteration time", f"{secs(self.predicted_time_s)} seq / {secs(self.predicted_makespan_s)} overlap",
-             f"{secs(self.time_s)} (median of {self.iters} after {self.warmup_iters} warm-up, spread "
-             f"{100 * self.spread:.1f}%)"),
-        ]  # fmt: skip
+            (
+                "iteration time",
+                f"{secs(self.predicted_time_s)} seq / {secs(self.predicted_makespan_s)} overlap",
+                f"{secs(self.time_s)} (median of {self.iters} after {self.warmup_iters} warm-up, spread "
+                f"{100 * self.spread:.1f}%)",
+            ),
+        ]
         for d, b in self.peak_bytes.items():
             want = self.predicted_peak_bytes.get(d)
             rows.append(

@@ -69,16 +69,20 @@ class Compiled:
         self.held_tensors = [t for _, t, snap in self.held if not snap]
         self.snapshots = [(v, t) for v, t, snap in self.held if snap]
         g, ex = self.graph, self.executor
-        self.tangents = [(v, int((g.value[v].name or "").split(":")[1]), g.value[v].shape or (),
-                          getattr(torch, g.value[v].dtype)) for v in g.inputs if g.value[v].kind == "tangent"]  # fmt: skip
+        self.tangents = [
+            (v, int((g.value[v].name or "").split(":")[1]), g.value[v].shape or (), getattr(torch, g.value[v].dtype))
+            for v in g.inputs
+            if g.value[v].kind == "tangent"
+        ]
         self.out_get = [(r["ref"], {d: getter(r, ex.dev[d]) for d in ex.names}) for r in g.extra["forward_outputs"]]
         self.grad_ids = tuple(dict.fromkeys(r["ref"] for r in self.grad_refs if r is not None))
         ends = ex.must_end_on
         homes = {ends.get(v) for v in self.grad_ids}
         self.grads_home = homes.pop() if len(homes) == 1 and None not in homes else None  # all on one device?
         # store -> the grad of each autograd input (None where it has none), views applied, in one generated call
-        self.grads_of = gather(self.grad_refs, [ex.dev[ends.get(r["ref"], ex.names[0])] if r else None
-                                                for r in self.grad_refs])  # fmt: skip
+        self.grads_of = gather(
+            self.grad_refs, [ex.dev[ends.get(r["ref"], ex.names[0])] if r else None for r in self.grad_refs]
+        )
         first: dict[str, int] = {}  # value -> the step that first computes it (buffer updates are written then)
         for i, s in enumerate(self.plan.steps):
             if isinstance(s, Compute):
@@ -140,8 +144,9 @@ class _Run:
         for vid, get in self.c.out_get:
             t = next((get[d](s.tensors) for d, s in stores if vid in s.tensors), None)
             if t is None:
-                raise XschedError("a forward output is not resident at the autograd boundary", stage="execute",
-                                  value=vid)  # fmt: skip
+                raise XschedError(
+                    "a forward output is not resident at the autograd boundary", stage="execute", value=vid
+                )
             outs.append(t.detach() if t.requires_grad else t)
         return tuple(outs)
 
@@ -251,8 +256,9 @@ class XschedModule(nn.Module):
     def _compile(self, key: tuple, inputs: tuple, *, inference: bool, plan: Plan | None = None) -> Compiled:
         graph = capture(self.module, inputs, inference=inference, name=type(self.module).__name__)
         if plan is None:
-            plan = solve_plan(graph, self.budgets, self.devices or None, self.method, self.profile, self.time_limit,
-                              self.profile_dir)  # fmt: skip
+            plan = solve_plan(
+                graph, self.budgets, self.devices or None, self.method, self.profile, self.time_limit, self.profile_dir
+            )
         spec, leaves = _output_spec(self.module, inputs)
         c = self._bindings(graph, plan, inputs, spec, leaves)
         self.compiled[key] = c
@@ -282,8 +288,18 @@ class XschedModule(nn.Module):
         refs = [grads.get(n) for n in trained] + [input_grads.get(i) for i in tensors]
         watch = frozenset(r["ref"] for r in updates.values())
         ex = Executor(graph, plan, watch=watch, inplace=self.inplace)
-        return Compiled(graph, plan, ex, spec, leaves, [params[n] for n in trained], refs, held, fed,
-                        [(r, buffers[n]) for n, r in updates.items()])  # fmt: skip
+        return Compiled(
+            graph,
+            plan,
+            ex,
+            spec,
+            leaves,
+            [params[n] for n in trained],
+            refs,
+            held,
+            fed,
+            [(r, buffers[n]) for n, r in updates.items()],
+        )
 
     def _get(self, mode: str, inputs: tuple) -> Compiled:
         key = (mode, _signature(inputs))
@@ -327,8 +343,10 @@ def _read_after_update(graph: Graph, plan: Plan) -> set[str]:
 
 
 def _describe(inputs: tuple) -> str:
-    return ", ".join(f"{list(x.shape)}:{str(x.dtype).removeprefix('torch.')}" if isinstance(x, torch.Tensor) else repr(x)
-                     for x in inputs)  # fmt: skip
+    return ", ".join(
+        f"{list(x.shape)}:{str(x.dtype).removeprefix('torch.')}" if isinstance(x, torch.Tensor) else repr(x)
+        for x in inputs
+    )
 
 
 def wrap(
@@ -345,5 +363,6 @@ def wrap(
 ) -> XschedModule:
     """`model` as a module whose training steps run an xsched plan within `budgets` (see XschedModule): method
     "auto" by default, within `time_limit` seconds (default 60), on costs measured once and cached (`profile`)."""
-    return XschedModule(model, example_inputs, budgets, devices, method, time_limit, profile, plan, inplace,
-                        profile_dir)  # fmt: skip
+    return XschedModule(
+        model, example_inputs, budgets, devices, method, time_limit, profile, plan, inplace, profile_dir
+    )

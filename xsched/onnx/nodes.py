@@ -22,18 +22,34 @@ from xsched.graph import Graph, Op, Value
 FORMAT = "onnx"
 # ONNX TensorProto element type -> (dtype name as torch spells it, bytes per element)
 ELEM_TYPES: dict[int, tuple[str, int]] = {
-    1: ("float32", 4), 2: ("uint8", 1), 3: ("int8", 1), 4: ("uint16", 2), 5: ("int16", 2), 6: ("int32", 4),
-    7: ("int64", 8), 9: ("bool", 1), 10: ("float16", 2), 11: ("float64", 8), 12: ("uint32", 4), 13: ("uint64", 8),
-    14: ("complex64", 8), 15: ("complex128", 16), 16: ("bfloat16", 2), 17: ("float8_e4m3fn", 1),
-    18: ("float8_e4m3fnuz", 1), 19: ("float8_e5m2", 1), 20: ("float8_e5m2fnuz", 1),
-}  # fmt: skip
+    1: ("float32", 4),
+    2: ("uint8", 1),
+    3: ("int8", 1),
+    4: ("uint16", 2),
+    5: ("int16", 2),
+    6: ("int32", 4),
+    7: ("int64", 8),
+    9: ("bool", 1),
+    10: ("float16", 2),
+    11: ("float64", 8),
+    12: ("uint32", 4),
+    13: ("uint64", 8),
+    14: ("complex64", 8),
+    15: ("complex128", 16),
+    16: ("bfloat16", 2),
+    17: ("float8_e4m3fn", 1),
+    18: ("float8_e4m3fnuz", 1),
+    19: ("float8_e5m2", 1),
+    20: ("float8_e5m2fnuz", 1),
+}
 ELEM_TYPE_OF = {name: t for t, (name, _) in ELEM_TYPES.items()}
 FLOATING = frozenset({"float32", "float16", "float64", "bfloat16", "complex64", "complex128"})
 # nodes whose ONNX Runtime kernels write their output into their input's memory (in a session they move no data)
 ALIAS_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
 # nodes that draw random numbers: running one again gives other numbers, so a plan may not recompute them
-RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
-                        "Bernoulli"})  # fmt: skip
+RANDOM_OPS = frozenset(
+    {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
+)
 
 
 def require(module: str, stage: str = "onnx") -> ModuleType:

@@ -41,17 +41,29 @@ class PlacedSession:
     inside each session ("all", "extended", "basic", "disabled").
     """
 
-    def __init__(self, model: str | Path | Any, budgets: Mapping[str, str | int] | None = None,
-                 providers: Sequence[Any] | None = None, *, shapes: Mapping[str, Sequence[int]] | None = None,
-                 method: str = "auto", time_limit: float | None = None, profile: Profile | str = "measure",
-                 profile_dir: str | None = None, optimization: str = "all") -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: str | Path | Any,
+        budgets: Mapping[str, str | int] | None = None,
+        providers: Sequence[Any] | None = None,
+        *,
+        shapes: Mapping[str, Sequence[int]] | None = None,
+        method: str = "auto",
+        time_limit: float | None = None,
+        profile: Profile | str = "measure",
+        profile_dir: str | None = None,
+        optimization: str = "all",
+    ) -> None:
         self.model, _ = load_model(model)
         self.devices = device_names(providers)
         self.budgets = dict(budgets) if budgets else {d: "100%" for d in self.devices}
         unknown = sorted(set(self.budgets) - set(self.devices))
         if unknown:
-            raise XschedError(f"budget for {', '.join(unknown)}, which is not among the providers' devices "
-                              f"{', '.join(self.devices)}", stage="execute", device=unknown[0])  # fmt: skip
+            raise XschedError(
+                f"budget for {', '.join(unknown)}, which is not among the providers' devices {', '.join(self.devices)}",
+                stage="execute",
+                device=unknown[0],
+            )
         self.method, self.time_limit, self.profile = method, time_limit, profile
         self.profile_dir, self.optimization = profile_dir, optimization
         params = {t.name for t in self.model.graph.initializer}
@@ -85,14 +97,20 @@ class PlacedSession:
         extra = sorted(set(input_feed) - set(self.input_names))
         if missing or extra:
             what = f"missing inputs {', '.join(missing)}" if missing else f"unknown inputs {', '.join(extra)}"
-            raise XschedError(f"{what}; the model's inputs are {', '.join(self.input_names)}", stage="execute",
-                              value=(missing or extra)[0])  # fmt: skip
+            raise XschedError(
+                f"{what}; the model's inputs are {', '.join(self.input_names)}",
+                stage="execute",
+                value=(missing or extra)[0],
+            )
         feeds = {n: np.asarray(input_feed[n]) for n in self.input_names}
         names = list(output_names) if output_names else self.output_names
         bad = [n for n in names if n not in self.output_names]
         if bad:
-            raise XschedError(f"unknown output {bad[0]}; the model's outputs are {', '.join(self.output_names)}",
-                              stage="execute", value=bad[0])  # fmt: skip
+            raise XschedError(
+                f"unknown output {bad[0]}; the model's outputs are {', '.join(self.output_names)}",
+                stage="execute",
+                value=bad[0],
+            )
         placed = self._get({n: tuple(a.shape) for n, a in feeds.items()})
         for n, a in feeds.items():
             want = np.dtype(np_dtype(placed.graph.value[n].dtype or "float32"))
@@ -109,8 +127,9 @@ class PlacedSession:
 
     def _compile(self, shapes: Mapping[str, Sequence[int]]) -> Placed:
         graph = capture_onnx(self.model, shapes, name=self.model.graph.name or "onnx")
-        plan = solve_plan(graph, self.budgets, self.devices, self.method, self.profile, self.time_limit,
-                          self.profile_dir)  # fmt: skip
+        plan = solve_plan(
+            graph, self.budgets, self.devices, self.method, self.profile, self.time_limit, self.profile_dir
+        )
         placed = Placed(graph, plan, OrtExecutor(graph, plan, self.model, optimization=self.optimization))
         self.placed[_key(graph, self.input_names)] = placed
         if self._first is None:
@@ -127,8 +146,10 @@ def device_names(providers: Sequence[Any] | None) -> list[str]:
             base = PROVIDER_DEVICES[name]
             name = f"{base}:{options.get('device_id', 0)}" if base == "ort:cuda" else base
         elif not str(name).startswith("ort:"):
-            raise XschedError(f"unknown provider {name!r}: give CPUExecutionProvider, CUDAExecutionProvider or "
-                              "ort:cpu / ort:cuda:N", stage="execute")  # fmt: skip
+            raise XschedError(
+                f"unknown provider {name!r}: give CPUExecutionProvider, CUDAExecutionProvider or ort:cpu / ort:cuda:N",
+                stage="execute",
+            )
         if name not in names:
             names.append(str(name))
     return names

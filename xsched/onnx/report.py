@@ -54,8 +54,10 @@ class OnnxRunReport:
         for d, b in self.peak_bytes.items():
             budget = self.budgets.get(d)
             of = f" of budget {format_bytes(budget)}" if budget is not None else ""
-            lines.append(f"  peak {d:<12} plan {format_bytes(self.predicted_peak_bytes.get(d, 0))}, executor "
-                         f"{format_bytes(b)}{of}")  # fmt: skip
+            lines.append(
+                f"  peak {d:<12} plan {format_bytes(self.predicted_peak_bytes.get(d, 0))}, executor "
+                f"{format_bytes(b)}{of}"
+            )
         lines.append(f"  outputs   largest difference from the plain session {self.max_abs_diff:.3g}")
         return "\n".join(lines)
 
@@ -67,9 +69,18 @@ def example_feeds(graph: Graph, seed: int = 0) -> dict[str, Any]:
     return {v: example_array(graph, v, rng) for v in graph.inputs if graph.value[v].kind == "input"}
 
 
-def measure_onnx(graph: Graph, plan: Plan, model: Any, feeds: Mapping[str, Any] | None = None,
-                 profile: Profile | None = None, *, iters: int = 10, warmup: int | None = None, optimization: str = "all",
-                 predicted_from: str | None = None) -> OnnxRunReport:  # fmt: skip
+def measure_onnx(
+    graph: Graph,
+    plan: Plan,
+    model: Any,
+    feeds: Mapping[str, Any] | None = None,
+    profile: Profile | None = None,
+    *,
+    iters: int = 10,
+    warmup: int | None = None,
+    optimization: str = "all",
+    predicted_from: str | None = None,
+) -> OnnxRunReport:
     """Run the plan and a plain session of `model` on the plan's providers with `feeds` (default example_feeds),
     alternating: `warmup` times each (default: until their run times settle), then `iters` times measured."""
     np = require("numpy", "execute")
@@ -88,8 +99,9 @@ def measure_onnx(graph: Graph, plan: Plan, model: Any, feeds: Mapping[str, Any] 
         return plain.run(None, feeds)
 
     got, want = ex(feeds), dict(zip(names, ordinary()))
-    diff = max((float(np.max(np.abs(got[k].astype(np.float64) - want[k]))) if got[k].size else 0.0 for k in want),
-               default=0.0)  # fmt: skip
+    diff = max(
+        (float(np.max(np.abs(got[k].astype(np.float64) - want[k]))) if got[k].size else 0.0 for k in want), default=0.0
+    )
     warm_up(lambda: (placed(), ordinary()), warmup)
     times: dict[str, list[float]] = {"placed": [], "plain": []}
     for _ in range(iters):
@@ -98,9 +110,18 @@ def measure_onnx(graph: Graph, plan: Plan, model: Any, feeds: Mapping[str, Any] 
             call()
             times[key].append(time.perf_counter() - t0)
     return OnnxRunReport(
-        graph=graph.name, method=plan.solver.method, iters=iters, time_s=statistics.median(times["placed"]),
-        plain_time_s=statistics.median(times["plain"]), predicted_time_s=sim.time_s,
-        predicted_makespan_s=sim.makespan_s, predicted_peak_bytes=dict(sim.peak_bytes), peak_bytes=ex.peak_bytes,
-        budgets=dict(plan.budgets), segments=len(ex.segments), sessions=len(set(map(id, ex.sessions.values()))),
-        max_abs_diff=diff, predicted_from=predicted_from or ("the profile" if profile else "no profile"),
-    )  # fmt: skip
+        graph=graph.name,
+        method=plan.solver.method,
+        iters=iters,
+        time_s=statistics.median(times["placed"]),
+        plain_time_s=statistics.median(times["plain"]),
+        predicted_time_s=sim.time_s,
+        predicted_makespan_s=sim.makespan_s,
+        predicted_peak_bytes=dict(sim.peak_bytes),
+        peak_bytes=ex.peak_bytes,
+        budgets=dict(plan.budgets),
+        segments=len(ex.segments),
+        sessions=len(set(map(id, ex.sessions.values()))),
+        max_abs_diff=diff,
+        predicted_from=predicted_from or ("the profile" if profile else "no profile"),
+    )

@@ -88,8 +88,15 @@ class _Segmenter(PlanInterpreter):
 
     stage = "execute"
 
-    def __init__(self, graph: Graph, plan: Plan, devices: Mapping[str, OrtDevice], *, check_budgets: bool,
-                 cuts: frozenset[int] = frozenset()) -> None:  # fmt: skip
+    def __init__(
+        self,
+        graph: Graph,
+        plan: Plan,
+        devices: Mapping[str, OrtDevice],
+        *,
+        check_budgets: bool,
+        cuts: frozenset[int] = frozenset(),
+    ) -> None:
         super().__init__(graph, plan, check_budgets=check_budgets)
         self.dev, self.cuts = devices, cuts
         self.open: dict[str, _Open] = {}
@@ -110,8 +117,12 @@ class _Segmenter(PlanInterpreter):
 
     def on_compute(self, i: int, s: Compute, op: Op) -> None:
         if op_type(op) in RANDOM_OPS and op.id in self.computed:
-            raise self.error(f"{op_type(op)} recomputed: ONNX Runtime cannot draw its numbers again", step=i,
-                             op=op.id, device=s.device)  # fmt: skip
+            raise self.error(
+                f"{op_type(op)} recomputed: ONNX Runtime cannot draw its numbers again",
+                step=i,
+                op=op.id,
+                device=s.device,
+            )
         seg = self.open.get(s.device)
         if seg is not None and any(v in seg.deferred for v in op.outputs):  # its deferred free must come first
             self._close(s.device, i)
@@ -163,13 +174,24 @@ class _Segmenter(PlanInterpreter):
         seg = self.open.pop(device)
         here = self.resident[device]
         inline_ok = self.dev[device].params_as_initializers
-        params = tuple(v for v in seg.reads if self._param_here(v, device) and
-                       (inline_ok or static_array(self.graph.value[v]) is not None))  # fmt: skip
+        params = tuple(
+            v
+            for v in seg.reads
+            if self._param_here(v, device) and (inline_ok or static_array(self.graph.value[v]) is not None)
+        )
         outputs = tuple(v for v in seg.name if v in here)
         feeds = tuple(v for v in seg.reads if v not in params)
         if outputs:  # a segment whose values all die inside it has nothing to run for
-            segment = Segment(device, tuple(seg.steps), tuple(seg.ops), tuple(seg.renames), feeds, params, outputs,
-                              tuple(seg.name[v] for v in outputs))  # fmt: skip
+            segment = Segment(
+                device,
+                tuple(seg.steps),
+                tuple(seg.ops),
+                tuple(seg.renames),
+                feeds,
+                params,
+                outputs,
+                tuple(seg.name[v] for v in outputs),
+            )
             self._emit(segment, seg.steps[0], i - 1, inexact=device if seg.deferred else None)
         last = len(seg.deferred) - 1
         for k, v in enumerate(seg.deferred):
@@ -185,8 +207,16 @@ class OrtExecutor:
     its initializers are the params). `devices` maps plan devices to ORT devices (default: the plan's names,
     which must be ort:* devices). `optimization`: ONNX Runtime's graph optimisation level in each session."""
 
-    def __init__(self, graph: Graph, plan: Plan, model: Any, *, devices: Mapping[str, str] | None = None,
-                 optimization: str = "all", check: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        graph: Graph,
+        plan: Plan,
+        model: Any,
+        *,
+        devices: Mapping[str, str] | None = None,
+        optimization: str = "all",
+        check: bool = True,
+    ) -> None:
         self.graph, self.plan, self.optimization = graph, plan, optimization
         self.device_names = {d: (devices or {}).get(d, d) for d in plan.devices}
         self.dev = {d: _ort_device(d, name) for d, name in self.device_names.items()}
@@ -228,8 +258,11 @@ class OrtExecutor:
             if self.graph.value[v].kind != "param":
                 continue
             if v not in found:
-                raise XschedError("the model has no initializer for this param: is it the model the graph was "
-                                  "captured from?", stage="execute", value=v)  # fmt: skip
+                raise XschedError(
+                    "the model has no initializer for this param: is it the model the graph was captured from?",
+                    stage="execute",
+                    value=v,
+                )
             params[v] = self.dev[self.plan.homes[v]].put(onnx.numpy_helper.to_array(found[v]))
         return params
 
@@ -247,17 +280,29 @@ class OrtExecutor:
             inline = {v: static_array(self.graph.value[v]) for v in seg.params}
             external = [v for v, a in inline.items() if a is None]
             inline = {v: a for v, a in inline.items() if a is not None}
-            model = build_model(self.graph, seg.ops, seg.feeds, seg.outputs, initializers=inline, external=external,
-                                renames=seg.renames, output_names=seg.output_names,
-                                name=f"{self.graph.name}:{seg.device}:{seg.ops[0]}")  # fmt: skip
+            model = build_model(
+                self.graph,
+                seg.ops,
+                seg.feeds,
+                seg.outputs,
+                initializers=inline,
+                external=external,
+                renames=seg.renames,
+                output_names=seg.output_names,
+                name=f"{self.graph.name}:{seg.device}:{seg.ops[0]}",
+            )
             try:
                 self._sessions[key] = self.dev[seg.device].session(
                     model, {v: self.params[v] for v in external}, self.optimization
                 )
             except Exception as e:  # ONNX Runtime's message names the node it cannot place
-                raise XschedError(f"ONNX Runtime cannot build the session of ops {seg.ops[0]}..{seg.ops[-1]}: "
-                                  f"{_line(e)}", stage="execute", step=seg.steps[0], op=seg.ops[0],
-                                  device=seg.device) from e  # fmt: skip
+                raise XschedError(
+                    f"ONNX Runtime cannot build the session of ops {seg.ops[0]}..{seg.ops[-1]}: {_line(e)}",
+                    stage="execute",
+                    step=seg.steps[0],
+                    op=seg.ops[0],
+                    device=seg.device,
+                ) from e
         return self._sessions[key]
 
     # ---- running ----
@@ -306,8 +351,13 @@ class OrtExecutor:
         want = self.graph.value[v].shape
         if tuple(x.shape()) != want:
             what = "fed" if step is None else "made"
-            raise XschedError(f"{what} with shape {list(x.shape())}, the graph's is {list(want or ())}",
-                              stage="execute", step=step, value=v, device=device)  # fmt: skip
+            raise XschedError(
+                f"{what} with shape {list(x.shape())}, the graph's is {list(want or ())}",
+                stage="execute",
+                step=step,
+                value=v,
+                device=device,
+            )
 
     def _run_segment(self, k: int, store: Mapping[str, Any]) -> list[Any]:
         a = self.actions[k]
@@ -315,8 +365,13 @@ class OrtExecutor:
         try:
             return self.dev[seg.device].run(self.sessions[k], {v: store[v] for v in seg.feeds}, seg.output_names)
         except Exception as e:
-            raise XschedError(f"ONNX Runtime failed running ops {seg.ops[0]}..{seg.ops[-1]}: {_line(e)}",
-                              stage="execute", step=a.step, op=seg.ops[0], device=seg.device) from e  # fmt: skip
+            raise XschedError(
+                f"ONNX Runtime failed running ops {seg.ops[0]}..{seg.ops[-1]}: {_line(e)}",
+                stage="execute",
+                step=a.step,
+                op=seg.ops[0],
+                device=seg.device,
+            ) from e
 
     def __call__(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         """Graph outputs as numpy arrays."""
@@ -326,8 +381,12 @@ class OrtExecutor:
 def _ort_device(plan_device: str, name: str) -> OrtDevice:
     dev = get_device(name)
     if not isinstance(dev, OrtDevice):
-        raise XschedError(f"plan device {plan_device} runs on {name}, not an ONNX Runtime device: plan on "
-                          "ort:cpu / ort:cuda:N, or map it with devices=", stage="execute", device=plan_device)  # fmt: skip
+        raise XschedError(
+            f"plan device {plan_device} runs on {name}, not an ONNX Runtime device: plan on "
+            "ort:cpu / ort:cuda:N, or map it with devices=",
+            stage="execute",
+            device=plan_device,
+        )
     return dev
 
 

@@ -106,9 +106,11 @@ def build_report(
     out.mkdir(parents=True, exist_ok=True)
     s, secs = settings.sweep, settings.sections
     first = machines[0]
-    total = (len(first.devices) * count(s) if "sweep" in secs else 0) + (
-        len(machines) * (count(s) + len(s.methods)) if "whatif" in secs else 0
-    ) + (len(machines) * energy.count(settings.alphas, settings.caps) if "energy" in secs else 0)  # fmt: skip
+    total = (
+        (len(first.devices) * count(s) if "sweep" in secs else 0)
+        + (len(machines) * (count(s) + len(s.methods)) if "whatif" in secs else 0)
+        + (len(machines) * energy.count(settings.alphas, settings.caps) if "energy" in secs else 0)
+    )
     bar = tqdm(total=total, desc=f"report {graph.name}", unit="plan", disable=None if settings.progress else True)
     files: dict[str, Path] = {}
     sections: list[html.Section] = []
@@ -141,23 +143,39 @@ def build_report(
     files["report.html"] = out / "report.html"
     files["report.html"].write_text(_page(graph, profile, machines, settings, peak, sections, built, command))
     files["report.json"] = out / "report.json"
-    summary.update({"html": str(files["report.html"]), "files": {k: str(v) for k, v in files.items()},
-                    "settings": data.plain(settings), "command": command,
-                    "build_s": round(time.perf_counter() - t0, 2)})  # fmt: skip
+    summary.update(
+        {
+            "html": str(files["report.html"]),
+            "files": {k: str(v) for k, v in files.items()},
+            "settings": data.plain(settings),
+            "command": command,
+            "build_s": round(time.perf_counter() - t0, 2),
+        }
+    )
     data.write_json(files["report.json"], summary)
     return Report(files["report.html"], files, summary)
 
 
-def _page(graph: Graph, profile: Profile, machines: Sequence[Machine], settings: ReportSettings, peak: int,
-          sections: list[html.Section], built: str, command: str) -> str:  # fmt: skip
+def _page(
+    graph: Graph,
+    profile: Profile,
+    machines: Sequence[Machine],
+    settings: ReportSettings,
+    peak: int,
+    sections: list[html.Section],
+    built: str,
+    command: str,
+) -> str:
     """The page around the sections: what was planned, from which costs, and how the report was made."""
     s = settings.sweep
     overview = html.Table(
         "Devices: where each one's costs come from",
         ("device", "memory", "op costs", "energy"),
-        tuple((d, format_bytes(profile.devices[d].memory_bytes), cost_source(profile, d),
-               energy_of(profile, d)) for d in union_devices(machines)),
-    )  # fmt: skip
+        tuple(
+            (d, format_bytes(profile.devices[d].memory_bytes), cost_source(profile, d), energy_of(profile, d))
+            for d in union_devices(machines)
+        ),
+    )
     g = graph_summary(graph)
     phases = ", ".join(f"{n} {p}" for p, n in g["phases"].items())
     intro = [
@@ -173,11 +191,23 @@ def _page(graph: Graph, profile: Profile, machines: Sequence[Machine], settings:
 
 def _machine_summary(r: Any) -> dict[str, Any]:
     best = r.best
-    return {"machine": r.machine.label, "devices": list(r.machine.devices), "budgets": dict(r.budgets),
-            "costs": dict(r.sources), "energy": r.energy,
-            "best": None if best is None else {"method": best.method, "found_by": best.found_by,
-                                               "time_s": best.time_s, "makespan_s": best.makespan_s,
-                                               "energy_j": best.energy_j, "peak_bytes": dict(best.peak_bytes)}}  # fmt: skip
+    return {
+        "machine": r.machine.label,
+        "devices": list(r.machine.devices),
+        "budgets": dict(r.budgets),
+        "costs": dict(r.sources),
+        "energy": r.energy,
+        "best": None
+        if best is None
+        else {
+            "method": best.method,
+            "found_by": best.found_by,
+            "time_s": best.time_s,
+            "makespan_s": best.makespan_s,
+            "energy_j": best.energy_j,
+            "peak_bytes": dict(best.peak_bytes),
+        },
+    }
 
 
 def _save(out: Path, files: dict[str, Path], stem: str, rows: list[dict[str, Any]], raw: Any) -> tuple[str, str]:
@@ -190,13 +220,22 @@ def _sweep_section(sweeps: list, s: SweepSettings, machine: Machine, out: Path, 
     points = [p for x in sweeps for p in x.points]
     names = _save(out, files, "sweep", [data.row(p) for p in points], sweeps)
     m0 = s.methods[0]
-    header = ("budget", *(f"{m} time" for m in s.methods), f"{m0} status", f"{m0} makespan", f"{m0} energy",
-              *(f"{m0} peak {d}" for d in machine.devices))  # fmt: skip
+    header = (
+        "budget",
+        *(f"{m} time" for m in s.methods),
+        f"{m0} status",
+        f"{m0} makespan",
+        f"{m0} energy",
+        *(f"{m0} peak {d}" for d in machine.devices),
+    )
     tables = tuple(
-        html.Table(f"{x.machine}: budget of {x.label} (the other devices at their base budgets)", header,
-                   data.sweep_cells(x.points, s.methods, machine.devices))
+        html.Table(
+            f"{x.machine}: budget of {x.label} (the other devices at their base budgets)",
+            header,
+            data.sweep_cells(x.points, s.methods, machine.devices),
+        )
         for x in sweeps
-    )  # fmt: skip
+    )
     fig = html.Figure(
         "fig-sweep",
         plots.sweep_figure(sweeps, s.methods),
@@ -206,8 +245,10 @@ def _sweep_section(sweeps: list, s: SweepSettings, machine: Machine, out: Path, 
         "the peak of the plain eager schedule. eager: that schedule on the fastest single device it fits; greedy: "
         "accelerate-style, the devices filled in order; checkpoint: recomputation searched on one device.",
     )
-    intro = (f"How much time each byte of budget buys. {plots.budget_note(points)}; the solver's plan and the "
-             "baselines at each budget, every plan checked by the simulator.")  # fmt: skip
+    intro = (
+        f"How much time each byte of budget buys. {plots.budget_note(points)}; the solver's plan and the "
+        "baselines at each budget, every plan checked by the simulator."
+    )
     return html.Section("sweep", "Budget sweep", intro, (fig,), tables, names)
 
 
@@ -215,19 +256,30 @@ def _whatif_section(results: list, s: SweepSettings, out: Path, files: dict) -> 
     rows = [data.row(p) for r in results for p in (*r.points, *r.sweep.points)]
     names = _save(out, files, "whatif", rows, results)
     m0 = s.methods[0]
-    header = ("machine", *(f"{m} time" for m in s.methods), f"{m0} status", f"{m0} makespan", f"{m0} energy",
-              f"{m0} peaks", "base budgets")  # fmt: skip
-    sources = html.Table("Where each machine's numbers come from", ("machine", "op costs per device", "energy"),
-                         tuple((r.machine.label, "; ".join(f"{d}: {c}" for d, c in r.sources.items()), r.energy)
-                               for r in results))  # fmt: skip
+    header = (
+        "machine",
+        *(f"{m} time" for m in s.methods),
+        f"{m0} status",
+        f"{m0} makespan",
+        f"{m0} energy",
+        f"{m0} peaks",
+        "base budgets",
+    )
+    sources = html.Table(
+        "Where each machine's numbers come from",
+        ("machine", "op costs per device", "energy"),
+        tuple((r.machine.label, "; ".join(f"{d}: {c}" for d, c in r.sources.items()), r.energy) for r in results),
+    )
     fig = html.Figure(
         "fig-whatif",
         plots.whatif_figure(results, s.method),
         "Left: predicted time against the budget of each machine's accelerators (all set to it together; the other "
         "devices at their base budgets). Right: the fastest plan of each machine at its base budgets, its energy.",
     )
-    intro = ("The same graph planned for each machine from one profile: measured costs where the device is this "
-             "machine's, the roofline model of the device's spec where it is simulated.")  # fmt: skip
+    intro = (
+        "The same graph planned for each machine from one profile: measured costs where the device is this "
+        "machine's, the roofline model of the device's spec where it is simulated."
+    )
     table = html.Table("Each machine at its base budgets", header, data.machine_cells(results, s.methods))
     return html.Section("whatif", "Device what-if", intro, (fig,), (table, sources), names)
 
@@ -236,10 +288,13 @@ def _energy_section(studies: list[energy.EnergyStudy], out: Path, files: dict) -
     rows = [{"machine": x.machine, **data.row(p)} for x in studies for p in x.points]
     names = _save(out, files, "energy", rows, studies)
     sources = "; ".join(sorted({x.source for x in studies}))
-    fig = html.Figure("fig-energy", plots.energy_figure(studies),
-                      f"{sources}. Left: each machine's plans minimising time + alpha x energy for growing alpha "
-                      "(u: the fastest plan's time over its energy). Right: the fastest plan whose energy is within "
-                      "each cap; crosses: caps under which no plan was found.")  # fmt: skip
+    fig = html.Figure(
+        "fig-energy",
+        plots.energy_figure(studies),
+        f"{sources}. Left: each machine's plans minimising time + alpha x energy for growing alpha "
+        "(u: the fastest plan's time over its energy). Right: the fastest plan whose energy is within "
+        "each cap; crosses: caps under which no plan was found.",
+    )
     tables = []
     for x in studies:
         budgets = ", ".join(f"{d} {format_bytes(b)}" for d, b in x.budgets.items())
@@ -257,8 +312,9 @@ def _energy_section(studies: list[energy.EnergyStudy], out: Path, files: dict) -
     return html.Section("energy", "Energy", intro, (fig,), tuple(tables), names)
 
 
-def _picture_plan(graph: Graph, profile: Profile, machine: Machine, peak: int, s: SweepSettings,
-                  cache: Sweeps) -> tuple[Plan, str]:  # fmt: skip
+def _picture_plan(
+    graph: Graph, profile: Profile, machine: Machine, peak: int, s: SweepSettings, cache: Sweeps
+) -> tuple[Plan, str]:
     """The plan to picture: from the machine's accelerator sweep, the solver's plan at the knee of the curve (the
     smallest budget whose plan is within KNEE of the fastest: where recomputation and copies buy memory cheaply);
     without that sweep, at the base budgets."""
@@ -287,16 +343,25 @@ def _pictures_section(graph: Graph, profile: Profile, plan: Plan, why: str, out:
     files["predicted-trace.json"] = write_trace(predicted_trace(graph, plan, profile), out / "predicted-trace.json")
     method = f"{plan.solver.method} ({plan.solver.status})"
     figs = (
-        html.Figure("fig-matrices", pictures.matrices_figure(graph, plan, w),
-                    "Compute (left) and keep (right) matrices of each device the plan uses. Stage t ends with the "
-                    "first compute of the t-th op; a cell is an op computed in that stage (orange squares: again) "
-                    "or a value resident as it starts."),
-        html.Figure("fig-memory", pictures.memory_figure(graph, plan, w),
-                    "Bytes resident on each device after each step, over the sequential time; the triangle marks "
-                    "the peak, which counts a running op's outputs and workspace."),
-        html.Figure("fig-timeline", pictures.timeline_figure(graph, plan, w),
-                    "The compute and copy lanes of the overlapped model (xsched.lanes): when each step runs."),
-    )  # fmt: skip
+        html.Figure(
+            "fig-matrices",
+            pictures.matrices_figure(graph, plan, w),
+            "Compute (left) and keep (right) matrices of each device the plan uses. Stage t ends with the "
+            "first compute of the t-th op; a cell is an op computed in that stage (orange squares: again) "
+            "or a value resident as it starts.",
+        ),
+        html.Figure(
+            "fig-memory",
+            pictures.memory_figure(graph, plan, w),
+            "Bytes resident on each device after each step, over the sequential time; the triangle marks "
+            "the peak, which counts a running op's outputs and workspace.",
+        ),
+        html.Figure(
+            "fig-timeline",
+            pictures.timeline_figure(graph, plan, w),
+            "The compute and copy lanes of the overlapped model (xsched.lanes): when each step runs.",
+        ),
+    )
     intro = (
         f"The plan {method} for {why}: {len(plan.steps)} steps, {w.result.computes} computes, "
         f"{w.result.copies} copies. predicted-trace.json holds the same lanes as a Chrome trace (open it in "

@@ -71,14 +71,20 @@ def sweep_cells(points: Sequence[Point], methods: Sequence[str], devices: Sequen
     by = {(p.budget_bytes, p.method): p for p in points}
     rows = []
     for b in sorted({p.budget_bytes for p in points}):
-        times = [fmt_seconds(p.time_s) if (p := by.get((b, m))) is not None and p.ok else p.status if p else "-"
-                 for m in methods]  # fmt: skip
+        times = [
+            fmt_seconds(p.time_s) if (p := by.get((b, m))) is not None and p.ok else p.status if p else "-"
+            for m in methods
+        ]
         main = by.get((b, methods[0]))
         if main is None or not main.ok:
             rest = ["-"] * (3 + len(devices))
         else:
-            rest = [_status(main), fmt_seconds(main.makespan_s), _energy(main.energy_j),
-                    *(fmt_bytes(main.peak_bytes.get(d, 0)) for d in devices)]  # fmt: skip
+            rest = [
+                _status(main),
+                fmt_seconds(main.makespan_s),
+                _energy(main.energy_j),
+                *(fmt_bytes(main.peak_bytes.get(d, 0)) for d in devices),
+            ]
         rows.append((fmt_bytes(b), *times, *rest))
     return tuple(rows)
 
@@ -93,8 +99,17 @@ def machine_cells(results: Sequence[MachineResult], methods: Sequence[str]) -> t
         main = by[methods[0]]
         peaks = ", ".join(f"{d} {fmt_bytes(b)}" for d, b in main.peak_bytes.items()) or "-"
         budgets = ", ".join(f"{d} {fmt_bytes(b)}" for d, b in r.budgets.items())
-        rows.append((r.machine.label, *times, _status(main), fmt_seconds(main.makespan_s), _energy(main.energy_j),
-                     peaks, budgets))  # fmt: skip
+        rows.append(
+            (
+                r.machine.label,
+                *times,
+                _status(main),
+                fmt_seconds(main.makespan_s),
+                _energy(main.energy_j),
+                peaks,
+                budgets,
+            )
+        )
     return tuple(rows)
 
 

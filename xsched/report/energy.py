@@ -74,8 +74,9 @@ def energy_study(
     source = energy_label(profile, machine.devices)
 
     def point(kind: str, alpha: float, cap: float | None) -> EnergyPoint:
-        plan, status, note = plan_point(graph, profile, machine, budgets, method,
-                                        settings.options(alpha_energy=alpha, energy_cap_j=cap))  # fmt: skip
+        plan, status, note = plan_point(
+            graph, profile, machine, budgets, method, settings.options(alpha_energy=alpha, energy_cap_j=cap)
+        )
         tick()
         if plan is None:
             return EnergyPoint(kind, alpha, cap, status, note=note)

@@ -132,5 +132,10 @@ def energy_label(profile: Profile, devices: Sequence[str]) -> str:
 
 def graph_summary(graph: Graph) -> dict[str, object]:
     phases = {p: sum(o.phase == p for o in graph.ops) for p in ("fwd", "loss", "bwd")}
-    return {"name": graph.name, "fingerprint": graph.fingerprint, "ops": len(graph.ops), "values": len(graph.values),
-            "phases": phases}  # fmt: skip
+    return {
+        "name": graph.name,
+        "fingerprint": graph.fingerprint,
+        "ops": len(graph.ops),
+        "values": len(graph.values),
+        "phases": phases,
+    }

@@ -105,8 +105,11 @@ def matrices_figure(graph: Graph, plan: Plan, w: Walk) -> str:
         ax_k.set_ylabel("value (by producer)")
         for ax in (ax_c, ax_k):
             ax.set_xlabel("stage")
-    handles = [Patch(color=COLORS[0], label="first compute"), Patch(color=RECOMPUTE, label="recompute"),
-               Patch(color="0.35", label="resident")]  # fmt: skip
+    handles = [
+        Patch(color=COLORS[0], label="first compute"),
+        Patch(color=RECOMPUTE, label="recompute"),
+        Patch(color="0.35", label="resident"),
+    ]
     fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=8)
     return to_svg(fig, "matrices")
 
@@ -136,8 +139,15 @@ def memory_figure(graph: Graph, plan: Plan, w: Walk) -> str:
         if near:
             ax.axhline(budget / div, color="0.2", ls="--", lw=1, label=f"budget {fmt_bytes(budget)}")
         elif budget is not None:
-            ax.text(0.99, 0.95, f"budget {fmt_bytes(budget)} (off scale)", transform=ax.transAxes, ha="right",
-                    va="top", fontsize=8)  # fmt: skip
+            ax.text(
+                0.99,
+                0.95,
+                f"budget {fmt_bytes(budget)} (off scale)",
+                transform=ax.transAxes,
+                ha="right",
+                va="top",
+                fontsize=8,
+            )
         if peak == 0:
             ax.text(0.5, 0.5, "not used by this plan", transform=ax.transAxes, ha="center", fontsize=9, color="0.3")
         top = max(peak, budget if near else 0) / div
@@ -175,8 +185,10 @@ def timeline_figure(graph: Graph, plan: Plan, w: Walk) -> str:
         ax.broken_barh(spans, (y[k] - 0.4, 0.8), facecolors=color, edgecolor="none")
     ax.set_yticks([y[k] for k in order], order, fontsize=8)
     ax.axvline((r.makespan_s or 0.0) * scale, color="0.2", ls="--", lw=1)
-    ax.set_xlabel(f"overlapped time ({unit}); makespan {(r.makespan_s or 0) * scale:.4g} {unit}, sequential "
-                  f"{(r.time_s or 0) * scale:.4g} {unit}")  # fmt: skip
+    ax.set_xlabel(
+        f"overlapped time ({unit}); makespan {(r.makespan_s or 0) * scale:.4g} {unit}, sequential "
+        f"{(r.time_s or 0) * scale:.4g} {unit}"
+    )
     from matplotlib.patches import Patch
 
     handles = [Patch(color=c, label=n) for n, c in (*PHASE_COLORS.items(), ("recompute", RECOMPUTE), ("copy", COPY))]

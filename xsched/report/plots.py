@@ -24,8 +24,17 @@ MARKERS = {"eager": "s", "greedy": "^", "checkpoint": "D", "offload": "v", "sqrt
 def _no_plan_marks(ax, xs: list[float], color: str) -> None:
     """Budgets where the method found no plan: crosses on the x axis."""
     if xs:
-        ax.plot(xs, [0.0] * len(xs), "x", color=color, ms=7, mew=2, clip_on=False,
-                transform=ax.get_xaxis_transform(), zorder=5)  # fmt: skip
+        ax.plot(
+            xs,
+            [0.0] * len(xs),
+            "x",
+            color=color,
+            ms=7,
+            mew=2,
+            clip_on=False,
+            transform=ax.get_xaxis_transform(),
+            zorder=5,
+        )
 
 
 def _method_lines(ax, points: Sequence[Point], methods: Sequence[str], scale: float, div: float) -> None:
@@ -33,9 +42,17 @@ def _method_lines(ax, points: Sequence[Point], methods: Sequence[str], scale: fl
         pts = sorted((p for p in points if p.method == m), key=lambda p: p.budget_bytes)
         ok = [p for p in pts if p.ok]
         main = k == 0
-        ax.plot([p.budget_bytes / div for p in ok], [p.time_s * scale for p in ok],
-                marker="o" if main else MARKERS.get(m, "o"), color=COLORS[k % len(COLORS)], lw=2.2 if main else 1.2,
-                ms=5 if main else 4, ls="-" if main else "--", label=m, zorder=4 if main else 3)  # fmt: skip
+        ax.plot(
+            [p.budget_bytes / div for p in ok],
+            [p.time_s * scale for p in ok],
+            marker="o" if main else MARKERS.get(m, "o"),
+            color=COLORS[k % len(COLORS)],
+            lw=2.2 if main else 1.2,
+            ms=5 if main else 4,
+            ls="-" if main else "--",
+            label=m,
+            zorder=4 if main else 3,
+        )
         if main:
             _no_plan_marks(ax, [p.budget_bytes / div for p in pts if not p.ok], COLORS[0])
 
@@ -77,8 +94,14 @@ def whatif_figure(results: Sequence[MachineResult], method: str) -> str:
         pts = sorted((p for p in r.sweep.points if p.method == method), key=lambda p: p.budget_bytes)
         ok = [p for p in pts if p.ok]
         color = COLORS[k % len(COLORS)]
-        left.plot([p.budget_bytes / div for p in ok], [p.time_s * scale for p in ok], STYLES[k % len(STYLES)],
-                  color=color, label=r.machine.label, **ring(k))  # fmt: skip
+        left.plot(
+            [p.budget_bytes / div for p in ok],
+            [p.time_s * scale for p in ok],
+            STYLES[k % len(STYLES)],
+            color=color,
+            label=r.machine.label,
+            **ring(k),
+        )
         _no_plan_marks(left, [p.budget_bytes / div for p in pts if not p.ok], color)
     left.set_xlabel(f"budget of each accelerator ({bunit})")
     left.set_ylabel(f"predicted time per iteration ({unit})")
@@ -115,8 +138,14 @@ def energy_figure(studies: Sequence[EnergyStudy]) -> str:
     for k, x in enumerate(studies):
         color, style = COLORS[k % len(COLORS)], STYLES[k % len(STYLES)]
         alphas = [p for p in x.points if p.kind == "alpha" and p.ok]
-        left.plot([p.energy_j for p in alphas], [p.time_s * scale for p in alphas], style, color=color,
-                  label=x.machine, **ring(k))  # fmt: skip
+        left.plot(
+            [p.energy_j for p in alphas],
+            [p.time_s * scale for p in alphas],
+            style,
+            color=color,
+            label=x.machine,
+            **ring(k),
+        )
         groups: dict[tuple[float, float], list[float]] = {}  # one label per distinct plan: the alphas that chose it
         for p in alphas:
             groups.setdefault((p.energy_j, p.time_s), []).append(p.alpha / (x.alpha_unit or 1))

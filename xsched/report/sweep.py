@@ -101,15 +101,33 @@ def plan_point(
     return plan, plan.solver.status, ""
 
 
-def point_of(machine: Machine, swept: str, budget: int, method: str, budgets: Mapping[str, int],
-             result: tuple[Plan | None, str, str]) -> Point:  # fmt: skip
+def point_of(
+    machine: Machine,
+    swept: str,
+    budget: int,
+    method: str,
+    budgets: Mapping[str, int],
+    result: tuple[Plan | None, str, str],
+) -> Point:
     plan, status, note = result
     if plan is None:
         return Point(machine.label, swept, budget, method, status, budgets=dict(budgets), note=note)
     p = plan.predicted
     found = found_by(plan, method)
-    return Point(machine.label, swept, budget, method, status, p.time_s, p.makespan_s, p.energy_j,
-                 dict(p.peak_bytes), dict(budgets), found, plan.solver.solve_s)  # fmt: skip
+    return Point(
+        machine.label,
+        swept,
+        budget,
+        method,
+        status,
+        p.time_s,
+        p.makespan_s,
+        p.energy_j,
+        dict(p.peak_bytes),
+        dict(budgets),
+        found,
+        plan.solver.solve_s,
+    )
 
 
 def found_by(plan: Plan, method: str) -> str | None:

@@ -42,8 +42,13 @@ def step_args(graph: Graph, i: int, step: Step) -> dict[str, Any]:
         op = graph.op[step.op]
         return {"step": i, "op": op.id, "target": op.target, "phase": op.phase, "device": step.device}
     if isinstance(step, Copy):
-        return {"step": i, "value": step.value, "src": step.src, "dst": step.dst,
-                "bytes": graph.value[step.value].nbytes}  # fmt: skip
+        return {
+            "step": i,
+            "value": step.value,
+            "src": step.src,
+            "dst": step.dst,
+            "bytes": graph.value[step.value].nbytes,
+        }
     return {"step": i, "value": step.value, "device": step.device}
 
 
@@ -66,9 +71,18 @@ def chrome_trace(
         events.append({"ph": "M", "pid": PID, "tid": n, "name": "thread_sort_index", "args": {"sort_index": n}})
     for i, (step, (a, b), lane) in enumerate(zip(plan.steps, spans, lanes, strict=True)):
         kind = type(step).__name__.lower()
-        events.append({"ph": "X", "pid": PID, "tid": tid[lane], "name": step_name(graph, step), "cat": kind,
-                       "ts": a * 1e6, "dur": max(b - a, 0.0) * 1e6,
-                       "args": {**step_args(graph, i, step), **dict((args or {}).get(i, {}))}})  # fmt: skip
+        events.append(
+            {
+                "ph": "X",
+                "pid": PID,
+                "tid": tid[lane],
+                "name": step_name(graph, step),
+                "cat": kind,
+                "ts": a * 1e6,
+                "dur": max(b - a, 0.0) * 1e6,
+                "args": {**step_args(graph, i, step), **dict((args or {}).get(i, {}))},
+            }
+        )
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"graph": graph.name, **dict(meta or {})}}
 
 
@@ -173,8 +187,12 @@ def measured_trace(
             h0, h1 = rec.host[i]
             spans.append((h0 - t0, h1 - t0))
     args = {i: {"thread": rec.thread.get(i, "")} for i in range(len(plan.steps))}
-    meta = {"source": "measured: one run of the executor, each step timed", "wall_s": wall,
-            "overlap": ex.overlap, "devices": {d: str(t) for d, t in ex.dev.items()}}  # fmt: skip
+    meta = {
+        "source": "measured: one run of the executor, each step timed",
+        "wall_s": wall,
+        "overlap": ex.overlap,
+        "devices": {d: str(t) for d, t in ex.dev.items()},
+    }
     return chrome_trace(graph, plan, spans, ex.lane_of, f"{graph.name}: measured", args, meta)
 
 

@@ -18,8 +18,12 @@ from xsched.solve.registry import HIER_MIN_SIZE, SOLVERS
 
 # (method, share of the time left, smallest and largest ops x devices it runs on here): registered and available
 # ones run, each from the best plan so far
-EXACT_SEQUENCE = (("milp", 0.5, 0, 60), ("hier", 0.4, HIER_MIN_SIZE, 10**9), ("portfolio", 1.0, 0, 10**9),
-                  ("milp", 1.0, 0, 10**9))  # fmt: skip
+EXACT_SEQUENCE = (
+    ("milp", 0.5, 0, 60),
+    ("hier", 0.4, HIER_MIN_SIZE, 10**9),
+    ("portfolio", 1.0, 0, 10**9),
+    ("milp", 1.0, 0, 10**9),
+)
 _PROOF_SCOPE = {"milp": ", for plans that first compute the ops in graph order"}
 NO_LIMIT_S = 3600.0  # time_limit_s=None: an hour
 PROBE_SHARE, PROBE_MAX_S = 0.2, 10.0  # time for finding a budget that works, after no plan was found
@@ -74,8 +78,9 @@ def solve_auto(problem: Problem, options: SolverOptions, given: Plan | None = No
     return _labelled(problem, options, best, found_by, results, floor, members, time.perf_counter() - t0)
 
 
-def _better(problem: Problem, options: SolverOptions, best: Plan | None, by: str | None, plan: Plan | None,
-            name: str) -> tuple[Plan | None, str | None]:  # fmt: skip
+def _better(
+    problem: Problem, options: SolverOptions, best: Plan | None, by: str | None, plan: Plan | None, name: str
+) -> tuple[Plan | None, str | None]:
     """The faster (time + alpha x energy) of the best plan so far and `plan` (checked by the simulator first)."""
     if plan is None:
         return best, by
@@ -116,8 +121,16 @@ def _floor(problem: Problem, options: SolverOptions) -> float:
     return total
 
 
-def _labelled(problem: Problem, options: SolverOptions, best: Plan, found_by: str | None,
-              results: list[SolveResult], floor: float, members: Mapping[str, str], seconds: float) -> Plan:  # fmt: skip
+def _labelled(
+    problem: Problem,
+    options: SolverOptions,
+    best: Plan,
+    found_by: str | None,
+    results: list[SolveResult],
+    floor: float,
+    members: Mapping[str, str],
+    seconds: float,
+) -> Plan:
     """`best` with auto's status, gap and bound. The bound is the larger of the per-op floor (valid for every plan)
     and the stage MILP's bound, which holds for its formulation (first computes in graph order; extraction can
     then prune a plan below it, so it is capped at the plan's objective)."""
@@ -133,14 +146,22 @@ def _labelled(problem: Problem, options: SolverOptions, best: Plan, found_by: st
         status = "optimal"
     else:
         status = "time_limit" if results else "heuristic"
-    extra = {**best.solver.extra, "found_by": found_by, "found_by_status": best.solver.status,
-             "exact": [r.method for r in results], "bound": bound, "bound_source": source,
-             "members": dict(members), "order": order}  # fmt: skip
+    extra = {
+        **best.solver.extra,
+        "found_by": found_by,
+        "found_by_status": best.solver.status,
+        "exact": [r.method for r in results],
+        "bound": bound,
+        "bound_source": source,
+        "members": dict(members),
+        "order": order,
+    }
     return replace(best, solver=SolverInfo("auto", status, gap, seconds, extra))
 
 
-def _no_plan(problem: Problem, why: str, exact: SolveResult | None, seconds: float,
-             cause: BudgetError | None) -> BudgetError:  # fmt: skip
+def _no_plan(
+    problem: Problem, why: str, exact: SolveResult | None, seconds: float, cause: BudgetError | None
+) -> BudgetError:
     """One short BudgetError: why there is no plan, the smallest budgets known to work, the largest known not to."""
     budgets = problem.budgets
     lows = lower_bounds(*[problem.graph, problem.profile, problem.devices, problem.homes])

@@ -86,12 +86,22 @@ def to_highs(m: pyo.ConcreteModel, watched: list | None = None):  # (highspy.Hig
     upper = np.array([inf if v.ub is None else v.ub for v in cols], dtype=float)
     h = new_highs()
     h.passModel(
-        len(cols), len(rhs), a.nnz, int(highspy.MatrixFormat.kColwise), int(highspy.ObjSense.kMinimize),
-        float(info.c_offset[0]), info.c.toarray()[0].astype(float), lower, upper,
-        np.where(sense <= 0, rhs, -inf), np.where(sense >= 0, rhs, inf),
-        a.indptr.astype(np.int32), a.indices.astype(np.int32), a.data.astype(float),
+        len(cols),
+        len(rhs),
+        a.nnz,
+        int(highspy.MatrixFormat.kColwise),
+        int(highspy.ObjSense.kMinimize),
+        float(info.c_offset[0]),
+        info.c.toarray()[0].astype(float),
+        lower,
+        upper,
+        np.where(sense <= 0, rhs, -inf),
+        np.where(sense >= 0, rhs, inf),
+        a.indptr.astype(np.int32),
+        a.indices.astype(np.int32),
+        a.data.astype(float),
         np.array([int(v.is_integer()) for v in cols], dtype=np.int32),
-    )  # fmt: skip
+    )
     col = {id(v): k for k, v in enumerate(cols)}
     watched = _watched(m) if watched is None else watched
     return h, cols, np.array([col.get(id(v), -1) for v in watched], dtype=np.int64)
@@ -180,8 +190,14 @@ def solve_highs(
         relaxed = h.getModelStatus()
         h.changeColsIntegrality(n, every, integer)
         if relaxed in (kind.kInfeasible, kind.kUnboundedOrInfeasible):  # the objective is bounded: infeasible
-            return {"status": "infeasible", "solutions": [], "objective": None, "bound": None,
-                    "handoff_s": handoff_s, "solver_s": time.perf_counter() - t1}  # fmt: skip
+            return {
+                "status": "infeasible",
+                "solutions": [],
+                "objective": None,
+                "bound": None,
+                "handoff_s": handoff_s,
+                "solver_s": time.perf_counter() - t1,
+            }
         levels = restricted
         if relaxed == kind.kOptimal:
             lp_bound = h.getInfo().objective_function_value
@@ -189,8 +205,9 @@ def solve_highs(
         else:  # the LP is too slow (big graphs): restrict around the first computes' own inputs instead
             lp_x, levels = np.zeros(n), tuple((lv, sh) for lv, sh in restricted if lv > 0)
         for level, share in levels:  # ever wider neighbourhoods of the LP's recomputes, each from the best so far
-            off = np.array(_restricted_off(st, m, cols, lp_x, x if x is not None else np.zeros(n), level),
-                           dtype=np.int32)  # fmt: skip
+            off = np.array(
+                _restricted_off(st, m, cols, lp_x, x if x is not None else np.zeros(n), level), dtype=np.int32
+            )
             h.changeColsBounds(len(off), off, np.zeros(len(off)), np.zeros(len(off)))
             run(share * (deadline - time.perf_counter()), x)
             if h.getInfo().primal_solution_status == 2:  # kSolutionStatusFeasible: the next run starts from it

@@ -68,8 +68,9 @@ def keep_forward_outputs(graph: Graph, plan: Plan) -> Plan | None:
         made |= {(v, s.device) for v in graph.op[s.op].outputs}
     order = before + moved + [s for s in steps[b:] if s is not None]
     frees = place_frees(graph, order, dict(plan.homes))
-    return Plan(**{**plan.__dict__, "steps": tuple(frees), "boundary": autograd_boundary(graph, frees),
-                   "predicted": None})  # fmt: skip
+    return Plan(
+        **{**plan.__dict__, "steps": tuple(frees), "boundary": autograd_boundary(graph, frees), "predicted": None}
+    )
 
 
 def hold_to_boundary(graph: Graph, steps: Sequence[Step]) -> list[Step]:

@@ -61,17 +61,21 @@ def lower_bounds(
         if len(devices) == 1 and ending:
             held, op = _last_output(graph, profile, d, homes, end_on)
             if homed + held > best.bytes:
-                why = (f"{base} + {format_bytes(held)} while the outputs that must end there are made: whichever is "
-                       f"made last, the others are held while its op runs (at best op {op}'s)")  # fmt: skip
+                why = (
+                    f"{base} + {format_bytes(held)} while the outputs that must end there are made: whichever is "
+                    f"made last, the others are held while its op runs (at best op {op}'s)"
+                )
                 best = Bound(homed + held, op, why, "gradients")
         needs = {op.id: op_need(graph, op, d, homes, profile) for op in graph.ops}
         if len(devices) == 1:
             crossing = crossing_bound(graph, needs, d, homes, ends_on_one_device(graph, homes), best.bytes - homed)
             if crossing is not None:
                 op = graph.op[crossing.op]
-                why = (f"{base} + {format_bytes(crossing.bytes)} while the last of the {crossing.heavy} ops needing at "
-                       f"least {format_bytes(crossing.need)} runs: its need, and what later outputs read that no such "
-                       f"op can make again (at best op {op.id}, {op.name or op.target})")  # fmt: skip
+                why = (
+                    f"{base} + {format_bytes(crossing.bytes)} while the last of the {crossing.heavy} ops needing at "
+                    f"least {format_bytes(crossing.need)} runs: its need, and what later outputs read that no such "
+                    f"op can make again (at best op {op.id}, {op.name or op.target})"
+                )
                 best = Bound(homed + crossing.bytes, op.id, why, "crossing")
         for op in graph.ops:
             if where[op.id] != [d]:

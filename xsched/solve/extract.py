@@ -146,9 +146,13 @@ def extract(st: Stages, sol: Solution, info: SolverInfo) -> Plan:
         result = simulate(graph, plan, st.profile, check_budgets=True)
     except XschedError as e:  # the model is meant to be conservative: this is a bug, never a plan to return
         raise XschedError(
-            f"internal error: the extracted MILP plan fails the simulator: {e}", stage="solve", op=e.op, value=e.value,
-            device=e.device, step=e.step,
-        ) from e  # fmt: skip
+            f"internal error: the extracted MILP plan fails the simulator: {e}",
+            stage="solve",
+            op=e.op,
+            value=e.value,
+            device=e.device,
+            step=e.step,
+        ) from e
     return Plan(**{**plan.__dict__, "predicted": result.prediction()})
 
 

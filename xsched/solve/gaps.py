@@ -177,8 +177,10 @@ def gap_computes(
             raise BudgetError(
                 f"gap rematerialization cannot lower the peak at {line.ops[t].id}: "
                 f"{format_bytes(int(line.mem[t]))} over a budget of {format_bytes(budget)} on {device}",
-                stage="solve", op=line.ops[t].id, device=device,
-            )  # fmt: skip
+                stage="solve",
+                op=line.ops[t].id,
+                device=device,
+            )
         # lazy greedy at t while it stays the peak: the best stale key is checked again and applied if it is still
         # no worse than the next one, else queued with its fresh key (one scan of the values for many drops)
         heapq.heapify(ranked)
@@ -195,8 +197,7 @@ def gap_computes(
             drops += 1
             if len(graph.ops) <= RESCAN_MAX_OPS:
                 break  # small enough to scan every value again after each drop, which finds better drops
-    raise BudgetError(f"gap rematerialization gave up after {drops} drops on {device}",
-                      stage="solve", device=device)  # fmt: skip
+    raise BudgetError(f"gap rematerialization gave up after {drops} drops on {device}", stage="solve", device=device)
 
 
 def gap_remat(
@@ -229,8 +230,21 @@ def fastest_plan(
                 computes = gap_computes(graph, order, device, budgets[device], profile, depth)
             else:
                 computes = [Compute(graph.ops[i].id, device) for i in order]
-            plans.append(route_and_finish(graph, computes, "gaps", budgets, homes, profile, t0, device=device,
-                                          order=name, depth=depth, recomputes=len(computes) - len(graph.ops)))  # fmt: skip
+            plans.append(
+                route_and_finish(
+                    graph,
+                    computes,
+                    "gaps",
+                    budgets,
+                    homes,
+                    profile,
+                    t0,
+                    device=device,
+                    order=name,
+                    depth=depth,
+                    recomputes=len(computes) - len(graph.ops),
+                )
+            )
         except BudgetError as e:
             why.append(f"{name} order, depth {depth}: {e.detail}")
     if not plans:

@@ -121,8 +121,9 @@ def offload_search(
     t0 = time.perf_counter()
     pairs = [(c, s) for c in devices for s in devices if c != s]
     if not pairs:
-        raise BudgetError(f"offloading needs two devices, got {list(devices)}", stage="solve",
-                          device=devices[0] if devices else None)  # fmt: skip
+        raise BudgetError(
+            f"offloading needs two devices, got {list(devices)}", stage="solve", device=devices[0] if devices else None
+        )
     failures: list[str] = []
     plans: list[tuple[float, tuple, dict]] = []
     for c in dict.fromkeys(c for c, _ in pairs):
@@ -178,8 +179,9 @@ def _fit_order(graph, computes, store, budgets, homes, profile) -> tuple[float, 
 
     def fits(k: int, prefetch: int, devices: Sequence[str]) -> bool:
         if (k, prefetch) not in untimed:
-            untimed[(k, prefetch)] = _parked_plan(graph, computes, cands[:k], store, homes, profile, prefetch,
-                                                  lanes=False)  # fmt: skip
+            untimed[(k, prefetch)] = _parked_plan(
+                graph, computes, cands[:k], store, homes, profile, prefetch, lanes=False
+            )
         return _fits(untimed[(k, prefetch)], budgets, devices)
 
     if not fits(len(cands), 0, [c]):

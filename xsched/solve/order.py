@@ -23,8 +23,9 @@ def topological(graph: Graph, order: Sequence[int]) -> bool:
         return False
     pos = {i: q for q, i in enumerate(order)}
     idx = graph.op_index
-    return all(pos[idx[graph.producer[v]]] < pos[i] for i, op in enumerate(graph.ops) for v in op.inputs
-               if v in graph.producer)  # fmt: skip
+    return all(
+        pos[idx[graph.producer[v]]] < pos[i] for i, op in enumerate(graph.ops) for v in op.inputs if v in graph.producer
+    )
 
 
 def eager_peak_of(graph: Graph, order: Sequence[int]) -> int:
@@ -204,8 +205,15 @@ def search_order(
         if better(p):
             best, best_order, origin = p, o, name
         if give_up is not None and tried >= give_up and best is None:
-            return None, best_order, {"orders_tried": tried, "order_origin": f"none (no plan from {tried} starting orders)",
-                                      "order_search_s": time.perf_counter() - t0}  # fmt: skip
+            return (
+                None,
+                best_order,
+                {
+                    "orders_tried": tried,
+                    "order_origin": f"none (no plan from {tried} starting orders)",
+                    "order_search_s": time.perf_counter() - t0,
+                },
+            )
     rng = random.Random(seed)
     seen = set(starts.values())  # scoring an order again under the same limit finds the same plan
     stale = 0

@@ -81,8 +81,15 @@ def solve_portfolio(
     if len(devices) == 1 and devices[0] in budgets:  # gaps plans on one device
         t1 = time.perf_counter()
         score = order_scorer(graph, profile, budgets, devices[0], homes)
-        found, _, gaps_log = search_order(graph, score, GAPS_ORDER_SHARE * left(), best, seed, per_try_s=0.01,
-                                          give_up=len(starting_orders(graph, best)))  # fmt: skip
+        found, _, gaps_log = search_order(
+            graph,
+            score,
+            GAPS_ORDER_SHARE * left(),
+            best,
+            seed,
+            per_try_s=0.01,
+            give_up=len(starting_orders(graph, best)),
+        )
         found = _runnable_or_none(graph, found, profile, budgets)
         log.append(("gaps-order-search", time.perf_counter() - t1, _status(found), _time(found)))
         log_orders = {"gaps_orders_tried": gaps_log["orders_tried"]}
@@ -96,8 +103,9 @@ def solve_portfolio(
 
         def score(o: tuple[int, ...], seconds: float) -> Plan:
             opts = replace(options, time_limit_s=seconds)
-            return solve_intervals(graph, profile, budgets, devices, homes, opts, order=o, warm_start=best,
-                                   c_max=2, **kw)  # fmt: skip
+            return solve_intervals(
+                graph, profile, budgets, devices, homes, opts, order=o, warm_start=best, c_max=2, **kw
+            )
 
         t1 = time.perf_counter()
         big = len(graph.ops) > GIVE_UP_OPS  # a first plan may take all the time there: no time for other orders
@@ -111,15 +119,23 @@ def solve_portfolio(
         t1 = time.perf_counter()
         small = len(graph.ops) * len(devices) <= INTERVAL_MILP_MAX_SLOTS  # the MILPs run after it only there
         opts = replace(options, time_limit_s=(MAIN_SHARE if small else 1.0) * left())
-        take("intervals-cpsat", t1, lambda: solve_intervals(graph, profile, budgets, devices, homes, opts,
-                                                             order=order, warm_start=best, **kw))  # fmt: skip
+        take(
+            "intervals-cpsat",
+            t1,
+            lambda: solve_intervals(graph, profile, budgets, devices, homes, opts, order=order, warm_start=best, **kw),
+        )
     else:
         search_log = {}
     if len(graph.ops) * len(devices) <= INTERVAL_MILP_MAX_SLOTS and left() > 0.5:
         t1 = time.perf_counter()
         opts = replace(options, time_limit_s=left() * (0.5 if len(graph.ops) <= STAGE_MILP_MAX_OPS else 1.0))
-        take("intervals-highs", t1, lambda: solve_intervals(graph, profile, budgets, devices, homes, opts,
-                                                             backend="highs", order=order, warm_start=best))  # fmt: skip
+        take(
+            "intervals-highs",
+            t1,
+            lambda: solve_intervals(
+                graph, profile, budgets, devices, homes, opts, backend="highs", order=order, warm_start=best
+            ),
+        )
     maps = best is None or plan_order(graph, best) == tuple(range(len(graph.ops)))
     if len(graph.ops) <= STAGE_MILP_MAX_OPS and left() > 0.5 and maps:  # its warm start needs the graph's order
         t1 = time.perf_counter()
@@ -131,12 +147,24 @@ def solve_portfolio(
     t = _time(best)
     gap = max(0.0, t - floor) / t if t else 0.0  # against every op once at its fastest: a bound for every order
     status = "optimal" if gap <= options.mip_gap else "time_limit"
-    info = SolverInfo("portfolio", status, gap, time.perf_counter() - t0, {
-        **best.solver.extra, "found_by": found_by, "member_status": best.solver.status, "member_gap": best.solver.gap, "order": [graph.ops[i].id for i in plan_order(graph, best)],
-        "members": [{"member": n, "s": round(s, 3), "status": st, "time_s": ts} for n, s, st, ts in log],
-        "objective": t, "bound": floor,  # every op once at its fastest: a lower bound for every plan
-        **search_log, **log_orders,
-    })  # fmt: skip
+    info = SolverInfo(
+        "portfolio",
+        status,
+        gap,
+        time.perf_counter() - t0,
+        {
+            **best.solver.extra,
+            "found_by": found_by,
+            "member_status": best.solver.status,
+            "member_gap": best.solver.gap,
+            "order": [graph.ops[i].id for i in plan_order(graph, best)],
+            "members": [{"member": n, "s": round(s, 3), "status": st, "time_s": ts} for n, s, st, ts in log],
+            "objective": t,
+            "bound": floor,  # every op once at its fastest: a lower bound for every plan
+            **search_log,
+            **log_orders,
+        },
+    )
     return replace(best, solver=info)
 
 

@@ -41,8 +41,7 @@ def result_from_plan(method: str, plan: Plan) -> SolveResult:
     )
     objective = x.get("milp_objective", x.get("objective"))
     bound = x.get("milp_bound", x.get("bound"))
-    return SolveResult(method, status, plan, objective, bound, info.gap, times, first_order(plan),
-                       extra=dict(x))  # fmt: skip
+    return SolveResult(method, status, plan, objective, bound, info.gap, times, first_order(plan), extra=dict(x))
 
 
 def _heuristic(name: str) -> Callable[[Problem, SolverOptions, Plan | None], SolveResult]:
@@ -53,8 +52,9 @@ def _heuristic(name: str) -> Callable[[Problem, SolverOptions, Plan | None], Sol
         try:
             plan = fn(*problem.args())
         except XschedError as e:  # does not fit: the error (op, device) goes with the result
-            return SolveResult(name, "failed", message=e.detail, times=Times(solve_s=time.perf_counter() - t0),
-                               extra={"error": e})  # fmt: skip
+            return SolveResult(
+                name, "failed", message=e.detail, times=Times(solve_s=time.perf_counter() - t0), extra={"error": e}
+            )
         return result_from_plan(name, plan)
 
     return run
@@ -80,8 +80,9 @@ def _exact(name: str, call: Callable[[Problem, SolverOptions, Plan | None], Plan
             if e.stage != "solve":
                 raise
             status, err = "no_incumbent", e
-        return SolveResult(name, status, message=err.detail, times=Times(solve_s=time.perf_counter() - t0),
-                           extra={"error": err})  # fmt: skip
+        return SolveResult(
+            name, status, message=err.detail, times=Times(solve_s=time.perf_counter() - t0), extra={"error": err}
+        )
 
     return run
 
@@ -96,8 +97,9 @@ def _intervals(backend: str) -> Callable[[Problem, SolverOptions, Plan | None], 
     def call(problem: Problem, options: SolverOptions, warm: Plan | None) -> Plan:
         from xsched.solve.intervals import solve_intervals
 
-        return solve_intervals(*problem.args(), options, backend=backend, warm_start=warm, seed=options.seed,
-                               workers=options.threads or 0)  # fmt: skip
+        return solve_intervals(
+            *problem.args(), options, backend=backend, warm_start=warm, seed=options.seed, workers=options.threads or 0
+        )
 
     return call
 
@@ -116,13 +118,43 @@ def _hier(problem: Problem, options: SolverOptions, warm: Plan | None) -> Plan:
 
 for _name in HEURISTICS:
     register(SolverEntry(_name, _heuristic(_name), kind="heuristic", doc=(HEURISTICS[_name].__doc__ or "").strip()))
-register(SolverEntry("milp", _exact("milp", _milp), max_size=EXACT_MAX_SIZE,
-                     doc="the stage MILP (Checkmate's stages on several devices), HiGHS"))  # fmt: skip
-register(SolverEntry("intervals-highs", _exact("intervals-highs", _intervals("highs")), max_size=EXACT_MAX_SIZE,
-                     doc="the retention-interval model for one order, linearised, HiGHS"))  # fmt: skip
-register(SolverEntry("intervals-cpsat", _exact("intervals-cpsat", _intervals("cpsat")), max_size=EXACT_MAX_SIZE,
-                     requires="ortools", doc="the retention-interval model for one order, CP-SAT"))  # fmt: skip
-register(SolverEntry("portfolio", _exact("portfolio", _portfolio), max_size=EXACT_MAX_SIZE,
-                     doc="order search + CP-SAT + interval MILP + stage MILP sharing incumbents"))  # fmt: skip
-register(SolverEntry("hier", _exact("hier", _hier),
-                     doc="hierarchical decomposition (HiREmate's H-Partition and H-ILP, on several devices)"))  # fmt: skip
+register(
+    SolverEntry(
+        "milp",
+        _exact("milp", _milp),
+        max_size=EXACT_MAX_SIZE,
+        doc="the stage MILP (Checkmate's stages on several devices), HiGHS",
+    )
+)
+register(
+    SolverEntry(
+        "intervals-highs",
+        _exact("intervals-highs", _intervals("highs")),
+        max_size=EXACT_MAX_SIZE,
+        doc="the retention-interval model for one order, linearised, HiGHS",
+    )
+)
+register(
+    SolverEntry(
+        "intervals-cpsat",
+        _exact("intervals-cpsat", _intervals("cpsat")),
+        max_size=EXACT_MAX_SIZE,
+        requires="ortools",
+        doc="the retention-interval model for one order, CP-SAT",
+    )
+)
+register(
+    SolverEntry(
+        "portfolio",
+        _exact("portfolio", _portfolio),
+        max_size=EXACT_MAX_SIZE,
+        doc="order search + CP-SAT + interval MILP + stage MILP sharing incumbents",
+    )
+)
+register(
+    SolverEntry(
+        "hier",
+        _exact("hier", _hier),
+        doc="hierarchical decomposition (HiREmate's H-Partition and H-ILP, on several devices)",
+    )
+)

@@ -208,17 +208,27 @@ def evict_computes(
             if at_end:
                 pinned |= late  # the end reads them all: one restored is not evicted for the next
             while used + need > budget:
-                victims = [v for v in held - pinned - fixed if nbytes[v] > 0
-                           and (v not in late or all(u in read_in_bwd for u in siblings[v]))]  # fmt: skip
+                victims = [
+                    v
+                    for v in held - pinned - fixed
+                    if nbytes[v] > 0 and (v not in late or all(u in read_in_bwd for u in siblings[v]))
+                ]
                 if not victims:
                     raise BudgetError(
                         f"eviction cannot fit op {op.id} in {format_bytes(budget)} on {device}: "
                         f"{format_bytes(used)} held by its inputs and fixed values, {format_bytes(need)} more needed",
-                        stage="solve", op=op.id, device=device,
-                    )  # fmt: skip
+                        stage="solve",
+                        op=op.id,
+                        device=device,
+                    )
                 if evictions >= max_evictions:
-                    raise BudgetError(f"eviction gave up at op {op.id} after {evictions} evictions on {device} "
-                                      f"(budget {format_bytes(budget)})", stage="solve", op=op.id, device=device)  # fmt: skip
+                    raise BudgetError(
+                        f"eviction gave up at op {op.id} after {evictions} evictions on {device} "
+                        f"(budget {format_bytes(budget)})",
+                        stage="solve",
+                        op=op.id,
+                        device=device,
+                    )
                 now = min(i, end)
                 v = min(victims, key=lambda v, now=now, memo={}: (evict_score(v, now, memo), order[v]))
                 evictions += 1
@@ -283,8 +293,11 @@ def checkpoint_search(
 
         # eviction first (budget-driven, often the fastest), then the keep sets by their computes' own time, which
         # bounds their plan's time from below: once it exceeds the fastest fit, no later candidate can win
-        made = [(label != "evict", compute_time(c, profile), rank, label, c)
-                for rank, (label, make) in enumerate(candidates) if (c := _or_none(make)) is not None]  # fmt: skip
+        made = [
+            (label != "evict", compute_time(c, profile), rank, label, c)
+            for rank, (label, make) in enumerate(candidates)
+            if (c := _or_none(make)) is not None
+        ]
         for keep_set, own_time, rank, label, computes in sorted(made, key=lambda m: m[:3]):
             if fits and keep_set and own_time > min(f[0] for f in fits):
                 break
@@ -304,17 +317,29 @@ def checkpoint_search(
             )
         _, _, label, computes = min(fits, key=lambda f: f[:2])
         return route_and_finish(
-            graph, computes, "checkpoint", budgets, homes, profile, t0, device=d, variant=label,
-            recomputes=len(computes) - len(graph.ops), candidates=len(candidates),
-        )  # fmt: skip
+            graph,
+            computes,
+            "checkpoint",
+            budgets,
+            homes,
+            profile,
+            t0,
+            device=d,
+            variant=label,
+            recomputes=len(computes) - len(graph.ops),
+            candidates=len(candidates),
+        )
 
     return best_single_device(on, graph, profile, devices, "checkpoint")
 
 
 def lean_search(
-    graph: Graph, keeps: Sequence[set[str]], device: str, homes: Mapping[str, str],
+    graph: Graph,
+    keeps: Sequence[set[str]],
+    device: str,
+    homes: Mapping[str, str],
     consider: Callable[[str, list[Compute]], int],
-) -> None:  # fmt: skip
+) -> None:
     """Hands `consider` (which plans labelled computes and returns their peak on `device`) lean checkpointing of
     every keep set, in graph order and with late gradients; then each gradient window made again after the
     `lean.BASES` leanest of those; then the leanest window after the next leanest, up to `lean.WINDOW_BASES`."""

@@ -189,8 +189,14 @@ def _optimizer(config: TrainConfig, params: Iterator[torch.nn.Parameter]) -> tor
 def _run_signature(config: TrainConfig, task: TrainingTask, world: dist.World) -> dict[str, Any]:
     """What a checkpoint must agree on to resume it: the model, its input shapes, the optimizer, the seed."""
     shapes = [list(x.shape) for x in task.example_batch[0] if isinstance(x, torch.Tensor)]
-    return {"model": config.model, "scale": config.scale, "inputs": shapes, "optimizer": config.optimizer,
-            "seed": config.seed, "world": world.size}  # fmt: skip
+    return {
+        "model": config.model,
+        "scale": config.scale,
+        "inputs": shapes,
+        "optimizer": config.optimizer,
+        "seed": config.seed,
+        "world": world.size,
+    }
 
 
 def _resume(config: TrainConfig, world: dist.World, notice: Any) -> tuple[int, dict[str, Any] | None]:
@@ -201,18 +207,28 @@ def _resume(config: TrainConfig, world: dist.World, notice: Any) -> tuple[int, d
     step, state = dist.main_first(world, lambda: newest_checkpoint(config.checkpoint_dir, notice))
     steps = dist.gather(step, world)
     if len(set(steps)) != 1:
-        raise XschedError(f"ranks found different newest checkpoints {steps} in {config.checkpoint_dir}; "
-                          "is the folder shared by every rank?", stage="train")  # fmt: skip
+        raise XschedError(
+            f"ranks found different newest checkpoints {steps} in {config.checkpoint_dir}; "
+            "is the folder shared by every rank?",
+            stage="train",
+        )
     return step, state
 
 
-def _restore(state: dict[str, Any], task: TrainingTask, opt: torch.optim.Optimizer, signature: dict[str, Any],
-             world: dist.World, notice: Any) -> None:  # fmt: skip
+def _restore(
+    state: dict[str, Any],
+    task: TrainingTask,
+    opt: torch.optim.Optimizer,
+    signature: dict[str, Any],
+    world: dist.World,
+    notice: Any,
+) -> None:
     saved = dict(state.get("run", {}))
     for key in ("model", "scale", "inputs", "optimizer"):
         if saved.get(key) != signature[key]:
-            raise XschedError(f"the checkpoint's run has {key}={saved.get(key)!r}, this run {signature[key]!r}",
-                              stage="train")  # fmt: skip
+            raise XschedError(
+                f"the checkpoint's run has {key}={saved.get(key)!r}, this run {signature[key]!r}", stage="train"
+            )
     task.model.load_state_dict(state["model"])
     opt.load_state_dict(state["optimizer"])
     rngs = state.get("rng", [])
@@ -220,8 +236,10 @@ def _restore(state: dict[str, Any], task: TrainingTask, opt: torch.optim.Optimiz
         set_rng_state(rngs[world.rank])
     else:
         if world.main:
-            notice(f"checkpoint of {saved.get('world')} ranks resumed on {world.size}: the data split and "
-                   "random streams differ from an uninterrupted run")  # fmt: skip
+            notice(
+                f"checkpoint of {saved.get('world')} ranks resumed on {world.size}: the data split and "
+                "random streams differ from an uninterrupted run"
+            )
         torch.manual_seed(signature["seed"] + world.rank + 7919 * int(state["step"]))  # fresh, per rank and step
 
 
@@ -258,8 +276,9 @@ class _Session:
     signature: Mapping[str, Any]
 
 
-def _prepare(config: TrainConfig, budgets: dict[str, str], devices: list[str], world: dist.World,
-             rep: Reporter) -> tuple[_Session, int]:  # fmt: skip
+def _prepare(
+    config: TrainConfig, budgets: dict[str, str], devices: list[str], world: dist.World, rep: Reporter
+) -> tuple[_Session, int]:
     """Load the task, find the checkpoint to resume, plan (rank 0 first: the others find its cached plan), wrap,
     and restore the checkpoint or seed the training draws. Returns the session and the first step to run."""
     from xsched.capture.torch import capture
@@ -272,8 +291,12 @@ def _prepare(config: TrainConfig, budgets: dict[str, str], devices: list[str], w
     start, state = _resume(config, world, rep.notice)
     inputs = task.example_batch[0]
     graph = capture(task.model, inputs, name=graph_name(config.model))
-    chosen: CachedPlan = dist.main_first(world, lambda: cached_plan(
-        graph, budgets, devices, config.method, config.profile, config.time_limit, config.cache_dir, rep.notice))  # fmt: skip
+    chosen: CachedPlan = dist.main_first(
+        world,
+        lambda: cached_plan(
+            graph, budgets, devices, config.method, config.profile, config.time_limit, config.cache_dir, rep.notice
+        ),
+    )
     plan = chosen.plan
     wrapped = wrap(task.model, inputs, budgets, devices, plan=plan)
     opt = _optimizer(config, wrapped.parameters())
@@ -284,15 +307,33 @@ def _prepare(config: TrainConfig, budgets: dict[str, str], devices: list[str], w
         torch.manual_seed(config.seed + world.rank)  # the training draws (dropout), restored as they are on resume
         random.seed(config.seed + world.rank)
     torch_devices = {d: torch_device(d) for d in plan.devices}
-    session = _Session(task, dist.data_parallel(wrapped, world), opt, chosen, _input_devices(wrapped.graph, plan),
-                       PeakMeter(plan, torch_devices), EnergyMeter(plan, chosen.profile, torch_devices), signature)  # fmt: skip
-    rep.start({
-        "model": config.model, "world": world.size, "devices": devices, "budgets": dict(plan.budgets),
-        "graph": graph, "plan": plan, "plan_path": str(chosen.path), "plan_reused": chosen.reused,
-        "profile_path": str(chosen.profile_path) if chosen.profile_path else None, "start_step": start,
-        "steps": config.steps, "resumed_from": config.checkpoint_dir if config.resume else None,
-        "energy_source": session.energy.source,
-    })  # fmt: skip
+    session = _Session(
+        task,
+        dist.data_parallel(wrapped, world),
+        opt,
+        chosen,
+        _input_devices(wrapped.graph, plan),
+        PeakMeter(plan, torch_devices),
+        EnergyMeter(plan, chosen.profile, torch_devices),
+        signature,
+    )
+    rep.start(
+        {
+            "model": config.model,
+            "world": world.size,
+            "devices": devices,
+            "budgets": dict(plan.budgets),
+            "graph": graph,
+            "plan": plan,
+            "plan_path": str(chosen.path),
+            "plan_reused": chosen.reused,
+            "profile_path": str(chosen.profile_path) if chosen.profile_path else None,
+            "start_step": start,
+            "steps": config.steps,
+            "resumed_from": config.checkpoint_dir if config.resume else None,
+            "energy_source": session.energy.source,
+        }
+    )
     return session, start
 
 
@@ -309,8 +350,9 @@ def _step(s: _Session, step: int, world: dist.World) -> StepRecord:
     s.opt.step()
     s.peaks.sync()
     dt = time.perf_counter() - t0
-    return StepRecord(step, dist.mean(loss, world), dt, s.peaks.read(), s.peaks.source, s.energy.read(),
-                      s.energy.source)  # fmt: skip
+    return StepRecord(
+        step, dist.mean(loss, world), dt, s.peaks.read(), s.peaks.source, s.energy.read(), s.energy.source
+    )
 
 
 def _save(s: _Session, directory: str, done: int, world: dist.World) -> Path | None:
@@ -318,14 +360,23 @@ def _save(s: _Session, directory: str, done: int, world: dist.World) -> Path | N
     rngs = dist.gather(rng_state(), world)
     if not world.main:
         return None
-    return save_checkpoint(directory, done, {
-        "step": done, "model": s.task.model.state_dict(), "optimizer": s.opt.state_dict(), "rng": rngs,
-        "data": {"next_step": done, "world": world.size}, "run": dict(s.signature),
-    })  # fmt: skip
+    return save_checkpoint(
+        directory,
+        done,
+        {
+            "step": done,
+            "model": s.task.model.state_dict(),
+            "optimizer": s.opt.state_dict(),
+            "rng": rngs,
+            "data": {"next_step": done, "world": world.size},
+            "run": dict(s.signature),
+        },
+    )
 
 
-def _loop(config: TrainConfig, s: _Session, world: dist.World, rep: Reporter, start: int,
-          setup_s: float) -> TrainResult:  # fmt: skip
+def _loop(
+    config: TrainConfig, s: _Session, world: dist.World, rep: Reporter, start: int, setup_s: float
+) -> TrainResult:
     every = config.checkpoint_every or DEFAULT_CHECKPOINT_EVERY
     records: list[StepRecord] = []
     last: Path | None = None
@@ -338,7 +389,8 @@ def _loop(config: TrainConfig, s: _Session, world: dist.World, rep: Reporter, st
             last = _save(s, config.checkpoint_dir, done, world)
             if last is not None:
                 rep.checkpoint(done, last)
-    result = TrainResult(start, tuple(records), s.chosen.path, s.chosen.reused, last, world.size,
-                         time.perf_counter() - t0, setup_s)  # fmt: skip
+    result = TrainResult(
+        start, tuple(records), s.chosen.path, s.chosen.reused, last, world.size, time.perf_counter() - t0, setup_s
+    )
     rep.end(result)
     return result

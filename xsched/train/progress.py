@@ -36,8 +36,7 @@ class Bar:
 
         resumed = f", resumed at step {info['start_step']}" if info["resumed_from"] else ""
         procs = f"{info['world']} process{'es' if info['world'] > 1 else ''}"
-        print(f"xsched train {info['model']}: {procs}, devices {', '.join(info['devices'])}"
-              f"{resumed}", file=self.out)  # fmt: skip
+        print(f"xsched train {info['model']}: {procs}, devices {', '.join(info['devices'])}{resumed}", file=self.out)
         print(f"  {_plan_source(info)}", file=self.out)
         print("  " + plan_report(info["graph"], info["plan"]).replace("\n", "\n  "), file=self.out, flush=True)
         self.bar = tqdm(total=info["steps"], initial=info["start_step"], desc="train", unit="step", dynamic_ncols=True)
@@ -72,8 +71,11 @@ class Bar:
             return
         energy = _energy(records)
         spent = "" if energy is None else f", {energy:.4g} J {records[-1].energy_source}"
-        print(f"trained steps {result.start_step}..{records[-1].step} in {result.time_s:.2f} s (setup "
-              f"{result.setup_s:.2f} s): final loss {records[-1].loss:.6g}{spent}", file=self.out)  # fmt: skip
+        print(
+            f"trained steps {result.start_step}..{records[-1].step} in {result.time_s:.2f} s (setup "
+            f"{result.setup_s:.2f} s): final loss {records[-1].loss:.6g}{spent}",
+            file=self.out,
+        )
         if result.checkpoint is not None:
             print(f"checkpoint: {result.checkpoint}", file=self.out)
 
@@ -91,16 +93,34 @@ class JsonLines:
         plan = info["plan"]
         p, s = plan.predicted, plan.solver
         self.emit(
-            "start", model=info["model"], world=info["world"], devices=list(info["devices"]),
-            budgets=dict(info["budgets"]), start_step=info["start_step"], steps=info["steps"],
-            resumed_from=info["resumed_from"], plan_path=info["plan_path"], plan_reused=info["plan_reused"],
-            profile_path=info["profile_path"], method=s.method, status=s.status, energy_source=info["energy_source"],
+            "start",
+            model=info["model"],
+            world=info["world"],
+            devices=list(info["devices"]),
+            budgets=dict(info["budgets"]),
+            start_step=info["start_step"],
+            steps=info["steps"],
+            resumed_from=info["resumed_from"],
+            plan_path=info["plan_path"],
+            plan_reused=info["plan_reused"],
+            profile_path=info["profile_path"],
+            method=s.method,
+            status=s.status,
+            energy_source=info["energy_source"],
             predicted={"time_s": p.time_s, "peak_bytes": dict(p.peak_bytes), "energy_j": p.energy_j} if p else None,
-        )  # fmt: skip
+        )
 
     def step(self, r: StepRecord) -> None:
-        self.emit("step", step=r.step, loss=r.loss, step_s=r.step_s, peak_bytes=dict(r.peak_bytes),
-                  peak_source=dict(r.peak_source), energy_j=r.energy_j, energy_source=r.energy_source)  # fmt: skip
+        self.emit(
+            "step",
+            step=r.step,
+            loss=r.loss,
+            step_s=r.step_s,
+            peak_bytes=dict(r.peak_bytes),
+            peak_source=dict(r.peak_source),
+            energy_j=r.energy_j,
+            energy_source=r.energy_source,
+        )
 
     def checkpoint(self, step: int, path: Path) -> None:
         self.emit("checkpoint", steps_done=step, path=str(path))
@@ -114,9 +134,14 @@ class JsonLines:
     def end(self, result: TrainResult) -> None:
         records = result.records
         self.emit(
-            "end", start_step=result.start_step, steps_run=len(records), world=result.world, time_s=result.time_s,
+            "end",
+            start_step=result.start_step,
+            steps_run=len(records),
+            world=result.world,
+            time_s=result.time_s,
             setup_s=result.setup_s,
-            final_loss=records[-1].loss if records else None, energy_j=_energy(records),
+            final_loss=records[-1].loss if records else None,
+            energy_j=_energy(records),
             energy_source=records[-1].energy_source if records else None,
             checkpoint=str(result.checkpoint) if result.checkpoint else None,
-        )  # fmt: skip
+        )

@@ -27,8 +27,9 @@ class Canon:
         return dict(zip(self.ops, other.ops)), dict(zip(self.values, other.values))
 
 
-def canon(region: Region, profile: Profile, devices: Sequence[str], homes: Mapping[str, str],
-          children: Sequence[str] = ()) -> Canon:  # fmt: skip
+def canon(
+    region: Region, profile: Profile, devices: Sequence[str], homes: Mapping[str, str], children: Sequence[str] = ()
+) -> Canon:
     """The canonical form of a region; `children`: the class keys of its child blocks, in order (a block of
     identical ops split differently is another class)."""
     sub = region.graph
@@ -41,15 +42,24 @@ def canon(region: Region, profile: Profile, devices: Sequence[str], homes: Mappi
     items = []
     for o in ops:
         op = sub.op[o]
-        items.append((op.target, op.phase, op.workspace_bytes, tuple(idx(v) for v in op.inputs),
-                      tuple(idx(v) for v in op.outputs), tuple(profile.can_run(o, d) for d in devices)))  # fmt: skip
+        items.append(
+            (
+                op.target,
+                op.phase,
+                op.workspace_bytes,
+                tuple(idx(v) for v in op.inputs),
+                tuple(idx(v) for v in op.outputs),
+                tuple(profile.can_run(o, d) for d in devices),
+            )
+        )
     inputs, f_out, outs = set(region.inputs), set(region.f_outputs), set(sub.outputs)
     values = tuple(local)
     roles = []
     for v in values:
         val = sub.value[v]
         role = "in" if v in inputs else "fout" if v in f_out else "out" if v in outs else "internal"
-        roles.append((val.nbytes, val.kind, role, homes.get(v), local.get(val.grad_of or ""),
-                      local.get(val.updates or "")))  # fmt: skip
+        roles.append(
+            (val.nbytes, val.kind, role, homes.get(v), local.get(val.grad_of or ""), local.get(val.updates or ""))
+        )
     text = repr((len(region.f_ops), items, roles, tuple(children)))
     return Canon(hashlib.sha256(text.encode()).hexdigest()[:24], ops, values)

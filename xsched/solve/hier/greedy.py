@@ -102,8 +102,7 @@ class _Greedy:
         pin |= {("p", ix.twin.get(k, k))}
         for d in ix.dev_range:  # the correction terms: inputs read for the last time here are freed in the part
             dead = {v for v, _ in ix.reads[(k, o)] if not any(s > t for s in self.uses.get(v, ()))}
-            worst = max((b - sum(ix.mem[v] for v in done if v in dead) for b, done in ix.points[k][o][d]),
-                        default=0.0)  # fmt: skip
+            worst = max((b - sum(ix.mem[v] for v in done if v in dead) for b, done in ix.points[k][o][d]), default=0.0)
             self.fit(d, worst, t, pin)
         self.runs.add((k, o, t))
         self.events.append(("run", k, o, t))
@@ -129,8 +128,12 @@ class _Greedy:
         if (v, d) in self.resident or ix.home.get(v) == d:
             return
         src = [s for vv, s in self.resident if vv == v] + ([ix.home[v]] if v in ix.home else [])
-        src = [s for s in src if self.ix.profile.link(ix.devices[s], ix.devices[d]) is not None
-               and ((v, s, d, t) in ix.copy_time or not self.strict)]  # fmt: skip
+        src = [
+            s
+            for s in src
+            if self.ix.profile.link(ix.devices[s], ix.devices[d]) is not None
+            and ((v, s, d, t) in ix.copy_time or not self.strict)
+        ]
         if src:
             s = min(src, key=lambda s: ix.copy_time.get((v, s, d, t), 0.0))
             self.fit(d, ix.mem[v], t, pinned)
@@ -141,8 +144,13 @@ class _Greedy:
         p = ix.prod[v]
         if p is None:
             raise _Stuck  # an input elsewhere with no link: cannot be rebuilt
-        makers = [o for o in self._makers(p, v) if (v, d) in ix.outs[(p, o)] and (t > p or ix.full[p][o])
-                  and (not self.strict or ((p, o, t) not in self.runs and t <= ix.last[p]))]  # fmt: skip
+        makers = [
+            o
+            for o in self._makers(p, v)
+            if (v, d) in ix.outs[(p, o)]
+            and (t > p or ix.full[p][o])
+            and (not self.strict or ((p, o, t) not in self.runs and t <= ix.last[p]))
+        ]
         if not makers:
             raise _Stuck  # e.g. a gradient dropped that no partial option makes again
         self.run(p, min(makers, key=lambda o: (ix.time[p][o], o)), t, pinned)

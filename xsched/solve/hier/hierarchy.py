@@ -189,8 +189,9 @@ def _assign(graph: Graph, blocks: Sequence[Block], order: Sequence[str], split: 
         for c in b.children:
             k, at_ = fill(c, at_)
             kids.append(k)
-        return Block(b.f_ops, tuple(sorted((o for k in kids for o in k.b_ops), key=rank.__getitem__)),
-                     tuple(kids), b.level), at_  # fmt: skip
+        return Block(
+            b.f_ops, tuple(sorted((o for k in kids for o in k.b_ops), key=rank.__getitem__)), tuple(kids), b.level
+        ), at_
 
     top = Block(tuple(order), (), tuple(blocks), max((b.level for b in blocks), default=0) + 1)
     filled, _ = fill(top, 0)

@@ -34,8 +34,16 @@ from xsched.solve.milp import NoIncumbent
 from xsched.solve.options import SolverOptions
 
 
-def solve_hilp(graph, profile: Profile, units: Sequence[Unit], budgets: Mapping[str, int], devices: Sequence[str],
-               homes: Mapping[str, str], fwd_out: Sequence[str], options: SolverOptions) -> Plan:  # fmt: skip
+def solve_hilp(
+    graph,
+    profile: Profile,
+    units: Sequence[Unit],
+    budgets: Mapping[str, int],
+    devices: Sequence[str],
+    homes: Mapping[str, str],
+    fwd_out: Sequence[str],
+    options: SolverOptions,
+) -> Plan:
     """The fastest plan of the H-ILP within `options.time_limit_s`, simulator-checked under `budgets`.
     BudgetError when HiGHS proves the model infeasible (for these options and stages), NoIncumbent without a plan."""
     t0 = time.perf_counter()
@@ -51,19 +59,32 @@ def solve_hilp(graph, profile: Profile, units: Sequence[Unit], budgets: Mapping[
         except XschedError:
             pass
     if out["status"] == "infeasible":
-        raise BudgetError(f"the H-ILP of {graph.name} ({ix.T} stages) has no plan within the budgets "
-                          f"{dict(budgets)}", stage="solve")  # fmt: skip
+        raise BudgetError(
+            f"the H-ILP of {graph.name} ({ix.T} stages) has no plan within the budgets {dict(budgets)}", stage="solve"
+        )
     if out["x"] is None:
-        raise NoIncumbent(f"the H-ILP of {graph.name} ({ix.T} stages) found no plan in "
-                          f"{time.perf_counter() - t0:.1f} s")  # fmt: skip
+        raise NoIncumbent(
+            f"the H-ILP of {graph.name} ({ix.T} stages) found no plan in {time.perf_counter() - t0:.1f} s"
+        )
     gap = None
     if out["objective"] is not None and out["bound"] is not None and out["objective"] > 0:
         gap = max(0.0, out["objective"] - out["bound"]) / out["objective"]
-    info = SolverInfo("hilp", out["status"], gap, time.perf_counter() - t0, {
-        "build_s": build_s, "highs_s": out["solver_s"], "stages": ix.T, "greedy_start": start is not None, "greedy_events": len(events), "n_binaries": len(m.R) + len(m.S) + len(m.C),
-        "objective": out["objective"] * ix.tu if out["objective"] is not None else None,
-        "bound": out["bound"] * ix.tu if out["bound"] is not None else None,
-    })  # fmt: skip
+    info = SolverInfo(
+        "hilp",
+        out["status"],
+        gap,
+        time.perf_counter() - t0,
+        {
+            "build_s": build_s,
+            "highs_s": out["solver_s"],
+            "stages": ix.T,
+            "greedy_start": start is not None,
+            "greedy_events": len(events),
+            "n_binaries": len(m.R) + len(m.S) + len(m.C),
+            "objective": out["objective"] * ix.tu if out["objective"] is not None else None,
+            "bound": out["bound"] * ix.tu if out["bound"] is not None else None,
+        },
+    )
     return extract(ix, m, out["x"], info)
 
 
@@ -117,8 +138,11 @@ def build_model(ix: HIndex, alpha: float = 0.0) -> pyo.ConcreteModel:
         return [R[p, o, t] for o in range(len(ix.parts[p])) if (v, d) in ix.outs[(p, o)] and (p, o, t) in R]
 
     def uses(k: int, v: int, d: int, t: int, outs: bool) -> list:
-        return [R[k, o, t] for o in range(len(ix.parts[k])) if (k, o, t) in R
-                and ((v, d) in ix.reads[(k, o)] or (outs and (v, d) in ix.outs[(k, o)]))]  # fmt: skip
+        return [
+            R[k, o, t]
+            for o in range(len(ix.parts[k]))
+            if (k, o, t) in R and ((v, d) in ix.reads[(k, o)] or (outs and (v, d) in ix.outs[(k, o)]))
+        ]
 
     # ---- constraint groups
     m.frontier = pyo.ConstraintList()  # stage t runs stage-unit t (first run) with exactly one option
@@ -132,8 +156,9 @@ def build_model(ix: HIndex, alpha: float = 0.0) -> pyo.ConcreteModel:
     for b, f in ix.twin.items():
         for o in range(len(ix.parts[b])):
             if (b, o, b) in R:
-                m.phantom.add(R[b, o, b] <= sum([P[f, o, b] if (f, o, b) in P else 0,
-                                                 R[f, o, b] if (f, o, b) in R else 0]))  # fmt: skip
+                m.phantom.add(
+                    R[b, o, b] <= sum([P[f, o, b] if (f, o, b) in P else 0, R[f, o, b] if (f, o, b) in R else 0])
+                )
     for f, o, t in ix.sp_keys:  # ... which only a run of the forward part makes
         m.phantom.add(P[f, o, t] <= sum([P[f, o, t - 1] if (f, o, t - 1) in P else 0, R[f, o, t - 1]]))
     m.keep = pyo.ConstraintList()  # resident at t+1: resident at t, copied in or made during t
@@ -208,20 +233,28 @@ def build_model(ix: HIndex, alpha: float = 0.0) -> pyo.ConcreteModel:
                 m.start_mem.add(base <= cap)
             prev = None
             for k in ix.r_at.get(t, ()):
-                rhs = base if prev is None else (
-                    U[d, t, prev]
-                    + sum(ix.after[prev][o][d] * R[prev, o, t] for o in range(len(ix.parts[prev]))
-                          if ix.after[prev][o][d] and (prev, o, t) in R)
-                    - sum(ix.mem[v] * F[v, d, t, prev] for v in freed_at.get((d, t, prev), ()))
-                )  # fmt: skip
+                rhs = (
+                    base
+                    if prev is None
+                    else (
+                        U[d, t, prev]
+                        + sum(
+                            ix.after[prev][o][d] * R[prev, o, t]
+                            for o in range(len(ix.parts[prev]))
+                            if ix.after[prev][o][d] and (prev, o, t) in R
+                        )
+                        - sum(ix.mem[v] * F[v, d, t, prev] for v in freed_at.get((d, t, prev), ()))
+                    )
+                )
                 m.run_mem.add(U[d, t, k] == rhs)
                 U[d, t, k].setub(cap)
                 for o in range(len(ix.parts[k])):
                     if (k, o, t) not in R:
                         continue
                     for b, done in ix.points[k][o][d]:
-                        m.run_mem.add(U[d, t, k] + b * R[k, o, t] - sum(ix.mem[v] * gone(v, d, t, k) for v in done)
-                                      <= cap)  # fmt: skip
+                        m.run_mem.add(
+                            U[d, t, k] + b * R[k, o, t] - sum(ix.mem[v] * gone(v, d, t, k) for v in done) <= cap
+                        )
                 prev = k
     run_time = sum(ix.time[k][o] * R[k, o, t] for k, o, t in ix.r_keys)
     run_time = run_time + sum(ix.copy_time[key] * C[key] for key in ix.c_keys)
@@ -267,8 +300,9 @@ def _ends(ix: HIndex, events: Sequence) -> set[tuple[str, str]]:
     return {(ix.values[v], ix.devices[d]) for v, d in ends if v in outs}
 
 
-def run_highs(m: pyo.ConcreteModel, ix: HIndex, options: SolverOptions, t0: float,
-              start: tuple[set, set] | None = None) -> dict:  # fmt: skip
+def run_highs(
+    m: pyo.ConcreteModel, ix: HIndex, options: SolverOptions, t0: float, start: tuple[set, set] | None = None
+) -> dict:
     """HiGHS on the model until the time limit (from t0), from `start` (runs and copies; HiGHS completes the
     other variables or drops it): status, the watched columns' values, objective, bound."""
     from xsched.solve.backends import set_threads, to_highs
@@ -281,8 +315,9 @@ def run_highs(m: pyo.ConcreteModel, ix: HIndex, options: SolverOptions, t0: floa
         idx = [int(cols[i]) for i in range(nr)] + [int(cols[nr + ns + i]) for i in range(len(m.C))]
         val = [1.0 if k in runs else 0.0 for k in m.R.keys()] + [1.0 if k in copies else 0.0 for k in m.C.keys()]
         keep = [i for i, c in enumerate(idx) if c >= 0]
-        h.setSolution(len(keep), np.array([idx[i] for i in keep], dtype=np.int32),
-                      np.array([val[i] for i in keep], dtype=float))  # fmt: skip
+        h.setSolution(
+            len(keep), np.array([idx[i] for i in keep], dtype=np.int32), np.array([val[i] for i in keep], dtype=float)
+        )
     limit = options.time_limit_s if options.time_limit_s is not None else 3600.0
     h.setOptionValue("time_limit", max(0.05, limit - (time.perf_counter() - t0)))
     h.setOptionValue("mip_rel_gap", float(options.mip_gap))
@@ -294,8 +329,12 @@ def run_highs(m: pyo.ConcreteModel, ix: HIndex, options: SolverOptions, t0: floa
     import highspy
 
     kind = highspy.HighsModelStatus
-    said = {kind.kOptimal: "optimal", kind.kTimeLimit: "time_limit", kind.kInfeasible: "infeasible",
-            kind.kUnboundedOrInfeasible: "infeasible"}  # fmt: skip
+    said = {
+        kind.kOptimal: "optimal",
+        kind.kTimeLimit: "time_limit",
+        kind.kInfeasible: "infeasible",
+        kind.kUnboundedOrInfeasible: "infeasible",
+    }
     status = said.get(h.getModelStatus(), "feasible")
     if status == "infeasible":  # HiGHS 1.16's presolve wrongly proves some H-ILPs infeasible (a 5-stage one in
         # tests/test_hier.py): a proof counts only when the model without presolve agrees in the time left
@@ -309,8 +348,13 @@ def run_highs(m: pyo.ConcreteModel, ix: HIndex, options: SolverOptions, t0: floa
     if info.primal_solution_status == 2:
         x = np.append(np.asarray(h.getSolution().col_value), 0.0)[cols]
     bound = info.mip_dual_bound if np.isfinite(info.mip_dual_bound) else None
-    return {"status": status, "x": x, "objective": info.objective_function_value if x is not None else None,
-            "bound": bound, "solver_s": time.perf_counter() - t1}  # fmt: skip
+    return {
+        "status": status,
+        "x": x,
+        "objective": info.objective_function_value if x is not None else None,
+        "bound": bound,
+        "solver_s": time.perf_counter() - t1,
+    }
 
 
 def extract(ix: HIndex, m: pyo.ConcreteModel, x: np.ndarray, info: SolverInfo) -> Plan:
@@ -344,19 +388,33 @@ def plan_steps(ix: HIndex, r_on: set, c_on: set) -> list[Step]:
     return steps
 
 
-def finish_plan(graph, profile: Profile, steps: Sequence[Step], budgets: Mapping[str, int],
-                homes: Mapping[str, str], ends: set[tuple[str, str]], info: SolverInfo) -> Plan:  # fmt: skip
+def finish_plan(
+    graph,
+    profile: Profile,
+    steps: Sequence[Step],
+    budgets: Mapping[str, int],
+    homes: Mapping[str, str],
+    ends: set[tuple[str, str]],
+    info: SolverInfo,
+) -> Plan:
     """Steps pruned, frees placed, simulated under the budgets (an error here is a bug of the memory model)."""
     steps = prune(graph, steps, ends)
     steps = free_unwanted_ends(graph, place_frees(graph, steps, homes), homes, ends)
     steps = hold_to_boundary(graph, steps)
-    plan = Plan(graph.fingerprint, dict(budgets), dict(homes), tuple(steps), info,
-                boundary=autograd_boundary(graph, steps))  # fmt: skip
+    plan = Plan(
+        graph.fingerprint, dict(budgets), dict(homes), tuple(steps), info, boundary=autograd_boundary(graph, steps)
+    )
     try:
         result = simulate(graph, plan, profile, check_budgets=True)
     except XschedError as e:
-        raise XschedError(f"internal error: a flattened hierarchical plan fails the simulator: {e.detail}",
-                          stage="solve", op=e.op, value=e.value, device=e.device, step=e.step) from e  # fmt: skip
+        raise XschedError(
+            f"internal error: a flattened hierarchical plan fails the simulator: {e.detail}",
+            stage="solve",
+            op=e.op,
+            value=e.value,
+            device=e.device,
+            step=e.step,
+        ) from e
     return Plan(**{**plan.__dict__, "predicted": result.prediction()})
 
 
@@ -372,8 +430,12 @@ def direct_plan(ix: HIndex, choice: Sequence[int], budgets: Mapping[str, int] | 
             return
         srcs = [s for s in ix.dev_range if (v, s) in resident and ix.profile.link(ix.devices[s], ix.devices[d])]
         if not srcs:
-            raise XschedError(f"no copy link brings {ix.values[v]} to {ix.devices[d]}", stage="solve",
-                              value=ix.values[v], device=ix.devices[d])  # fmt: skip
+            raise XschedError(
+                f"no copy link brings {ix.values[v]} to {ix.devices[d]}",
+                stage="solve",
+                value=ix.values[v],
+                device=ix.devices[d],
+            )
         nbytes = int(round(ix.mem[v] * ix.mu))
         src = min(srcs, key=lambda s: ix.profile.copy_time(ix.values[v], nbytes, ix.devices[s], ix.devices[d]))
         c_on.add((v, src, d, t))

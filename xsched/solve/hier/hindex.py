@@ -92,13 +92,21 @@ def _pow2(x: float) -> float:
     return 2.0 ** (math.ceil(math.log2(x)) - 10) if x > 0 else 1.0
 
 
-def index(graph: Graph, profile: Profile, units: Sequence[Unit], budgets: Mapping[str, int],
-          devices: Sequence[str], homes: Mapping[str, str], fwd_out: Sequence[str]) -> HIndex:  # fmt: skip
+def index(
+    graph: Graph,
+    profile: Profile,
+    units: Sequence[Unit],
+    budgets: Mapping[str, int],
+    devices: Sequence[str],
+    homes: Mapping[str, str],
+    fwd_out: Sequence[str],
+) -> HIndex:
     """The index of the region `graph` made of `units` (in a topological order of their forward parts)."""
     devs = tuple(devices)
     dix = {d: i for i, d in enumerate(devs)}
-    stage_units = [(u, "f") for u in range(len(units))] + [(u, "b") for u in reversed(range(len(units)))
-                                                           if units[u].b_ops]  # fmt: skip
+    stage_units = [(u, "f") for u in range(len(units))] + [
+        (u, "b") for u in reversed(range(len(units))) if units[u].b_ops
+    ]
     T = len(stage_units)
     where = {(u, p): k for k, (u, p) in enumerate(stage_units)}
     parts = [[(o.f if p == "f" else o.b or EMPTY) for o in units[u].options] for u, p in stage_units]
@@ -135,14 +143,31 @@ def index(graph: Graph, profile: Profile, units: Sequence[Unit], budgets: Mappin
     tu = _pow2(max(sum(max(p.time_s for p in ps) for ps in parts), 1e-12))
     eu = _pow2(max(sum(max(p.energy_j for p in ps) for ps in parts), 1e-12))
     ix = HIndex(
-        graph=graph, profile=profile, devices=devs, budgets=dict(budgets), homes=dict(homes), units=stage_units,
-        parts=parts, twin=twin, T=T, mu=mu, tu=tu, eu=eu, values=names, mem=[size[v] / mu for v in names],
-        prod=prod, home=home,
+        graph=graph,
+        profile=profile,
+        devices=devs,
+        budgets=dict(budgets),
+        homes=dict(homes),
+        units=stage_units,
+        parts=parts,
+        twin=twin,
+        T=T,
+        mu=mu,
+        tu=tu,
+        eu=eu,
+        values=names,
+        mem=[size[v] / mu for v in names],
+        prod=prod,
+        home=home,
         const=[sum(size[v] for v in graph.inputs if homes[v] == d) / mu for d in devs],
         budget=[(budgets[d] * (1 - BUDGET_SLACK) + 0.5) / mu if d in budgets else None for d in devs],
-        outputs=sorted(need_end), end_dev=end_dev, fwd_out=[vix[v] for v in fwd_out if v in vix],
-        t_back=min(twin, default=None), reads=reads, outs=outs,
-    )  # fmt: skip
+        outputs=sorted(need_end),
+        end_dev=end_dev,
+        fwd_out=[vix[v] for v in fwd_out if v in vix],
+        t_back=min(twin, default=None),
+        reads=reads,
+        outs=outs,
+    )
     ix.full = [[o.full for o in units[u].options] for u, _ in stage_units]
     ix.mine = [[o.full or (o.b is None) == (p == "f") for o in units[u].options] for u, p in stage_units]
     _coefficients(ix)
@@ -161,8 +186,15 @@ def _coefficients(ix: HIndex) -> None:
         runs, afters, phantoms, points = [], [], [], []
         for o, p in enumerate(ps):
             rd = set(ix.reads[(k, o)])
-            points.append([[(b / ix.mu, sorted(vix[v] for v, dd in done if (vix[v], dix[dd]) in rd))
-                            for b, done in p.points.get(d, ())] for d in ix.devices])  # fmt: skip
+            points.append(
+                [
+                    [
+                        (b / ix.mu, sorted(vix[v] for v, dd in done if (vix[v], dix[dd]) in rd))
+                        for b, done in p.points.get(d, ())
+                    ]
+                    for d in ix.devices
+                ]
+            )
             outsz = [0.0] * nd
             for v, d in ix.outs[(k, o)]:
                 outsz[d] += ix.mem[v]
@@ -200,8 +232,11 @@ def _keys(ix: HIndex, need_end: set[int]) -> None:
     for k in range(T):
         for t in range(k, ix.last[k] + 1):
             ix.r_at.setdefault(t, []).append(k)
-            ix.r_keys += [(k, o, t) for o in range(len(ix.parts[k]))
-                          if (ix.again(k, o) if t > k else ix.full[k][o] and ix.mine[k][o])]  # fmt: skip
+            ix.r_keys += [
+                (k, o, t)
+                for o in range(len(ix.parts[k]))
+                if (ix.again(k, o) if t > k else ix.full[k][o] and ix.mine[k][o])
+            ]
         if k in twin_of:
             b = twin_of[k]
             ix.sp_keys += [(k, o, t) for o in range(len(ix.parts[k])) if ix.full[k][o] for t in range(k + 1, b + 1)]

@@ -72,8 +72,11 @@ def leaf_options(task: LeafTask) -> list[Option]:
         made += mixed
         found += [summarize(region, p, prof, h, label) for p, h, label in mixed]
     if not made:
-        raise XschedError(f"no schedule of block {sub.name} on any of {list(task.devices)}", stage="solve",
-                          op=sub.ops[0].id if sub.ops else None)  # fmt: skip
+        raise XschedError(
+            f"no schedule of block {sub.name} on any of {list(task.devices)}",
+            stage="solve",
+            op=sub.ops[0].id if sub.ops else None,
+        )
     found += deferring(region, made, prof, task.graph_homes, task.deferred)
     kept = pareto(found, task.limit)
     if not region.b_ops:
@@ -82,8 +85,13 @@ def leaf_options(task: LeafTask) -> list[Option]:
     return kept
 
 
-def deferring(region: Region, made: Sequence[tuple[Plan, str, str]], prof: Profile, graph_homes: Mapping[str, str],
-              ops: Sequence[str]) -> list[Option]:  # fmt: skip
+def deferring(
+    region: Region,
+    made: Sequence[tuple[Plan, str, str]],
+    prof: Profile,
+    graph_homes: Mapping[str, str],
+    ops: Sequence[str],
+) -> list[Option]:
     """Each plan with the gradients of the deferrable `ops` freed once made and the values their recomputes read
     left at the end (the level above makes the gradients again with `deferred_options`)."""
     if not ops:
@@ -95,15 +103,19 @@ def deferring(region: Region, made: Sequence[tuple[Plan, str, str]], prof: Profi
         homes = region_homes(region, graph_homes, h)
         steps = hold_to_boundary(g, place_frees(g, plan.steps, homes))
         try:
-            out.append(summarize(region, finish(g, steps, "defer", {}, homes, prof, time.perf_counter()), prof, h,
-                                 f"defer+{label}"))  # fmt: skip
+            out.append(
+                summarize(
+                    region, finish(g, steps, "defer", {}, homes, prof, time.perf_counter()), prof, h, f"defer+{label}"
+                )
+            )
         except XschedError:
             continue
     return out
 
 
-def deferred_options(region: Region, prof: Profile, devices: tuple[str, ...], graph_homes: Mapping[str, str],
-                     ops: Sequence[str]) -> list[Option]:  # fmt: skip
+def deferred_options(
+    region: Region, prof: Profile, devices: tuple[str, ...], graph_homes: Mapping[str, str], ops: Sequence[str]
+) -> list[Option]:
     """Recompute options of a block's backward part: each deferrable gradient op alone, on each device, to make
     its parameter gradients again late (its first run's are then freed at once). It reads only boundary values:
     graph inputs and the values every region keeps for it (`make_region`'s `kept`)."""
@@ -116,8 +128,9 @@ def deferred_options(region: Region, prof: Profile, devices: tuple[str, ...], gr
     return out
 
 
-def cones(region: Region, prof: Profile, devices: tuple[str, ...], graph_homes: Mapping[str, str],
-          limit: int) -> list[Option]:  # fmt: skip
+def cones(
+    region: Region, prof: Profile, devices: tuple[str, ...], graph_homes: Mapping[str, str], limit: int
+) -> list[Option]:
     """Recompute options of a block without a backward part: for each output, the ops it depends on in the block
     (its cone) in graph order, on each device; the smallest `limit` cones. A wide DAG's long-lived values then cost
     a recompute of their own cone, not of the whole block."""
@@ -144,8 +157,9 @@ def cones(region: Region, prof: Profile, devices: tuple[str, ...], graph_homes: 
     return out
 
 
-def heuristic_plans(region: Region, prof: Profile, device: str, homes: Mapping[str, str],
-                    fractions: Sequence[float] = DRIVEN_FRACTIONS) -> list[Plan]:  # fmt: skip
+def heuristic_plans(
+    region: Region, prof: Profile, device: str, homes: Mapping[str, str], fractions: Sequence[float] = DRIVEN_FRACTIONS
+) -> list[Plan]:
     """Checkpointing on `device` with every keep set (graph order alone for a block without a backward part), then
     gap rematerialization and eviction at `fractions` of the way from the leanest to the fastest of those peaks."""
     sub = region.graph
@@ -180,14 +194,25 @@ def heuristic_plans(region: Region, prof: Profile, device: str, homes: Mapping[s
     return plans
 
 
-def exact_plan(region: Region, prof: Profile, budgets: Mapping[str, int], devices: tuple[str, ...],
-               homes: Mapping[str, str], seconds: float, starts: list[Plan], seed: int) -> Plan | None:  # fmt: skip
+def exact_plan(
+    region: Region,
+    prof: Profile,
+    budgets: Mapping[str, int],
+    devices: tuple[str, ...],
+    homes: Mapping[str, str],
+    seconds: float,
+    starts: list[Plan],
+    seed: int,
+) -> Plan | None:
     """The stage MILP's plan within `budgets` (warm-started from the fastest plan of `starts` that fits), or None."""
     from xsched.solve.milp import solve_milp
 
     sub = region.graph
-    fits = [p for p in starts if all(p.predicted.peak_bytes.get(d, 0) <= b for d, b in budgets.items())
-            and dict(p.homes) == dict(homes)]  # fmt: skip
+    fits = [
+        p
+        for p in starts
+        if all(p.predicted.peak_bytes.get(d, 0) <= b for d, b in budgets.items()) and dict(p.homes) == dict(homes)
+    ]
     warm = min(fits, key=lambda p: p.predicted.time_s or 0.0, default=None)
     opts = SolverOptions(time_limit_s=seconds, threads=1, seed=seed, restricted=(), mip_gap=LEAF_GAP)
     try:

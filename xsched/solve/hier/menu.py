@@ -97,14 +97,16 @@ def summarize(region: Region, plan: Plan, profile: Profile, home: str, label: st
 EMPTY = Part((), 0.0, 0.0, frozenset(), frozenset(), {}, {}, {}, frozenset())  # the missing part of a partial option
 
 
-def partial(region: Region, steps: Sequence[Step], profile: Profile, home: str, label: str,
-            backward: bool = False) -> Option:  # fmt: skip
+def partial(
+    region: Region, steps: Sequence[Step], profile: Profile, home: str, label: str, backward: bool = False
+) -> Option:
     """A recompute option: `steps` make some of the block's outputs only, in a later stage than its first run —
     of a block without a backward part (a forward cone), or (`backward`) of a block's backward part (a deferred
     gradient op: its forward part slot is EMPTY)."""
     g = region.graph
-    outs = frozenset((v, s.device) for s in steps if isinstance(s, Compute) for v in g.op[s.op].outputs
-                     if v in set(region.outputs))  # fmt: skip
+    outs = frozenset(
+        (v, s.device) for s in steps if isinstance(s, Compute) for v in g.op[s.op].outputs if v in set(region.outputs)
+    )
     boundary = set(region.inputs) | set(region.outputs)
     part = _part(g, profile, steps, boundary, outs, set())
     if backward:
@@ -140,8 +142,9 @@ def _made(g: Graph, s: Step) -> list[Res] | None:
     return None
 
 
-def _part(g: Graph, profile: Profile, steps: Sequence[Step], boundary: set[str], outs: frozenset[Res],
-          start: set[Res]) -> Part:  # fmt: skip
+def _part(
+    g: Graph, profile: Profile, steps: Sequence[Step], boundary: set[str], outs: frozenset[Res], start: set[Res]
+) -> Part:
     """Track the residencies the level above does not count (`start`: the phantom a backward part begins with;
     then those made in the part) and the boundary outputs made so far, through the steps: the bytes at each
     step, with the outputs and workspace of a running compute on top as the simulator counts them."""
@@ -202,13 +205,22 @@ def _part(g: Graph, profile: Profile, steps: Sequence[Step], boundary: set[str],
         worst[(d, done)] = max(worst.get((d, done), b), b)
     points: dict[str, list[tuple[int, frozenset[Res]]]] = {}
     for (d, done), b in worst.items():  # a point is implied by one with more bytes and fewer reads done
-        if not any(dd == d and b2 >= b and done2 <= done and (b2, done2) != (b, done)
-                   for (dd, done2), b2 in worst.items()):  # fmt: skip
+        if not any(
+            dd == d and b2 >= b and done2 <= done and (b2, done2) != (b, done) for (dd, done2), b2 in worst.items()
+        ):
             points.setdefault(d, []).append((b, done))
     left = {d: b - sum(size[v] for v, dd in made if dd == d and (v, dd) in outs) for d, b in held.items()}
-    return Part(tuple(steps), time_s, energy, frozenset(reads), outs, run,
-                {d: tuple(sorted(p, key=lambda x: (-x[0], sorted(x[1])))) for d, p in points.items()},
-                {d: b for d, b in left.items() if b > 0}, frozenset(rng))  # fmt: skip
+    return Part(
+        tuple(steps),
+        time_s,
+        energy,
+        frozenset(reads),
+        outs,
+        run,
+        {d: tuple(sorted(p, key=lambda x: (-x[0], sorted(x[1])))) for d, p in points.items()},
+        {d: b for d, b in left.items() if b > 0},
+        frozenset(rng),
+    )
 
 
 def retime(part: Part, g: Graph, profile: Profile) -> Part:
@@ -238,15 +250,21 @@ def translate(option: Option, ops: Mapping[str, str], values: Mapping[str, str],
 
     def part(p: Part) -> Part:
         moved = replace(
-            p, steps=tuple(step(s) for s in p.steps), reads=frozenset((values[v], d) for v, d in p.reads),
-            outs=frozenset((values[v], d) for v, d in p.outs), rng=frozenset((ops[o], r) for o, r in p.rng),
-            points={d: tuple((b, frozenset((values[v], dd) for v, dd in done)) for b, done in pts)
-                    for d, pts in p.points.items()},
-        )  # fmt: skip
+            p,
+            steps=tuple(step(s) for s in p.steps),
+            reads=frozenset((values[v], d) for v, d in p.reads),
+            outs=frozenset((values[v], d) for v, d in p.outs),
+            rng=frozenset((ops[o], r) for o, r in p.rng),
+            points={
+                d: tuple((b, frozenset((values[v], dd) for v, dd in done)) for b, done in pts)
+                for d, pts in p.points.items()
+            },
+        )
         return retime(moved, g, profile)
 
-    return Option(part(option.f), part(option.b) if option.b else None, option.home, option.label, option.peak,
-                  option.full)  # fmt: skip
+    return Option(
+        part(option.f), part(option.b) if option.b else None, option.home, option.label, option.peak, option.full
+    )
 
 
 def _leaving_all(options: Sequence[Option], home: str) -> list[int]:
@@ -297,8 +315,12 @@ def pareto(options: Sequence[Option], limit: int) -> list[Option]:
 
         def figures(o: Option, devs: list[str] = devs) -> tuple:
             b_run = o.b.run if o.b else {}
-            return (o.time_s, *(o.f.left.get(d, 0) for d in devs), *(o.f.run.get(d, 0) for d in devs),
-                    *(b_run.get(d, 0) for d in devs))  # fmt: skip
+            return (
+                o.time_s,
+                *(o.f.left.get(d, 0) for d in devs),
+                *(o.f.run.get(d, 0) for d in devs),
+                *(b_run.get(d, 0) for d in devs),
+            )
 
         group.sort(key=figures)
         front = [o for o in group if not any(_dominates(figures(p), figures(o)) for p in group if p is not o)]

@@ -73,8 +73,14 @@ def deferrable(graph: Graph) -> dict[str, tuple[str, ...]]:
     return found
 
 
-def make_region(graph: Graph, f_ops: Sequence[str], b_ops: Sequence[str], name: str = "",
-                kept: frozenset[str] = frozenset(), grads: frozenset[str] = frozenset()) -> Region:  # fmt: skip
+def make_region(
+    graph: Graph,
+    f_ops: Sequence[str],
+    b_ops: Sequence[str],
+    name: str = "",
+    kept: frozenset[str] = frozenset(),
+    grads: frozenset[str] = frozenset(),
+) -> Region:
     """The region of ops `f_ops` + `b_ops` of `graph` (a convex set: its graph order is topological). Values in
     `kept` that it makes are outputs too (the level above keeps them for a deferred gradient op); `grads`: the
     gradients deferred gradient ops make."""
@@ -107,14 +113,23 @@ def make_region(graph: Graph, f_ops: Sequence[str], b_ops: Sequence[str], name: 
             values.append(_trim(v, present))
     extra = {"forward_outputs": [{"ref": v} for v in f_out]} if b_ops else {}
     sub = Graph(name or graph.name, tuple(values), tuple(ops), f_out + b_out, extra)
-    return Region(sub, tuple(o.id for o in ops if o.id in fset), tuple(o.id for o in ops if o.id not in fset),
-                  tuple(inputs), f_out, b_out, tuple(v for v in b_out if v in late), frozenset(made & grads))  # fmt: skip
+    return Region(
+        sub,
+        tuple(o.id for o in ops if o.id in fset),
+        tuple(o.id for o in ops if o.id not in fset),
+        tuple(inputs),
+        f_out,
+        b_out,
+        tuple(v for v in b_out if v in late),
+        frozenset(made & grads),
+    )
 
 
 def _trim(v: Value, present: set[str]) -> Value:
     """The value without links (grad_of, updates) to values outside the region."""
-    return replace(v, grad_of=v.grad_of if v.grad_of in present else None,
-                   updates=v.updates if v.updates in present else None)  # fmt: skip
+    return replace(
+        v, grad_of=v.grad_of if v.grad_of in present else None, updates=v.updates if v.updates in present else None
+    )
 
 
 def sub_profile(profile: Profile, sub: Graph) -> Profile:

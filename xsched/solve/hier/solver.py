@@ -65,8 +65,9 @@ class HierSettings:
     def __post_init__(self) -> None:
         for name, low in (("max_leaf", 1), ("max_group", 2), ("max_top", 1), ("options", 1)):
             if getattr(self, name) is not None and getattr(self, name) < low:
-                raise XschedError(f"hier setting {name} must be at least {low}, got {getattr(self, name)}",
-                                  stage="solve")  # fmt: skip
+                raise XschedError(
+                    f"hier setting {name} must be at least {low}, got {getattr(self, name)}", stage="solve"
+                )
 
     def menu(self, blocks: int) -> tuple[int, tuple[float, ...]]:
         """Options kept per block and home device, and the budget fractions of the bottom blocks' budget-driven
@@ -83,9 +84,16 @@ class HierSettings:
         return leaf, region
 
 
-def solve_hier(graph: Graph, profile: Profile, budgets: Mapping[str, int], devices: Sequence[str],
-               homes: Mapping[str, str], options: SolverOptions = DEFAULT_OPTIONS, warm_start: Plan | None = None,
-               settings: HierSettings | None = None) -> Plan:  # fmt: skip
+def solve_hier(
+    graph: Graph,
+    profile: Profile,
+    budgets: Mapping[str, int],
+    devices: Sequence[str],
+    homes: Mapping[str, str],
+    options: SolverOptions = DEFAULT_OPTIONS,
+    warm_start: Plan | None = None,
+    settings: HierSettings | None = None,
+) -> Plan:
     """The hierarchical plan (simulator-checked under `budgets`) found within `options.time_limit_s`."""
     t0 = time.perf_counter()
     st = settings or HierSettings()
@@ -131,8 +139,14 @@ def solve_hier(graph: Graph, profile: Profile, budgets: Mapping[str, int], devic
         plan, how = None, "none"  # the refinement starts from the caller's plan
     info = plan.solver if plan is not None else SolverInfo("hier", "no_incumbent")
     status = "time_limit" if info.status == "time_limit" else "feasible"
-    extra = {**log, "top": how, "top_status": info.status, "top_gap": info.gap, **dict(info.extra),
-             "hier_time_s": plan.predicted.time_s if plan is not None else None}  # fmt: skip
+    extra = {
+        **log,
+        "top": how,
+        "top_status": info.status,
+        "top_gap": info.gap,
+        **dict(info.extra),
+        "hier_time_s": plan.predicted.time_s if plan is not None else None,
+    }
     if refine:
         start, source = _faster(plan, warm_start, options)
         left = limit - (time.perf_counter() - t0)
@@ -159,8 +173,16 @@ def _faster(plan: Plan | None, warm: Plan | None, options: SolverOptions) -> tup
     return plan, "hier"
 
 
-def _refined(graph: Graph, profile: Profile, budgets: Mapping[str, int], devices: tuple[str, ...],
-             homes: Mapping[str, str], options: SolverOptions, start: Plan, seconds: float) -> tuple[Plan, str]:  # fmt: skip
+def _refined(
+    graph: Graph,
+    profile: Profile,
+    budgets: Mapping[str, int],
+    devices: tuple[str, ...],
+    homes: Mapping[str, str],
+    options: SolverOptions,
+    start: Plan,
+    seconds: float,
+) -> tuple[Plan, str]:
     """CP-SAT's interval model for `start`'s order, from `start` (a complete hint: every step has its slot), within
     `seconds`: its plan if faster, else `start`; and what happened, for the log."""
     from xsched.solve.intervals import solve_intervals
@@ -169,9 +191,18 @@ def _refined(graph: Graph, profile: Profile, budgets: Mapping[str, int], devices
     if seconds < REFINE_MIN_S:
         return start, "no time left"
     try:
-        plan = solve_intervals(graph, profile, budgets, devices, homes, replace(options, time_limit_s=seconds),
-                               order=plan_order(graph, start), warm_start=start, seed=options.seed,
-                               workers=options.threads or 0)  # fmt: skip
+        plan = solve_intervals(
+            graph,
+            profile,
+            budgets,
+            devices,
+            homes,
+            replace(options, time_limit_s=seconds),
+            order=plan_order(graph, start),
+            warm_start=start,
+            seed=options.seed,
+            workers=options.threads or 0,
+        )
         plan = runnable(graph, plan, profile, budgets)  # wrap's boundary rule, which the model does not hold
     except XschedError as e:  # a BudgetError for the boundary rule too; an invalid plan (a bug) propagates
         if e.stage != "solve":
@@ -182,8 +213,15 @@ def _refined(graph: Graph, profile: Profile, budgets: Mapping[str, int], devices
     return start, f"not faster ({plan.solver.status})"
 
 
-def _top(graph: Graph, profile: Profile, units: tuple[Unit, ...], budgets: Mapping[str, int],
-         devices: tuple[str, ...], homes: Mapping[str, str], options: SolverOptions) -> tuple[Plan, str]:  # fmt: skip
+def _top(
+    graph: Graph,
+    profile: Profile,
+    units: tuple[Unit, ...],
+    budgets: Mapping[str, int],
+    devices: tuple[str, ...],
+    homes: Mapping[str, str],
+    options: SolverOptions,
+) -> tuple[Plan, str]:
     """The H-ILP of the whole graph; without a plan from it, the better of the no-solver plans (every block once,
     fastest or leanest options) that fits the budgets, said so; else the H-ILP's own error."""
     fwd = forward_outputs(graph)
@@ -205,8 +243,14 @@ def _top(graph: Graph, profile: Profile, units: tuple[Unit, ...], budgets: Mappi
 class _Solved:
     """Each block's options, by its position in the hierarchy's walk; one solve per class of identical blocks."""
 
-    def __init__(self, graph: Graph, profile: Profile, devices: tuple[str, ...], homes: Mapping[str, str],
-                 defer: Mapping[str, tuple[str, ...]]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        graph: Graph,
+        profile: Profile,
+        devices: tuple[str, ...],
+        homes: Mapping[str, str],
+        defer: Mapping[str, tuple[str, ...]],
+    ) -> None:
         self.graph, self.profile, self.devices, self.homes = graph, profile, devices, homes
         self.defer = defer
         self.kept = frozenset(v for vs in defer.values() for v in vs)
@@ -238,30 +282,62 @@ class _Solved:
                 ops, values = rep.to(c)
                 i = pos[id(b)]
                 self.keys[i] = key
-                self.options[i] = opts if c is rep else [translate(o, ops, values, self.graph, self.profile)
-                                                         for o in opts]  # fmt: skip
+                self.options[i] = (
+                    opts if c is rep else [translate(o, ops, values, self.graph, self.profile) for o in opts]
+                )
 
-    def leaves(self, group: Sequence[Block], pos: Mapping[int, int], run, seconds: float, limit: int,
-               seed: int, fractions: tuple[float, ...]) -> None:  # fmt: skip
+    def leaves(
+        self,
+        group: Sequence[Block],
+        pos: Mapping[int, int],
+        run,
+        seconds: float,
+        limit: int,
+        seed: int,
+        fractions: tuple[float, ...],
+    ) -> None:
         t0 = time.perf_counter()
         members = self._classes(group, lambda b: ())
-        tasks = [LeafTask(r, sub_profile(self.profile, r.graph), self.devices, self._homes(r), seconds, limit, seed,
-                          tuple(o for o in r.b_ops if o in self.defer), fractions)
-                 for _, r, _ in (g[0] for g in members.values())]  # fmt: skip
+        tasks = [
+            LeafTask(
+                r,
+                sub_profile(self.profile, r.graph),
+                self.devices,
+                self._homes(r),
+                seconds,
+                limit,
+                seed,
+                tuple(o for o in r.b_ops if o in self.defer),
+                fractions,
+            )
+            for _, r, _ in (g[0] for g in members.values())
+        ]
         results = run(leaf_options, tasks)
         self.log["solved"] += len(tasks)
         self._spread(members, results, pos)
         self.log["leaf_s"] += time.perf_counter() - t0
 
-    def internal(self, group: Sequence[Block], pos: Mapping[int, int], run, seconds: float, limit: int,
-                 seed: int) -> None:  # fmt: skip
+    def internal(
+        self, group: Sequence[Block], pos: Mapping[int, int], run, seconds: float, limit: int, seed: int
+    ) -> None:
         t0 = time.perf_counter()
         members = self._classes(group, lambda b: tuple(self.keys[pos[id(c)]] for c in b.children))
         tasks = []
         for b, r, _ in (g[0] for g in members.values()):
             units = tuple(Unit(c.f_ops, c.b_ops, tuple(self.options[pos[id(c)]])) for c in b.children)
-            tasks.append(RegionTask(r, sub_profile(self.profile, r.graph), units, self.devices, self._homes(r),
-                                    seconds, limit, seed, tuple(o for o in r.b_ops if o in self.defer)))  # fmt: skip
+            tasks.append(
+                RegionTask(
+                    r,
+                    sub_profile(self.profile, r.graph),
+                    units,
+                    self.devices,
+                    self._homes(r),
+                    seconds,
+                    limit,
+                    seed,
+                    tuple(o for o in r.b_ops if o in self.defer),
+                )
+            )
         results = run(region_options, tasks)
         self.log["solved"] += len(tasks)
         self._spread(members, results, pos)

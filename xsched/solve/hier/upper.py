@@ -66,8 +66,11 @@ def region_options(task: RegionTask) -> list[Option]:
                 continue  # no plan at this budget (or none in time): the others still count
             made.append((plan, h, f"hilp@{b}"))
     if not made:
-        raise XschedError(f"no schedule of block {sub.name} from its children's options", stage="solve",
-                          op=sub.ops[0].id if sub.ops else None)  # fmt: skip
+        raise XschedError(
+            f"no schedule of block {sub.name} from its children's options",
+            stage="solve",
+            op=sub.ops[0].id if sub.ops else None,
+        )
     found = [summarize(region, p, prof, h, label) for p, h, label in made]
     found += deferring(region, made, prof, task.graph_homes, task.deferred)
     # the children's deferred gradient ops as this block's recomputes (what they read is its boundary too)

@@ -77,14 +77,21 @@ def solve_intervals(
             times["build_s"] += out.build_s
             times["solve_s"] += out.solve_s
             if out.placed is None and out.status != "infeasible":
-                soft = solve_cpsat(data, SOFT_SHARE * (limit - (time.perf_counter() - t0)),
-                                   workers or (options.threads or 0), seed, hint, soft=True)  # fmt: skip
+                soft = solve_cpsat(
+                    data,
+                    SOFT_SHARE * (limit - (time.perf_counter() - t0)),
+                    workers or (options.threads or 0),
+                    seed,
+                    hint,
+                    soft=True,
+                )
                 times["build_s"] += soft.build_s
                 times["solve_s"] += soft.solve_s
                 hint = soft.placed or hint
             if out.status not in ("optimal", "infeasible"):  # the rest of the time, from the best start known
-                more = _run(data, backend, limit - (time.perf_counter() - t0), out.placed or hint, seed, workers,
-                            options)  # fmt: skip
+                more = _run(
+                    data, backend, limit - (time.perf_counter() - t0), out.placed or hint, seed, workers, options
+                )
                 times["build_s"] += more.build_s
                 times["solve_s"] += more.solve_s
                 out = more if more.placed is not None or out.placed is None else out
@@ -106,11 +113,22 @@ def solve_intervals(
             break  # C + 1 intervals did not pay: the last two optima are equal
         prev_objective = out.objective if out.status == "optimal" else None
         C += 1
-        hint = _lift(out.placed, data, build_data(graph, profile, budgets, devices, homes, order, C,
-                                                  options.alpha_energy, least)) if out.placed else None  # fmt: skip
+        hint = (
+            _lift(
+                out.placed,
+                data,
+                build_data(graph, profile, budgets, devices, homes, order, C, options.alpha_energy, least),
+            )
+            if out.placed
+            else None
+        )
     if best is None and out.status == "infeasible":
-        raise BudgetError(f"the interval model (this order of {len(order)} ops, up to C = {C} intervals) has no plan "
-                          "within the budgets", stage="solve", device=devices[0] if len(devices) == 1 else None)  # fmt: skip
+        raise BudgetError(
+            f"the interval model (this order of {len(order)} ops, up to C = {C} intervals) has no plan "
+            "within the budgets",
+            stage="solve",
+            device=devices[0] if len(devices) == 1 else None,
+        )
     if best is None or last is None:
         raise NoIncumbent(f"intervals-{backend} found no plan in {time.perf_counter() - t0:.1f} s ({out.status})")
     gap = None
@@ -118,12 +136,21 @@ def solve_intervals(
         gap = max(0.0, last.objective - last.bound) / last.objective
     status = "optimal" if last.status == "optimal" else "time_limit"
     chosen = plan_order(graph, best)
-    info = SolverInfo(f"intervals-{backend}", status, gap, time.perf_counter() - t0, {
-        **times, "order": [graph.ops[i].id for i in chosen], "model_order_kept": chosen == order, "C": best_data.C,
-        # the model's own figures: optimal, gap and bound hold for this order and C only, not for every plan
-        "model_objective": best_data.objective_s(last.objective) if last.objective is not None else None,
-        "model_bound": best_data.objective_s(last.bound) if last.bound is not None else None,
-    })  # fmt: skip
+    info = SolverInfo(
+        f"intervals-{backend}",
+        status,
+        gap,
+        time.perf_counter() - t0,
+        {
+            **times,
+            "order": [graph.ops[i].id for i in chosen],
+            "model_order_kept": chosen == order,
+            "C": best_data.C,
+            # the model's own figures: optimal, gap and bound hold for this order and C only, not for every plan
+            "model_objective": best_data.objective_s(last.objective) if last.objective is not None else None,
+            "model_bound": best_data.objective_s(last.bound) if last.bound is not None else None,
+        },
+    )
     return Plan(**{**best.__dict__, "solver": info})
 
 

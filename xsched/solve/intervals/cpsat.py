@@ -147,8 +147,14 @@ def solve_cpsat(
         if solver.BooleanValue(a[k])
     }
     objective = int(sum(sl.cost for k, sl in enumerate(data.slots) if k in placed))
-    return Outcome(status if not soft or status == "relaxed" else "feasible", placed, objective,
-                   None if soft else solver.BestObjectiveBound(), build_s, solve_s)  # fmt: skip
+    return Outcome(
+        status if not soft or status == "relaxed" else "feasible",
+        placed,
+        objective,
+        None if soft else solver.BestObjectiveBound(),
+        build_s,
+        solve_s,
+    )
 
 
 def _StopWithin(excess: list):  # a CP-SAT callback class, built lazily (ortools optional)

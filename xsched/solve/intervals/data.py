@@ -113,8 +113,9 @@ def build_data(
     costs = [[profile.op_cost(op.id, d) for d in devs] for op in graph.ops]
     for i, op in enumerate(graph.ops):
         if all(c is None for c in costs[i]):
-            raise ProfileError(f"op cannot run on any of {list(devs)} (no cost in the profile)", stage="solve",
-                               op=op.id)  # fmt: skip
+            raise ProfileError(
+                f"op cannot run on any of {list(devs)} (no cost in the profile)", stage="solve", op=op.id
+            )
     pos = {i: q for q, i in enumerate(order)}
     mem = tuple(v.nbytes for v in graph.values)
     outs = [tuple(vix[v] for v in op.outputs) for op in graph.ops]
@@ -150,14 +151,26 @@ def build_data(
                 if c == 0 and starts[0] == event(q, q, T + 1):
                     frontier[q].append(sid)
                 step = cost.time_s + alpha * cost.energy_j
-                slots.append(Slot("compute", d, c, starts, outs[i], op=i, cost=round(step / scale),
-                                  time_s=cost.time_s, energy_j=cost.energy_j))  # fmt: skip
+                slots.append(
+                    Slot(
+                        "compute",
+                        d,
+                        c,
+                        starts,
+                        outs[i],
+                        op=i,
+                        cost=round(step / scale),
+                        time_s=cost.time_s,
+                        energy_j=cost.energy_j,
+                    )
+                )
                 workspace[sid] = max(op.workspace_bytes, cost.workspace_bytes)
                 for v in outs[i]:
                     of_value.setdefault((v, d), []).append(sid)
     # copies: into d from a linked device where v can be, at the copy event of a stage after v is first made
-    can_be = {v: {d for d in range(nd) if of_value.get((v, d))} | ({home[v]} if v in home else set())
-              for v in range(len(mem))}  # fmt: skip
+    can_be = {
+        v: {d for d in range(nd) if of_value.get((v, d))} | ({home[v]} if v in home else set()) for v in range(len(mem))
+    }
     for v in range(len(mem)):
         first = pos[prod[v]] + 1 if v in prod else 0
         useful = {d for d in range(nd) if v in out_set or any(costs[r][d] is not None for r in readers.get(v, ()))}
@@ -173,13 +186,27 @@ def build_data(
                     sid = len(slots)
                     ct = profile.copy_time(graph.values[v].id, mem[v], devs[s], devs[d]) or 0.0
                     ce = profile.copy_energy(mem[v], devs[s], devs[d])
-                    slots.append(Slot("copy", d, c, starts, (v,), src=s, cost=round((ct + alpha * ce) / scale),
-                                      time_s=ct, energy_j=ce))  # fmt: skip
+                    slots.append(
+                        Slot(
+                            "copy",
+                            d,
+                            c,
+                            starts,
+                            (v,),
+                            src=s,
+                            cost=round((ct + alpha * ce) / scale),
+                            time_s=ct,
+                            energy_j=ce,
+                        )
+                    )
                     of_value.setdefault((v, d), []).append(sid)
     reads: list[Read] = []
     for sid, sl in enumerate(slots):
-        needs = ([(vix[v], sl.device) for v in dict.fromkeys(graph.ops[sl.op].inputs)] if sl.kind == "compute"
-                 else [(sl.values[0], sl.src)])  # fmt: skip
+        needs = (
+            [(vix[v], sl.device) for v in dict.fromkeys(graph.ops[sl.op].inputs)]
+            if sl.kind == "compute"
+            else [(sl.values[0], sl.src)]
+        )
         for v, d in needs:
             if home.get(v) == d:
                 continue  # a graph input on its home is resident throughout
@@ -201,12 +228,34 @@ def build_data(
         randoms = random_ops(graph)
         for i, op in enumerate(graph.ops):
             if op.id in randoms:
-                rng_groups.append(tuple(
-                    tuple(s for s, sl in enumerate(slots) if sl.kind == "compute" and sl.op == i
-                          and rng_domain(devs[sl.device]) == r) for r in rngs))  # fmt: skip
+                rng_groups.append(
+                    tuple(
+                        tuple(
+                            s
+                            for s, sl in enumerate(slots)
+                            if sl.kind == "compute" and sl.op == i and rng_domain(devs[sl.device]) == r
+                        )
+                        for r in rngs
+                    )
+                )
     return IntervalData(
-        graph=graph, profile=profile, devices=devs, budgets=dict(budgets), homes=dict(homes), order=order, C=C,
-        end=end, width=T + 1, slots=tuple(slots), reads=tuple(reads), frontier=tuple(tuple(f) for f in frontier),
-        of_value={k: tuple(x) for k, x in of_value.items()}, capacity=capacity, mem=mem, workspace=workspace,
-        ends=ends, rng_groups=tuple(rng_groups), scale=scale,
-    )  # fmt: skip
+        graph=graph,
+        profile=profile,
+        devices=devs,
+        budgets=dict(budgets),
+        homes=dict(homes),
+        order=order,
+        C=C,
+        end=end,
+        width=T + 1,
+        slots=tuple(slots),
+        reads=tuple(reads),
+        frontier=tuple(tuple(f) for f in frontier),
+        of_value={k: tuple(x) for k, x in of_value.items()},
+        capacity=capacity,
+        mem=mem,
+        workspace=workspace,
+        ends=ends,
+        rng_groups=tuple(rng_groups),
+        scale=scale,
+    )

@@ -30,18 +30,34 @@ def to_plan(data: IntervalData, placed: Placement, info: SolverInfo) -> Plan:
             keyed.append(((start, 0, sl.device, v), Copy(g.values[v].id, devs[sl.src], devs[sl.device])))
     keyed.sort(key=lambda x: x[0])
     homes = dict(data.homes)
-    wanted = {(g.values[v].id, devs[data.slots[s].device]) for s, (_, ends) in placed.items()
-              for v, e in zip(data.slots[s].values, ends) if e == data.end}  # fmt: skip
+    wanted = {
+        (g.values[v].id, devs[data.slots[s].device])
+        for s, (_, ends) in placed.items()
+        for v, e in zip(data.slots[s].values, ends)
+        if e == data.end
+    }
     wanted |= {(v, d) for v, d in homes.items() if v in set(g.outputs)}
     steps = prune(g, [s for _, s in keyed], wanted)
     steps = free_unwanted_ends(g, place_frees(g, steps, homes), homes, wanted)
-    plan = Plan(graph=g.fingerprint, budgets=dict(data.budgets), homes=homes, steps=tuple(steps), solver=info,
-                boundary=autograd_boundary(g, steps))  # fmt: skip
+    plan = Plan(
+        graph=g.fingerprint,
+        budgets=dict(data.budgets),
+        homes=homes,
+        steps=tuple(steps),
+        solver=info,
+        boundary=autograd_boundary(g, steps),
+    )
     try:
         result = simulate(g, plan, data.profile, check_budgets=True)
     except XschedError as e:  # the model is conservative: a plan failing the simulator is a bug, never returned
-        raise XschedError(f"internal error: the extracted interval plan fails the simulator: {e}", stage="solve",
-                          op=e.op, value=e.value, device=e.device, step=e.step) from e  # fmt: skip
+        raise XschedError(
+            f"internal error: the extracted interval plan fails the simulator: {e}",
+            stage="solve",
+            op=e.op,
+            value=e.value,
+            device=e.device,
+            step=e.step,
+        ) from e
     return Plan(**{**plan.__dict__, "predicted": result.prediction()})
 
 
@@ -57,10 +73,12 @@ def step_counts(graph: Graph, plan: Plan, devices: Sequence[str]) -> dict[tuple,
     dix = {d: k for k, d in enumerate(devices)}
     vix = {v.id: k for k, v in enumerate(graph.values)}
     keys = [
-        ("compute", graph.op_index[s.op], dix[s.device]) if isinstance(s, Compute)
+        ("compute", graph.op_index[s.op], dix[s.device])
+        if isinstance(s, Compute)
         else ("copy", vix[s.value], dix[s.src], dix[s.dst])
-        for s in plan.steps if not isinstance(s, Free)
-    ]  # fmt: skip
+        for s in plan.steps
+        if not isinstance(s, Free)
+    ]
     return dict(Counter(keys))
 
 

@@ -54,8 +54,13 @@ def build(data: IntervalData) -> pyo.ConcreteModel:
                 m.order.add(e[p, v] + 1 <= s(k) + M * (1 - a[k]))
         last[key] = k
     m.apart = pyo.ConstraintList()  # other slots of one (value, device) never overlap (o: which comes first)
-    pairs = [(i, j, v) for (v, _), ks in data.of_value.items() for i in ks for j in ks
-             if i < j and _kind(slots[i]) != _kind(slots[j])]  # fmt: skip
+    pairs = [
+        (i, j, v)
+        for (v, _), ks in data.of_value.items()
+        for i in ks
+        for j in ks
+        if i < j and _kind(slots[i]) != _kind(slots[j])
+    ]
     m.o = pyo.Var(range(len(pairs)), domain=pyo.Binary)
     for t, (i, j, v) in enumerate(pairs):
         both = M * (2 - a[i] - a[j])
@@ -118,8 +123,10 @@ def _memory(m: pyo.ConcreteModel, data: IntervalData, s) -> None:
                 if j != i and slots[j].starts[0] <= slots[i].starts[-1] and any(data.mem[w] for w in slots[j].values):
                     trip.append((i, j))
     if len(trip) > MAX_PAIRS:
-        raise NoIncumbent(f"the linearised interval model needs {len(trip):,} pairwise memory rows (more than "
-                          f"{MAX_PAIRS:,}): too big for HiGHS in useful time; the CP-SAT backend takes it")  # fmt: skip
+        raise NoIncumbent(
+            f"the linearised interval model needs {len(trip):,} pairwise memory rows (more than "
+            f"{MAX_PAIRS:,}): too big for HiGHS in useful time; the CP-SAT backend takes it"
+        )
     m.p = pyo.Var(range(len(trip)), domain=pyo.Binary)  # p[t]: slot j starts no later than slot i
     m.h = pyo.Var([(t, w) for t, (_, j) in enumerate(trip) for w in slots[j].values], domain=pyo.Binary)
     # h[t, w]: value w of slot j is still held when slot i starts (o: both, memory counted)
@@ -142,8 +149,9 @@ def _memory(m: pyo.ConcreteModel, data: IntervalData, s) -> None:
         m.mem.add(sum(held.get(i, [])) + own * m.a[i] <= max(cap, 0) + big * (1 - m.a[i]))
 
 
-def solve_highs_intervals(data: IntervalData, time_limit_s: float, hint: Placement | None,
-                          options: SolverOptions) -> Outcome:  # fmt: skip
+def solve_highs_intervals(
+    data: IntervalData, time_limit_s: float, hint: Placement | None, options: SolverOptions
+) -> Outcome:
     """Build and solve with HiGHS (highspy, one sparse hand-off), from `hint` as a MIP start when given."""
     import highspy
     from pyomo.repn.plugins.standard_form import LinearStandardFormCompiler
@@ -162,14 +170,22 @@ def solve_highs_intervals(data: IntervalData, time_limit_s: float, hint: Placeme
     h.setOptionValue("mip_rel_gap", float(options.mip_gap))
     set_threads(h, options.threads)
     h.passModel(
-        len(cols), len(rhs), a_mat.nnz, int(highspy.MatrixFormat.kColwise), int(highspy.ObjSense.kMinimize),
-        float(info.c_offset[0]), info.c.toarray()[0].astype(float),
+        len(cols),
+        len(rhs),
+        a_mat.nnz,
+        int(highspy.MatrixFormat.kColwise),
+        int(highspy.ObjSense.kMinimize),
+        float(info.c_offset[0]),
+        info.c.toarray()[0].astype(float),
         np.array([-inf if v.lb is None else v.lb for v in cols], dtype=float),
         np.array([inf if v.ub is None else v.ub for v in cols], dtype=float),
-        np.where(sense <= 0, rhs, -inf), np.where(sense >= 0, rhs, inf),
-        a_mat.indptr.astype(np.int32), a_mat.indices.astype(np.int32), a_mat.data.astype(float),
+        np.where(sense <= 0, rhs, -inf),
+        np.where(sense >= 0, rhs, inf),
+        a_mat.indptr.astype(np.int32),
+        a_mat.indices.astype(np.int32),
+        a_mat.data.astype(float),
         np.array([int(v.is_integer()) for v in cols], dtype=np.int32),
-    )  # fmt: skip
+    )
     if hint:
         sol = highspy.HighsSolution()
         sol.col_value, sol.value_valid = [float(v.value or 0.0) for v in cols], True
