@@ -2,7 +2,7 @@
 
     python scripts/bench_auto_limit.py --cases mlp_mixer:75,unet:50,bn_mlp:60,bn_mlp:55 --limit 20
 
-Each case is zoo-model:percent of its eager peak (scale "default", one modelled cuda:0: xsched.profile.model's
+Each case is zoo-model:percent of its eager peak (scale "default", one modelled cuda:0: xsched.profiling.model's
 roofline costs, so the run needs no GPU and is the same on any machine), or bn_mlp, four Linear-BatchNorm-ReLU blocks
 (batch 512, width 64), the model on which the first GPU run found `auto` without a plan at 60%. Prints one row per
 case: the wall time over the limit, who found the plan, and every member's time and outcome.
@@ -19,9 +19,9 @@ from torch import nn
 
 from xsched import zoo
 from xsched.capture.torch import capture
+from xsched.contracts.graph import Graph
 from xsched.errors import BudgetError
-from xsched.graph import Graph
-from xsched.profile.model import cost_profile
+from xsched.profiling.model import cost_profile
 from xsched.solve import registry
 from xsched.solve.api import solve
 from xsched.solve.options import SolverOptions

@@ -22,14 +22,14 @@ from torch.utils._pytree import tree_flatten
 
 from xsched import zoo
 from xsched.capture.torch import bind_inputs, capture
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Compute, Plan
+from xsched.contracts.profile import Profile
 from xsched.devices import get_device
 from xsched.errors import BudgetError, XschedError
 from xsched.execute.executor import Executor
-from xsched.execute.report import measure
-from xsched.graph import Graph
-from xsched.plan import Compute, Plan
-from xsched.profile import Profile
-from xsched.profile.measure import profile_graph
+from xsched.execute.run_report import measure
+from xsched.profiling.measure import profile_graph
 from xsched.solve.api import solve
 from xsched.solve.options import SolverOptions
 
@@ -154,7 +154,7 @@ def ratio(a: float | None, b: float | None, pct: bool = False) -> str:
 
 
 def bench_model(spec: str, device: str, a: argparse.Namespace) -> list[str]:
-    """Rows for one model: eager PyTorch, then each plan measured by xsched.execute.report.measure."""
+    """Rows for one model: eager PyTorch, then each plan measured by xsched.execute.run_report.measure."""
     name, _, scale = spec.partition(":")
     scale = scale or "default"
     label = f"{name} ({scale})"
@@ -238,7 +238,7 @@ NOTES = """\
 Step = forward + backward of every differentiable output with ones as its gradient (what the captured graph
 computes), parameters' .grad set to None first. Times: medians of wall times with the device synchronised around
 each step; eager PyTorch is measured before the plans and again after each (all of them pooled), each plan by
-`xsched.execute.report.measure` after its warm-up. `step peak`: bytes allocated above what is resident before the
+`xsched.execute.run_report.measure` after its warm-up. `step peak`: bytes allocated above what is resident before the
 step (params, buffers, inputs, tangents): on CUDA `max_memory_allocated` less `memory_allocated` before; on the
 CPU the allocator events of one step (bench_executor.step_memory), for the plans too (one more run of each).
 Budgets are % of the eager plan's simulated peak on this device's profile (params and inputs included).

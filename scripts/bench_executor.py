@@ -32,10 +32,10 @@ from torch.utils.checkpoint import checkpoint_sequential
 from xsched import zoo
 from xsched.budgets import format_bytes
 from xsched.capture.torch import bind_inputs, capture
+from xsched.contracts.plan import Compute
 from xsched.execute.compiled import compile_op
 from xsched.execute.executor import Executor
 from xsched.execute.wrap import wrap
-from xsched.plan import Compute
 from xsched.simulate import simulate
 from xsched.solve.eager import eager_plan
 

@@ -21,11 +21,11 @@ from typing import Any
 from xsched import zoo
 from xsched.budgets import format_bytes
 from xsched.capture.torch import capture
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Compute, Copy, Plan
+from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError
-from xsched.graph import Graph
-from xsched.plan import Compute, Copy, Plan
-from xsched.profile import Profile
-from xsched.profile.measure import profile_graph
+from xsched.profiling.measure import profile_graph
 from xsched.solve.api import solve
 from xsched.solve.eager import eager_peak
 from xsched.solve.options import SolverOptions

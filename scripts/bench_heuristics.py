@@ -24,15 +24,15 @@ from bench_solver_compare import load  # scripts/ is on sys.path when this file 
 
 from xsched import zoo
 from xsched.capture.torch import capture
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Plan
+from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError
-from xsched.graph import Graph
 from xsched.importers import BENCH_DEVICE
-from xsched.plan import Plan
-from xsched.profile import Profile
-from xsched.profile.model import cost_profile
+from xsched.profiling.model import cost_profile
 from xsched.simulate import simulate
 from xsched.solve.eager import eager_peak, eager_plan
-from xsched.solve.gaps import gap_remat
+from xsched.solve.gap_remat import gap_remat
 from xsched.solve.remat import checkpoint_search, evict_computes
 from xsched.solve.routing import route_and_finish
 

@@ -25,18 +25,18 @@ from bench_zoo_floors import step_time  # scripts/ is on sys.path when this file
 
 from xsched import zoo
 from xsched.capture.torch import capture
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Compute, Plan
+from xsched.contracts.profile import Profile
 from xsched.errors import XschedError
 from xsched.execute.wrap import wrap
-from xsched.execute.wrap_plan import measured_profile
-from xsched.graph import Graph
 from xsched.importers import BENCH_DEVICE, import_networkx
-from xsched.plan import Compute, Plan
-from xsched.profile import Profile
-from xsched.profile.model import cost_profile
+from xsched.pipeline import measured_profile
+from xsched.profiling.model import cost_profile
 from xsched.simulate import simulate
 from xsched.solve.api import solve
-from xsched.solve.bounds import lower_bounds
 from xsched.solve.eager import eager_peak, eager_plan
+from xsched.solve.memory_bounds import lower_bounds
 from xsched.solve.options import SolverOptions
 from xsched.solve.registry import SOLVERS
 

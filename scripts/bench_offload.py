@@ -33,13 +33,13 @@ import torch
 from xsched import zoo
 from xsched.budgets import format_bytes
 from xsched.capture.torch import bind_inputs, capture
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Compute, Copy, Plan
+from xsched.contracts.profile import DeviceInfo, LinkCost, Profile
 from xsched.devices.base import fit_link, get_device
 from xsched.errors import BudgetError
 from xsched.execute.executor import Executor
-from xsched.graph import Graph
-from xsched.plan import Compute, Copy, Plan
-from xsched.profile import DeviceInfo, LinkCost, Profile
-from xsched.profile.measure import COPY_SIZES, copy_seconds, profile_graph
+from xsched.profiling.measure import COPY_SIZES, copy_seconds, profile_graph
 from xsched.simulate import simulate
 from xsched.solve import solve
 from xsched.solve.eager import eager_peak

@@ -35,9 +35,9 @@ from xsched import zoo
 from xsched.capture.onnx import capture_model
 from xsched.devices import get_device
 from xsched.devices.cpu import cpu_model
-from xsched.onnx.report import example_feeds
-from xsched.onnx.run import OrtExecutor, plain_session
-from xsched.profile.measure import profile_graph
+from xsched.execute.ort_executor import OrtExecutor, plain_session
+from xsched.execute.ort_measure import example_feeds
+from xsched.profiling.measure import profile_graph
 from xsched.simulate import simulate
 from xsched.solve.api import solve
 from xsched.solve.eager import eager_plan
@@ -48,7 +48,7 @@ Columns: *sum of profiled node times* is the eager plan's sequential time predic
 once, each at its profiled median: single-node sessions, optimisations off); *plain session* is one ordinary
 InferenceSession of the whole model at the device's thread count, graph optimisations off (nodes stay nodes, as
 profiled) or on (ORT_ENABLE_ALL: fusions, constant folding, NCHWc layouts: what users run); *ratio* = predicted /
-measured. *placed eager* is the eager plan run by `xsched.onnx.run.OrtExecutor` (one segment, so one session,
+measured. *placed eager* is the eager plan run by `xsched.execute.ort_executor.OrtExecutor` (one segment, so one session,
 params as shared initializers); *overhead* = placed / plain at the same optimisation level. The second table is
 an `offload` plan on two logical CPUs at a budget below the eager peak (the one measured CPU's node costs for
 both, the copy link measured): its segments (sessions run), copies, and time against the plain session (opt on).
@@ -134,9 +134,9 @@ def reduced(c: Any, device: str, feeds: dict, profile: Any, args: argparse.Names
     """An offload plan on two logical CPUs (the one measured CPU's node costs for both, the copy link measured) at
     args.budget of the way from the graph inputs' bytes to the eager peak; its placed time against the plain
     session."""
+    from xsched.contracts.profile import LinkCost, Profile
     from xsched.devices.base import fit_link
-    from xsched.profile.contract import LinkCost, Profile
-    from xsched.profile.measure import COPY_SIZES, copy_seconds
+    from xsched.profiling.measure import COPY_SIZES, copy_seconds
 
     g = c.graph
     a, b = (device.replace("ort:cpu", f"ort:cpu:{k}", 1) for k in (0, 1))

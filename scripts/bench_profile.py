@@ -23,13 +23,14 @@ from pathlib import Path
 
 import torch
 
-from xsched import ops, zoo
+from xsched import zoo
 from xsched.capture.torch import bind_inputs, capture
+from xsched.contracts import torch_ops as ops
+from xsched.contracts.graph import Graph
 from xsched.devices import Policy, get_device
 from xsched.devices.base import split_device_list
 from xsched.devices.cpu import cpu_model, torch_threads
-from xsched.graph import Graph
-from xsched.profile.measure import profile_graph
+from xsched.profiling.measure import profile_graph
 from xsched.simulate import simulate
 from xsched.solve.eager import eager_plan
 
@@ -39,7 +40,7 @@ Columns: *sum of profiled op times* is the eager plan's sequential time predicte
 (`simulate(graph, eager_plan(graph, device), profile).time_s`: every op once, each at its profiled median);
 *eager step* is one real PyTorch training step (forward, then `torch.autograd.grad` of the outputs with ones as
 tangents w.r.t. the parameters), median of the iterations; *op-by-op replay* runs the captured graph's ops in
-order with `xsched.ops.run_op` (no autograd), which separates profiling error from eager PyTorch's own overhead.
+order with `xsched.contracts.torch_ops.run_op` (no autograd), which separates profiling error from eager PyTorch's own overhead.
 *ratio* = predicted / measured. A `clock=thread` device is timed by the measuring thread's CPU time and compared
 with the eager step's CPU time; any other device by wall time. The CPU time is what the work costs on a core of
 its own: on a machine whose cores other jobs share, wall times include the time slices given to those jobs (the
@@ -68,7 +69,7 @@ def eager_step_seconds(model: torch.nn.Module, inputs: tuple, threads: int | Non
 def replay_seconds(
     graph: Graph, model: torch.nn.Module, inputs: tuple, threads: int | None, iters: int
 ) -> tuple[float, float]:
-    """Median wall and CPU time of running the captured graph op by op (xsched.ops.run_op, graph order, no autograd)."""
+    """Median wall and CPU time of running the captured graph op by op (xsched.contracts.torch_ops.run_op, graph order, no autograd)."""
     env = bind_inputs(graph, model, inputs)
 
     def step() -> None:

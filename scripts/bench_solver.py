@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from xsched.contracts.graph import Graph
+from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError, XschedError
-from xsched.graph import Graph
 from xsched.importers import BENCH_DEVICE, import_networkx
-from xsched.profile import Profile
 from xsched.simulate import simulate
 from xsched.solve.api import METHODS, solve
 from xsched.solve.eager import eager_peak, eager_plan
@@ -67,7 +67,7 @@ def run_one(graph: Graph, profile: Profile, frac: float, args: argparse.Namespac
                 raise BudgetError("no heuristic meets the budget", stage="bench")
             plan = min(plans, key=lambda p: p.predicted.time_s)
         else:
-            options = SolverOptions(time_limit_s=args.time_limit, threads=args.threads)
+            options = SolverOptions(time_limit_s=args.time_limit, solver_threads=args.threads)
             plan = solve(graph, profile, {BENCH_DEVICE: budget}, method="milp", options=options)
     except BudgetError as e:  # proven: by the lower bounds before solving, or by the MILP
         note = e.detail.split(": ")[0] + (f" (set by op {e.op})" if e.op else "")

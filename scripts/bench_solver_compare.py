@@ -14,11 +14,11 @@ from pathlib import Path
 
 from random_layered import random_layered
 
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Plan
+from xsched.contracts.profile import Profile
 from xsched.errors import XschedError
-from xsched.graph import Graph
 from xsched.importers import BENCH_DEVICE, import_networkx
-from xsched.plan import Plan
-from xsched.profile import Profile
 from xsched.simulate import simulate
 from xsched.solve.api import solve
 from xsched.solve.eager import eager_peak, eager_plan
@@ -124,7 +124,7 @@ def run_case(case: Case, threads: int | None, only: Sequence[str] = ()) -> list[
     budget = int(case.budget) if case.budget > 1 else int(eager_peak(g) * case.budget)
     rows = []
     for method in (m for m in case.methods if not only or m in only):
-        opts = SolverOptions(time_limit_s=case.limit_s, threads=threads)
+        opts = SolverOptions(time_limit_s=case.limit_s, solver_threads=threads)
         row = {
             "case": case.name,
             "graph": g.name,

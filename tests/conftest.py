@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from xsched.graph import Graph, Op, Value
+from xsched.contracts.graph import Graph, Op, Value
 
 # The external benchmark graphs ship in the repository (benchmarks/graphs/README.md gives their source).
 BENCH = __import__("pathlib").Path(__file__).resolve().parents[1] / "benchmarks" / "graphs"

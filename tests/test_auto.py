@@ -15,10 +15,10 @@ from test_wrap import assert_same_state
 from torch import nn
 from torch.testing import assert_close
 
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Plan
+from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError, XschedError
-from xsched.graph import Graph
-from xsched.plan import Plan
-from xsched.profile import Profile
 from xsched.simulate import simulate
 from xsched.solve import SOLVERS, Problem, SolverEntry, SolveResult, register
 from xsched.solve.api import solve
@@ -46,7 +46,7 @@ def test_every_registered_method_returns_a_typed_result() -> None:
     for name, entry in SOLVERS.items():
         if not entry.available():
             continue
-        r = entry.fn(problem, SolverOptions(time_limit_s=5, threads=1), None)
+        r = entry.fn(problem, SolverOptions(time_limit_s=5, solver_threads=1), None)
         assert isinstance(r, SolveResult) and r.method == name
         if r.plan is None:
             assert r.status in ("failed", "no_incumbent", "infeasible") and r.message
@@ -140,7 +140,7 @@ def test_no_plan_found_in_the_time_limit_says_so() -> None:
 
 def test_auto_is_deterministic_with_one_thread() -> None:
     prof = two_device_profile(G, slow_b=0.5)
-    opts = SolverOptions(time_limit_s=10, threads=1, seed=3)
+    opts = SolverOptions(time_limit_s=10, solver_threads=1, seed=3)
     a = solve(G, prof, {"a": "70%", "b": "70%"}, options=opts)
     b = solve(G, prof, {"a": "70%", "b": "70%"}, options=opts)
     assert a.steps == b.steps and a.solver.extra["found_by"] == b.solver.extra["found_by"]
@@ -166,7 +166,7 @@ class Shared(nn.Module):
 def test_a_budget_only_the_exact_solver_reaches_trains_like_eager() -> None:
     from xsched.capture.torch import capture
     from xsched.execute.wrap import wrap
-    from xsched.profile.model import cost_profile
+    from xsched.profiling.model import cost_profile
 
     eager = Shared()
     x = torch.randn(256, 64, generator=torch.Generator().manual_seed(1))
@@ -198,10 +198,10 @@ def test_a_budget_only_the_exact_solver_reaches_trains_like_eager() -> None:
 
 def test_a_forward_output_computed_after_backward_starts_is_moved_before_it() -> None:
     from xsched.capture.torch import capture
+    from xsched.contracts.plan import Compute, place_frees
     from xsched.errors import PlanError
-    from xsched.plan import Compute, place_frees
-    from xsched.profile.model import cost_profile
-    from xsched.solve.boundary import keep_forward_outputs, missing_at_boundary
+    from xsched.profiling.model import cost_profile
+    from xsched.solve.autograd_boundary import keep_forward_outputs, missing_at_boundary
     from xsched.solve.eager import eager_plan
     from xsched.solve.problem import BOUNDARY_RULE, validated
 
@@ -213,7 +213,7 @@ def test_a_forward_output_computed_after_backward_starts_is_moved_before_it() ->
     ops.insert(first_bwd + 2, late)  # after two backward ops
     base = eager_plan(g, "cpu", prof)
     steps = place_frees(g, [Compute(o.id, "cpu") for o in ops], dict(base.homes))
-    from xsched.plan import autograd_boundary
+    from xsched.contracts.plan import autograd_boundary
 
     bad = Plan(**{**base.__dict__, "steps": tuple(steps), "boundary": autograd_boundary(g, steps)})
     simulate(g, bad, prof)  # valid for the simulator ...

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from xsched.graph import Graph, Op, Value
-from xsched.plan import Compute, Copy, Free, Plan, SolverInfo
-from xsched.profile import DeviceInfo, LinkCost, OpCost, Profile
+from xsched.contracts.graph import Graph, Op, Value
+from xsched.contracts.plan import Compute, Copy, Free, Plan, SolverInfo
+from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
 
 _spec = importlib.util.spec_from_file_location(
     "bench_offload", Path(__file__).resolve().parents[1] / "scripts" / "bench_offload.py"

@@ -12,13 +12,13 @@ from test_heuristics import DEVICES, train_dags, two_device_profile
 from test_milp import exhaustive_optimum, profile_for, times_of
 
 from xsched.budgets import format_bytes
+from xsched.contracts.graph import Graph, Op, Value
 from xsched.errors import BudgetError, ProfileError
-from xsched.graph import Graph, Op, Value
 from xsched.importers import import_networkx
 from xsched.simulate import simulate
 from xsched.solve import heuristics as H
-from xsched.solve.bounds import check_budgets, lower_bounds
 from xsched.solve.eager import eager_peak
+from xsched.solve.memory_bounds import check_budgets, lower_bounds
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])

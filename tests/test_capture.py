@@ -11,9 +11,9 @@ from torch import nn
 
 from xsched.capture import bind_inputs, capture, unpack_outputs
 from xsched.capture.fxgraph import is_view
+from xsched.contracts.graph import Graph
+from xsched.contracts.torch_ops import resolve, run_op
 from xsched.errors import CaptureError
-from xsched.graph import Graph
-from xsched.ops import resolve, run_op
 
 
 class MLP(nn.Module):

@@ -7,8 +7,8 @@ import json
 from conftest import BENCH
 
 from xsched.cli import main
-from xsched.graph import Graph
-from xsched.plan import Plan
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Plan
 
 MODEL_FILE = """
 import torch
@@ -61,7 +61,7 @@ def test_bad_inputs_exit_2_with_a_message(tmp_path, capsys):
     assert f"{src}:11" in capsys.readouterr().err  # names the line of the data-dependent branch
     assert main(["capture", "no_such_model", "-o", str(tmp_path / "x.json")]) == 2
     assert "MODEL must be" in capsys.readouterr().err
-    (tmp_path / "corrupt.json").write_text('{"schema": "xsched.graph/1", "values": [')
+    (tmp_path / "corrupt.json").write_text('{"schema": "xsched.contracts.graph/1", "values": [')
     assert main(["simulate", str(tmp_path / "corrupt.json"), str(tmp_path / "corrupt.json")]) == 2
     assert "cannot read graph file" in capsys.readouterr().err
 
@@ -153,7 +153,7 @@ def test_user_mistakes_are_one_line_with_status_2(tmp_path, capsys):
 
 
 def test_warm_up_runs_until_the_times_settle():
-    from xsched.execute.report import SETTLE_WINDOW, warm_up
+    from xsched.execute.run_report import SETTLE_WINDOW, warm_up
 
     durations = iter([0.5, 0.3, 0.2, 0.11, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1])
     now = [0.0]

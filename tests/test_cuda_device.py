@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from xsched.contracts.graph import Graph, Op, Value
 from xsched.devices import Policy, get_device
 from xsched.devices.energy import nvml_energy_mj
-from xsched.graph import Graph, Op, Value
 
 pytestmark = pytest.mark.gpu
 FAST = Policy(warmup=2, min_reps=3, max_reps=10, max_time_s=0.05)
@@ -81,8 +81,8 @@ def test_copies_pinned_pageable_and_both_directions():
 
 def test_profile_cpu_and_gpu(tmp_path):
     from xsched.capture.torch import capture
-    from xsched.profile.measure import profile_graph
-    from xsched.profile.store import load_profile, save_profile
+    from xsched.profiling.measure import profile_graph
+    from xsched.profiling.store import load_profile, save_profile
 
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
     g = capture(model, (torch.randn(32, 64),))

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 import xsched.devices.cpu as cpu_mod
+from xsched.contracts.graph import Graph, Op, Value
 from xsched.devices import Device, DeviceError, Policy, available_devices, fit_link, get_device, plugin, plugins
 from xsched.devices.base import Measurement, parse_options, relative_spread, repeat_until_stable, split_device_list
 from xsched.devices.cpu import CpuDevice, thread_clock
 from xsched.devices.energy import RaplReader, modelled_energy
 from xsched.devices.sim import SimDevice
-from xsched.graph import Graph, Op, Value
 
 FAST = Policy(warmup=1, min_reps=2, max_reps=4, max_time_s=0.01, min_sample_s=1e-5)
 
@@ -102,7 +102,7 @@ def test_third_party_plugin_is_found_through_its_entry_point(third_party):
     assert type(dev).__name__ == "FakeDevice" and dev.kind == "fake" and dev.name == "fake:0"
     assert "fake" in plugins() and "notdev" not in plugins() and "broken" not in plugins()
     assert any(r.name == "fake:0" for r in available_devices())
-    from xsched.profile.measure import profile_graph
+    from xsched.profiling.measure import profile_graph
 
     p = profile_graph(mm_graph(), ["fake:0", "sim:h100"], progress=False)
     assert p.compute["fake:0"]["op0"].time_s == pytest.approx(3e-3)
@@ -184,7 +184,7 @@ def test_cpu_fingerprint_is_stable_and_sees_threads():
 
 
 def test_cpu_measures_with_its_threads_and_restores_them(monkeypatch):
-    from xsched import ops
+    from xsched.contracts import torch_ops as ops
 
     seen, real = [], ops.run_op
     monkeypatch.setattr(ops, "run_op", lambda *a, **k: (seen.append(torch.get_num_threads()), real(*a, **k))[1])
@@ -218,7 +218,7 @@ def two_op_graph(bad: bool = False) -> Graph:
 
 
 def test_cpu_measure_ops_interleaves_the_ops(monkeypatch):
-    from xsched import ops
+    from xsched.contracts import torch_ops as ops
 
     seen, real = [], ops.run_op
     monkeypatch.setattr(ops, "run_op", lambda op, *a, **k: (seen.append(op.id), real(op, *a, **k))[1])
@@ -258,7 +258,7 @@ def test_cpu_to_cpu_copy_is_a_timed_memcpy():
 
 def test_logical_cpus_are_profiled_under_their_own_names():
     """ "cpu:0" and "cpu:1,threads=1" are the CPU under the names a plan uses: op costs for each, a link each way."""
-    from xsched.profile.measure import profile_graph
+    from xsched.profiling.measure import profile_graph
 
     one = get_device("cpu:1,threads=1")
     assert (one.name, one.index, one.threads) == ("cpu:1,threads=1", 1, 1)

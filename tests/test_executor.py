@@ -15,17 +15,17 @@ from torch.utils._pytree import tree_flatten
 from xsched import zoo
 from xsched.budgets import parse_budgets
 from xsched.capture.torch import bind_inputs, capture, unpack_outputs
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Compute, Copy, Free, Plan, SolverInfo, autograd_boundary
+from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
 from xsched.errors import BudgetError, PlanError, XschedError
 from xsched.execute.executor import STEP_KINDS, Executor
 from xsched.execute.reference import execute
-from xsched.execute.report import measure
-from xsched.graph import Graph
-from xsched.plan import Compute, Copy, Free, Plan, SolverInfo, autograd_boundary
-from xsched.profile import DeviceInfo, LinkCost, OpCost, Profile
+from xsched.execute.run_report import measure
 from xsched.simulate import simulate
 from xsched.solve.api import solve
-from xsched.solve.bounds import check_budgets, lower_bounds
 from xsched.solve.eager import eager_peak
+from xsched.solve.memory_bounds import check_budgets, lower_bounds
 
 TWO = ("cpu:0", "cpu:1")
 
@@ -54,7 +54,7 @@ ZOO = {
     "vgg16": (64, "tiny", 65, 55),
     "vgg19": (64, "tiny", 65, 50),
 }
-# (model, devices, percent) below the lower bound of xsched.solve.bounds, so no plan of any method fits: on one
+# (model, devices, percent) below the lower bound of xsched.solve.memory_bounds, so no plan of any method fits: on one
 # device the stem's (ResNets) or the first block's (VGG) full-resolution activations, three of which one backward
 # op reads and writes at once, plus the params and input; on two devices no single device can run that op
 # within its share. On one device mlp_mixer at 25% too (bound 26.5%): whichever gelu backward runs last, it runs
@@ -205,7 +205,7 @@ def test_greedy_split_across_two_devices_overlaps_and_stays_within_plan_memory()
 # ---- dependencies and free safety ----
 def _pair_graph() -> tuple[Graph, dict[str, torch.Tensor]]:
     """x -> relu -> a -> neg -> b; `a` is copied to cpu:1 and freed on cpu:0 right after the copy."""
-    from xsched.graph import Op, Value
+    from xsched.contracts.graph import Op, Value
 
     n = 4096
     values = (
@@ -287,7 +287,7 @@ def test_inplace_reuse_is_bitwise_and_keeps_the_accounting() -> None:
 
 def test_inplace_reuse_only_for_values_nothing_else_reads() -> None:
     """relu may overwrite `a` only when the plan frees `a` right after it and no copy reads it."""
-    from xsched.graph import Op, Value
+    from xsched.contracts.graph import Op, Value
 
     n = 64
     values = tuple(Value(v, n * 4, "activation", (n,), "float32") for v in ("a", "b"))
@@ -423,7 +423,7 @@ def test_cli_run_prints_predicted_and_measured(tmp_path, capsys) -> None:
 def test_independent_lanes_overlap() -> None:
     """compute A on cpu:0 blocks until compute B on cpu:1 (later in the plan) has run: only concurrent lanes
     finish this plan; run in plan order, A would time out."""
-    from xsched.graph import Op, Value
+    from xsched.contracts.graph import Op, Value
 
     values = (
         Value("x", 16, "input", (4,), "float32", name="input:0"),
@@ -461,7 +461,7 @@ def test_independent_lanes_overlap() -> None:
 def test_random_ops_draw_in_plan_order_across_lanes() -> None:
     """Two dropout-like draws on two devices share the CPU generator: the second waits for the first, and a
     recomputation replays the first draw, so the numbers equal a sequential eager run."""
-    from xsched.graph import Op, Value
+    from xsched.contracts.graph import Op, Value
 
     def draw(i: str, src: str) -> Op:
         return Op(i, "aten.bernoulli.p", (src,), (f"m{i}",), "fwd", call={"args": [{"ref": src}, 0.5], "outs": [[]]})

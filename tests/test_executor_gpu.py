@@ -13,13 +13,13 @@ from torch.utils._pytree import tree_flatten
 
 from xsched import zoo
 from xsched.capture.torch import bind_inputs, capture, unpack_outputs
+from xsched.contracts.graph import Graph, Op, Value
+from xsched.contracts.plan import Compute, Copy, Free, Plan, SolverInfo
+from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
+from xsched.contracts.torch_ops import random_ops
 from xsched.execute.executor import Executor
-from xsched.execute.report import measure
+from xsched.execute.run_report import measure
 from xsched.execute.wrap import wrap
-from xsched.graph import Graph, Op, Value
-from xsched.ops import random_ops
-from xsched.plan import Compute, Copy, Free, Plan, SolverInfo
-from xsched.profile import DeviceInfo, LinkCost, OpCost, Profile
 from xsched.solve.api import solve
 
 pytestmark = pytest.mark.gpu

@@ -5,9 +5,9 @@ from __future__ import annotations
 from conftest import chain_graph
 from test_milp import profile_for
 
+from xsched.contracts.plan import Compute, Copy, Free, Plan, SolverInfo
+from xsched.contracts.profile import LinkCost
 from xsched.explain import explain, explain_table, summary
-from xsched.plan import Compute, Copy, Free, Plan, SolverInfo
-from xsched.profile import LinkCost
 
 G = chain_graph([16, 32, 8])  # x(8) -> f0 -> a0(16) -> f1 -> a1(32) -> f2 -> a2(8)
 

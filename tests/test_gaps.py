@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from test_milp import GRAPHS, exhaustive_optimum, profile_for, tightest_budget, times_of
 
+from xsched.contracts.graph import Graph, Op, Value
+from xsched.contracts.profile import DeviceInfo, OpCost, Profile
 from xsched.errors import BudgetError
-from xsched.graph import Graph, Op, Value
 from xsched.importers import import_networkx
-from xsched.profile import DeviceInfo, OpCost, Profile
 from xsched.simulate import simulate
 from xsched.solve.eager import eager_peak, eager_plan
-from xsched.solve.gaps import gap_computes, gap_remat, order_scorer
+from xsched.solve.gap_remat import gap_computes, gap_remat, order_scorer
 from xsched.solve.remat import evict_computes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
@@ -109,7 +109,7 @@ def test_the_order_search_scored_by_gaps_runs_each_order_it_scores_and_feeds_the
     from conftest import BENCH
 
     from xsched.solve.options import SolverOptions
-    from xsched.solve.order import plan_order, starting_orders
+    from xsched.solve.order import first_compute_indices, starting_orders
     from xsched.solve.portfolio import solve_portfolio
 
     g, prof = import_networkx(BENCH / "random_layered_n100.json")
@@ -122,7 +122,7 @@ def test_the_order_search_scored_by_gaps_runs_each_order_it_scores_and_feeds_the
         except BudgetError:
             continue
         scored += 1
-        assert plan_order(g, plan) == order and simulate(g, plan, prof).peak_bytes["bench"] <= 37055
+        assert first_compute_indices(g, plan) == order and simulate(g, plan, prof).peak_bytes["bench"] <= 37055
     assert scored
     plan = solve_portfolio(g, prof, budgets, ["bench"], {}, SolverOptions(time_limit_s=6.0), workers=1)
     members = {m["member"]: m for m in plan.solver.extra["members"]}
@@ -142,8 +142,8 @@ def test_best_heuristic_returns_only_plans_wrap_can_run() -> None:
 
     from xsched.capture.torch import capture
     from xsched.execute.wrap import wrap
-    from xsched.profile.model import cost_profile
-    from xsched.solve.boundary import missing_at_boundary
+    from xsched.profiling.model import cost_profile
+    from xsched.solve.autograd_boundary import missing_at_boundary
     from xsched.solve.heuristics import best_heuristic
     from xsched.zoo import build
 

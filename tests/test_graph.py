@@ -7,8 +7,8 @@ import json
 import pytest
 from conftest import chain_graph
 
+from xsched.contracts.graph import Graph, Op, Value, find_cycle
 from xsched.errors import GraphError
-from xsched.graph import Graph, Op, Value, find_cycle
 
 
 def test_json_round_trip_keeps_fingerprint(tmp_path):
@@ -39,7 +39,7 @@ def test_extra_fields_survive_round_trip():
 
 def test_unknown_schema():
     d = chain_graph([4]).to_dict()
-    d["schema"] = "xsched.graph/99"
+    d["schema"] = "xsched.contracts.graph/99"
     with pytest.raises(GraphError, match="unknown graph schema"):
         Graph.from_dict(d)
 

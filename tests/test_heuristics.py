@@ -9,11 +9,11 @@ from conftest import BENCH, chain_graph
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from xsched.contracts.graph import Graph, Op, Value
+from xsched.contracts.plan import Compute, Copy
+from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
 from xsched.errors import BudgetError
-from xsched.graph import Graph, Op, Value
 from xsched.importers import import_networkx
-from xsched.plan import Compute, Copy
-from xsched.profile import DeviceInfo, LinkCost, OpCost, Profile
 from xsched.simulate import simulate
 from xsched.solve import heuristics as H
 from xsched.solve import remat as RM

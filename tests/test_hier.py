@@ -20,11 +20,11 @@ from test_wrap import assert_same_state
 from torch.testing import assert_close
 
 from xsched.capture.torch import capture
+from xsched.contracts.graph import Graph, Op, Value
+from xsched.contracts.plan import Compute, Plan
+from xsched.contracts.profile import Profile
 from xsched.errors import XschedError
-from xsched.graph import Graph, Op, Value
-from xsched.plan import Compute, Plan
-from xsched.profile import Profile
-from xsched.profile.model import cost_profile
+from xsched.profiling.model import cost_profile
 from xsched.simulate import simulate
 from xsched.solve.api import solve
 from xsched.solve.eager import eager_peak
@@ -130,7 +130,13 @@ def test_two_devices_and_determinism(monkeypatch) -> None:
 
     def plan(workers: int) -> Plan:
         return solve_hier(
-            g, prof, budgets, ["cuda:0", "cpu"], homes, SolverOptions(time_limit_s=30, workers=workers), settings=same
+            g,
+            prof,
+            budgets,
+            ["cuda:0", "cpu"],
+            homes,
+            SolverOptions(time_limit_s=30, hier_processes=workers),
+            settings=same,
         )
 
     plans = [plan(1), plan(2)]

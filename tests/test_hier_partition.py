@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from test_heuristics import train_dags
 
 from xsched.capture.torch import capture
-from xsched.graph import Graph
-from xsched.profile.model import cost_profile
+from xsched.contracts.graph import Graph
+from xsched.profiling.model import cost_profile
 from xsched.simulate import simulate
 from xsched.solve.eager import eager_peak
 from xsched.solve.hier import HierSettings, leaf, solve_hier
@@ -96,7 +96,7 @@ def test_a_twelve_layer_gpt_has_one_layer_class_solved_once() -> None:
         {"cpu": eager_peak(g)},
         ["cpu"],
         {v: "cpu" for v in g.inputs},
-        SolverOptions(time_limit_s=20, workers=1),
+        SolverOptions(time_limit_s=20, hier_processes=1),
         settings=HierSettings(leaf_s=0, region_s=2, refine=False),
     )
     x = plan.solver.extra

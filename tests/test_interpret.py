@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from conftest import chain_graph
 
+from xsched.contracts.plan import Compute, Copy, Free, Plan, SolverInfo
 from xsched.errors import PlanError
 from xsched.interpret import PlanInterpreter
-from xsched.plan import Compute, Copy, Free, Plan, SolverInfo
 
 
 def _plan(graph, steps, homes=None, budgets=None) -> Plan:

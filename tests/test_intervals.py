@@ -10,10 +10,10 @@ from collections.abc import Mapping
 import pytest
 from test_milp import GRAPHS, exhaustive_optimum, profile_for, tightest_budget, times_of
 
+from xsched.contracts.graph import Graph, Op, Value
+from xsched.contracts.plan import Copy, Plan, SolverInfo
+from xsched.contracts.profile import LinkCost, Profile
 from xsched.errors import BudgetError, PlanError
-from xsched.graph import Graph, Op, Value
-from xsched.plan import Copy, Plan, SolverInfo
-from xsched.profile import LinkCost, Profile
 from xsched.simulate import simulate
 from xsched.solve.eager import eager_peak
 from xsched.solve.heuristics import best_heuristic
@@ -164,7 +164,7 @@ def test_soft_budgets_find_a_first_plan_from_an_over_budget_hint() -> None:
     pytest.importorskip("ortools")
     from xsched.solve.intervals.cpsat import solve_cpsat
     from xsched.solve.intervals.extract import hint_from_plan, to_plan
-    from xsched.solve.order import order_plan
+    from xsched.solve.order import unbudgeted_plan
 
     g = GRAPHS["chain3_train"]
     prof = profile_for(g, {"cpu": times_of(g)})
@@ -172,7 +172,7 @@ def test_soft_budgets_find_a_first_plan_from_an_over_budget_hint() -> None:
     budgets = {"cpu": tightest_budget(g, prof, homes)}
     order = tuple(range(len(g.ops)))
     data = build_data(g, prof, budgets, ["cpu"], homes, order, 2)
-    eager = order_plan(g, order, "cpu", homes)
+    eager = unbudgeted_plan(g, order, "cpu", homes)
     assert simulate(g, eager, prof, check_budgets=False).peak_bytes["cpu"] > budgets["cpu"]  # the hint is over
     out = solve_cpsat(data, 10.0, 1, 0, hint_from_plan(data, eager), soft=True)
     assert out.status == "feasible"
@@ -189,9 +189,9 @@ def test_a_warm_start_running_an_op_more_than_c_times_is_a_complete_hint(tmp_pat
     from collections import Counter
     from pathlib import Path
 
+    from xsched.contracts.plan import Compute
     from xsched.importers import import_networkx
-    from xsched.plan import Compute
-    from xsched.solve.gaps import gap_remat
+    from xsched.solve.gap_remat import gap_remat
     from xsched.solve.intervals.extract import first_order, hint_from_plan, step_counts
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))

@@ -7,10 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_simulate import make_plan, random_dags
 
-from xsched.graph import Graph, Op, Value
+from xsched.contracts.graph import Graph, Op, Value
+from xsched.contracts.plan import Compute, Copy, Free, Plan, SolverInfo
+from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
 from xsched.lanes import inline_free_lanes, lane_of, overlapped_spans, step_waits
-from xsched.plan import Compute, Copy, Free, Plan, SolverInfo
-from xsched.profile import DeviceInfo, LinkCost, OpCost, Profile
 from xsched.simulate import simulate
 from xsched.solve.routing import insert_copies
 

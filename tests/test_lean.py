@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from test_heuristics import train_dags
 
-from xsched.graph import Graph
-from xsched.plan import Compute, ends_on_one_device
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Compute, ends_on_one_device
 from xsched.simulate import simulate
 from xsched.solve import lean
 from xsched.solve.remat import candidate_keeps, lean_search

@@ -10,11 +10,11 @@ from dataclasses import replace
 import pytest
 from conftest import BENCH, chain_graph
 
+from xsched.contracts.graph import Graph, Op, Value
+from xsched.contracts.plan import Compute, Copy, Plan, required_homes
+from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
 from xsched.errors import BudgetError
-from xsched.graph import Graph, Op, Value
 from xsched.importers import import_networkx
-from xsched.plan import Compute, Copy, Plan, required_homes
-from xsched.profile import DeviceInfo, LinkCost, OpCost, Profile
 from xsched.simulate import simulate
 from xsched.solve.eager import eager_peak
 from xsched.solve.milp import NoIncumbent, solve_milp
@@ -351,7 +351,7 @@ def test_solves_with_other_thread_counts_in_one_process_all_run(first: int | Non
     homes = {v: "cpu" for v in g.inputs}
     budgets = {"cpu": eager_peak(g)}
     for threads in (first, then):
-        plan = solve_milp(g, prof, budgets, ["cpu"], homes, replace(FAST, threads=threads))
+        plan = solve_milp(g, prof, budgets, ["cpu"], homes, replace(FAST, solver_threads=threads))
         assert plan.solver.status == "optimal"
 
 

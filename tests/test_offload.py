@@ -7,14 +7,14 @@ import pytest
 from test_executor import TWO, check_against_eager, split_homes, unit_profile, workload
 
 from xsched.budgets import parse_budgets
+from xsched.contracts.graph import Graph, Op, Value
+from xsched.contracts.plan import Compute, Copy
+from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
 from xsched.errors import BudgetError
-from xsched.graph import Graph, Op, Value
-from xsched.plan import Compute, Copy
-from xsched.profile import DeviceInfo, LinkCost, OpCost, Profile
 from xsched.simulate import simulate
 from xsched.solve import solve
 from xsched.solve.eager import eager_peak
-from xsched.solve.offload import gaps, offload_search
+from xsched.solve.offload import offload_search, widest_gaps
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -44,7 +44,7 @@ def test_gaps_are_the_widest_stretch_between_uses() -> None:
     g = fwd_bwd(3)
     computes = [Compute(o.id, "cpu:0") for o in g.ops]  # f0 f1 f2 b2 b1 b0
     # a0 is read by f1 (1) and then b0 (5), a1 by f2 (2) and b1 (4); a2 and the g's are read right away
-    assert sorted(gaps(g, computes, {"x": "cpu:0"})) == [(1, 5, "a0"), (2, 4, "a1")]
+    assert sorted(widest_gaps(g, computes, {"x": "cpu:0"})) == [(1, 5, "a0"), (2, 4, "a1")]
 
 
 def test_parks_saved_activations_on_the_other_device_within_both_budgets() -> None:

@@ -8,8 +8,8 @@ import pytest
 from onnx_models import chain_model, onnx, ort, zoo_onnx
 
 from xsched.capture.onnx import capture_model, capture_onnx, parse_shape
+from xsched.contracts.onnx_ops import ELEM_TYPE_OF, build_model, example_array, np_dtype
 from xsched.errors import CaptureError
-from xsched.onnx.nodes import ELEM_TYPE_OF, build_model, example_array, np_dtype
 
 TensorProto, helper = onnx.TensorProto, onnx.helper
 

@@ -74,8 +74,8 @@ def test_xsched_works_without_onnx():
     code = (
         "import sys\n"
         "for m in ('onnx', 'onnxruntime', 'onnxscript'): sys.modules[m] = None\n"
-        "import xsched, xsched.cli, xsched.loaders, xsched.devices.ort, xsched.capture.onnx, xsched.onnx.run\n"
-        "import xsched.onnx.placed, xsched.onnx.report\n"
+        "import xsched, xsched.cli, xsched.loaders, xsched.devices.ort, xsched.capture.onnx, xsched.execute.ort_executor\n"
+        "import xsched.execute.ort_session, xsched.execute.ort_measure\n"
         "from xsched.devices import available_devices, get_device\n"
         "assert not [r for r in available_devices(include_sim=False) if r.kind == 'ort']\n"
         "for call in (lambda: get_device('ort:cpu'), lambda: xsched.capture.onnx.capture_onnx('m.onnx')):\n"

@@ -14,8 +14,8 @@ from xsched.devices import DeviceError, available_devices, get_device
 from xsched.devices.base import Policy
 from xsched.devices.ort import OrtDevice
 from xsched.errors import ProfileError
-from xsched.profile.measure import profile_graph
-from xsched.profile.store import check_profile, load_profile, save_profile
+from xsched.profiling.measure import profile_graph
+from xsched.profiling.store import check_profile, load_profile, save_profile
 
 QUICK = Policy(warmup=1, min_reps=3, max_reps=5, max_time_s=0.02, min_sample_s=0.0)
 
@@ -89,7 +89,7 @@ def test_copies_only_between_ort_devices():
     assert a.copy_seconds(b, 1 << 20, outgoing=True) > 0
     assert a.copy_seconds(get_device("cpu"), 1 << 20, outgoing=True) is None
     with pytest.raises(DeviceError, match="neither the ort nor the cpu plugin can time a copy"):
-        from xsched.profile.measure import copy_seconds
+        from xsched.profiling.measure import copy_seconds
 
         copy_seconds(a, get_device("cpu"), 1024)
 

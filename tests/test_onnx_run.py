@@ -8,13 +8,13 @@ import pytest
 from onnx_models import chain_model, onnx, ort, zoo_onnx
 
 from xsched.capture.onnx import capture_model
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Compute, Copy, Free, Plan, SolverInfo, place_frees
 from xsched.devices import get_device
 from xsched.errors import XschedError
-from xsched.graph import Graph
-from xsched.onnx.report import example_feeds, measure_onnx
-from xsched.onnx.run import OrtExecutor, plain_session
-from xsched.plan import Compute, Copy, Free, Plan, SolverInfo, place_frees
-from xsched.profile.model import cost_profile
+from xsched.execute.ort_executor import OrtExecutor, plain_session
+from xsched.execute.ort_measure import example_feeds, measure_onnx
+from xsched.profiling.model import cost_profile
 from xsched.simulate import simulate
 from xsched.solve.api import solve
 from xsched.solve.eager import eager_plan

@@ -1,4 +1,4 @@
-"""Op encoding (xsched.ops): JSON round-trips, running encoded ops, realistic random inputs, clear errors."""
+"""Op encoding (xsched.contracts.torch_ops): JSON round-trips, running encoded ops, realistic random inputs, clear errors."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from xsched.capture import capture
+from xsched.contracts.graph import Graph, Op, Value
+from xsched.contracts.torch_ops import decode, encode_literal, is_executable, op_input_tensors, resolve, run_op
 from xsched.errors import CaptureError, XschedError
-from xsched.graph import Graph, Op, Value
-from xsched.ops import decode, encode_literal, is_executable, op_input_tensors, resolve, run_op
 
 
 def _json(x):

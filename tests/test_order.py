@@ -22,9 +22,9 @@ from xsched.solve.options import SolverOptions
 from xsched.solve.order import (
     depth_first_order,
     eager_peak_of,
+    first_compute_indices,
     greedy_order,
     neighbours,
-    plan_order,
     search_order,
     starting_orders,
     topological,
@@ -68,9 +68,9 @@ def test_a_search_that_gives_up_after_one_order_tries_the_warm_starts_own_order(
 
 
 def order_plan_of(g, order):  # noqa: ANN001, ANN201
-    from xsched.solve.order import order_plan
+    from xsched.solve.order import unbudgeted_plan
 
-    return order_plan(g, order, "cpu", {v: "cpu" for v in g.inputs})
+    return unbudgeted_plan(g, order, "cpu", {v: "cpu" for v in g.inputs})
 
 
 def test_eager_peak_of_the_graph_order_is_the_simulators() -> None:
@@ -80,7 +80,7 @@ def test_eager_peak_of_the_graph_order_is_the_simulators() -> None:
 
 def test_greedy_order_lowers_the_eager_peak_of_a_fan_out() -> None:
     # x feeds three big producers, each reduced by a small op: eager makes all three big values first
-    from xsched.graph import Graph, Op, Value
+    from xsched.contracts.graph import Graph, Op, Value
 
     vals = [Value("x", 1, "input")] + [Value(f"b{i}", 100) for i in range(3)] + [Value(f"s{i}", 1) for i in range(3)]
     ops = [Op(f"big{i}", "t", ("x",), (f"b{i}",)) for i in range(3)]
@@ -120,7 +120,7 @@ def test_portfolio_returns_a_valid_plan_and_its_order() -> None:
     plan = solve_portfolio(g, prof, budgets, ["cpu"], homes, SolverOptions(time_limit_s=10.0, mip_gap=0.0), workers=1)
     checked(g, plan, prof, budgets)
     assert plan.solver.method == "portfolio"
-    assert plan.solver.extra["order"] == [g.ops[i].id for i in plan_order(g, plan)]
+    assert plan.solver.extra["order"] == [g.ops[i].id for i in first_compute_indices(g, plan)]
     assert plan.predicted.time_s == pytest.approx(exhaustive_optimum(g, prof, budgets, ["cpu"], homes))
     assert {m["member"] for m in plan.solver.extra["members"]} >= {"heuristics"}
     assert plan.solver.gap is not None and plan.solver.gap >= 0

@@ -12,13 +12,13 @@ import pytest
 import torch
 
 import xsched.files as files
-import xsched.profile.store as prof
+import xsched.profiling.store as prof
+from xsched.contracts.profile import Profile
 from xsched.devices import Policy, get_device
 from xsched.devices.base import Device, Measurement
 from xsched.errors import PlanError, ProfileError
-from xsched.profile import Profile
-from xsched.profile.measure import profile_graph, signature_groups
-from xsched.profile.store import check_profile, load_profile, save_profile
+from xsched.profiling.measure import profile_graph, signature_groups
+from xsched.profiling.store import check_profile, load_profile, save_profile
 from xsched.simulate import simulate
 from xsched.solve.eager import eager_plan
 
@@ -107,7 +107,7 @@ def test_the_time_cap_holds_within_a_round():
     (checked every CAP_CHECK_OPS ops), not only the later rounds."""
     from conftest import chain_graph
 
-    from xsched.profile.measure import CAP_CHECK_OPS
+    from xsched.profiling.measure import CAP_CHECK_OPS
 
     g = chain_graph([64 * (i + 1) for i in range(3 * CAP_CHECK_OPS)], train=True)
     seen = []
@@ -199,7 +199,7 @@ def test_round_trip(tmp_path, graph, profile):
     back = load_profile(path, graph)
     assert back.to_dict() == profile.to_dict()
     assert back.extra["torch_version"] == torch.__version__ and back.graph == graph.fingerprint
-    assert json.loads(path.read_text())["schema"] == "xsched.profile/1"
+    assert json.loads(path.read_text())["schema"] == "xsched.contracts.profile/1"
 
 
 def _edited(tmp_path, profile, edit) -> str:
@@ -258,7 +258,7 @@ def test_reprofile_replaces_a_stale_profile(tmp_path, graph, profile):
         (lambda t: t[: len(t) // 2], "corrupt or unreadable"),  # truncated
         (lambda t: "{not json", "corrupt or unreadable"),
         (lambda t: "\xff\xfe garbage", "corrupt or unreadable"),
-        (lambda t: t.replace('"xsched.profile/1"', '"xsched.profile/9"'), "unknown profile schema"),
+        (lambda t: t.replace('"xsched.contracts.profile/1"', '"xsched.contracts.profile/9"'), "unknown profile schema"),
         (lambda t: json.dumps({k: v for k, v in json.loads(t).items() if k != "compute"}), "malformed profile JSON"),
         (lambda t: json.dumps([1, 2]), "unknown profile schema"),
         (lambda t: t.replace('"time_s": ', '"time_s": -', 1), "finite and non-negative"),

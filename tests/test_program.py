@@ -9,12 +9,12 @@ import torch
 from torch import nn
 
 from xsched.capture.torch import bind_inputs, capture
+from xsched.contracts.graph import Graph, Op, Value
+from xsched.contracts.plan import Compute, Free, Plan, SolverInfo
 from xsched.errors import XschedError
 from xsched.execute.executor import Executor
 from xsched.execute.program import gather, inline_program
-from xsched.execute.wrap_plan import solve_plan
-from xsched.graph import Graph, Op, Value
-from xsched.plan import Compute, Free, Plan, SolverInfo
+from xsched.pipeline import solve_plan
 from xsched.simulate import simulate
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -11,10 +11,10 @@ from torch import nn
 
 import xsched.execute.reference as reference
 from xsched.capture import bind_inputs, capture, unpack_outputs
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Compute, Copy, Free, Plan, SolverInfo, place_frees, required_homes
 from xsched.errors import PlanError, XschedError
 from xsched.execute import execute, run_plan
-from xsched.graph import Graph
-from xsched.plan import Compute, Copy, Free, Plan, SolverInfo, place_frees, required_homes
 from xsched.simulate import simulate
 from xsched.solve.eager import eager_plan
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from conftest import chain_graph
 
+from xsched.contracts.plan import Compute
 from xsched.errors import XschedError
-from xsched.plan import Compute
-from xsched.profile.measure import extend_profile, profile_graph
-from xsched.profile.model import cost_profile
+from xsched.profiling.measure import extend_profile, profile_graph
+from xsched.profiling.model import cost_profile
 from xsched.report.build import SECTIONS, ReportSettings, build_report
 from xsched.report.machines import base_budgets, parse_machine, restrict
 from xsched.report.sweep import SweepSettings

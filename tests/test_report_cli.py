@@ -13,9 +13,9 @@ from torch import nn
 
 from xsched.capture.torch import bind_inputs, capture
 from xsched.cli import main
-from xsched.plan import Copy, Plan
-from xsched.profile.measure import profile_graph
-from xsched.profile.model import cost_profile
+from xsched.contracts.plan import Copy, Plan
+from xsched.profiling.measure import profile_graph
+from xsched.profiling.model import cost_profile
 from xsched.report.trace import measured_trace, predicted_trace
 from xsched.simulate import simulate
 from xsched.solve.api import solve
@@ -143,7 +143,7 @@ def test_run_trace_writes_one_event_per_executed_step(tmp_path, capsys):
     src.write_text(MODEL_FILE)
     graph_file = tmp_path / "g.json"
     assert main(["capture", f"{src}:factory", "-o", str(graph_file)]) == 0
-    from xsched.graph import Graph
+    from xsched.contracts.graph import Graph
 
     plan = eager_plan(Graph.load(graph_file), "cpu")
     plan.save(tmp_path / "plan.json")

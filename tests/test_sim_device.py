@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from xsched.contracts.graph import Graph, Op, Value
 from xsched.devices import DeviceError, get_device
 from xsched.devices.energy import modelled_energy
 from xsched.devices.sim import all_specs, load_spec, spec_files
-from xsched.graph import Graph, Op, Value
 
 SHIPPED = {
     "h100-sxm",
@@ -158,7 +158,7 @@ def test_a_devices_folder_in_the_working_directory_comes_before_the_packaged_spe
 
 def test_a_simulated_cpu_leaves_a_real_accelerator_link_to_its_plugin():
     from xsched.devices.base import Device
-    from xsched.profile.measure import copy_seconds
+    from xsched.profiling.measure import copy_seconds
 
     class Accel(Device):
         kind = "accel"

@@ -7,10 +7,10 @@ from conftest import chain_graph
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from xsched.contracts.graph import Graph, Op, Value
+from xsched.contracts.plan import Compute, Copy, Free, Plan, SolverInfo, place_frees
+from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
 from xsched.errors import PlanError
-from xsched.graph import Graph, Op, Value
-from xsched.plan import Compute, Copy, Free, Plan, SolverInfo, place_frees
-from xsched.profile import DeviceInfo, LinkCost, OpCost, Profile
 from xsched.simulate import simulate
 from xsched.solve.eager import eager_plan
 

@@ -9,8 +9,8 @@ import pytest
 from conftest import chain_graph
 from test_heuristics import DEVICES, two_device_profile
 
+from xsched.contracts.plan import Compute
 from xsched.errors import BudgetError, PlanError, XschedError
-from xsched.plan import Compute
 from xsched.simulate import simulate
 from xsched.solve.api import solve
 from xsched.solve.eager import eager_peak
@@ -130,7 +130,7 @@ def test_a_given_warm_start_competes_with_the_heuristics(monkeypatch):
 def test_milp_plan_slower_than_its_warm_start_gives_the_warm_start_back(monkeypatch):
     from dataclasses import replace
 
-    from xsched.plan import SolverInfo
+    from xsched.contracts.plan import SolverInfo
     from xsched.solve.remat import checkpoint_plan
 
     profile = two_device_profile(G)

@@ -9,9 +9,9 @@ import torch
 from torch import nn
 from torch.testing import assert_close
 
+from xsched.contracts.plan import Compute, Copy
 from xsched.errors import BudgetError, XschedError
 from xsched.execute.wrap import XschedModule, wrap
-from xsched.plan import Compute, Copy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -236,8 +236,8 @@ def test_grads_reach_param_grad_without_copies(monkeypatch: pytest.MonkeyPatch) 
 
 def test_measured_profile_is_cached_and_reused(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """wrap measures the graph's costs once (stored as `xsched profile` would, under profile_dir) and reuses them."""
-    import xsched.execute.wrap_plan as wrap_plan
-    import xsched.profile.store as store
+    import xsched.pipeline as wrap_plan
+    import xsched.profiling.store as store
 
     model = mlp(depth=1, width=8)
     w = wrap(model, batch(n=16, width=8)[:1], {"cpu": "100%"}, method="eager", profile_dir=tmp_path)

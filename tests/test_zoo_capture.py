@@ -10,8 +10,8 @@ import torch
 
 from xsched import zoo
 from xsched.capture import bind_inputs, capture, unpack_outputs
+from xsched.contracts.graph import Graph
 from xsched.execute import execute
-from xsched.graph import Graph
 from xsched.simulate import simulate
 from xsched.solve.eager import eager_plan
 

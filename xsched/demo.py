@@ -14,11 +14,11 @@ import torch
 
 from xsched.budgets import format_bytes
 from xsched.capture.torch import bind_inputs, capture, unpack_outputs
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Plan
 from xsched.execute.reference import run_plan
 from xsched.execute.wrap import wrap
-from xsched.graph import Graph
-from xsched.plan import Plan
-from xsched.profile.measure import profile_graph
+from xsched.profiling.measure import profile_graph
 from xsched.solve.api import solve
 from xsched.solve.eager import eager_plan
 from xsched.solve.options import SolverOptions
@@ -134,7 +134,7 @@ def _train_against_eager(
     """SGD steps of the model eagerly and through wrap(plan=...), same seeds: (all losses and parameters equal within
     1e-5, median wrapped step time over eager's). Each is warmed up until its step time settles, then `steps` steps
     of each are timed, interleaved (so both see the machine's load alike); every step is compared."""
-    from xsched.execute.report import warm_up
+    from xsched.execute.run_report import warm_up
 
     eager_model, xs_model = copy.deepcopy(model), copy.deepcopy(model)
     wrapped = wrap(xs_model, inputs, {"cpu": plan.budgets["cpu"]}, plan=plan)

@@ -6,10 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from xsched.budgets import format_bytes
-from xsched.graph import Graph, Op
+from xsched.contracts.graph import Graph, Op
+from xsched.contracts.plan import Compute, Copy, Free, Plan, Step
+from xsched.contracts.profile import Profile
 from xsched.interpret import PlanInterpreter
-from xsched.plan import Compute, Copy, Free, Plan, Step
-from xsched.profile import Profile
 
 DECISIONS = ("input", "kept", "recomputed", "moved", "recomputed+moved")
 

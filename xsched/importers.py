@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from xsched.contracts.graph import Graph, Op, Value, topological_order
+from xsched.contracts.profile import DeviceInfo, OpCost, Profile
 from xsched.errors import GraphError
-from xsched.graph import Graph, Op, Value, topological_order
-from xsched.profile import DeviceInfo, OpCost, Profile
 
 BENCH_DEVICE = "bench"
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from xsched.contracts.graph import Graph, Op
+from xsched.contracts.plan import Compute, Copy, Free, Plan, Step, required_homes, rng_domain
+from xsched.contracts.torch_ops import random_ops
 from xsched.errors import PlanError, XschedError
-from xsched.graph import Graph, Op
-from xsched.ops import random_ops
-from xsched.plan import Compute, Copy, Free, Plan, Step, required_homes, rng_domain
 
 
 class PlanInterpreter:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from xsched.graph import Graph
-from xsched.plan import Compute, Copy, Free, Step
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Compute, Copy, Free, Step
 
 
 def lane_of(step: Step) -> str:

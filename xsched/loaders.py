@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from xsched.contracts.graph import Graph
 from xsched.errors import XschedError
-from xsched.graph import Graph
 
 
 def function_from_file(path: str | Path, name: str, *, stage: str = "load") -> Callable[..., Any]:
@@ -68,7 +68,7 @@ def load_graph(
             data = json.loads(Path(spec).read_text())
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
             raise XschedError(f"cannot read graph file {spec}: {e}", stage="load") from e
-        if isinstance(data, dict) and str(data.get("schema", "")).startswith("xsched.graph"):
+        if isinstance(data, dict) and str(data.get("schema", "")).startswith("xsched.contracts.graph"):
             return Graph.from_dict(data)
         from xsched.importers import import_networkx
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from xsched.graph import Graph, Op
+from xsched.contracts.graph import Graph, Op
+from xsched.contracts.plan import Compute, Copy, Free, Plan, Prediction, Step
+from xsched.contracts.profile import Profile
 from xsched.interpret import PlanInterpreter
 from xsched.lanes import overlapped_spans, step_waits
-from xsched.plan import Compute, Copy, Free, Plan, Prediction, Step
-from xsched.profile import Profile
 
 
 @dataclass(frozen=True)

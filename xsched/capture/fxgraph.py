@@ -10,9 +10,17 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Node
 
+from xsched.contracts.graph import Graph, Op, Value
+from xsched.contracts.torch_ops import (
+    apply_view,
+    dtype_name,
+    encode_constant,
+    encode_literal,
+    iter_refs,
+    resolve,
+    target_name,
+)
 from xsched.errors import CaptureError
-from xsched.graph import Graph, Op, Value
-from xsched.ops import apply_view, dtype_name, encode_constant, encode_literal, iter_refs, resolve, target_name
 
 # Not views by schema, but they reinterpret their input's memory without copying it.
 _ALSO_VIEWS = {torch.ops.aten._unsafe_view.default, torch.ops.aten.lift_fresh.default}

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from xsched.capture.onnx_shapes import MAX_DATA_BYTES, dims_of, infer, named_node, one_line
+from xsched.contracts.graph import Graph, Op, Value
+from xsched.contracts.onnx_ops import FORMAT, encode_array, encode_call, itemsize, require
 from xsched.errors import CaptureError
-from xsched.graph import Graph, Op, Value
-from xsched.onnx.nodes import FORMAT, encode_array, encode_call, itemsize, require
 
 log = logging.getLogger("xsched.capture")
 

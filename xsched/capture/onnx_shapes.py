@@ -9,8 +9,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from xsched.contracts.onnx_ops import ELEM_TYPES, RANDOM_OPS, require
 from xsched.errors import CaptureError
-from xsched.onnx.nodes import ELEM_TYPES, RANDOM_OPS, require
 
 log = logging.getLogger("xsched.capture")
 

@@ -32,9 +32,9 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 from xsched.capture.fxgraph import Slot, TraceInfo, build_graph
+from xsched.contracts.graph import Graph
+from xsched.contracts.torch_ops import resolve_ref
 from xsched.errors import CaptureError, XschedError
-from xsched.graph import Graph
-from xsched.ops import resolve_ref
 
 
 @dataclass(frozen=True)

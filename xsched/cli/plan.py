@@ -6,9 +6,9 @@ import argparse
 
 from xsched.budgets import format_bytes
 from xsched.cli.common import parse_budget_flags, print_json, quiet, timed_progress
-from xsched.graph import Graph
-from xsched.plan import Plan
-from xsched.profile.store import load_profile
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Plan
+from xsched.profiling.store import load_profile
 from xsched.simulate import simulate
 
 

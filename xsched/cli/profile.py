@@ -10,8 +10,8 @@ from xsched.budgets import format_bytes
 from xsched.cli.common import add_shape_flag, parse_shape_flags, print_json, quiet
 from xsched.devices.base import Policy, available_devices, split_device_list
 from xsched.loaders import load_graph
-from xsched.profile.measure import profile_graph
-from xsched.profile.store import default_profile_path, save_profile
+from xsched.profiling.measure import profile_graph
+from xsched.profiling.store import default_profile_path, save_profile
 
 
 def cmd_devices(args: argparse.Namespace) -> int:

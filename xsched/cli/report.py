@@ -8,9 +8,9 @@ import json
 import shlex
 import sys
 
+from xsched.contracts.graph import Graph
+from xsched.contracts.profile import Profile
 from xsched.errors import XschedError
-from xsched.graph import Graph
-from xsched.profile import Profile
 
 DEFAULT_MACHINE = "sim:rtx4090+cpu"
 
@@ -56,8 +56,8 @@ def cmd_report(a: argparse.Namespace) -> int:
 
 def _profile(a: argparse.Namespace, graph: Graph, devices: list[str]) -> Profile:
     """The given profile with the devices it lacks added (simulated: modelled; real: measured), or a new one."""
-    from xsched.profile.measure import extend_profile, profile_graph
-    from xsched.profile.store import load_profile
+    from xsched.profiling.measure import extend_profile, profile_graph
+    from xsched.profiling.store import load_profile
 
     bars = not a.quiet and sys.stderr.isatty()  # like the report's own bar: none into a log file
     if a.profile:

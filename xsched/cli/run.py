@@ -8,12 +8,12 @@ import dataclasses
 
 from xsched.capture.torch import bind_inputs, capture
 from xsched.cli.common import add_shape_flag, parse_shape_flags, print_json
+from xsched.contracts.plan import Plan
 from xsched.errors import PlanError
-from xsched.execute.report import measure
+from xsched.execute.run_report import measure
 from xsched.loaders import load_model
-from xsched.plan import Plan
-from xsched.profile.model import cost_profile
-from xsched.profile.store import load_profile
+from xsched.profiling.model import cost_profile
+from xsched.profiling.store import load_profile
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -58,7 +58,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _run_onnx(args: argparse.Namespace, plan: Plan) -> int:
     """An ONNX model's plan on ONNX Runtime beside one plain session on the same providers."""
     from xsched.capture.onnx import capture_model
-    from xsched.onnx.report import measure_onnx
+    from xsched.execute.ort_measure import measure_onnx
 
     captured = capture_model(args.model, parse_shape_flags(args.shape))
     graph = captured.graph

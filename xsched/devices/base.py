@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from xsched.contracts.graph import Graph, Op
+from xsched.contracts.profile import DeviceInfo
 from xsched.errors import ProfileError
-from xsched.graph import Graph, Op
-from xsched.profile import DeviceInfo
 
 ENTRY_POINT_GROUP = "xsched.devices"
 ENERGY_SOURCES = ("rapl", "nvml", "model")

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from xsched.contracts.graph import Graph, Op
 from xsched.devices.base import (
     DEFAULT_POLICY,
     Device,
@@ -27,7 +28,6 @@ from xsched.devices.base import (
     repeat_until_stable,
 )
 from xsched.devices.energy import modelled_energy, rapl
-from xsched.graph import Graph, Op
 
 SWEEP_BYTES = 2 << 30  # at most about this much input/output memory per interleaved sweep (measure_ops)
 # Used when no xsched/devices/specs/*.toml spec matches this CPU's model: a mid-range server socket. Labelled "model".
@@ -163,7 +163,7 @@ class CpuDevice(Device):
         return self.spec.power if self.spec is not None else DEFAULT_POWER
 
     def measure_op(self, graph: Graph, op: Op, policy: Policy = DEFAULT_POLICY) -> Measurement:
-        from xsched import ops
+        from xsched.contracts import torch_ops as ops
 
         env = ops.op_input_tensors(graph, op, "cpu", torch.Generator().manual_seed(0))
         calls = 0
@@ -209,7 +209,7 @@ class CpuDevice(Device):
 
     def _sweep(self, graph: Graph, ops: Sequence[Op], policy: Policy) -> list[Measurement | str]:
         """One window of measure_ops: inputs for all its ops, warm-up sweeps, then timed sweeps until each is done."""
-        from xsched import ops as xops
+        from xsched.contracts import torch_ops as xops
 
         found: list[Measurement | str] = ["not measured"] * len(ops)
         calls: dict[int, Callable[[], Any]] = {}

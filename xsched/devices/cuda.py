@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from xsched.contracts.graph import Graph, Op
 from xsched.devices.base import (
     DEFAULT_POLICY,
     Device,
@@ -22,7 +23,6 @@ from xsched.devices.base import (
     repeat_until_stable,
 )
 from xsched.devices.energy import modelled_energy, nvml_energy_mj, nvml_gpus, nvml_handle
-from xsched.graph import Graph, Op
 
 ENERGY_WINDOW_S = 0.2  # NVML's counter is in mJ but refreshes every few ms: measure over at least this long
 MAX_ENERGY_CALLS = 100_000
@@ -127,7 +127,7 @@ class CudaDevice(Device):
         return {"idle_power_w": 0.1 * limit, "max_power_w": limit}  # no spec for this GPU: a guess, labelled "model"
 
     def measure_op(self, graph: Graph, op: Op, policy: Policy = DEFAULT_POLICY) -> Measurement:
-        from xsched import ops
+        from xsched.contracts import torch_ops as ops
 
         dev = self.torch_device
         env = ops.op_input_tensors(graph, op, dev, torch.Generator().manual_seed(0))
@@ -145,7 +145,7 @@ class CudaDevice(Device):
 
     def _workspace(self, op: Op, env: dict[str, torch.Tensor]) -> int:
         """Bytes the op allocates beyond its outputs: the allocator's peak during one call, less the outputs."""
-        from xsched import ops
+        from xsched.contracts import torch_ops as ops
 
         dev = self.torch_device
         ops.run_op(op, env, dev)  # first call: cuDNN/cuBLAS handles and autotuning allocate once, not per call

@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from xsched.contracts.graph import Graph, Op, Value
+from xsched.contracts.onnx_ops import ALIAS_OPS, FORMAT, example_array, op_model, op_type, static_array
 from xsched.devices.base import (
     DEFAULT_POLICY,
     Device,
@@ -27,8 +29,6 @@ from xsched.devices.base import (
 )
 from xsched.devices.cpu import DEFAULT_POWER, SWEEP_BYTES, _enough, cpu_model, host_memory_bytes, thread_clock
 from xsched.devices.energy import modelled_energy, nvml_gpus, rapl
-from xsched.graph import Graph, Op, Value
-from xsched.onnx.nodes import ALIAS_OPS, FORMAT, example_array, op_model, op_type, static_array
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 OPTIMIZATION = {

@@ -29,10 +29,10 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
     import tomli as tomllib  # type: ignore[no-redef]
 
+from xsched.contracts.graph import Graph, Op
+from xsched.contracts.profile import DeviceInfo
 from xsched.devices.base import DEFAULT_POLICY, Device, DeviceError, DeviceInfoRow, Measurement, Policy
 from xsched.devices.energy import modelled_energy
-from xsched.graph import Graph, Op
-from xsched.profile import DeviceInfo
 
 log = logging.getLogger("xsched.devices")
 MODEL_VERSION = "roofline/1"  # part of every sim fingerprint: bump when the formulas above change
@@ -203,7 +203,7 @@ def op_flops(graph: Graph, op: Op) -> float:
 def _count_flops(graph: Graph, op: Op) -> float:
     from torch.utils.flop_counter import FlopCounterMode
 
-    from xsched import ops
+    from xsched.contracts import torch_ops as ops
 
     if not ops.is_executable(op):
         raise DeviceError("op has no executable call: its FLOPs cannot be counted", op=op.id)
@@ -283,7 +283,7 @@ class SimDevice(Device):
         return DeviceInfo(info.kind, info.fingerprint, info.memory_bytes, {**info.extra, "spec": self.spec.name})
 
     def measure_op(self, graph: Graph, op: Op, policy: Policy = DEFAULT_POLICY) -> Measurement:
-        from xsched import ops
+        from xsched.contracts import torch_ops as ops
 
         flops = op_flops(graph, op) if ops.is_executable(op) else 0.0  # cost-only graphs: a bandwidth-only roofline
         time_s, u = roofline(self.spec, flops, op_io_bytes(graph, op), op_dtype(graph, op))

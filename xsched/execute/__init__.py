@@ -2,7 +2,7 @@
 
 from xsched.execute.executor import STEP_KINDS, Executor, RunState
 from xsched.execute.reference import RunTrace, execute, run_plan
-from xsched.execute.report import RunReport, measure
+from xsched.execute.run_report import RunReport, measure
 from xsched.execute.wrap import XschedModule, wrap
 
 __all__ = [

@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
+from xsched.contracts.graph import Graph, Op
+from xsched.contracts.torch_ops import decode, is_executable, resolve
 from xsched.errors import XschedError
 from xsched.execute.rng import get_rng, set_rng
-from xsched.graph import Graph, Op
-from xsched.ops import decode, is_executable, resolve
 
 Store = Mapping[str, torch.Tensor]
 Getter = Callable[[Store], Any]
@@ -222,7 +222,7 @@ def reusable_inputs(graph: Graph, steps: Sequence[Any], watch: frozenset[str]) -
     and no op that produces or reads it returns an alias of it. Residency and byte accounting are unchanged:
     the value stays resident, with dead contents, until its free.
     """
-    from xsched.plan import Compute, Copy, Free
+    from xsched.contracts.plan import Compute, Copy, Free
 
     copied = {(s.value, s.src) for s in steps if isinstance(s, Copy)}
     aliased = {v for o in graph.ops if _aliases(o) for v in (*o.inputs, *o.outputs)}

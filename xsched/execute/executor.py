@@ -24,17 +24,17 @@ from typing import Any
 
 import torch
 
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Compute, Copy, Free, Plan, required_homes
+from xsched.contracts.torch_ops import random_ops
 from xsched.errors import PlanError, XschedError
 from xsched.execute.compiled import RngLog, compile_inplace, compile_op, reusable_inputs, with_rng
 from xsched.execute.program import PreparedPlan, inline_program
 from xsched.execute.reference import RunTrace, torch_device
 from xsched.execute.stores import DeviceStore
 from xsched.execute.workers import Done, Lane, Task
-from xsched.graph import Graph
 from xsched.interpret import PlanInterpreter, at_step, wrong_size
 from xsched.lanes import inline_free_lanes, lane_of, step_waits
-from xsched.ops import random_ops
-from xsched.plan import Compute, Copy, Free, Plan, required_homes
 
 StepFn = Callable[["RunState"], None]
 

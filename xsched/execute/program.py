@@ -16,6 +16,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Compute, Free, Plan
+from xsched.contracts.torch_ops import decode, resolve
 from xsched.errors import XschedError
 from xsched.execute.compiled import (
     _INPLACE,
@@ -27,10 +30,7 @@ from xsched.execute.compiled import (
     view_fn,
     with_rng,
 )
-from xsched.graph import Graph
 from xsched.interpret import at_step, wrong_size
-from xsched.ops import decode, resolve
-from xsched.plan import Compute, Free, Plan
 
 
 @dataclass(frozen=True)

@@ -17,15 +17,15 @@ from torch.autograd.function import _SingleLevelFunction
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from xsched.capture.torch import capture
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Compute, Plan
+from xsched.contracts.profile import Profile
 from xsched.errors import XschedError
 from xsched.execute.compiled import getter
 from xsched.execute.executor import Executor, RunState
 from xsched.execute.program import gather
 from xsched.execute.reference import torch_device
-from xsched.execute.wrap_plan import plan_report, solve_plan
-from xsched.graph import Graph
-from xsched.plan import Compute, Plan
-from xsched.profile import Profile
+from xsched.pipeline import plan_report, solve_plan
 
 
 def _signature(inputs: tuple) -> tuple:

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from xsched.budgets import format_bytes
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Plan
+from xsched.contracts.profile import Profile
 from xsched.errors import XschedError
-from xsched.graph import Graph
-from xsched.plan import Plan
-from xsched.profile import Profile
 from xsched.report import data, energy, html, plots
 from xsched.report.draw import require
 from xsched.report.machines import (

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from xsched.graph import Graph
-from xsched.profile import Profile
+from xsched.contracts.graph import Graph
+from xsched.contracts.profile import Profile
 from xsched.report.machines import Machine, energy_label
 from xsched.report.sweep import SweepSettings, found_by, plan_point
 

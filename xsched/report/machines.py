@@ -7,9 +7,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from xsched.budgets import parse_budget
+from xsched.contracts.graph import Graph
+from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError, XschedError
-from xsched.graph import Graph
-from xsched.profile import Profile
 
 MEM_SUFFIX = "%mem"  # "60%mem": a share of the device's own memory (the plain "60%" is of the eager peak)
 

@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from xsched.graph import Graph, Op
+from xsched.contracts.graph import Graph, Op
+from xsched.contracts.plan import Compute, Copy, Plan
+from xsched.contracts.profile import Profile
 from xsched.lanes import lane_of
-from xsched.plan import Compute, Copy, Plan
-from xsched.profile import Profile
 from xsched.report.draw import COLORS, byte_unit, figure, fmt_bytes, time_unit, to_svg
 from xsched.simulate import SimResult, Simulator
 

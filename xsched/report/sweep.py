@@ -6,13 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Plan
+from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError, XschedError
-from xsched.graph import Graph
-from xsched.plan import Plan
-from xsched.profile import Profile
 from xsched.report.machines import Machine
 from xsched.solve.api import solve
-from xsched.solve.bounds import lower_bounds
+from xsched.solve.memory_bounds import lower_bounds
 from xsched.solve.options import SolverOptions
 
 BASELINES = ("eager", "greedy", "checkpoint")  # registered heuristics (xsched.solve.registry SOLVERS)

@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Compute, Copy, Free, Plan, Step
+from xsched.contracts.profile import Profile
 from xsched.execute.executor import Executor, StepFn, prepare_compute, prepare_copy, prepare_free
-from xsched.graph import Graph
 from xsched.lanes import lane_of
-from xsched.plan import Compute, Copy, Free, Plan, Step
-from xsched.profile import Profile
 from xsched.simulate import simulate
 
 PID = 1

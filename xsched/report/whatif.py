@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from xsched.graph import Graph
-from xsched.profile import Profile
+from xsched.contracts.graph import Graph
+from xsched.contracts.profile import Profile
 from xsched.report.machines import Machine, accelerators, base_budgets, cost_source, energy_label, restrict
 from xsched.report.sweep import Point, Sweep, SweepSettings, plan_point, point_of, sweep
 

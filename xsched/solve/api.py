@@ -7,13 +7,13 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Plan, SolverInfo
+from xsched.contracts.profile import Profile
 from xsched.errors import XschedError
-from xsched.graph import Graph
-from xsched.plan import Plan, SolverInfo
-from xsched.profile import Profile
 from xsched.solve.auto import solve_auto
-from xsched.solve.bounds import check_budgets
 from xsched.solve.heuristics import best_heuristic
+from xsched.solve.memory_bounds import check_budgets
 from xsched.solve.options import SolverOptions
 from xsched.solve.problem import Problem, SolveResult, objective, validated
 from xsched.solve.registry import SOLVERS

@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from xsched.budgets import format_bytes
+from xsched.contracts.plan import Plan, SolverInfo
 from xsched.errors import BudgetError, XschedError
-from xsched.plan import Plan, SolverInfo
-from xsched.solve.bounds import check_budgets, lower_bounds
+from xsched.solve.memory_bounds import check_budgets, lower_bounds
 from xsched.solve.options import SolverOptions
 from xsched.solve.problem import Problem, SolveResult, first_order, objective, runnable
 from xsched.solve.registry import HIER_MIN_SIZE, SOLVERS

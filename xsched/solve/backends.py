@@ -146,7 +146,7 @@ def solve_highs(
     handoff_s = time.perf_counter() - t0
     h.setOptionValue("output_flag", bool(options.verbose))
     h.setOptionValue("mip_rel_gap", float(options.mip_gap))
-    set_threads(h, options.threads)
+    set_threads(h, options.solver_threads)
     n = len(columns)
     x = np.array([float(v.value or 0.0) for v in columns]) if warm else None
     found: list[np.ndarray] = []
@@ -278,8 +278,8 @@ def solve_pyomo(m: pyo.ConcreteModel, st: Stages, options: SolverOptions, warm: 
     opts = {names[1]: options.mip_gap}
     if options.time_limit_s is not None:
         opts[names[0]] = options.time_limit_s
-    if options.threads and names[2]:
-        opts[names[2]] = options.threads
+    if options.solver_threads and names[2]:
+        opts[names[2]] = options.solver_threads
     kw = {"warmstart": True} if warm and solver.warm_start_capable() else {}
     t0 = time.perf_counter()
     res = solver.solve(m, load_solutions=False, tee=options.verbose, options=opts, **kw)

@@ -9,7 +9,7 @@ import numpy as np
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_flow
 
-from xsched.graph import Graph
+from xsched.contracts.graph import Graph
 
 CAP_UNITS = 2**30  # value sizes are floored to units that keep every capacity sum inside scipy's int32 flows
 INF = 2**31 - 1

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from xsched.graph import Graph
-from xsched.plan import Compute, Plan, SolverInfo, autograd_boundary, place_frees
-from xsched.profile import Profile
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Compute, Plan, SolverInfo, autograd_boundary, place_frees
+from xsched.contracts.profile import Profile
 from xsched.simulate import simulate
 
 

@@ -7,9 +7,9 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Compute, Copy, Free, Plan, SolverInfo, Step, autograd_boundary, place_frees
 from xsched.errors import XschedError
-from xsched.graph import Graph
-from xsched.plan import Compute, Copy, Free, Plan, SolverInfo, Step, autograd_boundary, place_frees
 from xsched.simulate import simulate
 from xsched.solve.stages import Stages
 

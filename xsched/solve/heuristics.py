@@ -10,11 +10,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from xsched.budgets import format_bytes
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Compute, Plan
+from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError, XschedError
-from xsched.graph import Graph
-from xsched.plan import Compute, Plan
-from xsched.profile import Profile
-from xsched.solve.gaps import gap_remat
+from xsched.solve.gap_remat import gap_remat
 from xsched.solve.offload import offload_search
 from xsched.solve.problem import runnable
 from xsched.solve.remat import checkpoint_search, sqrt_checkpoint

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from xsched.graph import Graph, Op
-from xsched.plan import Compute
+from xsched.contracts.graph import Graph, Op
+from xsched.contracts.plan import Compute
 
 MAX_WINDOW_GRADS = 16  # windows span the k biggest gradients' ops, k up to this
 BASES = 3  # the leanest plans without a window, that each window is tried after

@@ -9,13 +9,13 @@ from collections.abc import Mapping, Sequence
 import pyomo.environ as pyo
 
 from xsched.budgets import format_bytes
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Plan, SolverInfo
+from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError, XschedError
-from xsched.graph import Graph
-from xsched.plan import Plan, SolverInfo
-from xsched.profile import Profile
 from xsched.solve.backends import solve_highs, solve_pyomo
-from xsched.solve.bounds import check_budgets
 from xsched.solve.extract import Solution, best_plan, extract, plan_to_solution
+from xsched.solve.memory_bounds import check_budgets
 from xsched.solve.options import SolverOptions
 from xsched.solve.stages import Stages, index_stages
 

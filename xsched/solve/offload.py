@@ -8,10 +8,10 @@ import time
 from collections.abc import Mapping, Sequence
 
 from xsched.budgets import format_bytes
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Compute, Copy, Free, Plan, Step
+from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError, PlanError
-from xsched.graph import Graph
-from xsched.plan import Compute, Copy, Free, Plan, Step
-from xsched.profile import Profile
 from xsched.solve.remat import candidate_keeps, checkpoint_computes, compute_time, evict_computes
 from xsched.solve.routing import finish, route
 
@@ -19,7 +19,7 @@ PREFETCH_OPS = (8, 2, 0)  # how many computes early a copy back is issued, tried
 MAX_ORDERS = 24  # checkpointing orders tried when parking alone does not fit
 
 
-def gaps(graph: Graph, computes: Sequence[Compute], homes: Mapping[str, str]) -> list[tuple[int, int, str]]:
+def widest_gaps(graph: Graph, computes: Sequence[Compute], homes: Mapping[str, str]) -> list[tuple[int, int, str]]:
     """(last event, next read, value): for each value its widest stretch of computes with no use between a
     compute that makes or reads it and the next compute reading it. Graph inputs homed on the compute device
     stay (they are never freed there); a stretch ending in a recompute needs no parking."""
@@ -172,7 +172,7 @@ def _best_fit(graph, orders, store, budgets, homes, profile) -> tuple[float, tup
 def _fit_order(graph, computes, store, budgets, homes, profile) -> tuple[float, tuple, dict] | str:
     """One order's plan (see _best_fit); "" when it does not fit its compute device, else why not."""
     c = computes[0].device
-    cands = sorted(gaps(graph, computes, homes), key=lambda g: -(g[1] - g[0]) * graph.value[g[2]].nbytes)
+    cands = sorted(widest_gaps(graph, computes, homes), key=lambda g: -(g[1] - g[0]) * graph.value[g[2]].nbytes)
     # (values parked, prefetch) -> plan; the bisection revisits some, and asks only whether a plan fits, so these
     # plans skip the lanes' timing (most of a simulation's cost)
     untimed: dict[tuple[int, int], Plan] = {}

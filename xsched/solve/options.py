@@ -12,13 +12,13 @@ class SolverOptions:
     solver: str = "highs"  # any Pyomo solver name: "highs" (appsi_highs), "gurobi", "cbc", ... when installed
     time_limit_s: float | None = 60.0
     mip_gap: float = 1e-4  # relative gap
-    threads: int | None = None
+    solver_threads: int | None = None  # threads of HiGHS and CP-SAT (None: the solver's default)
     alpha_energy: float = 0.0  # objective = time + alpha * energy
     energy_cap_j: float | None = None
     fix_homes: bool = True  # False: the solver picks params' home devices
     verbose: bool = False
     seed: int = 0  # CP-SAT's random seed (with one worker, a run is deterministic for a seed)
-    workers: int | None = None  # hier: processes solving independent blocks (None: the core count)
+    hier_processes: int | None = None  # hier: processes solving independent blocks (None: the core count)
     hier_refine: bool = True  # hier: CP-SAT refines its plan in the time left (auto: off, its portfolio follows)
     # stage MILP on HiGHS: LP-guided restricted searches before the full one, as (producer levels around the LP's
     # recomputes, share of the time left); () searches the full model only

@@ -7,9 +7,9 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Compute, Plan, SolverInfo, place_frees
 from xsched.errors import XschedError
-from xsched.graph import Graph
-from xsched.plan import Compute, Plan, SolverInfo, place_frees
 
 Scorer = Callable[[tuple[int, ...], float], "Plan | None"]  # (order, seconds) -> the solver's plan, None: none
 # the local search stops after this many draws of moves in a row that were all scored already: the best order's
@@ -115,12 +115,12 @@ def depth_first_order(graph: Graph) -> tuple[int, ...]:
     return tuple(order)
 
 
-def plan_order(graph: Graph, plan: Plan) -> tuple[int, ...]:
+def first_compute_indices(graph: Graph, plan: Plan) -> tuple[int, ...]:
     """The order of a plan's first computes."""
     return tuple(dict.fromkeys(graph.op_index[s.op] for s in plan.steps if isinstance(s, Compute)))
 
 
-def order_plan(graph: Graph, order: Sequence[int], device: str, homes: Mapping[str, str]) -> Plan:
+def unbudgeted_plan(graph: Graph, order: Sequence[int], device: str, homes: Mapping[str, str]) -> Plan:
     """Every op once in `order` on `device`, each value freed after its last read: not checked against any budget
     (a solver hint: its memory may exceed the budget, the solver repairs it)."""
     steps = place_frees(graph, [Compute(graph.ops[i].id, device) for i in order], homes)
@@ -136,7 +136,7 @@ def starting_orders(graph: Graph, warm: Plan | None = None) -> dict[str, tuple[i
     for name, o in cands.items():
         unique.setdefault(o, name)
     ranked = {name: o for o, name in sorted(unique.items(), key=lambda x: eager_peak_of(graph, x[0]))}
-    if warm is None or not topological(graph, own := plan_order(graph, warm)):
+    if warm is None or not topological(graph, own := first_compute_indices(graph, warm)):
         return ranked
     return {unique.get(own, "warm"): own} | {name: o for name, o in ranked.items() if o != own}
 

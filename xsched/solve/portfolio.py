@@ -18,15 +18,15 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Plan, SolverInfo
+from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError, XschedError
-from xsched.graph import Graph
-from xsched.plan import Plan, SolverInfo
-from xsched.profile import Profile
-from xsched.solve.gaps import order_scorer
+from xsched.solve.gap_remat import order_scorer
 from xsched.solve.intervals import available, solve_intervals
 from xsched.solve.milp import solve_milp
 from xsched.solve.options import SolverOptions
-from xsched.solve.order import plan_order, search_order, starting_orders
+from xsched.solve.order import first_compute_indices, search_order, starting_orders
 from xsched.solve.problem import runnable
 
 GAPS_ORDER_SHARE = 0.25  # share of the time limit for the order search scored by gap rematerialization (one device)
@@ -98,7 +98,7 @@ def solve_portfolio(
     else:
         log_orders = {}
     kw = dict(seed=seed, workers=workers)
-    order = plan_order(graph, best) if best is not None else tuple(range(len(graph.ops)))
+    order = first_compute_indices(graph, best) if best is not None else tuple(range(len(graph.ops)))
     if available():
 
         def score(o: tuple[int, ...], seconds: float) -> Plan:
@@ -136,7 +136,7 @@ def solve_portfolio(
                 graph, profile, budgets, devices, homes, opts, backend="highs", order=order, warm_start=best
             ),
         )
-    maps = best is None or plan_order(graph, best) == tuple(range(len(graph.ops)))
+    maps = best is None or first_compute_indices(graph, best) == tuple(range(len(graph.ops)))
     if len(graph.ops) <= STAGE_MILP_MAX_OPS and left() > 0.5 and maps:  # its warm start needs the graph's order
         t1 = time.perf_counter()
         opts = replace(options, time_limit_s=left())
@@ -157,7 +157,7 @@ def solve_portfolio(
             "found_by": found_by,
             "member_status": best.solver.status,
             "member_gap": best.solver.gap,
-            "order": [graph.ops[i].id for i in plan_order(graph, best)],
+            "order": [graph.ops[i].id for i in first_compute_indices(graph, best)],
             "members": [{"member": n, "s": round(s, 3), "status": st, "time_s": ts} for n, s, st, ts in log],
             "objective": t,
             "bound": floor,  # every op once at its fastest: a lower bound for every plan

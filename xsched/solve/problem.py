@@ -8,10 +8,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from xsched.budgets import parse_budgets
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Compute, Plan
+from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError, PlanError, XschedError
-from xsched.graph import Graph
-from xsched.plan import Compute, Plan
-from xsched.profile import Profile
 from xsched.simulate import simulate
 from xsched.solve.eager import eager_peak
 from xsched.solve.options import SolverOptions
@@ -144,7 +144,7 @@ def validated(graph: Graph, plan: Plan, profile: Profile, budgets: Mapping[str, 
     one path by which any solver's plan leaves the solve stage. A captured graph's plan whose forward outputs are
     not resident when backward starts is repaired (those computes moved before it) or refused (PlanError): `wrap`
     could not run it."""
-    from xsched.solve.boundary import keep_forward_outputs, missing_at_boundary
+    from xsched.solve.autograd_boundary import keep_forward_outputs, missing_at_boundary
 
     plan = replace(plan, budgets=dict(budgets))
     missing = missing_at_boundary(graph, plan)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from xsched.contracts.plan import Plan
 from xsched.errors import BudgetError, PlanError, XschedError
-from xsched.plan import Plan
 from xsched.solve.heuristics import HEURISTICS
 from xsched.solve.options import SolverOptions
 from xsched.solve.problem import Problem, SolverEntry, SolveResult, Times, first_order
@@ -98,7 +98,12 @@ def _intervals(backend: str) -> Callable[[Problem, SolverOptions, Plan | None], 
         from xsched.solve.intervals import solve_intervals
 
         return solve_intervals(
-            *problem.args(), options, backend=backend, warm_start=warm, seed=options.seed, workers=options.threads or 0
+            *problem.args(),
+            options,
+            backend=backend,
+            warm_start=warm,
+            seed=options.seed,
+            workers=options.solver_threads or 0,
         )
 
     return call
@@ -107,7 +112,9 @@ def _intervals(backend: str) -> Callable[[Problem, SolverOptions, Plan | None], 
 def _portfolio(problem: Problem, options: SolverOptions, warm: Plan | None) -> Plan:
     from xsched.solve.portfolio import solve_portfolio
 
-    return solve_portfolio(*problem.args(), options, warm_start=warm, seed=options.seed, workers=options.threads or 0)
+    return solve_portfolio(
+        *problem.args(), options, warm_start=warm, seed=options.seed, workers=options.solver_threads or 0
+    )
 
 
 def _hier(problem: Problem, options: SolverOptions, warm: Plan | None) -> Plan:

@@ -8,12 +8,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from xsched.budgets import format_bytes
+from xsched.contracts.graph import Graph, Op
+from xsched.contracts.plan import Compute, Plan, ends_on_one_device
+from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError
-from xsched.graph import Graph, Op
-from xsched.plan import Compute, Plan, ends_on_one_device
-from xsched.profile import Profile
 from xsched.solve import lean
-from xsched.solve.boundary import forward_outputs
+from xsched.solve.autograd_boundary import forward_outputs
 from xsched.solve.routing import best_single_device, finish, op_workspace, route, route_and_finish
 
 # ---------------------------------------------------------------- checkpointing (Chen et al. 2016)

@@ -7,10 +7,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from xsched.budgets import format_bytes
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Compute, Copy, Plan, SolverInfo, Step, autograd_boundary, place_frees, required_homes
+from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError, PlanError
-from xsched.graph import Graph
-from xsched.plan import Compute, Copy, Plan, SolverInfo, Step, autograd_boundary, place_frees, required_homes
-from xsched.profile import Profile
 from xsched.simulate import simulate
 
 # ---------------------------------------------------------------- routing: computes -> steps with copies and frees

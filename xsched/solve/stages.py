@@ -7,11 +7,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import rng_domain
+from xsched.contracts.profile import Profile
+from xsched.contracts.torch_ops import random_ops
 from xsched.errors import PlanError, ProfileError
-from xsched.graph import Graph
-from xsched.ops import random_ops
-from xsched.plan import rng_domain
-from xsched.profile import Profile
 from xsched.solve.options import SolverOptions
 
 MOVABLE_KINDS = ("param", "buffer")  # graph inputs whose home the solver may pick (fix_homes=False)

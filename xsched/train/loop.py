@@ -16,10 +16,10 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
 from xsched.budgets import parse_budget
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Plan
 from xsched.errors import XschedError
-from xsched.graph import Graph
 from xsched.loaders import TrainingTask, load_training_task
-from xsched.plan import Plan
 from xsched.train import dist
 from xsched.train.checkpoint import newest_checkpoint, rng_state, save_checkpoint, set_rng_state
 from xsched.train.meters import EnergyMeter, PeakMeter

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 
 import torch
 
+from xsched.contracts.plan import Plan
+from xsched.contracts.profile import Profile
 from xsched.devices.energy import nvml_energy_mj, nvml_handle, rapl
-from xsched.plan import Plan
-from xsched.profile import Profile
 
 
 class PeakMeter:

@@ -13,12 +13,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Plan
+from xsched.contracts.profile import Profile
 from xsched.errors import PlanError, XschedError
-from xsched.execute.wrap_plan import DEFAULT_TIME_LIMIT_S, plan_profile, profile_path
 from xsched.files import atomic_write
-from xsched.graph import Graph
-from xsched.plan import Plan
-from xsched.profile import Profile
+from xsched.pipeline import DEFAULT_TIME_LIMIT_S, plan_profile, profile_path
 from xsched.simulate import simulate
 
 KEY_FIELD = "train_cache_key"

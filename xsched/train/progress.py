@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from xsched.budgets import format_bytes
-from xsched.execute.wrap_plan import plan_report
+from xsched.pipeline import plan_report
 from xsched.train.loop import StepRecord, TrainResult
 
 

@@ -8,7 +8,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from xsched.profile import Profile
+from xsched.contracts.profile import Profile
 from xsched.solve.hier.region import Region
 
 

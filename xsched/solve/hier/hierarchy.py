@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-from xsched.graph import Graph
+from xsched.contracts.graph import Graph
 from xsched.solve.hier.partition import ALPHA, Dag, contract, group_level
 
 MAX_LEAF = 24  # forward ops in a bottom block (its subproblem, with the backward ops, stays small for the MILP)

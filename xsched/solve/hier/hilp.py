@@ -21,11 +21,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pyomo.environ as pyo
 
+from xsched.contracts.plan import Copy, Free, Plan, SolverInfo, Step, autograd_boundary, place_frees
+from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError, XschedError
-from xsched.plan import Copy, Free, Plan, SolverInfo, Step, autograd_boundary, place_frees
-from xsched.profile import Profile
 from xsched.simulate import simulate
-from xsched.solve.boundary import hold_to_boundary
+from xsched.solve.autograd_boundary import hold_to_boundary
 from xsched.solve.extract import free_unwanted_ends, prune
 from xsched.solve.hier.greedy import as_start, greedy_events
 from xsched.solve.hier.hindex import HIndex, Unit, index

@@ -8,9 +8,9 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from xsched.graph import Graph
-from xsched.plan import required_homes
-from xsched.profile import Profile
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import required_homes
+from xsched.contracts.profile import Profile
 from xsched.solve.hier.menu import EMPTY, Option, Part
 
 BUDGET_SLACK = 1e-5  # as the stage MILP: whole bytes stay exact, the solver's tolerances cannot overshoot

@@ -9,11 +9,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from xsched.contracts.plan import Compute, Plan, place_frees
+from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError, XschedError
-from xsched.plan import Compute, Plan, place_frees
-from xsched.profile import Profile
-from xsched.solve.boundary import hold_to_boundary
-from xsched.solve.gaps import gap_computes
+from xsched.solve.autograd_boundary import hold_to_boundary
+from xsched.solve.gap_remat import gap_computes
 from xsched.solve.hier.menu import Option, pareto, partial, summarize
 from xsched.solve.hier.region import Region, deferring_graph, plain, region_homes
 from xsched.solve.options import SolverOptions
@@ -214,7 +214,7 @@ def exact_plan(
         if all(p.predicted.peak_bytes.get(d, 0) <= b for d, b in budgets.items()) and dict(p.homes) == dict(homes)
     ]
     warm = min(fits, key=lambda p: p.predicted.time_s or 0.0, default=None)
-    opts = SolverOptions(time_limit_s=seconds, threads=1, seed=seed, restricted=(), mip_gap=LEAF_GAP)
+    opts = SolverOptions(time_limit_s=seconds, solver_threads=1, seed=seed, restricted=(), mip_gap=LEAF_GAP)
     try:
         plan = solve_milp(sub, prof, budgets, devices, homes, opts, warm_start=warm)
         plan = validated(sub, plan, prof, budgets)

@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from xsched.graph import Graph
-from xsched.ops import random_ops
-from xsched.plan import Compute, Copy, Free, Plan, Step, rng_domain
-from xsched.profile import Profile
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Compute, Copy, Free, Plan, Step, rng_domain
+from xsched.contracts.profile import Profile
+from xsched.contracts.torch_ops import random_ops
 from xsched.solve.hier.region import Region
 
 Res = tuple[str, str]  # (value, device): one residency

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from xsched.graph import Graph, Value
-from xsched.profile import Profile
+from xsched.contracts.graph import Graph, Value
+from xsched.contracts.profile import Profile
 
 
 @dataclass(frozen=True)

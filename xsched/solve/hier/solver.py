@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Plan, SolverInfo
+from xsched.contracts.profile import Profile
 from xsched.errors import XschedError
-from xsched.graph import Graph
-from xsched.plan import Plan, SolverInfo
-from xsched.profile import Profile
-from xsched.solve.boundary import forward_outputs
+from xsched.solve.autograd_boundary import forward_outputs
 from xsched.solve.hier.canon import Canon, canon
 from xsched.solve.hier.hierarchy import MAX_GROUP, MAX_LEAF, MAX_TOP, Block, build_hierarchy
 from xsched.solve.hier.hilp import Unit, direct_plan, solve_hilp
@@ -97,7 +97,7 @@ def solve_hier(
     """The hierarchical plan (simulator-checked under `budgets`) found within `options.time_limit_s`."""
     t0 = time.perf_counter()
     st = settings or HierSettings()
-    workers = st.workers if st.workers is not None else options.workers
+    workers = st.workers if st.workers is not None else options.hier_processes
     limit = options.time_limit_s if options.time_limit_s is not None else 3600.0
     leaf_s, region_s = st.seconds(limit)
     devices = tuple(devices)
@@ -186,7 +186,7 @@ def _refined(
     """CP-SAT's interval model for `start`'s order, from `start` (a complete hint: every step has its slot), within
     `seconds`: its plan if faster, else `start`; and what happened, for the log."""
     from xsched.solve.intervals import solve_intervals
-    from xsched.solve.order import plan_order
+    from xsched.solve.order import first_compute_indices
 
     if seconds < REFINE_MIN_S:
         return start, "no time left"
@@ -198,10 +198,10 @@ def _refined(
             devices,
             homes,
             replace(options, time_limit_s=seconds),
-            order=plan_order(graph, start),
+            order=first_compute_indices(graph, start),
             warm_start=start,
             seed=options.seed,
-            workers=options.threads or 0,
+            workers=options.solver_threads or 0,
         )
         plan = runnable(graph, plan, profile, budgets)  # wrap's boundary rule, which the model does not hold
     except XschedError as e:  # a BudgetError for the boundary rule too; an invalid plan (a bug) propagates

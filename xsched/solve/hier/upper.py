@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from xsched.contracts.plan import Plan
+from xsched.contracts.profile import Profile
 from xsched.errors import XschedError
-from xsched.plan import Plan
-from xsched.profile import Profile
 from xsched.solve.hier.hilp import Unit, direct_plan, solve_hilp
 from xsched.solve.hier.hindex import index
 from xsched.solve.hier.leaf import deferred_options, deferring
@@ -58,7 +58,7 @@ def region_options(task: RegionTask) -> list[Option]:
         peaks = {name: p.predicted.peak_bytes.get(h, 0) for name, p in plans.items()}
         fast, lean = peaks.get("fast", max(peaks.values())), peaks.get("lean", min(peaks.values()))
         budgets = sorted({int((fast if src else lean) * x) for src, x in BUDGETS} - set(peaks.values()), reverse=True)
-        opts = SolverOptions(time_limit_s=task.seconds, threads=1, seed=task.seed)
+        opts = SolverOptions(time_limit_s=task.seconds, solver_threads=1, seed=task.seed)
         for b in budgets:
             try:
                 plan = solve_hilp(sub, prof, units, {h: b}, task.devices, homes, region.f_outputs, opts)

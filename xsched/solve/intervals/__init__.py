@@ -6,16 +6,16 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Plan, SolverInfo
+from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError
-from xsched.graph import Graph
-from xsched.plan import Plan, SolverInfo
-from xsched.profile import Profile
 from xsched.solve.intervals.cpsat import Outcome, available, solve_cpsat
 from xsched.solve.intervals.data import IntervalData, build_data
 from xsched.solve.intervals.extract import first_order, hint_from_plan, step_counts, to_plan
 from xsched.solve.milp import NoIncumbent
 from xsched.solve.options import SolverOptions
-from xsched.solve.order import order_plan, plan_order, topological
+from xsched.solve.order import first_compute_indices, topological, unbudgeted_plan
 from xsched.solve.problem import objective
 
 BACKENDS = ("cpsat", "highs")
@@ -53,8 +53,8 @@ def solve_intervals(
     devices = tuple(devices)
     if order is None:
         order = tuple(range(len(graph.ops)))
-        if warm_start is not None and topological(graph, plan_order(graph, warm_start)):
-            order = plan_order(graph, warm_start)
+        if warm_start is not None and topological(graph, first_compute_indices(graph, warm_start)):
+            order = first_compute_indices(graph, warm_start)
     order = tuple(order)
     # a warm start running this order gets a slot for each of its steps, even past C: a complete hint
     least = step_counts(graph, warm_start, devices) if _fits(warm_start, order, graph) else None
@@ -67,7 +67,7 @@ def solve_intervals(
         data = build_data(graph, profile, budgets, devices, homes, order, C, options.alpha_energy, least)
         if hint is None:  # the warm start if it runs this order, else every op once in this order (over budget)
             hint = (hint_from_plan(data, warm_start) if warm_start is not None else {}) or hint_from_plan(
-                data, order_plan(graph, order, _fastest(profile, devices), homes)
+                data, unbudgeted_plan(graph, order, _fastest(profile, devices), homes)
             )
         left = limit - (time.perf_counter() - t0)
         if backend == "cpsat" and best is None and C == C_START and not _fits(warm_start, order, graph):
@@ -80,7 +80,7 @@ def solve_intervals(
                 soft = solve_cpsat(
                     data,
                     SOFT_SHARE * (limit - (time.perf_counter() - t0)),
-                    workers or (options.threads or 0),
+                    workers or (options.solver_threads or 0),
                     seed,
                     hint,
                     soft=True,
@@ -135,7 +135,7 @@ def solve_intervals(
     if last.bound is not None and last.objective:
         gap = max(0.0, last.objective - last.bound) / last.objective
     status = "optimal" if last.status == "optimal" else "time_limit"
-    chosen = plan_order(graph, best)
+    chosen = first_compute_indices(graph, best)
     info = SolverInfo(
         f"intervals-{backend}",
         status,
@@ -158,7 +158,7 @@ def _run(
     data: IntervalData, backend: str, left: float, hint, seed: int, workers: int, options: SolverOptions
 ) -> Outcome:
     if backend == "cpsat":
-        return solve_cpsat(data, left, workers or (options.threads or 0), seed, hint, options.verbose)
+        return solve_cpsat(data, left, workers or (options.solver_threads or 0), seed, hint, options.verbose)
     if backend == "highs":
         from xsched.solve.intervals.highs import solve_highs_intervals
 
@@ -178,7 +178,7 @@ def _lift(placed: Mapping, old: IntervalData, new: IntervalData) -> dict:
 
 def _fits(warm: Plan | None, order: Sequence[int], graph: Graph) -> bool:
     """The warm start is a plan within the budgets running `order`: a complete hint, no soft phase needed."""
-    return warm is not None and warm.predicted is not None and plan_order(graph, warm) == tuple(order)
+    return warm is not None and warm.predicted is not None and first_compute_indices(graph, warm) == tuple(order)
 
 
 def _fastest(profile: Profile, devices: Sequence[str]) -> str:

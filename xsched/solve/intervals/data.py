@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import required_homes, rng_domain
+from xsched.contracts.profile import Profile
+from xsched.contracts.torch_ops import random_ops
 from xsched.errors import PlanError, ProfileError
-from xsched.graph import Graph
-from xsched.ops import random_ops
-from xsched.plan import required_homes, rng_domain
-from xsched.profile import Profile
 from xsched.solve.order import topological
 
 # Events: stage j (0..T-1) of the order holds a copy event (k = -1, every copy of the stage, before its computes)

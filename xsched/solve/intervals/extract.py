@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Compute, Copy, Free, Plan, SolverInfo, autograd_boundary, place_frees
 from xsched.errors import XschedError
-from xsched.graph import Graph
-from xsched.plan import Compute, Copy, Free, Plan, SolverInfo, autograd_boundary, place_frees
 from xsched.simulate import simulate
 from xsched.solve.extract import free_unwanted_ends, prune
 from xsched.solve.intervals.data import IntervalData, event

@@ -168,7 +168,7 @@ def solve_highs_intervals(
     h = new_highs()
     h.setOptionValue("output_flag", bool(options.verbose))
     h.setOptionValue("mip_rel_gap", float(options.mip_gap))
-    set_threads(h, options.threads)
+    set_threads(h, options.solver_threads)
     h.passModel(
         len(cols),
         len(rhs),

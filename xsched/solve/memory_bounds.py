@@ -6,10 +6,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from xsched.budgets import format_bytes
+from xsched.contracts.graph import Graph, Op
+from xsched.contracts.plan import ends_on_one_device, required_homes
+from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError, ProfileError
-from xsched.graph import Graph, Op
-from xsched.plan import ends_on_one_device, required_homes
-from xsched.profile import Profile
 from xsched.solve.crossing import crossing_bound
 
 

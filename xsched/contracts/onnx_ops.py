@@ -16,8 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
+from xsched.contracts.graph import Graph, Op, Value
 from xsched.errors import XschedError
-from xsched.graph import Graph, Op, Value
 
 FORMAT = "onnx"
 # ONNX TensorProto element type -> (dtype name as torch spells it, bytes per element)

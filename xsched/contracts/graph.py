@@ -13,7 +13,7 @@ from typing import Any
 
 from xsched.errors import GraphError
 
-SCHEMA = "xsched.graph/1"
+SCHEMA = "xsched.contracts.graph/1"
 INPUT_KINDS = frozenset({"input", "param", "buffer", "tangent"})
 PHASES = frozenset({"fwd", "bwd", "loss"})
 
@@ -35,7 +35,7 @@ class Value:
 
 @dataclass(frozen=True)
 class Op:
-    """One operator. `call` (optional) says how to run it: see xsched/ops.py."""
+    """One operator. `call` (optional) says how to run it: see xsched/contracts/torch_ops.py."""
 
     id: str
     target: str

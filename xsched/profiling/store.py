@@ -11,14 +11,14 @@ from typing import Any
 
 import torch
 
+from xsched.contracts.graph import Graph
+from xsched.contracts.profile import Profile
 from xsched.devices.base import get_device, installed_kinds
 from xsched.errors import ProfileError
 from xsched.files import atomic_write
-from xsched.graph import Graph
-from xsched.profile.contract import Profile
-from xsched.profile.measure import profile_graph
+from xsched.profiling.measure import profile_graph
 
-log = logging.getLogger("xsched.profile")
+log = logging.getLogger("xsched.contracts.profile")
 
 PROFILES_DIR = Path("profiles")
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
+from xsched.contracts.graph import Graph, Op
 from xsched.errors import CaptureError, XschedError
-from xsched.graph import Graph, Op
 
 MAX_INLINE_NUMEL = 64  # larger constant tensors belong in the graph as inputs, not in an op's JSON
 

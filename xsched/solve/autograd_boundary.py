@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from xsched.graph import Graph
-from xsched.plan import Compute, Copy, Free, Plan, Step, autograd_boundary, place_frees
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Compute, Copy, Free, Plan, Step, autograd_boundary, place_frees
 
 
 def forward_outputs(graph: Graph) -> list[str]:

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from xsched.budgets import format_bytes
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Compute, Plan
+from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError
-from xsched.graph import Graph
-from xsched.plan import Compute, Plan
-from xsched.profile import Profile
 from xsched.solve.order import starting_orders
 from xsched.solve.routing import best_single_device, op_workspace, route_and_finish
 

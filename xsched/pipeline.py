@@ -7,13 +7,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from xsched.budgets import format_bytes
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Compute, Copy, Plan
+from xsched.contracts.profile import Profile
 from xsched.errors import XschedError
-from xsched.graph import Graph
-from xsched.plan import Compute, Copy, Plan
-from xsched.profile import Profile
-from xsched.profile.measure import profile_graph
-from xsched.profile.model import cost_profile
-from xsched.profile.store import default_profile_path, load_profile, save_profile
+from xsched.profiling.measure import profile_graph
+from xsched.profiling.model import cost_profile
+from xsched.profiling.store import default_profile_path, load_profile, save_profile
 
 PROFILE_MODES = ("measure", "model")
 DEFAULT_TIME_LIMIT_S = 60.0

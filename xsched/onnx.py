@@ -10,8 +10,8 @@ from typing import Any
 
 
 def session(*args: Any, **kwargs: Any) -> Any:
-    """A PlacedSession (xsched.onnx.placed): session(path, budgets, providers, ...).run(output_names, feeds)."""
-    from xsched.onnx.placed import PlacedSession
+    """A PlacedSession (xsched.execute.ort_session): session(path, budgets, providers, ...).run(output_names, feeds)."""
+    from xsched.execute.ort_session import PlacedSession
 
     return PlacedSession(*args, **kwargs)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from xsched.graph import Graph
-from xsched.profile.contract import DeviceInfo, LinkCost, OpCost, Profile
+from xsched.contracts.graph import Graph
+from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
 
 
 def cost_profile(graph: Graph, devices: Sequence[str]) -> Profile:

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from xsched.contracts.graph import Graph, Op
+from xsched.contracts.profile import LinkCost, OpCost, Profile
 from xsched.devices.base import (
     DEFAULT_POLICY,
     Device,
@@ -24,10 +26,8 @@ from xsched.devices.base import (
     get_device,
 )
 from xsched.errors import ProfileError
-from xsched.graph import Graph, Op
-from xsched.profile.contract import LinkCost, OpCost, Profile
 
-log = logging.getLogger("xsched.profile")
+log = logging.getLogger("xsched.contracts.profile")
 
 COPY_SIZES = (4 << 10, 64 << 10, 1 << 20, 8 << 20, 32 << 20)  # bytes: spans the latency- and bandwidth-bound regimes
 ROUNDS = 3  # passes over all ops on a real device (see profile_graph)

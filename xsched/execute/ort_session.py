@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from xsched.capture.onnx import capture_onnx, load_model
+from xsched.contracts.graph import Graph
+from xsched.contracts.onnx_ops import np_dtype, require
+from xsched.contracts.plan import Plan
+from xsched.contracts.profile import Profile
 from xsched.errors import XschedError
-from xsched.execute.wrap_plan import plan_report, solve_plan
-from xsched.graph import Graph
-from xsched.onnx.nodes import np_dtype, require
-from xsched.onnx.run import OrtExecutor
-from xsched.plan import Plan
-from xsched.profile import Profile
+from xsched.execute.ort_executor import OrtExecutor
+from xsched.pipeline import plan_report, solve_plan
 
 PROVIDER_DEVICES = {"CPUExecutionProvider": "ort:cpu", "CUDAExecutionProvider": "ort:cuda"}
 

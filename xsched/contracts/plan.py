@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
+from xsched.contracts.graph import Graph
 from xsched.errors import PlanError
-from xsched.graph import Graph
 
-SCHEMA = "xsched.plan/1"
+SCHEMA = "xsched.contracts.plan/1"
 
 
 @dataclass(frozen=True)

@@ -17,13 +17,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from xsched.contracts.graph import Graph, Op
+from xsched.contracts.onnx_ops import RANDOM_OPS, build_model, op_type, require, static_array
+from xsched.contracts.plan import Compute, Copy, Free, Plan
 from xsched.devices.base import get_device
 from xsched.devices.ort import OrtDevice
 from xsched.errors import XschedError
-from xsched.graph import Graph, Op
 from xsched.interpret import PlanInterpreter
-from xsched.onnx.nodes import RANDOM_OPS, build_model, op_type, require, static_array
-from xsched.plan import Compute, Copy, Free, Plan
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 import torch
 
 from xsched.budgets import format_bytes
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Plan
+from xsched.contracts.profile import Profile
 from xsched.devices.base import relative_spread
 from xsched.errors import XschedError
 from xsched.execute.executor import Executor
-from xsched.graph import Graph
-from xsched.plan import Plan
-from xsched.profile import Profile
 from xsched.simulate import simulate
 
 

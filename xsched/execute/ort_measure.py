@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from xsched.budgets import format_bytes
+from xsched.contracts.graph import Graph
+from xsched.contracts.onnx_ops import example_array, require
+from xsched.contracts.plan import Plan
+from xsched.contracts.profile import Profile
 from xsched.errors import XschedError
-from xsched.execute.report import warm_up
-from xsched.graph import Graph
-from xsched.onnx.nodes import example_array, require
-from xsched.onnx.run import OrtExecutor, plain_session
-from xsched.plan import Plan
-from xsched.profile import Profile
+from xsched.execute.ort_executor import OrtExecutor, plain_session
+from xsched.execute.run_report import warm_up
 from xsched.simulate import simulate
 
 
