@@ -68,7 +68,7 @@ def run_case(name: str, percent: int, limit: float) -> str:
     t0 = time.perf_counter()
     try:
         plan = solve(graph, profile, {DEVICE: f"{percent}%"}, [DEVICE], "auto", SolverOptions(time_limit_s=limit))
-        found = f"{plan.solver.extra.get('found_by')} ({plan.solver.status})"
+        found = f"{plan.solver.found_by} ({plan.solver.status})"
     except BudgetError as e:
         found = "no plan: " + e.detail.split(";")[0].split(" (")[0]
     finally:

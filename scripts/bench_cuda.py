@@ -183,8 +183,8 @@ def bench_model(spec: str, device: str, a: argparse.Namespace) -> list[str]:
         t0 = time.perf_counter()
         try:
             plan = solve(graph, profile, {device: budget} if budget else {}, [device], method, options)
-            found = plan.solver.extra.get("found_by")
-            how = f"{plan.solver.method}" + (f" ({found})" if found and found != plan.solver.method else "")
+            found = plan.solver.found_by
+            how = f"{plan.solver.method}" + (f" ({found})" if found != plan.solver.method else "")
             solved = time.perf_counter() - t0
             model.zero_grad(set_to_none=True)
             gc.collect()

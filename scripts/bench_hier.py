@@ -28,6 +28,7 @@ from xsched.capture.torch import capture
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Plan
 from xsched.contracts.profile import Profile
+from xsched.contracts.result import HierStats, RunStats
 from xsched.errors import XschedError
 from xsched.execute.wrap import wrap
 from xsched.importers import BENCH_DEVICE, import_networkx
@@ -92,8 +93,8 @@ def timed(
     over = [d for d, b in budgets.items() if sim.peak_bytes.get(d, 0) > b]
     assert not over and abs(sim.time_s - plan.predicted.time_s) <= 1e-9 * max(1.0, sim.time_s), (graph.name, over)
     gap = f", gap {100 * plan.solver.gap:.1f}%" if plan.solver.gap else ""
-    source = plan.solver.extra.get("refined_from")  # hier's own plan or the warm start, refined by CP-SAT
-    refined = f", refined from {'hier' if source == 'hier' else plan.solver.extra.get('warm_start')}" if source else ""
+    source = _hier_stats(plan).refined_from  # hier's own plan or the warm start, refined by CP-SAT
+    refined = f", refined from {source}" if source else ""
     return plan, wall, f"{plan.solver.method}/{plan.solver.status}{gap}{refined}"
 
 
@@ -120,11 +121,17 @@ def pct(plan: Plan | None, base: float) -> str:
 def starts(plan: Plan | None, base: float) -> str:
     """The warm start's and hier's own plan's overheads (before the CP-SAT refinement), from the solve's log: the
     refinement's effect measured in the same run, on the same profile."""
-    e = plan.solver.extra if plan else {}
-    return " / ".join(
-        f"{100 * (e[k] / base - 1):+.2f}%" if e.get(k) is not None else "-"
-        for k in ("warm_start_time_s", "hier_time_s")
-    )
+    run = plan.solver.stats if plan is not None and isinstance(plan.solver.stats, RunStats) else RunStats()
+    figures = (run.warm_start_objective, _hier_stats(plan).hier_objective)
+    return " / ".join(f"{100 * (x / base - 1):+.2f}%" if x is not None else "-" for x in figures)
+
+
+def _hier_stats(plan: Plan | None) -> HierStats:
+    """hier's own stats, whether hier ran alone or as auto's member that found the plan."""
+    s = plan.solver.stats if plan is not None else None
+    if isinstance(s, RunStats) and s.found is not None:
+        s = s.found.stats
+    return s if isinstance(s, HierStats) else HierStats()
 
 
 def quality(args: argparse.Namespace) -> list[str]:
@@ -213,8 +220,8 @@ def scale_rows(
         name = f"{frac:.0%}" if budgets[dev] > floor else f"{frac:.0%} -> floor {budgets[dev] / peak:.0%}"
         hier, hw, hs = timed(graph, profile, budgets, "hier", limit)
         flat, fw, fs = flat_auto(graph, profile, budgets, flat_limit)
-        e = hier.solver.extra if hier else {}
-        shape = f"{e['levels']}/{e['blocks']}/{e['classes']}" if "levels" in e else "-"
+        e = _hier_stats(hier)
+        shape = f"{e.levels}/{e.blocks}/{e.classes}" if e.levels else "-"
         rows.append(
             f"| {label} | {len(graph.ops)} | {costs} | {name} | {pct(flat, base)} ({fs}) "
             f"| {pct(hier, base)} ({hs}) | {fw:.0f} s | {hw:.0f} s | {shape} |"

@@ -36,6 +36,7 @@ from xsched.capture.torch import bind_inputs, capture
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Plan
 from xsched.contracts.profile import DeviceInfo, LinkCost, Profile
+from xsched.contracts.result import HeuristicStats
 from xsched.devices.base import fit_link, get_device
 from xsched.errors import BudgetError
 from xsched.execute.executor import Executor
@@ -136,12 +137,12 @@ def first_fit(
 def facts(graph: Graph, plan: Plan, profile: Profile) -> dict[str, Any]:
     """Plan facts and simulator predictions; every plan is checked by the simulator within its budgets."""
     sim = simulate(graph, plan, profile)
-    extra = plan.solver.extra
+    stats = plan.solver.stats if isinstance(plan.solver.stats, HeuristicStats) else HeuristicStats()
     copy_s, hidden = hidden_share(graph, plan, profile)
     return {
-        "parked": extra.get("parked", 0),
+        "parked": stats.parked,
         "recomputes": sum(isinstance(s, Compute) for s in plan.steps) - len(graph.ops),
-        "prefetch": extra.get("prefetch_ops", "-"),
+        "prefetch": stats.prefetch_ops if stats.prefetch_ops is not None else "-",
         "copies": sum(isinstance(s, Copy) for s in plan.steps),
         "seq_s": sim.time_s,
         "makespan_s": sim.makespan_s,

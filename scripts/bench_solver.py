@@ -22,6 +22,7 @@ from typing import Any
 
 from xsched.contracts.graph import Graph
 from xsched.contracts.profile import Profile
+from xsched.contracts.result import MilpStats, RunStats
 from xsched.errors import BudgetError, XschedError
 from xsched.importers import BENCH_DEVICE, import_networkx
 from xsched.simulate import simulate
@@ -79,7 +80,10 @@ def run_one(graph: Graph, profile: Profile, frac: float, args: argparse.Namespac
     wall = time.perf_counter() - t0
     sim = simulate(graph, plan, profile)  # the plan is re-validated here, budgets included
     s = plan.solver
-    objective = s.extra.get("milp_objective")
+    own = s.stats.found.stats if isinstance(s.stats, RunStats) and s.stats.found is not None else s.stats
+    milp = own if isinstance(own, MilpStats) else MilpStats()
+    objective = milp.model_objective
+    warm = s.stats if isinstance(s.stats, RunStats) else None
     row.update(
         method=s.method,
         status=s.status,
@@ -88,14 +92,14 @@ def run_one(graph: Graph, profile: Profile, frac: float, args: argparse.Namespac
         milp_tdi=100 * (objective / eager_time - 1) if objective is not None else None,
         solve_s=s.solve_s,
         wall_s=wall,
-        build_s=s.extra.get("build_s"),
-        handoff_s=s.extra.get("handoff_s"),
-        highs_s=s.extra.get("highs_s"),
+        build_s=s.times.build_s,
+        handoff_s=milp.handoff_s,
+        highs_s=s.times.solve_s,
         peak=sim.peak_bytes[BENCH_DEVICE],
         recomputes=sim.computes - len(graph.ops),
-        warm=s.extra.get("warm_start"),
-        warm_tdi=100 * (s.extra["warm_start_time_s"] / eager_time - 1) if s.extra.get("warm_start_time_s") else None,
-        note=s.extra.get("reason", ""),
+        warm=milp.warm_start or (warm.warm_start if warm else None),
+        warm_tdi=100 * (warm.warm_start_objective / eager_time - 1) if warm and warm.warm_start_objective else None,
+        note=(warm.fallback_reason if warm else None) or "",
     )
     return row
 

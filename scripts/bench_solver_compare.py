@@ -17,6 +17,7 @@ from random_layered import random_layered
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Plan
 from xsched.contracts.profile import Profile
+from xsched.contracts.result import OrderSearchStats
 from xsched.errors import XschedError
 from xsched.importers import BENCH_DEVICE, import_networkx
 from xsched.simulate import simulate
@@ -26,7 +27,6 @@ from xsched.solve.heuristics import best_heuristic
 from xsched.solve.intervals import solve_intervals
 from xsched.solve.options import SolverOptions
 from xsched.solve.order import search_order
-from xsched.solve.portfolio import solve_portfolio
 
 BENCH_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "graphs"
 DEV = BENCH_DEVICE
@@ -112,10 +112,10 @@ def runner(method: str, g: Graph, prof: Profile, budget: int, opts: SolverOption
             plan, _, log = search_order(g, score, left, w)
             if plan is None:
                 raise XschedError("no order gave a plan", stage="bench")
-            return replace(plan, solver=replace(plan.solver, extra={**plan.solver.extra, **log}))
+            return replace(plan, solver=replace(plan.solver, stats=log))
 
         return run
-    return lambda: solve_portfolio(g, prof, b, devs, homes, opts)
+    return lambda: solve(g, prof, b, devs, "portfolio", opts, homes)
 
 
 def run_case(case: Case, threads: int | None, only: Sequence[str] = ()) -> list[dict]:
@@ -142,14 +142,14 @@ def run_case(case: Case, threads: int | None, only: Sequence[str] = ()) -> list[
         else:
             row["wall"] = time.perf_counter() - t0
             sim = simulate(g, plan, prof)  # budgets included: a plan over M fails here
-            x = plan.solver.extra
+            x = plan.solver.stats
             row.update(
                 status=plan.solver.status,
                 gap=plan.solver.gap,
                 tdi=100 * (sim.time_s / eager_time - 1),
                 peak=sim.peak_bytes[DEV],
-                by=x.get("found_by") or plan.solver.method,
-                order=x.get("order_origin", ""),
+                by=plan.solver.found_by,
+                order=x.origin if isinstance(x, OrderSearchStats) else "",
             )
         rows.append(row)
         print(

@@ -108,7 +108,7 @@ def run_model(name: str, limit: float, iters: int) -> dict:
         seconds[pct] = time.perf_counter() - t0
         plans[pct] = plan
         print(
-            f"  {name} {pct}%: {plan.solver.extra.get('found_by')} {plan.solver.status} "
+            f"  {name} {pct}%: {plan.solver.found_by} {plan.solver.status} "
             f"+{100 * (plan.predicted.time_s / eager_s - 1):.1f}% in {seconds[pct]:.0f} s",
             file=sys.stderr,
             flush=True,
@@ -118,7 +118,7 @@ def run_model(name: str, limit: float, iters: int) -> dict:
         row.setdefault("stopped", f"{pct}%: below the bound" if pct >= STEP else "5% reached")
     row["auto_floor"] = min(plans, default=row["heuristic_floor"])
     floor_plan = plans.get(row["auto_floor"]) or heur[row["auto_floor"]]
-    row["floor_by"] = floor_plan.solver.extra.get("found_by", floor_plan.solver.method)
+    row["floor_by"] = floor_plan.solver.found_by
     row["floor_status"] = floor_plan.solver.status
     row["floor_solve_s"] = seconds.get(row["auto_floor"], 0.0)
     row["pred_floor"] = 100 * (floor_plan.predicted.time_s / eager_s - 1)

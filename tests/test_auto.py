@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from dataclasses import replace
 
 import pytest
 import torch
 from conftest import chain_graph
+from oracle import assert_prediction_matches
 from test_heuristics import two_device_profile
 from test_milp import GRAPHS, LinkCost, exhaustive_optimum, profile_for, tightest_budget, times_of
 from test_wrap import assert_same_state
@@ -20,19 +22,17 @@ from xsched.contracts.plan import Plan
 from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError, XschedError
 from xsched.simulate import simulate
-from xsched.solve import SOLVERS, Problem, SolverEntry, SolveResult, register
+from xsched.solve import METHODS, SOLVERS, Problem, SolverEntry, SolveResult
 from xsched.solve.api import solve
-from xsched.solve.eager import eager_peak
+from xsched.solve.eager import eager_peak, eager_plan
 from xsched.solve.options import SolverOptions
-from xsched.solve.registry import result_from_plan
+from xsched.solve.registry import run_member
 
 
 def valid(graph: Graph, plan: Plan, profile: Profile, budgets: Mapping[str, int]) -> Plan:
-    """The plan replays in the simulator within the budgets and agrees with its own prediction."""
+    """The plan is for these budgets, and its predicted time and peaks are an independent count's, within them."""
     assert dict(plan.budgets) == dict(budgets)
-    result = simulate(graph, plan, profile)
-    assert all(result.peak_bytes.get(d, 0) <= b for d, b in budgets.items())
-    assert result.time_s == pytest.approx(plan.predicted.time_s)
+    assert_prediction_matches(graph, plan, profile, budgets)
     return plan
 
 
@@ -46,34 +46,49 @@ def test_every_registered_method_returns_a_typed_result() -> None:
     for name, entry in SOLVERS.items():
         if not entry.available():
             continue
-        r = entry.fn(problem, SolverOptions(time_limit_s=5, solver_threads=1), None)
+        r = run_member(entry, problem, SolverOptions(time_limit_s=5, solver_threads=1), None)
         assert isinstance(r, SolveResult) and r.method == name
         if r.plan is None:
             assert r.status in ("failed", "no_incumbent", "infeasible") and r.message
         else:
             valid(G, r.plan, prof, problem.budgets)
             assert r.status in ("optimal", "feasible", "time_limit", "heuristic")
-    assert {"milp", "checkpoint", "portfolio"} <= set(SOLVERS)
+            assert r.plan.solver.method == name and r.plan.solver.plan is None  # the plan carries its record
+    assert {"milp", "checkpoint", "hier"} <= set(SOLVERS) and {"auto", "portfolio"} <= set(METHODS)
 
 
-def test_a_registered_solver_is_a_method() -> None:
-    """Adding a solver is one entry: solve() dispatches to it and checks its plan with the simulator."""
+def eager_solver(problem: Problem, options: SolverOptions, warm: Plan | None) -> SolveResult:
+    """A toy solver, as a user would add one: the eager plan on the first device when it fits, its record its own."""
+    plan = eager_plan(problem.graph, problem.devices[0], problem.profile)
+    if any(plan.predicted.peak_bytes.get(d, 0) > b for d, b in problem.budgets.items()):
+        return SolveResult("toy", "no_incumbent", message="the eager plan does not fit")
+    record = SolveResult("toy", "feasible")
+    return replace(record, plan=replace(plan, solver=record, budgets=problem.budgets))
+
+
+def test_a_registered_toy_solver_is_a_method_and_auto_runs_it(monkeypatch) -> None:
+    """Adding a solver is one registration: solve() dispatches to it by name, auto runs it after the heuristics
+    with the best plan so far as its warm start, and its plan wins when it is the best."""
     calls = []
 
-    def replay(problem: Problem, options: SolverOptions, warm: Plan | None) -> SolveResult:
+    def toy(problem: Problem, options: SolverOptions, warm: Plan | None) -> SolveResult:
         calls.append(warm)
-        return result_from_plan("replay", warm) if warm is not None else SolveResult("replay", "no_incumbent")
+        return eager_solver(problem, options, warm)
 
-    register(SolverEntry("replay", replay))
-    try:
-        prof = two_device_profile(G)
-        plan = solve(G, prof, {"a": "80%"}, devices=["a"], method="replay")
-        assert calls and calls[0] is not None  # warm-started from the best heuristic
-        valid(G, plan, prof, {"a": int(228 * 0.8)})
-    finally:
-        del SOLVERS["replay"]
-    with pytest.raises(XschedError, match="unknown method 'replay'"):
-        solve(G, prof, {"a": "80%"}, devices=["a"], method="replay")
+    monkeypatch.setitem(SOLVERS, "toy", SolverEntry("toy", toy, kind="search"))
+    prof = two_device_profile(G)
+    plan = solve(G, prof, {"a": "100%"}, devices=["a"], method="toy")
+    assert plan.solver.method == "toy" and valid(G, plan, prof, {"a": 228}).steps == eager_plan(G, "a").steps
+    auto = solve(G, prof, {"a": "80%"}, devices=["a"], options=SolverOptions(time_limit_s=5))
+    ran = [m.method for m in auto.solver.stats.members]
+    assert "toy" in ran and calls[-1] is not None  # warm-started from the best plan so far
+    for name in [n for n in SOLVERS if n != "toy"]:  # alone, its plan is auto's
+        monkeypatch.delitem(SOLVERS, name)
+    only = solve(G, prof, {"a": "100%"}, devices=["a"], options=SolverOptions(time_limit_s=5))
+    assert only.solver.found_by == "toy" and only.steps == plan.steps
+    monkeypatch.delitem(SOLVERS, "toy")
+    with pytest.raises(XschedError, match="unknown method 'toy'"):
+        solve(G, prof, {"a": "80%"}, devices=["a"], method="toy")
 
 
 @pytest.mark.parametrize("name", sorted(GRAPHS))
@@ -87,9 +102,9 @@ def test_auto_reaches_the_exhaustive_optimum(name: str, point: str) -> None:
     want = exhaustive_optimum(g, prof, budgets, ["cpu"], homes)
     plan = valid(g, solve(g, prof, budgets, options=SolverOptions(time_limit_s=20, mip_gap=0.0)), prof, budgets)
     assert plan.predicted.time_s == pytest.approx(want)
-    assert plan.solver.method == "auto" and plan.solver.extra["found_by"] in SOLVERS
-    assert plan.solver.gap is not None and plan.solver.extra["bound"] <= plan.predicted.time_s * (1 + 1e-9)
-    assert plan.solver.extra["order"] and set(plan.solver.extra["order"]) == {o.id for o in g.ops}
+    assert plan.solver.method == "auto" and plan.solver.found_by in SOLVERS
+    assert plan.solver.gap is not None and plan.solver.bound <= plan.predicted.time_s * (1 + 1e-9)
+    assert set(plan.first_computes()) == {o.id for o in g.ops}
 
 
 def test_auto_on_two_devices_matches_exhaustive_search() -> None:
@@ -121,7 +136,7 @@ def test_no_plan_proven_by_the_solver_names_both_budgets() -> None:
         solve(G, two_device_profile(G), {"a": 148}, devices=["a"], options=SolverOptions(time_limit_s=20))
     msg = str(e.value)
     assert "largest known not to: a 148 B" in msg
-    assert "smallest budget known to work: a 158 B (heuristic:checkpoint)" in msg
+    assert "smallest budget known to work: a 158 B (checkpoint)" in msg
 
 
 def test_no_plan_found_in_the_time_limit_says_so() -> None:
@@ -143,7 +158,7 @@ def test_auto_is_deterministic_with_one_thread() -> None:
     opts = SolverOptions(time_limit_s=10, solver_threads=1, seed=3)
     a = solve(G, prof, {"a": "70%", "b": "70%"}, options=opts)
     b = solve(G, prof, {"a": "70%", "b": "70%"}, options=opts)
-    assert a.steps == b.steps and a.solver.extra["found_by"] == b.solver.extra["found_by"]
+    assert a.steps == b.steps and a.solver.found_by == b.solver.found_by
 
 
 class Shared(nn.Module):
@@ -178,7 +193,7 @@ def test_a_budget_only_the_exact_solver_reaches_trains_like_eager() -> None:
                 solve(g, prof, {"cpu": "70%"}, method=name)
     model = copy.deepcopy(eager)
     w = wrap(model, (x,), {"cpu": "70%"}, profile="model", time_limit=60)
-    assert w.plan.solver.extra["found_by"] in ("milp", "portfolio") and "plan by auto" in w.report()
+    assert SOLVERS[w.plan.solver.found_by].kind != "heuristic" and "plan by auto" in w.report()
     opt_a = torch.optim.SGD(w.parameters(), lr=0.1, momentum=0.9)
     opt_b = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
     for step in range(3):
@@ -199,11 +214,10 @@ def test_a_budget_only_the_exact_solver_reaches_trains_like_eager() -> None:
 def test_a_forward_output_computed_after_backward_starts_is_moved_before_it() -> None:
     from xsched.capture.torch import capture
     from xsched.contracts.plan import Compute, place_frees
-    from xsched.errors import PlanError
     from xsched.profiling.model import cost_profile
     from xsched.solve.autograd_boundary import keep_forward_outputs, missing_at_boundary
     from xsched.solve.eager import eager_plan
-    from xsched.solve.problem import BOUNDARY_RULE, validated
+    from xsched.solve.problem import validated
 
     g = capture(Shared(), (torch.randn(32, 64),), name="Shared")
     prof = cost_profile(g, ["cpu"])
@@ -221,8 +235,36 @@ def test_a_forward_output_computed_after_backward_starts_is_moved_before_it() ->
     fixed = keep_forward_outputs(g, bad)
     assert fixed is not None and missing_at_boundary(g, fixed) == []
     plan = validated(g, bad, prof, {"cpu": 10**9})
-    assert plan.solver.extra["boundary_repaired"] == [late.outputs[0]]
-    tight = simulate(g, bad, prof).peak_bytes["cpu"]
-    if simulate(g, fixed, prof).peak_bytes["cpu"] > tight:
-        with pytest.raises(PlanError, match=BOUNDARY_RULE[:30]):
-            validated(g, bad, prof, {"cpu": tight})
+    assert plan.solver.repaired == (late.outputs[0],)
+    assert simulate(g, fixed, prof).peak_bytes == simulate(g, bad, prof).peak_bytes  # here the repair is free
+
+
+def test_a_repair_that_breaks_the_budget_is_refused() -> None:
+    """By hand: the forward output o (100 B) made after the backward has freed its 200 B temporary peaks at 230 B;
+    made before the boundary, it is held while that temporary lives: 330 B. At 230 B the plan is refused (the
+    boundary rule), at 330 B repaired."""
+    from xsched.contracts.graph import Op, Value
+    from xsched.contracts.plan import Compute, autograd_boundary, place_frees
+    from xsched.contracts.result import SolveResult
+    from xsched.errors import PlanError
+    from xsched.profiling.model import cost_profile
+    from xsched.solve.problem import BOUNDARY_RULE, validated
+
+    values = (Value("x", 8, "input"), Value("t", 4, "tangent"), Value("h", 10), Value("o", 100), Value("g1", 200))
+    values += (Value("gx", 8),)
+    ops = (
+        Op("f1", "t", ("x",), ("h",), "fwd"),
+        Op("f2", "t", ("h",), ("o",), "fwd"),
+        Op("b1", "t", ("t",), ("g1",), "bwd"),
+        Op("b2", "t", ("g1", "h"), ("gx",), "bwd"),
+    )
+    g = Graph("late", values, ops, ("o", "gx"), extra={"forward_outputs": [{"ref": "o"}]})
+    prof = cost_profile(g, ["cpu"])
+    homes = {"x": "cpu", "t": "cpu"}
+    steps = place_frees(g, [Compute(o, "cpu") for o in ("f1", "b1", "b2", "f2")], homes)
+    bad = Plan(g.fingerprint, {}, homes, steps, SolveResult("hand", "heuristic"), boundary=autograd_boundary(g, steps))
+    assert simulate(g, bad, prof).peak_bytes["cpu"] == 230
+    with pytest.raises(PlanError, match=BOUNDARY_RULE[:30]):
+        validated(g, bad, prof, {"cpu": 230})
+    fixed = validated(g, bad, prof, {"cpu": 330})
+    assert fixed.solver.repaired == ("o",) and fixed.predicted.peak_bytes["cpu"] == 330

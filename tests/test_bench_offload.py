@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from xsched.contracts.graph import Graph, Op, Value
-from xsched.contracts.plan import Compute, Copy, Free, Plan, SolverInfo
+from xsched.contracts.plan import Compute, Copy, Free, Plan
 from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
+from xsched.contracts.result import SolveResult
 
 _spec = importlib.util.spec_from_file_location(
     "bench_offload", Path(__file__).resolve().parents[1] / "scripts" / "bench_offload.py"
@@ -35,7 +36,7 @@ def parked_a(free_early: bool = False) -> tuple[Graph, Plan]:
     free, f1 = Free("a", "g"), Compute("f1", "g")
     steps = (Compute("f0", "g"), Copy("a", "g", "h"), *((free, f1) if free_early else (f1, free)))
     steps += (Copy("a", "h", "g"), Compute("f2", "g"), Compute("f3", "g"))
-    return graph, Plan(graph.fingerprint, {}, {"x": "g"}, steps, SolverInfo("hand"))
+    return graph, Plan(graph.fingerprint, {}, {"x": "g"}, steps, SolveResult("hand", "heuristic"))
 
 
 def profile(graph: Graph, copy_s: float) -> Profile:
@@ -72,5 +73,7 @@ def test_a_free_right_after_the_copy_out_exposes_it() -> None:
 
 def test_no_copies_no_share() -> None:
     graph, plan = parked_a()
-    plain = Plan(plan.graph, {}, plan.homes, tuple(Compute(o.id, "g") for o in graph.ops), SolverInfo("hand"))
+    plain = Plan(
+        plan.graph, {}, plan.homes, tuple(Compute(o.id, "g") for o in graph.ops), SolveResult("hand", "heuristic")
+    )
     assert bench.hidden_share(graph, plain, profile(graph, 1.0)) == (0.0, None)

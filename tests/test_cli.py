@@ -61,7 +61,7 @@ def test_bad_inputs_exit_2_with_a_message(tmp_path, capsys):
     assert f"{src}:11" in capsys.readouterr().err  # names the line of the data-dependent branch
     assert main(["capture", "no_such_model", "-o", str(tmp_path / "x.json")]) == 2
     assert "MODEL must be" in capsys.readouterr().err
-    (tmp_path / "corrupt.json").write_text('{"schema": "xsched.contracts.graph/1", "values": [')
+    (tmp_path / "corrupt.json").write_text('{"schema": "xsched.graph/1", "values": [')
     assert main(["simulate", str(tmp_path / "corrupt.json"), str(tmp_path / "corrupt.json")]) == 2
     assert "cannot read graph file" in capsys.readouterr().err
 

@@ -16,8 +16,9 @@ from xsched import zoo
 from xsched.budgets import parse_budgets
 from xsched.capture.torch import bind_inputs, capture, unpack_outputs
 from xsched.contracts.graph import Graph
-from xsched.contracts.plan import Compute, Copy, Free, Plan, SolverInfo, autograd_boundary
+from xsched.contracts.plan import Compute, Copy, Free, Plan, autograd_boundary
 from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
+from xsched.contracts.result import SolveResult
 from xsched.errors import BudgetError, PlanError, XschedError
 from xsched.execute.executor import STEP_KINDS, Executor
 from xsched.execute.reference import execute
@@ -110,7 +111,7 @@ def recompute_plan(name: str, devices: tuple[str, ...], percent: int) -> Plan:
     limit = eager_peak(graph) * used // 100
     assert all(plan.predicted.peak_bytes[d] <= limit for d in devices)
     recomputes = sum(isinstance(s, Compute) for s in plan.steps) - len(graph.ops)
-    assert recomputes > 0 or plan.solver.extra.get("parked"), "the plan must recompute or park"
+    assert recomputes > 0 or plan.solver.stats.parked, "the plan must recompute or park"
     return plan
 
 
@@ -180,7 +181,7 @@ def test_lean_checkpointing_fits_below_the_checkpoint_floor_and_matches_eager(na
     devices = ("cpu:0",)
     budgets = {"cpu:0": eager_peak(graph) * percent // 100}
     plan = solve(graph, unit_profile(graph, devices), budgets, devices, "checkpoint", homes=homes_on(graph, devices))
-    assert variant in plan.solver.extra["variant"] and plan.predicted.peak_bytes["cpu:0"] <= budgets["cpu:0"]
+    assert variant in plan.solver.stats.variant and plan.predicted.peak_bytes["cpu:0"] <= budgets["cpu:0"]
     check_against_eager(name, plan, trace=True).close()
 
 
@@ -225,7 +226,12 @@ def _pair_plan(graph: Graph) -> Plan:
     steps = (Compute("relu", "cpu:0"), Copy("a", "cpu:0", "cpu:1"), Free("a", "cpu:0"), Compute("neg", "cpu:1"))
     steps += (Free("a", "cpu:1"),)
     return Plan(
-        graph.fingerprint, {}, {"x": "cpu:0"}, steps, SolverInfo("hand"), boundary=autograd_boundary(graph, steps)
+        graph.fingerprint,
+        {},
+        {"x": "cpu:0"},
+        steps,
+        SolveResult("hand", "heuristic"),
+        boundary=autograd_boundary(graph, steps),
     )
 
 
@@ -300,7 +306,7 @@ def test_inplace_reuse_only_for_values_nothing_else_reads() -> None:
     x = torch.randn(n)
 
     def plan(*steps: Compute | Copy | Free) -> Plan:
-        return Plan(graph.fingerprint, {}, {"x": "cpu:0"}, steps, SolverInfo("hand"))
+        return Plan(graph.fingerprint, {}, {"x": "cpu:0"}, steps, SolveResult("hand", "heuristic"))
 
     freed = plan(Compute("neg", "cpu:0"), Compute("relu", "cpu:0"), Free("a", "cpu:0"))
     kept = plan(Compute("neg", "cpu:0"), Compute("relu", "cpu:0"))
@@ -346,11 +352,11 @@ def test_bad_inputs_are_clear_errors() -> None:
         ex.bind(st, {"a": torch.zeros(4096)})
     assert e.value.value == "a"
     ex.close()
-    bad = Plan(graph.fingerprint, {}, {"x": "cpu:0"}, (Compute("neg", "cpu:0"),), SolverInfo("hand"))
+    bad = Plan(graph.fingerprint, {}, {"x": "cpu:0"}, (Compute("neg", "cpu:0"),), SolveResult("hand", "heuristic"))
     with pytest.raises(PlanError, match="not resident"):
         Executor(graph, bad)
     with pytest.raises(PlanError, match="plan is for graph"):
-        Executor(graph, Plan("other", {}, {"x": "cpu:0"}, (), SolverInfo("hand")))
+        Executor(graph, Plan("other", {}, {"x": "cpu:0"}, (), SolveResult("hand", "heuristic")))
 
 
 def test_matches_reference_interpreter_on_two_devices() -> None:
@@ -437,7 +443,7 @@ def test_independent_lanes_overlap() -> None:
     )
     graph = Graph("two", values, ops, ("a", "b"))
     steps = (Compute("A", "cpu:0"), Compute("B", "cpu:1"))
-    plan = Plan(graph.fingerprint, {}, {"x": "cpu:0", "y": "cpu:1"}, steps, SolverInfo("hand"))
+    plan = Plan(graph.fingerprint, {}, {"x": "cpu:0", "y": "cpu:1"}, steps, SolveResult("hand", "heuristic"))
     b_ran = threading.Event()
 
     def gated(ex, i, s):
@@ -474,7 +480,7 @@ def test_random_ops_draw_in_plan_order_across_lanes() -> None:
     )
     graph = Graph("draws", values, (draw("A", "x"), draw("B", "y")), ("mA", "mB"))
     steps = (Compute("A", "cpu:0"), Compute("B", "cpu:1"), Free("mA", "cpu:0"), Compute("A", "cpu:0"))
-    plan = Plan(graph.fingerprint, {}, {"x": "cpu:0", "y": "cpu:1"}, steps, SolverInfo("hand"))
+    plan = Plan(graph.fingerprint, {}, {"x": "cpu:0", "y": "cpu:1"}, steps, SolveResult("hand", "heuristic"))
     ex = Executor(graph, plan, overlap=True)
     assert 0 in ex.deps[1]  # B's first draw waits for A's
     env = {"x": torch.rand(64), "y": torch.rand(64)}

@@ -14,8 +14,9 @@ from torch.utils._pytree import tree_flatten
 from xsched import zoo
 from xsched.capture.torch import bind_inputs, capture, unpack_outputs
 from xsched.contracts.graph import Graph, Op, Value
-from xsched.contracts.plan import Compute, Copy, Free, Plan, SolverInfo
+from xsched.contracts.plan import Compute, Copy, Free, Plan
 from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
+from xsched.contracts.result import SolveResult
 from xsched.contracts.torch_ops import random_ops
 from xsched.execute.executor import Executor
 from xsched.execute.run_report import measure
@@ -128,7 +129,7 @@ def test_gpu_free_right_after_copy_out_keeps_the_data() -> None:
     )
     graph = Graph("free", values, ops, ("a", "b"))
     steps = (Compute("exp", "cuda:0"), Copy("a", "cuda:0", "cpu"), Free("a", "cuda:0"), Compute("neg", "cuda:0"))
-    plan = Plan(graph.fingerprint, {}, {"x": "cuda:0"}, steps, SolverInfo("hand"))
+    plan = Plan(graph.fingerprint, {}, {"x": "cuda:0"}, steps, SolveResult("hand", "heuristic"))
     x = torch.randn(n, device="cuda")
     ex = Executor(graph, plan)
     out = ex({"x": x}).outputs

@@ -5,8 +5,9 @@ from __future__ import annotations
 from conftest import chain_graph
 from test_milp import profile_for
 
-from xsched.contracts.plan import Compute, Copy, Free, Plan, SolverInfo
+from xsched.contracts.plan import Compute, Copy, Free, Plan
 from xsched.contracts.profile import LinkCost
+from xsched.contracts.result import SolveResult
 from xsched.explain import explain, explain_table, summary
 
 G = chain_graph([16, 32, 8])  # x(8) -> f0 -> a0(16) -> f1 -> a1(32) -> f2 -> a2(8)
@@ -30,7 +31,7 @@ def test_a_value_freed_and_recomputed_says_what_keeping_it_would_need() -> None:
         Free("g1", "cpu"),
     ]
     prof = profile_for(g, {"cpu": {o.id: 0.002 for o in g.ops}})
-    plan = Plan(g.fingerprint, {"cpu": 64}, {"x": "cpu"}, tuple(steps), SolverInfo("hand"))
+    plan = Plan(g.fingerprint, {"cpu": 64}, {"x": "cpu"}, tuple(steps), SolveResult("hand", "heuristic"))
     rows = {r.value: r for r in explain(g, plan, prof)}
     a0 = rows["a0"]
     assert a0.decision == "recomputed" and a0.devices == ("cpu", "cpu")
@@ -58,7 +59,7 @@ def test_a_copy_for_a_faster_device_names_both_times() -> None:
     ]
     times = {"cpu": {"f0": 1.0, "f1": 0.5, "f2": 1.0}, "gpu": {"f0": 0.1, "f1": 0.05, "f2": 0.1}}
     prof = profile_for(G, times, {"cpu->gpu": LinkCost(0.0, 1e9), "gpu->cpu": LinkCost(0.0, 1e9)})
-    plan = Plan(G.fingerprint, {}, {"x": "cpu"}, tuple(steps), SolverInfo("hand"))
+    plan = Plan(G.fingerprint, {}, {"x": "cpu"}, tuple(steps), SolveResult("hand", "heuristic"))
     rows = {r.value: r for r in explain(G, plan, prof)}
     assert rows["a0"].decision == "moved" and rows["a0"].copies == ((1, "cpu", "gpu"),)
     assert "f1 runs on gpu: 50 ms there, 500 ms on cpu" in rows["a0"].reasons[0]

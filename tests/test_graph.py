@@ -39,7 +39,7 @@ def test_extra_fields_survive_round_trip():
 
 def test_unknown_schema():
     d = chain_graph([4]).to_dict()
-    d["schema"] = "xsched.contracts.graph/99"
+    d["schema"] = "xsched.graph/99"
     with pytest.raises(GraphError, match="unknown graph schema"):
         Graph.from_dict(d)
 

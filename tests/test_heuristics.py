@@ -8,6 +8,7 @@ import pytest
 from conftest import BENCH, chain_graph
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from oracle import assert_prediction_matches
 
 from xsched.contracts.graph import Graph, Op, Value
 from xsched.contracts.plan import Compute, Copy
@@ -58,12 +59,11 @@ def two_device_profile(g: Graph, draw=None, *, slow_b: float = 1.0, b_runs=lambd
 
 
 def check(g: Graph, plan, profile: Profile, budgets: dict[str, int]) -> None:
-    """The plan passes the simulator with its budgets, which are the ones asked for, and predicts what it replays."""
+    """The plan is for the budgets asked for, and its predicted time and peaks are an independent count's, within
+    them."""
     assert dict(plan.budgets) == budgets
-    r = simulate(g, plan, profile)
-    assert plan.predicted is not None and plan.predicted.time_s == pytest.approx(r.time_s)
-    assert dict(plan.predicted.peak_bytes) == dict(r.peak_bytes)
-    assert plan.solver.method.startswith("heuristic:") and plan.solver.status == "heuristic"
+    assert_prediction_matches(g, plan, profile, budgets)
+    assert plan.solver.method in H.HEURISTICS and plan.solver.status == "heuristic"
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

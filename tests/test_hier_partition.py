@@ -99,8 +99,8 @@ def test_a_twelve_layer_gpt_has_one_layer_class_solved_once() -> None:
         SolverOptions(time_limit_s=20, hier_processes=1),
         settings=HierSettings(leaf_s=0, region_s=2, refine=False),
     )
-    x = plan.solver.extra
-    assert x["solved"] == x["classes"] < x["blocks"] - 20  # 24 layer blocks, two classes among them
+    x = plan.solver.stats
+    assert x.solved == x.classes < x.blocks - 20  # 24 layer blocks, two classes among them
     simulate(g, plan, prof)
 
 

@@ -46,7 +46,7 @@ def import_graph() -> dict[str, set[str]]:
     for m, path in mods.items():
         package = m if path.name == "__init__.py" else m.rpartition(".")[0]
         found: set[str | None] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in _runtime_nodes(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 found.update(owner(a.name) for a in node.names if a.name.startswith("xsched"))
             elif isinstance(node, ast.ImportFrom):
@@ -63,6 +63,20 @@ def import_graph() -> dict[str, set[str]]:
 def entry(module: str) -> str:
     """The package or top-level module a module belongs to: `xsched.solve.hier.leaf` -> `xsched.solve`."""
     return ".".join(module.split(".")[:2])
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node, except what sits under `if TYPE_CHECKING:` (imports for annotations only, never run)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            test = child.test if isinstance(child, ast.If) else None
+            if isinstance(test, ast.Name) and test.id == "TYPE_CHECKING":
+                todo.extend(child.orelse)
+                continue
+            todo.append(child)
 
 
 def layer(module: str) -> int:

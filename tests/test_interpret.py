@@ -5,14 +5,19 @@ from __future__ import annotations
 import pytest
 from conftest import chain_graph
 
-from xsched.contracts.plan import Compute, Copy, Free, Plan, SolverInfo
+from xsched.contracts.plan import Compute, Copy, Free, Plan
+from xsched.contracts.result import SolveResult
 from xsched.errors import PlanError
 from xsched.interpret import PlanInterpreter
 
 
 def _plan(graph, steps, homes=None, budgets=None) -> Plan:
     return Plan(
-        graph.fingerprint, budgets or {}, {"x": "cpu"} if homes is None else homes, tuple(steps), SolverInfo("hand")
+        graph.fingerprint,
+        budgets or {},
+        {"x": "cpu"} if homes is None else homes,
+        tuple(steps),
+        SolveResult("hand", "heuristic"),
     )
 
 

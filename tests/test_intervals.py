@@ -8,11 +8,13 @@ import random
 from collections.abc import Mapping
 
 import pytest
+from oracle import assert_prediction_matches
 from test_milp import GRAPHS, exhaustive_optimum, profile_for, tightest_budget, times_of
 
 from xsched.contracts.graph import Graph, Op, Value
-from xsched.contracts.plan import Copy, Plan, SolverInfo
+from xsched.contracts.plan import Copy, Plan
 from xsched.contracts.profile import LinkCost, Profile
+from xsched.contracts.result import SolveResult
 from xsched.errors import BudgetError, PlanError
 from xsched.simulate import simulate
 from xsched.solve.eager import eager_peak
@@ -33,11 +35,9 @@ BACKENDS = [
 
 
 def checked(graph: Graph, plan: Plan, profile: Profile, budgets: Mapping[str, int]) -> Plan:
-    """Valid in the simulator, within every budget, the prediction its own, the order reported."""
-    result = simulate(graph, plan, profile)
-    assert all(result.peak_bytes.get(d, 0) <= b for d, b in budgets.items())
-    assert result.time_s == pytest.approx(plan.predicted.time_s)
-    assert sorted(plan.solver.extra["order"]) == sorted(o.id for o in graph.ops)
+    """Its predicted time and peaks are an independent count's, within every budget; every op computed."""
+    assert_prediction_matches(graph, plan, profile, budgets)
+    assert sorted(plan.first_computes()) == sorted(o.id for o in graph.ops)
     return plan
 
 
@@ -176,7 +176,7 @@ def test_soft_budgets_find_a_first_plan_from_an_over_budget_hint() -> None:
     assert simulate(g, eager, prof, check_budgets=False).peak_bytes["cpu"] > budgets["cpu"]  # the hint is over
     out = solve_cpsat(data, 10.0, 1, 0, hint_from_plan(data, eager), soft=True)
     assert out.status == "feasible"
-    plan = to_plan(data, out.placed, SolverInfo("soft"))
+    plan = to_plan(data, out.placed, SolveResult("soft", "heuristic"))
     assert simulate(g, plan, prof).peak_bytes["cpu"] <= budgets["cpu"]
 
 
@@ -192,7 +192,8 @@ def test_a_warm_start_running_an_op_more_than_c_times_is_a_complete_hint(tmp_pat
     from xsched.contracts.plan import Compute
     from xsched.importers import import_networkx
     from xsched.solve.gap_remat import gap_remat
-    from xsched.solve.intervals.extract import first_order, hint_from_plan, step_counts
+    from xsched.solve.intervals.extract import hint_from_plan, step_counts
+    from xsched.solve.order import first_compute_indices
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
     from random_layered import random_layered
@@ -204,7 +205,7 @@ def test_a_warm_start_running_an_op_more_than_c_times_is_a_complete_hint(tmp_pat
     warm = gap_remat(g, prof, budgets, ["bench"], {})
     runs = Counter(s.op for s in warm.steps if isinstance(s, Compute))
     assert max(runs.values()) > 2
-    order = first_order(build_data(g, prof, budgets, ["bench"], {}, tuple(range(len(g.ops))), 2), warm)
+    order = first_compute_indices(g, warm)
     data = build_data(g, prof, budgets, ["bench"], {}, order, 2, 0.0, step_counts(g, warm, ["bench"]))
     assert len(hint_from_plan(data, warm)) == sum(runs.values())
     short = build_data(g, prof, budgets, ["bench"], {}, order, 2)

@@ -8,8 +8,9 @@ from hypothesis import strategies as st
 from test_simulate import make_plan, random_dags
 
 from xsched.contracts.graph import Graph, Op, Value
-from xsched.contracts.plan import Compute, Copy, Free, Plan, SolverInfo
+from xsched.contracts.plan import Compute, Copy, Free, Plan
 from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
+from xsched.contracts.result import SolveResult
 from xsched.lanes import inline_free_lanes, lane_of, overlapped_spans, step_waits
 from xsched.simulate import simulate
 from xsched.solve.routing import insert_copies
@@ -25,7 +26,7 @@ def pair() -> tuple[Graph, Plan]:
     )
     steps = (Compute("relu", "cpu:0"), Copy("a", "cpu:0", "cpu:1"), Free("a", "cpu:0"), Compute("neg", "cpu:1"))
     steps += (Free("a", "cpu:1"),)
-    return g, Plan(g.fingerprint, {}, {"x": "cpu:0"}, steps, SolverInfo("test"))
+    return g, Plan(g.fingerprint, {}, {"x": "cpu:0"}, steps, SolveResult("test", "heuristic"))
 
 
 def test_waits_by_hand() -> None:

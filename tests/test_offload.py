@@ -59,7 +59,7 @@ def test_parks_saved_activations_on_the_other_device_within_both_budgets() -> No
     out = [s.value for s in plan.steps if isinstance(s, Copy) and s.src == c]
     back = [s.value for s in plan.steps if isinstance(s, Copy) and s.dst == c and s.value != "x"]
     assert out and sorted(out) == sorted(back) == sorted(set(out))  # each parked value goes out once, back once
-    assert plan.solver.extra["parked"] == len(out)
+    assert plan.solver.stats.parked == len(out)
 
 
 def test_prefetch_hides_the_copies_behind_compute() -> None:
@@ -71,7 +71,7 @@ def test_prefetch_hides_the_copies_behind_compute() -> None:
     plan = solve(g, profile, {"cpu:0": peak // 2, "cpu:1": peak // 2}, TWO, "offload", homes={"x": "cpu:0"})
     sim = simulate(g, plan, profile)
     copy_s = sum(0.1 for s in plan.steps if isinstance(s, Copy))
-    assert plan.solver.extra["prefetch_ops"] > 0
+    assert plan.solver.stats.prefetch_ops > 0
     assert sim.makespan_s == pytest.approx(sim.time_s - copy_s, abs=0.11)  # at most one copy left exposed
 
 
@@ -95,7 +95,7 @@ def test_parked_plan_of_a_zoo_model_matches_eager_pytorch() -> None:
     graph = workload("gpt2")[1]
     budgets = parse_budgets({d: "50%" for d in TWO}, eager_peak(graph))
     plan = solve(graph, unit_profile(graph, TWO), budgets, TWO, "offload", homes=split_homes(graph))
-    assert plan.solver.extra["parked"] > 0
+    assert plan.solver.stats.parked > 0
     check_against_eager("gpt2", plan, trace=True).close()
     check_against_eager("gpt2", plan, trace=False, overlap=None).close()
     check_against_eager("gpt2", plan, trace=False, overlap=True).close()
@@ -111,4 +111,4 @@ def test_slow_link_makes_it_recompute_instead_of_parking() -> None:
     off = solve(g, slow, {"cpu:0": half, "cpu:1": eager_peak(g)}, TWO, "offload", homes=homes)
     ck = solve(g, slow, {"cpu:0": half}, ("cpu:0",), "checkpoint", homes=homes)
     assert simulate(g, off, slow).makespan_s <= simulate(g, ck, slow).makespan_s
-    assert off.solver.extra["parked"] == 0 and off.solver.extra["recomputes"] > 0
+    assert off.solver.stats.parked == 0 and off.solver.stats.recomputes > 0

@@ -9,7 +9,8 @@ from onnx_models import chain_model, onnx, ort, zoo_onnx
 
 from xsched.capture.onnx import capture_model
 from xsched.contracts.graph import Graph
-from xsched.contracts.plan import Compute, Copy, Free, Plan, SolverInfo, place_frees
+from xsched.contracts.plan import Compute, Copy, Free, Plan, place_frees
+from xsched.contracts.result import SolveResult
 from xsched.devices import get_device
 from xsched.errors import XschedError
 from xsched.execute.ort_executor import OrtExecutor, plain_session
@@ -100,7 +101,9 @@ def test_auto_plan_on_two_devices():
 
 def _manual(g: Graph, steps, homes=None, budgets=None) -> Plan:
     homes = homes or {v: "ort:cpu:0" for v in g.inputs}
-    return Plan(g.fingerprint, budgets or {}, homes, tuple(place_frees(g, steps, homes)), SolverInfo("test"))
+    return Plan(
+        g.fingerprint, budgets or {}, homes, tuple(place_frees(g, steps, homes)), SolveResult("test", "heuristic")
+    )
 
 
 def test_segment_rules_on_a_hand_made_plan():
@@ -163,7 +166,7 @@ def test_random_node_cannot_be_recomputed():
     )
     c = capture_model(model)
     steps = [Compute("rand", "ort:cpu"), Free("r", "ort:cpu"), Compute("rand", "ort:cpu"), Compute("add", "ort:cpu")]
-    plan = Plan(c.graph.fingerprint, {}, {"x": "ort:cpu"}, tuple(steps), SolverInfo("test"))
+    plan = Plan(c.graph.fingerprint, {}, {"x": "ort:cpu"}, tuple(steps), SolveResult("test", "heuristic"))
     with pytest.raises(XschedError, match="RandomUniformLike recomputed: ONNX Runtime cannot draw its numbers") as e:
         OrtExecutor(c.graph, plan, c.model)
     assert e.value.op == "rand" and e.value.step == 2 and "\n" not in str(e.value)
@@ -235,7 +238,7 @@ def test_placed_on_cuda_and_cpu():
         {},
         {v: gpu for v in g.inputs},
         place_frees(g, steps, {v: gpu for v in g.inputs}),
-        SolverInfo("test"),
+        SolveResult("test", "heuristic"),
     )
     ex = OrtExecutor(g, plan, c.model)
     feeds = example_feeds(g)

@@ -199,7 +199,7 @@ def test_round_trip(tmp_path, graph, profile):
     back = load_profile(path, graph)
     assert back.to_dict() == profile.to_dict()
     assert back.extra["torch_version"] == torch.__version__ and back.graph == graph.fingerprint
-    assert json.loads(path.read_text())["schema"] == "xsched.contracts.profile/1"
+    assert json.loads(path.read_text())["schema"] == "xsched.profile/1"
 
 
 def _edited(tmp_path, profile, edit) -> str:
@@ -258,7 +258,7 @@ def test_reprofile_replaces_a_stale_profile(tmp_path, graph, profile):
         (lambda t: t[: len(t) // 2], "corrupt or unreadable"),  # truncated
         (lambda t: "{not json", "corrupt or unreadable"),
         (lambda t: "\xff\xfe garbage", "corrupt or unreadable"),
-        (lambda t: t.replace('"xsched.contracts.profile/1"', '"xsched.contracts.profile/9"'), "unknown profile schema"),
+        (lambda t: t.replace('"xsched.profile/1"', '"xsched.profile/9"'), "unknown profile schema"),
         (lambda t: json.dumps({k: v for k, v in json.loads(t).items() if k != "compute"}), "malformed profile JSON"),
         (lambda t: json.dumps([1, 2]), "unknown profile schema"),
         (lambda t: t.replace('"time_s": ', '"time_s": -', 1), "finite and non-negative"),

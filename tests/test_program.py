@@ -10,7 +10,8 @@ from torch import nn
 
 from xsched.capture.torch import bind_inputs, capture
 from xsched.contracts.graph import Graph, Op, Value
-from xsched.contracts.plan import Compute, Free, Plan, SolverInfo
+from xsched.contracts.plan import Compute, Free, Plan
+from xsched.contracts.result import SolveResult
 from xsched.errors import XschedError
 from xsched.execute.executor import Executor
 from xsched.execute.program import gather, inline_program
@@ -87,7 +88,7 @@ def toy(nbytes_b: int = 64) -> tuple[Graph, dict[str, torch.Tensor]]:
 
 
 def toy_plan(graph: Graph, steps: tuple) -> Plan:
-    return Plan(graph.fingerprint, {}, {"x": "cpu", "w": "cpu"}, steps, SolverInfo("hand"))
+    return Plan(graph.fingerprint, {}, {"x": "cpu", "w": "cpu"}, steps, SolveResult("hand", "heuristic"))
 
 
 def test_program_errors_name_step_op_value_and_device() -> None:
@@ -123,7 +124,7 @@ def test_inline_program_only_for_one_device_computes_and_frees() -> None:
         {},
         {"x": "cpu:0", "w": "cpu:1"},
         (Compute("relu", "cpu:0"), Compute("mm", "cpu:1")),
-        SolverInfo("hand"),
+        SolveResult("hand", "heuristic"),
     )
     with pytest.raises(XschedError, match="one device"):
         inline_program(Executor(graph, two, check=False).prepared, 0, 2)

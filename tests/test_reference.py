@@ -12,7 +12,8 @@ from torch import nn
 import xsched.execute.reference as reference
 from xsched.capture import bind_inputs, capture, unpack_outputs
 from xsched.contracts.graph import Graph
-from xsched.contracts.plan import Compute, Copy, Free, Plan, SolverInfo, place_frees, required_homes
+from xsched.contracts.plan import Compute, Copy, Free, Plan, place_frees, required_homes
+from xsched.contracts.result import SolveResult
 from xsched.errors import PlanError, XschedError
 from xsched.execute import execute, run_plan
 from xsched.simulate import simulate
@@ -103,7 +104,7 @@ def _two_device_plan(g: Graph, random_on_home: bool = False) -> Plan:
         if d not in where[v]:
             steps.append(Copy(v, where[v][0], d))
     steps = place_frees(g, steps, homes)
-    return Plan(g.fingerprint, {}, homes, tuple(steps), SolverInfo("test:two-device"))
+    return Plan(g.fingerprint, {}, homes, tuple(steps), SolveResult("test:two-device", "heuristic"))
 
 
 def test_two_device_plan_gives_the_same_results():
@@ -134,7 +135,7 @@ def _recompute_dropout_plan(g: Graph) -> tuple[Plan, str]:
         steps.append(Compute(o.id, "cpu"))
     homes = {v: "cpu" for v in g.inputs}
     steps = place_frees(g, steps, homes)
-    return Plan(g.fingerprint, {}, homes, tuple(steps), SolverInfo("test:recompute")), bern.id
+    return Plan(g.fingerprint, {}, homes, tuple(steps), SolveResult("test:recompute", "heuristic")), bern.id
 
 
 def test_recomputed_dropout_reproduces_the_same_mask():
@@ -169,14 +170,16 @@ def test_plan_errors_name_step_op_value_and_device():
     homes = {v: "cpu" for v in g.inputs}
     first = g.ops[0]
     needs = next(o for o in g.ops if any(v in g.producer for v in o.inputs))
-    bad = Plan(g.fingerprint, {}, homes, (Compute(needs.id, "cpu"),), SolverInfo("bad"))
+    bad = Plan(g.fingerprint, {}, homes, (Compute(needs.id, "cpu"),), SolveResult("bad", "heuristic"))
     with pytest.raises(PlanError, match="not resident") as e:
         run_plan(g, bad, env)
     assert (e.value.step, e.value.op, e.value.device, e.value.stage) == (0, needs.id, "cpu", "execute")
-    freeing_input = Plan(g.fingerprint, {}, homes, (Free(g.inputs[0], "cpu"),), SolverInfo("bad"))
+    freeing_input = Plan(g.fingerprint, {}, homes, (Free(g.inputs[0], "cpu"),), SolveResult("bad", "heuristic"))
     with pytest.raises(PlanError, match="freed on its home"):
         run_plan(g, freeing_input, env)
-    copy_missing = Plan(g.fingerprint, {}, homes, (Copy(first.outputs[0], "cpu", "cpu:1"),), SolverInfo("bad"))
+    copy_missing = Plan(
+        g.fingerprint, {}, homes, (Copy(first.outputs[0], "cpu", "cpu:1"),), SolveResult("bad", "heuristic")
+    )
     with pytest.raises(PlanError, match="not resident on cpu"):
         run_plan(g, copy_missing, env)
     reader = next(o for o in g.ops if first.outputs[0] in o.inputs)
@@ -185,12 +188,12 @@ def test_plan_errors_name_step_op_value_and_device():
         {},
         homes,
         (Compute(first.id, "cpu"), Free(first.outputs[0], "cpu"), Compute(reader.id, "cpu")),
-        SolverInfo("bad"),
+        SolveResult("bad", "heuristic"),
     )
     with pytest.raises(PlanError, match="not resident on cpu") as e:
         run_plan(g, use_after_free, env)
     assert (e.value.step, e.value.op, e.value.value) == (2, reader.id, first.outputs[0])
-    unfinished = Plan(g.fingerprint, {}, homes, (Compute(first.id, "cpu"),), SolverInfo("bad"))
+    unfinished = Plan(g.fingerprint, {}, homes, (Compute(first.id, "cpu"),), SolveResult("bad", "heuristic"))
     with pytest.raises(PlanError, match="never computed"):
         run_plan(g, unfinished, env)
     eager = eager_plan(g, "cpu")
@@ -198,7 +201,7 @@ def test_plan_errors_name_step_op_value_and_device():
     with pytest.raises(PlanError, match="exceeds the budget") as e:
         run_plan(g, tight, env)
     assert e.value.device == "cpu" and e.value.step == simulate(g, eager).peak_step["cpu"]
-    other = Plan("0" * 32, {}, homes, (), SolverInfo("bad"))
+    other = Plan("0" * 32, {}, homes, (), SolveResult("bad", "heuristic"))
     with pytest.raises(PlanError, match="plan is for graph"):
         run_plan(g, other, env)
     missing = dict(env)

@@ -8,8 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from xsched.contracts.graph import Graph, Op, Value
-from xsched.contracts.plan import Compute, Copy, Free, Plan, SolverInfo, place_frees
+from xsched.contracts.plan import Compute, Copy, Free, Plan, place_frees
 from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
+from xsched.contracts.result import SolveResult
 from xsched.errors import PlanError
 from xsched.simulate import simulate
 from xsched.solve.eager import eager_plan
@@ -17,7 +18,7 @@ from xsched.solve.eager import eager_plan
 
 def make_plan(g: Graph, steps, homes=None, budgets=None) -> Plan:
     homes = homes or {v: "d" for v in g.inputs}
-    return Plan(g.fingerprint, budgets or {}, homes, tuple(steps), SolverInfo("test"))
+    return Plan(g.fingerprint, budgets or {}, homes, tuple(steps), SolveResult("test", "heuristic"))
 
 
 def two_device_profile(g: Graph, t_a=1.0, t_b=1.0, latency=0.5, bw=1.0) -> Profile:

@@ -75,7 +75,7 @@ def test_json_lines_and_the_plan_and_profile_cache(tmp_path, capfd) -> None:
     assert [e["loss"] for e in again if e["event"] == "step"] == [e["loss"] for e in evs if e["event"] == "step"]
 
     with open(plan_file, "w") as f:
-        f.write('{"schema": "xsched.contracts.plan/1", "steps": [')
+        f.write('{"schema": "xsched.plan/1", "steps": [')
     rc, third, err = run_json(capfd, *args)
     assert rc == 0 and not third[0]["plan_reused"]
     notices = [line for line in err.splitlines() if "plan cache" in line]

@@ -88,7 +88,7 @@ def run_demo(s: DemoSettings = DemoSettings(), say: Callable[[str], None] = prin
         f"4. planned the CPU alone at {s.cpu_budget} of its eager peak in {_since(t0)}: peak "
         f"{format_bytes(plan.predicted.peak_bytes['cpu'])} of {format_bytes(eager.predicted.peak_bytes['cpu'])}, "
         f"predicted {plan.predicted.time_s / eager.predicted.time_s:.2f}x the eager time "
-        f"({plan.solver.status}, found by {plan.solver.extra.get('found_by', plan.solver.method)})"
+        f"({plan.solver.status}, found by {plan.solver.found_by})"
     )
     same, ratio = _train_against_eager(z.model, z.inputs, plan, s.steps, s.warmup)
     say(

@@ -61,3 +61,14 @@ class BudgetError(XschedError):
 
     def __init__(self, message: str, **where: str | int | None) -> None:
         super().__init__(message, stage=str(where.pop("stage", None) or "budget"), **where)  # type: ignore[arg-type]
+
+
+class SolverError(XschedError):
+    """A solver that cannot run as asked (unknown method, missing package, a model too big for its time limit)."""
+
+    def __init__(self, message: str, **where: str | int | None) -> None:
+        super().__init__(message, stage=str(where.pop("stage", None) or "solve"), **where)  # type: ignore[arg-type]
+
+
+class NoIncumbent(SolverError):
+    """A solver stopped (time limit) before it found any plan within the budgets: not a proof that none exists."""

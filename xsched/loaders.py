@@ -68,7 +68,7 @@ def load_graph(
             data = json.loads(Path(spec).read_text())
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
             raise XschedError(f"cannot read graph file {spec}: {e}", stage="load") from e
-        if isinstance(data, dict) and str(data.get("schema", "")).startswith("xsched.contracts.graph"):
+        if isinstance(data, dict) and str(data.get("schema", "")).startswith("xsched.graph"):
             return Graph.from_dict(data)
         from xsched.importers import import_networkx
 

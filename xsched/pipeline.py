@@ -10,6 +10,7 @@ from xsched.budgets import format_bytes
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Plan
 from xsched.contracts.profile import Profile
+from xsched.contracts.result import RunStats
 from xsched.errors import XschedError
 from xsched.profiling.measure import profile_graph
 from xsched.profiling.model import cost_profile
@@ -80,7 +81,7 @@ def plan_report(graph: Graph, plan: Plan) -> str:
     budgets, and what it does beyond eager (recomputes, copies)."""
     s = plan.solver
     gap = f", gap {s.gap:.2%}" if s.gap is not None else ""
-    found = f" (found by {s.extra['found_by']})" if s.extra.get("found_by") else ""
+    found = f" (found by {s.found_by})" if s.found_by != s.method else ""
     lines = [
         f"{graph.name or 'graph'}: {len(graph.ops)} ops; plan by {s.method}{found}: {s.status}{gap}, {s.solve_s:.2f} s"
     ]
@@ -94,6 +95,6 @@ def plan_report(graph: Graph, plan: Plan) -> str:
     computes = sum(isinstance(x, Compute) for x in plan.steps)
     copies = sum(isinstance(x, Copy) for x in plan.steps)
     lines.append(f"  {computes - len(graph.ops)} recomputes, {copies} copies, {len(plan.steps)} steps")
-    if s.extra.get("bound_source"):
-        lines.append(f"  lower bound: {s.extra['bound_source']}")
+    if isinstance(s.stats, RunStats) and s.stats.bound_source:
+        lines.append(f"  lower bound: {s.stats.bound_source}")
     return "\n".join(lines)

@@ -48,7 +48,9 @@ def cmd_plan(a: argparse.Namespace) -> int:
             "status": s.status,
             "gap": s.gap,
             "solve_s": s.solve_s,
-            "found_by": s.extra.get("found_by"),
+            "found_by": s.found_by,
+            "objective": s.objective,
+            "bound": s.bound,
             "steps": len(plan.steps),
             "time_s": p.time_s if p else None,
             "makespan_s": p.makespan_s if p else None,
@@ -60,7 +62,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
             out["explain"] = [r.as_dict() for r in rows]
         print_json(out)
         return 0
-    found = f", found by {s.extra['found_by']}" if s.extra.get("found_by") else ""
+    found = f", found by {s.found_by}" if s.found_by != s.method else ""
     print(f"{s.method} ({s.status}, gap {s.gap}{found}) in {s.solve_s:.2f} s: {len(plan.steps)} steps -> {a.output}")
     if p is not None:
         print(

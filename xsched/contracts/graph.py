@@ -13,7 +13,7 @@ from typing import Any
 
 from xsched.errors import GraphError
 
-SCHEMA = "xsched.contracts.graph/1"
+SCHEMA = "xsched.graph/1"
 INPUT_KINDS = frozenset({"input", "param", "buffer", "tangent"})
 PHASES = frozenset({"fwd", "bwd", "loss"})
 

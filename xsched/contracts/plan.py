@@ -1,4 +1,5 @@
-"""The plan (contract 3): frozen steps, solver info, JSON, and placing frees after last uses."""
+"""The plan (contract 3, docs/ARCHITECTURE.md): frozen steps, the solver's record, JSON, and placing frees after last
+uses."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from pathlib import Path
 from typing import Any, Union
 
 from xsched.contracts.graph import Graph
+from xsched.contracts.result import SolveResult, result_from_dict
 from xsched.errors import PlanError
 
-SCHEMA = "xsched.contracts.plan/1"
+SCHEMA = "xsched.plan/1"
 
 
 @dataclass(frozen=True)
@@ -43,17 +45,6 @@ Step = Union[Compute, Copy, Free]
 
 
 @dataclass(frozen=True)
-class SolverInfo:
-    """How the plan was found. `status` is optimal, feasible, time_limit or heuristic."""
-
-    method: str
-    status: str = "heuristic"
-    gap: float | None = None
-    solve_s: float = 0.0
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
 class Prediction:
     """What the simulator predicts for the plan."""
 
@@ -71,10 +62,14 @@ class Plan:
     budgets: Mapping[str, int]
     homes: Mapping[str, str]  # graph input value id -> device
     steps: tuple[Step, ...]
-    solver: SolverInfo
+    solver: SolveResult  # the record of the run that found it (its `plan` field is None)
     predicted: Prediction | None = None
     boundary: int | None = None  # index of the first step after the autograd boundary (training)
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def first_computes(self) -> tuple[str, ...]:
+        """The op ids in the order the plan first computes them: the order it chose."""
+        return tuple(dict.fromkeys(s.op for s in self.steps if isinstance(s, Compute)))
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -94,13 +89,7 @@ class Plan:
             "budgets": dict(self.budgets),
             "homes": dict(self.homes),
             "steps": [step_to_dict(s) for s in self.steps],
-            "solver": {
-                "method": self.solver.method,
-                "status": self.solver.status,
-                "gap": self.solver.gap,
-                "solve_s": self.solver.solve_s,
-                **dict(self.solver.extra),
-            },
+            "solver": self.solver.to_dict(),
         }
         if self.predicted is not None:
             p = self.predicted
@@ -118,14 +107,7 @@ class Plan:
             got = d.get("schema") if isinstance(d, Mapping) else type(d).__name__
             raise PlanError(f"unknown plan schema {got!r}, expected {SCHEMA!r}", stage="plan")
         try:
-            s = dict(d.get("solver") or {"method": "unknown"})
-            solver = SolverInfo(
-                method=str(s.pop("method")),
-                status=str(s.pop("status", "heuristic")),
-                gap=s.pop("gap", None),
-                solve_s=float(s.pop("solve_s", 0.0)),
-                extra=s,
-            )
+            solver = result_from_dict(d.get("solver") or {"method": "unknown"})
             p = d.get("predicted")
             predicted = (
                 Prediction(p.get("time_s"), dict(p.get("peak_bytes", {})), p.get("energy_j"), p.get("makespan_s"))

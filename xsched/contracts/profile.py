@@ -11,7 +11,7 @@ from typing import Any
 
 from xsched.errors import ProfileError
 
-SCHEMA = "xsched.contracts.profile/1"
+SCHEMA = "xsched.profile/1"
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from xsched.devices.base import (
 )
 from xsched.errors import ProfileError
 
-log = logging.getLogger("xsched.contracts.profile")
+log = logging.getLogger("xsched.profiling")
 
 COPY_SIZES = (4 << 10, 64 << 10, 1 << 20, 8 << 20, 32 << 20)  # bytes: spans the latency- and bandwidth-bound regimes
 ROUNDS = 3  # passes over all ops on a real device (see profile_graph)

@@ -18,7 +18,7 @@ from xsched.errors import ProfileError
 from xsched.files import atomic_write
 from xsched.profiling.measure import profile_graph
 
-log = logging.getLogger("xsched.contracts.profile")
+log = logging.getLogger("xsched.profiling")
 
 PROFILES_DIR = Path("profiles")
 

@@ -132,8 +132,8 @@ def point_of(
 
 def found_by(plan: Plan, method: str) -> str | None:
     """Which member found the plan when that is not `method` itself (auto's members, an exact solver's fallback)."""
-    found = plan.solver.extra.get("found_by") or plan.solver.method
-    return None if found in (method, f"heuristic:{method}") else str(found)
+    found = plan.solver.found_by
+    return None if found == method else found
 
 
 def budget_points(low: int, high: int, n: int, also: Sequence[int] = ()) -> list[int]:

@@ -1,4 +1,5 @@
-"""Solvers: each turns a graph, a profile and budgets into a simulator-checked `Plan`.
+"""Solvers: each turns a graph, a profile and budgets into a simulator-checked `Plan` that carries its run's typed
+`SolveResult` (docs/ARCHITECTURE.md, "Solvers").
 
 `xsched.solve(graph, profile, budgets, ...)` is `xsched.solve.api.solve`: the package itself is callable,
 so the submodules (`xsched.solve.milp`, `.heuristics`, ...) stay reachable under the same name.
@@ -7,11 +8,12 @@ so the submodules (`xsched.solve.milp`, `.heuristics`, ...) stay reachable under
 import sys
 import types
 
-from xsched.solve.api import solve
+from xsched.contracts.result import SolveResult, Stats
+from xsched.solve.api import METHODS, solve, solve_result
 from xsched.solve.eager import eager_peak, eager_plan
 from xsched.solve.options import SolverOptions
-from xsched.solve.problem import Problem, SolverEntry, SolveResult
-from xsched.solve.registry import SOLVERS, register
+from xsched.solve.problem import Problem
+from xsched.solve.registry import SOLVERS, SolverEntry, register
 
 
 class _CallablePackage(types.ModuleType):
@@ -22,13 +24,16 @@ class _CallablePackage(types.ModuleType):
 sys.modules[__name__].__class__ = _CallablePackage
 
 __all__ = [
+    "METHODS",
     "SOLVERS",
     "Problem",
     "SolveResult",
     "SolverEntry",
     "SolverOptions",
+    "Stats",
     "eager_peak",
     "eager_plan",
     "register",
     "solve",
+    "solve_result",
 ]

@@ -147,6 +147,8 @@ def solve_highs(
     h.setOptionValue("output_flag", bool(options.verbose))
     h.setOptionValue("mip_rel_gap", float(options.mip_gap))
     set_threads(h, options.solver_threads)
+    if options.node_limit is not None:
+        h.setOptionValue("mip_max_nodes", int(options.node_limit))
     n = len(columns)
     x = np.array([float(v.value or 0.0) for v in columns]) if warm else None
     found: list[np.ndarray] = []
@@ -170,7 +172,7 @@ def solve_highs(
             e.interrupt()
 
     def run(seconds: float, start: np.ndarray | None) -> None:
-        h.setOptionValue("time_limit", max(seconds, 0.01))
+        h.setOptionValue("time_limit", max(seconds, 0.01) if np.isfinite(seconds) else highspy.kHighsInf)
         if start is not None:
             sol = highspy.HighsSolution()
             sol.col_value, sol.value_valid = start.tolist(), True
@@ -183,12 +185,14 @@ def solve_highs(
     lp_bound = None
     restricted = options.restricted
     if restricted and any(i < t for _, t, i in m.R.keys()):
-        integer = np.array([int(v.is_integer()) for v in columns], dtype=np.int32)
-        every = np.arange(n, dtype=np.int32)
-        h.changeColsIntegrality(n, every, np.zeros(n, dtype=np.int32))
-        run(options.lp_share * (deadline - time.perf_counter()), None)
-        relaxed = h.getModelStatus()
-        h.changeColsIntegrality(n, every, integer)
+        relaxed = None  # lp_share 0: no LP relaxation, the structural restriction at once
+        if options.lp_share > 0:
+            integer = np.array([int(v.is_integer()) for v in columns], dtype=np.int32)
+            every = np.arange(n, dtype=np.int32)
+            h.changeColsIntegrality(n, every, np.zeros(n, dtype=np.int32))
+            run(options.lp_share * (deadline - time.perf_counter()), None)
+            relaxed = h.getModelStatus()
+            h.changeColsIntegrality(n, every, integer)
         if relaxed in (kind.kInfeasible, kind.kUnboundedOrInfeasible):  # the objective is bounded: infeasible
             return {
                 "status": "infeasible",

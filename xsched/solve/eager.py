@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from xsched.contracts.graph import Graph
-from xsched.contracts.plan import Compute, Plan, SolverInfo, autograd_boundary, place_frees
+from xsched.contracts.plan import Compute, Plan, autograd_boundary, place_frees
 from xsched.contracts.profile import Profile
+from xsched.contracts.result import SolveResult
 from xsched.simulate import simulate
 
 
@@ -17,7 +18,7 @@ def eager_plan(graph: Graph, device: str = "cpu", profile: Profile | None = None
         budgets={},
         homes=homes,
         steps=steps,
-        solver=SolverInfo(method=f"eager:{device}", status="heuristic"),
+        solver=SolveResult(f"eager:{device}", "heuristic"),
         boundary=autograd_boundary(graph, steps),
     )
     result = simulate(graph, plan, profile)

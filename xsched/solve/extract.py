@@ -3,14 +3,15 @@ stage variables from a plan (a MIP start)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from xsched.contracts.graph import Graph
-from xsched.contracts.plan import Compute, Copy, Free, Plan, SolverInfo, Step, autograd_boundary, place_frees
+from xsched.contracts.plan import Compute, Copy, Free, Plan, Step, autograd_boundary, place_frees
+from xsched.contracts.result import MilpStats, SolveResult, Times
 from xsched.errors import XschedError
 from xsched.simulate import simulate
+from xsched.solve.objective import better, objective
 from xsched.solve.stages import Stages
 
 
@@ -127,7 +128,7 @@ def free_unwanted_ends(
     return out
 
 
-def extract(st: Stages, sol: Solution, info: SolverInfo) -> Plan:
+def extract(st: Stages, sol: Solution, info: SolveResult) -> Plan:
     """The plan of one solution: stage steps, pruned, frees placed, replayed by the simulator with the budgets."""
     graph = st.graph
     homes = homes_of(st, sol)
@@ -161,33 +162,28 @@ def best_plan(
     solutions: Sequence[Solution],
     status: str,
     gap: float | None,
-    t0: float,
-    extra: Mapping[str, object],
+    bound: float | None,
+    times: Times,
+    stats: MilpStats,
     alpha: float = 0.0,
     extracted: Mapping[Solution, Plan] | None = None,
 ) -> Plan:
-    """The extracted plan with the least simulated time (+ alpha * energy) among the solver's incumbents
-    (`extracted`: plans of some of them, already extracted and checked)."""
+    """The extracted plan with the least objective among the solver's incumbents (`extracted`: plans of some of
+    them, already extracted and checked), carrying the MILP's result."""
     best: Plan | None = None
     best_at = -1
     seen: set[Solution] = set()
-    score = lambda p: (p.predicted.time_s or 0.0) + alpha * (p.predicted.energy_j or 0.0)  # noqa: E731
     for k, sol in enumerate(solutions):
         if sol in seen:
             continue
         seen.add(sol)
-        plan = (extracted or {}).get(sol) or extract(st, sol, SolverInfo("milp", status, gap))
-        if best is None or score(plan) < score(best):
+        plan = (extracted or {}).get(sol) or extract(st, sol, SolveResult("milp", status))
+        if better(plan, best, alpha):
             best, best_at = plan, k
     assert best is not None
-    info = SolverInfo(
-        method="milp",
-        status=status,
-        gap=gap,
-        solve_s=time.perf_counter() - t0,
-        extra={**extra, "plan_objective": score(best), "extracted": len(seen), "best_incumbent": best_at},
-    )
-    return Plan(**{**best.__dict__, "solver": info})
+    stats = replace(stats, extracted=len(seen), best_incumbent=best_at)
+    info = SolveResult("milp", status, None, objective(best, alpha), bound, gap, times, stats)
+    return replace(best, solver=info)
 
 
 def plan_to_solution(st: Stages, plan: Plan) -> Solution | None:

@@ -17,6 +17,7 @@ from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Plan
 from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError
+from xsched.solve.objective import best_of
 from xsched.solve.order import starting_orders
 from xsched.solve.routing import best_single_device, op_workspace, route_and_finish
 
@@ -249,7 +250,7 @@ def fastest_plan(
             why.append(f"{name} order, depth {depth}: {e.detail}")
     if not plans:
         raise BudgetError("; ".join(why), stage="solve", device=device)
-    return min(plans, key=lambda p: p.predicted.time_s or 0.0)
+    return best_of(plans)
 
 
 def order_scorer(

@@ -15,6 +15,7 @@ from xsched.contracts.plan import Compute, Plan
 from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError, XschedError
 from xsched.solve.gap_remat import gap_remat
+from xsched.solve.objective import best_of
 from xsched.solve.offload import offload_search
 from xsched.solve.problem import runnable
 from xsched.solve.remat import checkpoint_search, sqrt_checkpoint
@@ -134,5 +135,5 @@ def best_heuristic(
             plans.append(runnable(graph, fn(graph, profile, budgets, devices, homes), profile, budgets))
         except XschedError as e:
             why[name] = e.detail
-    best = min(plans, key=lambda p: p.predicted.time_s or 0.0, default=None)
+    best = best_of(plans)
     return best, why

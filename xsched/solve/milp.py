@@ -10,13 +10,16 @@ import pyomo.environ as pyo
 
 from xsched.budgets import format_bytes
 from xsched.contracts.graph import Graph
-from xsched.contracts.plan import Plan, SolverInfo
+from xsched.contracts.plan import Plan
 from xsched.contracts.profile import Profile
-from xsched.errors import BudgetError, XschedError
+from xsched.contracts.result import MilpStats, SolveResult, Times
+from xsched.errors import BudgetError, NoIncumbent
 from xsched.solve.backends import solve_highs, solve_pyomo
 from xsched.solve.extract import Solution, best_plan, extract, plan_to_solution
 from xsched.solve.memory_bounds import check_budgets
+from xsched.solve.objective import objective, objective_floor
 from xsched.solve.options import SolverOptions
+from xsched.solve.registry import from_plan
 from xsched.solve.stages import Stages, index_stages
 
 DEFAULT_OPTIONS = SolverOptions()  # frozen: one shared default
@@ -25,13 +28,6 @@ EXTRACT_RESERVE = 0.05  # share of the time limit (at most 1 s) left for HiGHS's
 # 2-core development machine. A limit shorter than the build is refused up front: the build cannot be interrupted,
 # and `auto` handed its last member 0.1 s that it spent 13 s on
 BUILD_RATE = 25_000
-
-
-class NoIncumbent(XschedError):
-    """The solver stopped (time limit) before it found any plan within the budgets."""
-
-    def __init__(self, message: str, **where: str | int | None) -> None:
-        super().__init__(message, stage=str(where.pop("stage", None) or "solve"), **where)  # type: ignore[arg-type]
 
 
 def solve_milp(
@@ -61,7 +57,7 @@ def solve_milp(
     start = plan_to_solution(st, warm_start) if warm_start is not None else None
     if start is not None:
         set_start(model, st, start)
-    floor = sum(min(c.time_s for d in devices if (c := profile.op_cost(o.id, d)) is not None) for o in graph.ops)
+    floor = objective_floor(graph, profile, devices)
 
     plans: dict[Solution, Plan] = {}  # incumbents extracted while the solver runs, reused when picking the best
 
@@ -69,8 +65,8 @@ def solve_milp(
         if options.alpha_energy != 0:
             return False
         if sol not in plans:
-            plans[sol] = extract(st, sol, SolverInfo("milp"))
-        return (plans[sol].predicted.time_s or 0.0) <= floor * (1 + 1e-9)
+            plans[sol] = extract(st, sol, SolveResult("milp", "feasible"))
+        return objective(plans[sol]) <= floor * (1 + 1e-9)
 
     if options.solver == "highs":
         limit = options.time_limit_s
@@ -90,22 +86,27 @@ def solve_milp(
         )
     if not out["solutions"]:
         raise NoIncumbent(f"{options.solver} stopped ({out['status']}) after {out['solver_s']:.1f} s without a plan")
-    extra = {
-        "build_s": build_s,
-        "handoff_s": out["handoff_s"],
-        "highs_s": out["solver_s"],
-        "milp_objective": out["objective"] * st.tu if out["objective"] is not None else None,
-        "milp_bound": out["bound"] * st.tu if out["bound"] is not None else None,
-        "n_binaries": len(model.R) + len(model.S) + len(model.C) + len(model.H),
-        "n_constraints": sum(len(c) for c in model.component_objects(pyo.Constraint, active=True)),
-        "incumbents": len(out["solutions"]),
-        "warm_start": warm_start.solver.method if warm_start is not None else None,
-        "warm_start_mapped": start is not None,  # False: the plan's first computes are not in graph order
-        "stopped_at_floor": bool(out.get("at_floor")),  # an incumbent's plan ran every op once at its fastest
-        "incumbent_s": [round(x - t0, 3) for x in out.get("found_at", ())],  # when each solution came, from the call
-    }
+    stats = MilpStats(
+        model_objective=out["objective"] * st.tu if out["objective"] is not None else None,
+        model_bound=out["bound"] * st.tu if out["bound"] is not None else None,
+        n_binaries=len(model.R) + len(model.S) + len(model.C) + len(model.H),
+        n_constraints=sum(len(c) for c in model.component_objects(pyo.Constraint, active=True)),
+        handoff_s=out["handoff_s"],
+        incumbents=len(out["solutions"]),
+        incumbent_s=tuple(round(x - t0, 3) for x in out.get("found_at", ())),
+        warm_start=warm_start.solver.method if warm_start is not None else None,
+        warm_start_mapped=start is not None,
+        stopped_at_floor=bool(out.get("at_floor")),
+    )
     gap = 0.0 if out.get("at_floor") else _gap(out["objective"], out["bound"])
-    return best_plan(st, out["solutions"], out["status"], gap, t0, extra, options.alpha_energy, plans)
+    t_end = time.perf_counter()
+    times = Times(build_s, out["solver_s"], max(0.0, t_end - t0 - build_s - out["solver_s"]))
+    bound = stats.model_bound
+    return best_plan(st, out["solutions"], out["status"], gap, bound, times, stats, options.alpha_energy, plans)
+
+
+# the registry's entry: its BudgetError is a proof (for plans that first compute the ops in graph order)
+run = from_plan(lambda problem, options, warm: solve_milp(*problem.args(), options, warm_start=warm), proofs=True)
 
 
 def _gap(objective: float | None, bound: float | None) -> float | None:
@@ -262,4 +263,4 @@ def set_start(m: pyo.ConcreteModel, st: Stages, sol: Solution) -> None:
         u.set_value(pyo.value(rhs), skip_validation=True)
 
 
-__all__ = ["NoIncumbent", "build_model", "solve_milp"]
+__all__ = ["build_model", "run", "solve_milp"]

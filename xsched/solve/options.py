@@ -11,6 +11,8 @@ class SolverOptions:
 
     solver: str = "highs"  # any Pyomo solver name: "highs" (appsi_highs), "gurobi", "cbc", ... when installed
     time_limit_s: float | None = 60.0
+    # HiGHS's branch-and-bound nodes per run (stage MILP): with one thread and no time limit, a deterministic stop
+    node_limit: int | None = None
     mip_gap: float = 1e-4  # relative gap
     solver_threads: int | None = None  # threads of HiGHS and CP-SAT (None: the solver's default)
     alpha_energy: float = 0.0  # objective = time + alpha * energy
@@ -23,4 +25,4 @@ class SolverOptions:
     # stage MILP on HiGHS: LP-guided restricted searches before the full one, as (producer levels around the LP's
     # recomputes, share of the time left); () searches the full model only
     restricted: tuple[tuple[int, float], ...] = ((0, 0.25), (1, 0.5))
-    lp_share: float = 0.25  # share of the time left for the LP relaxation that guides the restricted searches
+    lp_share: float = 0.25  # share of the time left for the LP relaxation guiding the restricted searches (0: none)

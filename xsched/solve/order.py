@@ -8,8 +8,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from xsched.contracts.graph import Graph
-from xsched.contracts.plan import Compute, Plan, SolverInfo, place_frees
+from xsched.contracts.plan import Compute, Plan, place_frees
+from xsched.contracts.result import OrderSearchStats, SolveResult
 from xsched.errors import XschedError
+from xsched.solve.objective import better
 
 Scorer = Callable[[tuple[int, ...], float], "Plan | None"]  # (order, seconds) -> the solver's plan, None: none
 # the local search stops after this many draws of moves in a row that were all scored already: the best order's
@@ -116,15 +118,17 @@ def depth_first_order(graph: Graph) -> tuple[int, ...]:
 
 
 def first_compute_indices(graph: Graph, plan: Plan) -> tuple[int, ...]:
-    """The order of a plan's first computes."""
-    return tuple(dict.fromkeys(graph.op_index[s.op] for s in plan.steps if isinstance(s, Compute)))
+    """The op indices in the order the plan first computes them."""
+    return tuple(graph.op_index[o] for o in plan.first_computes())
 
 
 def unbudgeted_plan(graph: Graph, order: Sequence[int], device: str, homes: Mapping[str, str]) -> Plan:
     """Every op once in `order` on `device`, each value freed after its last read: not checked against any budget
     (a solver hint: its memory may exceed the budget, the solver repairs it)."""
     steps = place_frees(graph, [Compute(graph.ops[i].id, device) for i in order], homes)
-    return Plan(graph=graph.fingerprint, budgets={}, homes=dict(homes), steps=steps, solver=SolverInfo("order"))
+    return Plan(
+        graph=graph.fingerprint, budgets={}, homes=dict(homes), steps=steps, solver=SolveResult("order", "heuristic")
+    )
 
 
 def starting_orders(graph: Graph, warm: Plan | None = None) -> dict[str, tuple[int, ...]]:
@@ -180,12 +184,14 @@ def search_order(
     seed: int = 0,
     per_try_s: float | None = None,
     give_up: int | None = None,
-) -> tuple[Plan | None, tuple[int, ...], dict[str, object]]:
+    max_orders: int | None = None,
+) -> tuple[Plan | None, tuple[int, ...], OrderSearchStats]:
     """The best plan over starting orders then local moves from the best one, within `time_limit_s`.
 
     Each order is scored by `score(order, seconds)` (the fixed-order solver under a short limit). Returns the best
     plan (None: no order gave one), its order, and a log (orders tried, the best order's origin). give_up: stop
-    when that many starting orders gave no plan and none gave one (the caller then spends the time elsewhere)."""
+    when that many starting orders gave no plan and none gave one (the caller then spends the time elsewhere);
+    max_orders: stop after scoring that many orders (a deterministic end, whatever the machine's speed)."""
     t0 = time.perf_counter()
     starts = starting_orders(graph, warm)
     per = per_try_s or max(time_limit_s / (2 * len(starts) + 4), 0.5)
@@ -193,31 +199,21 @@ def search_order(
     best_order = next(iter(starts.values()))
     origin, tried = "none", 0
 
-    def better(p: Plan | None) -> bool:
-        return p is not None and (best is None or (p.predicted.time_s or 0.0) < (best.predicted.time_s or 0.0) - 1e-12)
-
     for name, o in starts.items():
         left = time_limit_s - (time.perf_counter() - t0)
-        if left <= 0.05:
+        if left <= 0.05 or tried == max_orders:
             break
         p = _try(score, o, min(per, left))
         tried += 1
-        if better(p):
+        if better(p, best):
             best, best_order, origin = p, o, name
         if give_up is not None and tried >= give_up and best is None:
-            return (
-                None,
-                best_order,
-                {
-                    "orders_tried": tried,
-                    "order_origin": f"none (no plan from {tried} starting orders)",
-                    "order_search_s": time.perf_counter() - t0,
-                },
-            )
+            origin = f"none (no plan from {tried} starting orders)"
+            return None, best_order, OrderSearchStats("", tried, origin, time.perf_counter() - t0)
     rng = random.Random(seed)
     seen = set(starts.values())  # scoring an order again under the same limit finds the same plan
     stale = 0
-    while time_limit_s - (time.perf_counter() - t0) > per:  # moves from the best order (or the first start)
+    while time_limit_s - (time.perf_counter() - t0) > per and tried != max_orders:  # moves from the best order
         moved = False
         moves = neighbours(graph, best_order, rng, 4)
         if not moves:
@@ -228,17 +224,17 @@ def search_order(
             break  # every move drawn lately was scored already: a local optimum of a small graph
         for cand in cands:
             left = time_limit_s - (time.perf_counter() - t0)
-            if left <= 0.05:
+            if left <= 0.05 or tried == max_orders:
                 break
             seen.add(cand)
             p = _try(score, cand, min(per, left))
             tried += 1
-            if better(p):
+            if better(p, best):
                 best, best_order, origin, moved = p, cand, origin.split("+")[0] + "+moves", True
                 break
         if best is None and not moved:
             best_order = moves[-1]  # no plan yet: walk on rather than circle the first start
-    return best, best_order, {"orders_tried": tried, "order_origin": origin, "order_search_s": time.perf_counter() - t0}
+    return best, best_order, OrderSearchStats("", tried, origin, time.perf_counter() - t0)
 
 
 def _try(score: Scorer, order: tuple[int, ...], seconds: float) -> Plan | None:

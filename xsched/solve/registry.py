@@ -1,167 +1,178 @@
-"""The solver registry: method name -> `SolverEntry`; every backend as a `Solver` giving a typed `SolveResult`.
-
-Adding a solver is one module with a function `(Problem, SolverOptions, warm start) -> SolveResult` (or a
-plain-argument function returning a Plan, adapted here) and one `register(...)` call.
-"""
+"""The solver registry: method name -> `SolverEntry`. Every solver is a function `(Problem, SolverOptions, warm
+start) -> SolveResult`, registered once here (or by its own module) with the sizes it is worth running at and its
+share of the time left when it runs among others. Adding a solver: one module, one `register(...)` line
+(docs/ARCHITECTURE.md, "Adding a solver")."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from xsched.contracts.plan import Plan
-from xsched.errors import BudgetError, PlanError, XschedError
+from xsched.contracts.result import SolveResult, Times
+from xsched.errors import BudgetError, NoIncumbent, PlanError, XschedError
 from xsched.solve.heuristics import HEURISTICS
 from xsched.solve.options import SolverOptions
-from xsched.solve.problem import Problem, SolverEntry, SolveResult, Times, first_order
+from xsched.solve.problem import Problem
+
+# A solver: the problem, its options (options.time_limit_s is its own share of the time), and a warm start (the
+# best plan so far, for the same graph and homes, or None). It returns a SolveResult with or without a plan.
+Solver = Callable[[Problem, SolverOptions, "Plan | None"], SolveResult]
+
+KINDS = ("heuristic", "search", "exact")  # heuristics run first and whole; searches and exact models share time
+
+
+@dataclass(frozen=True)
+class SolverEntry:
+    """One method. `min_size`/`max_size`: ops x devices outside which a configuration (auto, portfolio) does not
+    run it (a method named on its own always runs); `share`: its share of the time left when later members follow
+    it; `one_device`: it plans one device only; `requires`: an optional package it needs."""
+
+    name: str
+    fn: Solver
+    kind: str = "exact"
+    min_size: int = 0
+    max_size: int | None = None
+    share: float = 1.0
+    one_device: bool = False
+    requires: str | None = None
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"solver kind {self.kind!r} is not one of {KINDS}")
+
+    def available(self) -> bool:
+        return self.requires is None or importlib.util.find_spec(self.requires) is not None
+
+    def fits(self, problem: Problem) -> bool:
+        """Worth running on this problem inside a configuration: its size in range, and one device if it needs it."""
+        size_ok = self.min_size <= problem.size and (self.max_size is None or problem.size <= self.max_size)
+        return size_ok and (not self.one_device or len(problem.devices) == 1)
+
 
 SOLVERS: dict[str, SolverEntry] = {}
-# auto's exact stage skips graphs above this (ops x devices); a hierarchical solver is meant to take them
-EXACT_MAX_SIZE = 5000
-# auto runs the hierarchical solver from this size on (ops x devices), before the portfolio, which starts from its
-# plan; below it the flat solvers are exact and fast enough on their own
-HIER_MIN_SIZE = 100
 
 
 def register(entry: SolverEntry) -> SolverEntry:
-    """Add (or replace) a method."""
+    """Add (or replace) a method; configurations pick it up by its kind, in registration order."""
     SOLVERS[entry.name] = entry
     return entry
 
 
-def result_from_plan(method: str, plan: Plan) -> SolveResult:
-    """A solver's Plan as a typed result: status and gap from `plan.solver`, objective, bound and times
-    from the names the backends write in `plan.solver.extra`; the order from its steps."""
-    info, x = plan.solver, plan.solver.extra
-    status = info.status if info.status in ("optimal", "feasible", "time_limit", "heuristic") else "feasible"
-    times = Times(
-        float(x.get("build_s", 0.0)),
-        float(x.get("solve_s", x.get("highs_s", info.solve_s)) or 0.0),
-        float(x.get("extract_s", 0.0)),
-    )
-    objective = x.get("milp_objective", x.get("objective"))
-    bound = x.get("milp_bound", x.get("bound"))
-    return SolveResult(method, status, plan, objective, bound, info.gap, times, first_order(plan), extra=dict(x))
-
-
-def _heuristic(name: str) -> Callable[[Problem, SolverOptions, Plan | None], SolveResult]:
-    fn = HEURISTICS[name]
+def from_plan(call: Callable[[Problem, SolverOptions, Plan | None], Plan], *, proofs: bool) -> Solver:
+    """A solver from a function that returns a Plan carrying its own record (`plan.solver`) or raises. With `proofs`
+    (an exact model), its BudgetError proves that no plan of its formulation meets the budgets: status
+    "infeasible"; otherwise it is a heuristic that does not fit: "failed". Stopping without a plan is
+    "no_incumbent". An invalid plan (PlanError) is a bug of the backend and propagates."""
 
     def run(problem: Problem, options: SolverOptions, warm: Plan | None = None) -> SolveResult:
         t0 = time.perf_counter()
         try:
-            plan = fn(*problem.args())
-        except XschedError as e:  # does not fit: the error (op, device) goes with the result
-            return SolveResult(
-                name, "failed", message=e.detail, times=Times(solve_s=time.perf_counter() - t0), extra={"error": e}
-            )
-        return result_from_plan(name, plan)
-
-    return run
-
-
-def _exact(name: str, call: Callable[[Problem, SolverOptions, Plan | None], Plan]) -> Callable:
-    """An exact backend: its plan as a result, its infeasibility proof as status "infeasible", running out of time
-    without a plan as "no_incumbent"."""
-
-    def run(problem: Problem, options: SolverOptions, warm: Plan | None = None) -> SolveResult:
-        from xsched.solve.milp import NoIncumbent
-
-        t0 = time.perf_counter()
-        try:
-            return result_from_plan(name, call(problem, options, warm))
-        except BudgetError as e:
-            status, err = "infeasible", e
-        except NoIncumbent as e:
-            status, err = "no_incumbent", e
+            plan = call(problem, options, warm)
         except PlanError:
-            raise  # an invalid plan is a bug of the backend, never "no plan"
-        except XschedError as e:  # a backend that stopped without a plan for another reason (the portfolio's)
-            if e.stage != "solve":
+            raise
+        except XschedError as e:
+            if e.stage not in ("solve", "budget"):
                 raise
-            status, err = "no_incumbent", e
-        return SolveResult(
-            name, status, message=err.detail, times=Times(solve_s=time.perf_counter() - t0), extra={"error": err}
-        )
+            if isinstance(e, NoIncumbent):
+                status = "no_incumbent"
+            elif isinstance(e, BudgetError):
+                status = "infeasible" if proofs else "failed"
+            else:
+                status = "no_incumbent" if proofs else "failed"
+            return SolveResult("", status, message=e.detail, times=Times(solve_s=time.perf_counter() - t0), error=e)
+        return replace(plan.solver, plan=plan)
 
     return run
 
 
-def _milp(problem: Problem, options: SolverOptions, warm: Plan | None) -> Plan:
-    from xsched.solve.milp import solve_milp
+def lazy(target: str) -> Solver:
+    """The solver `module:function`, imported on its first call (Pyomo, OR-Tools and torch load only when used)."""
 
-    return solve_milp(*problem.args(), options, warm_start=warm)
+    def run(problem: Problem, options: SolverOptions, warm: Plan | None = None) -> SolveResult:
+        module, _, name = target.partition(":")
+        return getattr(importlib.import_module(module), name)(problem, options, warm)
 
-
-def _intervals(backend: str) -> Callable[[Problem, SolverOptions, Plan | None], Plan]:
-    def call(problem: Problem, options: SolverOptions, warm: Plan | None) -> Plan:
-        from xsched.solve.intervals import solve_intervals
-
-        return solve_intervals(
-            *problem.args(),
-            options,
-            backend=backend,
-            warm_start=warm,
-            seed=options.seed,
-            workers=options.solver_threads or 0,
-        )
-
-    return call
+    return run
 
 
-def _portfolio(problem: Problem, options: SolverOptions, warm: Plan | None) -> Plan:
-    from xsched.solve.portfolio import solve_portfolio
-
-    return solve_portfolio(
-        *problem.args(), options, warm_start=warm, seed=options.seed, workers=options.solver_threads or 0
-    )
+def heuristic(name: str, fn: Callable[..., Plan]) -> SolverEntry:
+    """A registry entry for a plain-argument heuristic `fn(graph, profile, budgets, devices, homes) -> Plan`."""
+    call = from_plan(lambda problem, options, warm: fn(*problem.args()), proofs=False)
+    return SolverEntry(name, call, kind="heuristic", doc=(fn.__doc__ or "").strip().split("\n")[0])
 
 
-def _hier(problem: Problem, options: SolverOptions, warm: Plan | None) -> Plan:
-    from xsched.solve.hier import solve_hier
+def run_member(entry: SolverEntry, problem: Problem, options: SolverOptions, warm: Plan | None) -> SolveResult:
+    """One run of a registered solver, its result labelled with the entry's name where the backend gave none."""
+    r = entry.fn(problem, options, warm)
+    return r if r.method else replace(r, method=entry.name)
 
-    return solve_hier(*problem.args(), options, warm_start=warm)
 
-
-for _name in HEURISTICS:
-    register(SolverEntry(_name, _heuristic(_name), kind="heuristic", doc=(HEURISTICS[_name].__doc__ or "").strip()))
+# ---- the built-in solvers, one line each (sizes are ops x devices)
+for _name, _fn in HEURISTICS.items():
+    register(heuristic(_name, _fn))
 register(
     SolverEntry(
-        "milp",
-        _exact("milp", _milp),
-        max_size=EXACT_MAX_SIZE,
-        doc="the stage MILP (Checkmate's stages on several devices), HiGHS",
+        "hier",
+        lazy("xsched.solve.hier.solver:run"),
+        kind="search",
+        min_size=100,
+        share=0.4,
+        doc="hierarchical decomposition (HiREmate's H-Partition and H-ILP, on several devices)",
     )
 )
 register(
     SolverEntry(
-        "intervals-highs",
-        _exact("intervals-highs", _intervals("highs")),
-        max_size=EXACT_MAX_SIZE,
-        doc="the retention-interval model for one order, linearised, HiGHS",
+        "order-gaps",
+        lazy("xsched.solve.order_search:run_gaps"),
+        kind="search",
+        max_size=5000,
+        share=0.25,
+        one_device=True,
+        doc="order search, each order scored by gap rematerialization",
+    )
+)
+register(
+    SolverEntry(
+        "order-cpsat",
+        lazy("xsched.solve.order_search:run_cpsat"),
+        kind="search",
+        max_size=5000,
+        share=0.35,
+        requires="ortools",
+        doc="order search, each order scored by CP-SAT on the interval model",
     )
 )
 register(
     SolverEntry(
         "intervals-cpsat",
-        _exact("intervals-cpsat", _intervals("cpsat")),
-        max_size=EXACT_MAX_SIZE,
+        lazy("xsched.solve.intervals:run_cpsat"),
+        kind="search",
+        max_size=5000,
+        share=0.7,
         requires="ortools",
         doc="the retention-interval model for one order, CP-SAT",
     )
 )
 register(
     SolverEntry(
-        "portfolio",
-        _exact("portfolio", _portfolio),
-        max_size=EXACT_MAX_SIZE,
-        doc="order search + CP-SAT + interval MILP + stage MILP sharing incumbents",
+        "intervals-highs",
+        lazy("xsched.solve.intervals:run_highs"),
+        kind="search",
+        max_size=60,
+        share=0.5,
+        doc="the retention-interval model for one order, linearised, HiGHS",
     )
 )
 register(
     SolverEntry(
-        "hier",
-        _exact("hier", _hier),
-        doc="hierarchical decomposition (HiREmate's H-Partition and H-ILP, on several devices)",
+        "milp",
+        lazy("xsched.solve.milp:run"),
+        max_size=300,
+        doc="the stage MILP (Checkmate's stages on several devices), HiGHS",
     )
 )

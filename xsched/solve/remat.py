@@ -14,6 +14,7 @@ from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError
 from xsched.solve import lean
 from xsched.solve.autograd_boundary import forward_outputs
+from xsched.solve.objective import objective
 from xsched.solve.routing import best_single_device, finish, op_workspace, route, route_and_finish
 
 # ---------------------------------------------------------------- checkpointing (Chen et al. 2016)
@@ -286,7 +287,7 @@ def checkpoint_search(
             plan = finish(graph, route(graph, computes, homes, profile), "checkpoint", {}, homes, profile, t0)
             peaks = plan.predicted.peak_bytes
             if all(peaks.get(e, 0) <= b for e, b in budgets.items()):
-                fits.append((plan.predicted.time_s or 0.0, rank, label, computes))
+                fits.append((objective(plan), rank, label, computes))
             if lowest is None or peaks.get(d, 0) < lowest[0]:
                 lowest = (peaks.get(d, 0), label)
             return peaks.get(d, 0)

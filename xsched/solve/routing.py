@@ -8,10 +8,12 @@ from dataclasses import replace
 
 from xsched.budgets import format_bytes
 from xsched.contracts.graph import Graph
-from xsched.contracts.plan import Compute, Copy, Plan, SolverInfo, Step, autograd_boundary, place_frees, required_homes
+from xsched.contracts.plan import Compute, Copy, Plan, Step, autograd_boundary, place_frees, required_homes
 from xsched.contracts.profile import Profile
+from xsched.contracts.result import HeuristicStats, SolveResult, Times
 from xsched.errors import BudgetError, PlanError
 from xsched.simulate import simulate
+from xsched.solve.objective import best_of
 
 # ---------------------------------------------------------------- routing: computes -> steps with copies and frees
 
@@ -97,10 +99,11 @@ def finish(
     started: float,
     *,
     lanes: bool = True,
-    **extra: object,
+    **facts: object,
 ) -> Plan:
     """Wrap steps in a Plan, check it with the simulator and attach its predicted figures (without `lanes`, no
-    makespan: a search that only asks whether a plan fits skips the lanes' timing).
+    makespan: a search that only asks whether a plan fits skips the lanes' timing). `facts` are the heuristic's
+    choices, fields of HeuristicStats.
 
     Over a budget is a BudgetError naming the device, its peak and the step where the peak is reached.
     """
@@ -109,7 +112,7 @@ def finish(
         budgets=dict(budgets),
         homes=dict(homes),
         steps=tuple(steps),
-        solver=SolverInfo(method=f"heuristic:{name}", status="heuristic", extra=extra),
+        solver=SolveResult(name, "heuristic", stats=heuristic_stats(facts)),
         boundary=autograd_boundary(graph, steps),
     )
     result = simulate(graph, plan, profile, check_budgets=False, lanes=lanes)
@@ -126,8 +129,17 @@ def finish(
                 device=d,
                 op=op,
             )
-    solver = replace(plan.solver, solve_s=time.perf_counter() - started)
+    solver = replace(plan.solver, times=Times(solve_s=time.perf_counter() - started))
     return replace(plan, solver=solver, predicted=result.prediction())
+
+
+def heuristic_stats(facts: dict[str, object]) -> HeuristicStats:
+    """A heuristic's facts as its typed stats (an order index as its name, device lists as tuples)."""
+    if "order" in facts and facts["order"] is not None:
+        facts = {**facts, "order": str(facts["order"])}
+    if "devices_used" in facts:
+        facts = {**facts, "devices_used": tuple(facts["devices_used"])}  # type: ignore[arg-type]
+    return HeuristicStats(**facts)  # type: ignore[arg-type]
 
 
 def route_and_finish(graph, computes, name, budgets, homes, profile, started, **extra) -> Plan:
@@ -162,7 +174,7 @@ def best_single_device(
             stage="solve",
             device=devices[0] if devices else None,
         )
-    return min(plans, key=lambda p: p.predicted.time_s or 0.0)
+    return best_of(plans)
 
 
 def op_workspace(op, device: str, profile: Profile | None) -> int:

@@ -21,16 +21,16 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pyomo.environ as pyo
 
-from xsched.contracts.plan import Copy, Free, Plan, SolverInfo, Step, autograd_boundary, place_frees
+from xsched.contracts.plan import Copy, Free, Plan, Step, autograd_boundary, place_frees
 from xsched.contracts.profile import Profile
-from xsched.errors import BudgetError, XschedError
+from xsched.contracts.result import HilpStats, SolveResult, Times
+from xsched.errors import BudgetError, NoIncumbent, XschedError
 from xsched.simulate import simulate
 from xsched.solve.autograd_boundary import hold_to_boundary
 from xsched.solve.extract import free_unwanted_ends, prune
 from xsched.solve.hier.greedy import as_start, greedy_events
 from xsched.solve.hier.hindex import HIndex, Unit, index
 from xsched.solve.hier.menu import fastest, leanest
-from xsched.solve.milp import NoIncumbent
 from xsched.solve.options import SolverOptions
 
 
@@ -53,7 +53,8 @@ def solve_hilp(
     build_s = time.perf_counter() - t0
     out = run_highs(m, ix, options, t0, start)
     if out["x"] is None and events:  # the model has no plan in time (it is stricter): the schedule's may fit
-        info = SolverInfo("greedy", "heuristic", None, time.perf_counter() - t0, {"hilp_status": out["status"]})
+        stats = HilpStats(ix.T, start is not None, len(events), model_status=out["status"])
+        info = SolveResult("greedy", "heuristic", times=Times(solve_s=time.perf_counter() - t0), stats=stats)
         try:
             return finish_plan(graph, profile, event_steps(ix, events), budgets, homes, _ends(ix, events), info)
         except XschedError:
@@ -69,22 +70,16 @@ def solve_hilp(
     gap = None
     if out["objective"] is not None and out["bound"] is not None and out["objective"] > 0:
         gap = max(0.0, out["objective"] - out["bound"]) / out["objective"]
-    info = SolverInfo(
-        "hilp",
-        out["status"],
-        gap,
-        time.perf_counter() - t0,
-        {
-            "build_s": build_s,
-            "highs_s": out["solver_s"],
-            "stages": ix.T,
-            "greedy_start": start is not None,
-            "greedy_events": len(events),
-            "n_binaries": len(m.R) + len(m.S) + len(m.C),
-            "objective": out["objective"] * ix.tu if out["objective"] is not None else None,
-            "bound": out["bound"] * ix.tu if out["bound"] is not None else None,
-        },
+    stats = HilpStats(
+        stages=ix.T,
+        greedy_start=start is not None,
+        greedy_events=len(events),
+        n_binaries=len(m.R) + len(m.S) + len(m.C),
+        model_objective=out["objective"] * ix.tu if out["objective"] is not None else None,
+        model_bound=out["bound"] * ix.tu if out["bound"] is not None else None,
     )
+    times = Times(build_s, out["solver_s"], max(0.0, time.perf_counter() - t0 - build_s - out["solver_s"]))
+    info = SolveResult("hilp", out["status"], gap=gap, times=times, stats=stats)
     return extract(ix, m, out["x"], info)
 
 
@@ -324,6 +319,8 @@ def run_highs(
     h.setOptionValue("output_flag", bool(options.verbose))
     set_threads(h, 1)
     h.setOptionValue("random_seed", int(options.seed))
+    if options.node_limit is not None:
+        h.setOptionValue("mip_max_nodes", int(options.node_limit))
     t1 = time.perf_counter()
     h.run()
     import highspy
@@ -357,7 +354,7 @@ def run_highs(
     }
 
 
-def extract(ix: HIndex, m: pyo.ConcreteModel, x: np.ndarray, info: SolverInfo) -> Plan:
+def extract(ix: HIndex, m: pyo.ConcreteModel, x: np.ndarray, info: SolveResult) -> Plan:
     """Stage by stage: the copies, then each part that runs (its steps without frees); unread computes and copies
     pruned, frees placed after last reads, then replayed by the simulator under the budgets."""
     nr, ns = len(m.R), len(m.S)
@@ -395,7 +392,7 @@ def finish_plan(
     budgets: Mapping[str, int],
     homes: Mapping[str, str],
     ends: set[tuple[str, str]],
-    info: SolverInfo,
+    info: SolveResult,
 ) -> Plan:
     """Steps pruned, frees placed, simulated under the budgets (an error here is a bug of the memory model)."""
     steps = prune(graph, steps, ends)
@@ -450,7 +447,7 @@ def direct_plan(ix: HIndex, choice: Sequence[int], budgets: Mapping[str, int] | 
     for v, d in ix.end_dev.items():
         bring(v, d, ix.T)
     ends = {(ix.values[v], ix.devices[d]) for v, d in resident if v in set(ix.outputs)}
-    info = SolverInfo("direct", "heuristic")
+    info = SolveResult("direct", "heuristic")
     return finish_plan(ix.graph, ix.profile, plan_steps(ix, r_on, c_on), budgets or {}, ix.homes, ends, info)
 
 

@@ -16,6 +16,7 @@ from xsched.solve.autograd_boundary import hold_to_boundary
 from xsched.solve.gap_remat import gap_computes
 from xsched.solve.hier.menu import Option, pareto, partial, summarize
 from xsched.solve.hier.region import Region, deferring_graph, plain, region_homes
+from xsched.solve.objective import best_of
 from xsched.solve.options import SolverOptions
 from xsched.solve.problem import validated
 from xsched.solve.remat import candidate_keeps, checkpoint_computes, evict_computes
@@ -213,7 +214,7 @@ def exact_plan(
         for p in starts
         if all(p.predicted.peak_bytes.get(d, 0) <= b for d, b in budgets.items()) and dict(p.homes) == dict(homes)
     ]
-    warm = min(fits, key=lambda p: p.predicted.time_s or 0.0, default=None)
+    warm = best_of(fits)
     opts = SolverOptions(time_limit_s=seconds, solver_threads=1, seed=seed, restricted=(), mip_gap=LEAF_GAP)
     try:
         plan = solve_milp(sub, prof, budgets, devices, homes, opts, warm_start=warm)

@@ -18,9 +18,10 @@ from typing import Any
 import torch
 
 from xsched.contracts.graph import Graph
-from xsched.contracts.plan import Plan, SolverInfo
+from xsched.contracts.plan import Plan
 from xsched.contracts.profile import Profile
-from xsched.errors import XschedError
+from xsched.contracts.result import HierStats, SolveResult, Times
+from xsched.errors import NoIncumbent, XschedError
 from xsched.solve.autograd_boundary import forward_outputs
 from xsched.solve.hier.canon import Canon, canon
 from xsched.solve.hier.hierarchy import MAX_GROUP, MAX_LEAF, MAX_TOP, Block, build_hierarchy
@@ -30,9 +31,10 @@ from xsched.solve.hier.leaf import DRIVEN_FRACTIONS, LeafTask, leaf_options
 from xsched.solve.hier.menu import Option, fastest, leanest, translate
 from xsched.solve.hier.region import Region, deferrable, late_grads, make_region, sub_profile
 from xsched.solve.hier.upper import RegionTask, region_options
-from xsched.solve.milp import NoIncumbent
+from xsched.solve.objective import objective
 from xsched.solve.options import SolverOptions
-from xsched.solve.problem import objective, runnable
+from xsched.solve.problem import runnable
+from xsched.solve.registry import from_plan
 
 # the menu of a hierarchy of up to MANY_BLOCKS blocks: bottom blocks also get budget-driven plans
 # (leaf.DRIVEN_FRACTIONS) and each block keeps 12 options per home device (HiREmate's N_o; 6 kept too few of those
@@ -106,13 +108,13 @@ def solve_hier(
     top = blocks[-1]
     pos = {id(b): i for i, b in enumerate(blocks)}
     per_block, fractions = st.menu(len(blocks) - 1)
-    log: dict[str, Any] = {
-        "levels": hier.levels,
-        "blocks": len(blocks) - 1,
-        "options_per_block": per_block,
-        "driven_fractions": len(fractions),
-        "partition_s": time.perf_counter() - t0,
-    }
+    stats = HierStats(
+        levels=hier.levels,
+        blocks=len(blocks) - 1,
+        options_per_block=per_block,
+        driven_fractions=len(fractions),
+        partition_s=time.perf_counter() - t0,
+    )
     solved = _Solved(graph, profile, devices, homes, deferrable(graph) if st.defer else {})
     with _pool(workers, len(blocks)) as run:
         levels = sorted({b.level for b in blocks[:-1]})
@@ -126,7 +128,7 @@ def solve_hier(
                     solved.leaves(group, pos, run, leaf_s, per_block, options.seed, fractions)
                 else:
                     solved.internal(group, pos, run, region_s, per_block, options.seed)
-    log |= solved.log | {"before_top_s": time.perf_counter() - t0}
+    stats = replace(stats, **solved.log, before_top_s=time.perf_counter() - t0)
     units = tuple(Unit(c.f_ops, c.b_ops, tuple(solved.options[pos[id(c)]])) for c in top.children)
     left = max(1.0, limit - (time.perf_counter() - t0))
     refine = st.refine and options.hier_refine and _refinable(graph, devices)
@@ -137,25 +139,31 @@ def solve_hier(
         if warm_start is None or not refine:
             raise
         plan, how = None, "none"  # the refinement starts from the caller's plan
-    info = plan.solver if plan is not None else SolverInfo("hier", "no_incumbent")
+    info = plan.solver if plan is not None else SolveResult("hier", "no_incumbent")
     status = "time_limit" if info.status == "time_limit" else "feasible"
-    extra = {
-        **log,
-        "top": how,
-        "top_status": info.status,
-        "top_gap": info.gap,
-        **dict(info.extra),
-        "hier_time_s": plan.predicted.time_s if plan is not None else None,
-    }
+    own = objective(plan, options.alpha_energy) if plan is not None else None
+    stats = replace(stats, top=how, top_status=info.status, top_gap=info.gap, top_stats=info.stats, hier_objective=own)
     if refine:
         start, source = _faster(plan, warm_start, options)
         left = limit - (time.perf_counter() - t0)
-        refined, extra["refine"] = _refined(graph, profile, budgets, devices, homes, options, start, left)
+        refined, what = _refined(graph, profile, budgets, devices, homes, options, start, left)
+        stats = replace(stats, refine=what)
         if refined is not start:
-            plan, extra["refined_from"] = refined, source
+            plan, stats = refined, replace(stats, refined_from=source)
         elif plan is None:  # the caller's plan, unchanged, is not hier's: the caller keeps it as its own
-            raise NoIncumbent(f"hier: no plan from the H-ILP, and the refinement of the warm start: {extra['refine']}")
-    return replace(plan, solver=SolverInfo("hier", status, None, time.perf_counter() - t0, extra))
+            raise NoIncumbent(f"hier: no plan from the H-ILP, and the refinement of the warm start: {what}")
+    record = SolveResult(
+        "hier",
+        status,
+        objective=objective(plan, options.alpha_energy),
+        stats=stats,
+        times=Times(solve_s=time.perf_counter() - t0),
+    )
+    return replace(plan, solver=record)
+
+
+# the registry's entry: an H-ILP's infeasibility is not a proof for the whole problem
+run = from_plan(lambda problem, options, warm: solve_hier(*problem.args(), options, warm_start=warm), proofs=False)
 
 
 def _refinable(graph: Graph, devices: tuple[str, ...]) -> bool:
@@ -167,7 +175,9 @@ def _refinable(graph: Graph, devices: tuple[str, ...]) -> bool:
 def _faster(plan: Plan | None, warm: Plan | None, options: SolverOptions) -> tuple[Plan, str]:
     """The faster of hier's plan and the caller's, and which it is."""
     if plan is None or (
-        warm is not None and warm.predicted is not None and objective(warm, options) < objective(plan, options)
+        warm is not None
+        and warm.predicted is not None
+        and objective(warm, options.alpha_energy) < objective(plan, options.alpha_energy)
     ):
         return warm, "warm start"
     return plan, "hier"
@@ -208,7 +218,7 @@ def _refined(
         if e.stage != "solve":
             raise
         return start, f"no plan ({e.detail[:60]})"
-    if objective(plan, options) < objective(start, options):
+    if objective(plan, options.alpha_energy) < objective(start, options.alpha_energy):
         return plan, f"{start.predicted.time_s:.6g} -> {plan.predicted.time_s:.6g} s ({plan.solver.status})"
     return start, f"not faster ({plan.solver.status})"
 

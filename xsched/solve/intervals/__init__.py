@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from xsched.contracts.graph import Graph
-from xsched.contracts.plan import Plan, SolverInfo
+from xsched.contracts.plan import Plan
 from xsched.contracts.profile import Profile
-from xsched.errors import BudgetError
+from xsched.contracts.result import IntervalStats, SolveResult, Times
+from xsched.errors import BudgetError, NoIncumbent
 from xsched.solve.intervals.cpsat import Outcome, available, solve_cpsat
 from xsched.solve.intervals.data import IntervalData, build_data
-from xsched.solve.intervals.extract import first_order, hint_from_plan, step_counts, to_plan
-from xsched.solve.milp import NoIncumbent
+from xsched.solve.intervals.extract import hint_from_plan, step_counts, to_plan
+from xsched.solve.objective import better, objective
 from xsched.solve.options import SolverOptions
 from xsched.solve.order import first_compute_indices, topological, unbudgeted_plan
-from xsched.solve.problem import objective
+from xsched.solve.registry import from_plan
 
 BACKENDS = ("cpsat", "highs")
 DEFAULT_OPTIONS = SolverOptions()  # frozen: one shared default
@@ -46,8 +48,8 @@ def solve_intervals(
     Starts at C = 2 and raises C while the last model was solved to optimality or proven infeasible, the last
     raise paid, time remains and C < c_max. Raises BudgetError when the model is infeasible at the last C tried
     (for this order and C: not a proof for other orders or more intervals) and NoIncumbent when no plan is found
-    in time. `solver.extra` holds the order, C, objective, bound and the
-    build, solve and extract times."""
+    in time. Its result's stats (IntervalStats) hold C and the model's own objective and bound (for this order and
+    C only)."""
     t0 = time.perf_counter()
     limit = options.time_limit_s if options.time_limit_s is not None else 3600.0
     devices = tuple(devices)
@@ -101,9 +103,9 @@ def solve_intervals(
             times["solve_s"] += out.solve_s
         if out.placed is not None:
             t1 = time.perf_counter()
-            plan = to_plan(data, out.placed, SolverInfo(f"intervals-{backend}"))
+            plan = to_plan(data, out.placed, SolveResult(f"intervals-{backend}", "feasible"))
             times["extract_s"] += time.perf_counter() - t1
-            if best is None or objective(plan, options) < objective(best, options) - 1e-12:
+            if better(plan, best, options.alpha_energy):
                 best, last = plan, out
                 best_data = data
             hint = out.placed
@@ -135,23 +137,32 @@ def solve_intervals(
     if last.bound is not None and last.objective:
         gap = max(0.0, last.objective - last.bound) / last.objective
     status = "optimal" if last.status == "optimal" else "time_limit"
-    chosen = first_compute_indices(graph, best)
-    info = SolverInfo(
-        f"intervals-{backend}",
-        status,
-        gap,
-        time.perf_counter() - t0,
-        {
-            **times,
-            "order": [graph.ops[i].id for i in chosen],
-            "model_order_kept": chosen == order,
-            "C": best_data.C,
-            # the model's own figures: optimal, gap and bound hold for this order and C only, not for every plan
-            "model_objective": best_data.objective_s(last.objective) if last.objective is not None else None,
-            "model_bound": best_data.objective_s(last.bound) if last.bound is not None else None,
-        },
+    stats = IntervalStats(
+        backend=backend,
+        intervals=best_data.C,
+        order_kept=first_compute_indices(graph, best) == order,
+        model_objective=best_data.objective_s(last.objective) if last.objective is not None else None,
+        model_bound=best_data.objective_s(last.bound) if last.bound is not None else None,
     )
-    return Plan(**{**best.__dict__, "solver": info})
+    spent = time.perf_counter() - t0
+    times = Times(times["build_s"], max(0.0, spent - times["build_s"] - times["extract_s"]), times["extract_s"])
+    info = SolveResult(
+        f"intervals-{backend}", status, None, objective(best, options.alpha_energy), None, gap, times, stats
+    )
+    return replace(best, solver=info)
+
+
+# the registry's entries: an infeasible model is a proof for this order and C only, so it is not reported as one
+run_cpsat = from_plan(
+    lambda problem, options, warm: solve_intervals(
+        *problem.args(), options, warm_start=warm, seed=options.seed, workers=options.solver_threads or 0
+    ),
+    proofs=False,
+)
+run_highs = from_plan(
+    lambda problem, options, warm: solve_intervals(*problem.args(), options, backend="highs", warm_start=warm),
+    proofs=False,
+)
 
 
 def _run(
@@ -187,4 +198,4 @@ def _fastest(profile: Profile, devices: Sequence[str]) -> str:
     return min(devices, key=lambda d: (-len(ops[d]), sum(c.time_s for c in ops[d].values())))
 
 
-__all__ = ["BACKENDS", "available", "first_order", "solve_intervals"]
+__all__ = ["BACKENDS", "available", "run_cpsat", "run_highs", "solve_intervals"]

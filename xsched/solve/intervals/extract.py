@@ -7,7 +7,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from xsched.contracts.graph import Graph
-from xsched.contracts.plan import Compute, Copy, Free, Plan, SolverInfo, autograd_boundary, place_frees
+from xsched.contracts.plan import Compute, Copy, Free, Plan, autograd_boundary, place_frees
+from xsched.contracts.result import SolveResult
 from xsched.errors import XschedError
 from xsched.simulate import simulate
 from xsched.solve.extract import free_unwanted_ends, prune
@@ -16,7 +17,7 @@ from xsched.solve.intervals.data import IntervalData, event
 Placement = Mapping[int, tuple[int, tuple[int, ...]]]  # present slot id -> (start event, end of each of its values)
 
 
-def to_plan(data: IntervalData, placed: Placement, info: SolverInfo) -> Plan:
+def to_plan(data: IntervalData, placed: Placement, info: SolveResult) -> Plan:
     """The plan of a solution: its steps by event (copies of an event before its computes), pruned, frees after
     last uses, replayed by the simulator within the budgets; an invalid plan is an internal error."""
     g, devs = data.graph, data.devices
@@ -61,12 +62,6 @@ def to_plan(data: IntervalData, placed: Placement, info: SolverInfo) -> Plan:
     return Plan(**{**plan.__dict__, "predicted": result.prediction()})
 
 
-def first_order(data: IntervalData, plan: Plan) -> tuple[int, ...]:
-    """The op indices in the order of their first computes in `plan`."""
-    idx = data.graph.op_index
-    return tuple(dict.fromkeys(idx[s.op] for s in plan.steps if isinstance(s, Compute)))
-
-
 def step_counts(graph: Graph, plan: Plan, devices: Sequence[str]) -> dict[tuple, int]:
     """How many times `plan` runs each step, keyed as the model's slots: ("compute", op, device) and ("copy",
     value, src, dst), by index."""
@@ -87,7 +82,7 @@ def hint_from_plan(data: IntervalData, plan: Plan) -> dict[int, tuple[int, tuple
     order). A recompute lands in the stage of the next first compute; a copy at that stage's copy event. Steps the
     slots cannot hold (more computes than slots) are left out: the hint is partial and the solver repairs it."""
     g = data.graph
-    if first_order(data, plan) != data.order:
+    if tuple(data.graph.op_index[o] for o in plan.first_computes()) != data.order:
         return {}
     pos = {i: q for q, i in enumerate(data.order)}
     dix = {d: k for k, d in enumerate(data.devices)}

@@ -1,0 +1,261 @@
+"""The one solver runner: registered members in order within one time limit, each warm-started from the best plan so
+far, every candidate checked by the simulator and ranked by one objective (`objective.objective`), one lower bound,
+and one typed result. `auto`, `portfolio` and a single method are configurations of it (`configuration`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from xsched.budgets import format_bytes
+from xsched.contracts.plan import Plan
+from xsched.contracts.result import MemberOutcome, RunStats, SolveResult, Times
+from xsched.errors import BudgetError, NoIncumbent, SolverError, XschedError
+from xsched.solve.memory_bounds import check_budgets, lower_bounds
+from xsched.solve.objective import better, objective, objective_floor
+from xsched.solve.options import SolverOptions
+from xsched.solve.problem import Problem, runnable, validated
+from xsched.solve.registry import SOLVERS, SolverEntry, run_member
+
+CONFIGURATIONS = ("auto", "portfolio")
+NO_LIMIT_S = 3600.0  # time_limit_s=None: an hour
+MIN_MEMBER_S = 0.5  # a timed member is not started with less time left: building its model alone takes longer
+MIN_METHOD_S = 1.0  # a method named on its own gets at least this much, even when the heuristics took the limit
+PROBE_SHARE, PROBE_MAX_S = 0.2, 10.0  # time for finding a budget that works, after no plan was found
+PROBE_FACTORS = (1.1, 1.25, 1.5, 2.0, 4.0)  # budgets scaled by these until a heuristic fits
+_PROOF_SCOPE = {"milp": ", for plans that first compute the ops in graph order"}
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """A run: `name` labels its result; `members` are registry names in order; `method`: a single method named by
+    the user (the heuristics only warm-start it, and its own plan is returned unless it is worse than theirs)."""
+
+    name: str
+    members: tuple[str, ...]
+    method: str | None = None
+
+
+def configuration(name: str, problem: Problem) -> Configuration:
+    """`auto`: every heuristic, then every registered search and exact model that fits the problem's size, in
+    registration order; `portfolio`: the same without the hierarchical solver; a method's name: the heuristics as
+    its warm start, then it."""
+    heuristics = tuple(n for n, e in SOLVERS.items() if e.kind == "heuristic")
+    timed = tuple(n for n, e in SOLVERS.items() if e.kind != "heuristic" and e.available() and e.fits(problem))
+    if name == "auto":
+        return Configuration("auto", heuristics + timed)
+    if name == "portfolio":
+        return Configuration("portfolio", heuristics + tuple(n for n in timed if n != "hier"))
+    if name not in SOLVERS:
+        raise SolverError(f"unknown method {name!r}; choose one of {', '.join((*CONFIGURATIONS, *SOLVERS))}")
+    entry = SOLVERS[name]
+    if not entry.available():
+        raise SolverError(f"method {name!r} needs {entry.requires}: pip install xsched[cpsat]")
+    return Configuration(name, (name,) if entry.kind == "heuristic" else (*heuristics, name), method=name)
+
+
+def run(problem: Problem, config: Configuration, options: SolverOptions, given: Plan | None = None) -> SolveResult:
+    """The best runnable plan of the configuration's members within `options.time_limit_s`, labelled with its
+    status and gap against the lower bound; a SolveResult without a plan when none is found (its `error` says
+    whether no plan is *proven* or only *not found*)."""
+    t0 = time.perf_counter()
+    limit = options.time_limit_s if options.time_limit_s is not None else NO_LIMIT_S
+    alpha = options.alpha_energy
+    try:
+        check_budgets(*problem.args())
+    except BudgetError as e:
+        return _no_plan(problem, config, f"proven infeasible ({e.detail.split('. Smallest')[0]})", None, limit, e)
+    members = [SOLVERS[n] for n in config.members]
+    timed = [e for e in members if e.kind != "heuristic"]
+    best: Plan | None = None
+    found: SolveResult | None = None
+    outcomes: list[MemberOutcome] = []
+    results: list[SolveResult] = []  # the timed members' results, in order
+
+    def consider(name: str, r: SolveResult, seconds: float) -> None:
+        nonlocal best, found
+        outcomes.append(_outcome(name, r, seconds))
+        if better(r.plan, best, alpha):
+            best, found = r.plan, r
+
+    for entry in (e for e in members if e.kind == "heuristic"):
+        started = time.perf_counter()
+        consider(
+            entry.name,
+            _checked(problem, run_member(entry, problem, options, None), options),
+            time.perf_counter() - started,
+        )
+    if given is not None:
+        consider("warm start", _given(problem, given, options), 0.0)
+    floor = objective_floor(problem.graph, problem.profile, problem.devices, alpha)
+    start = found
+    for k, entry in enumerate(timed):
+        left = limit - (time.perf_counter() - t0)
+        if entry.name == config.method:  # a method named on its own runs, even after a heuristic at the floor
+            left = max(left, MIN_METHOD_S)
+        elif left < MIN_MEMBER_S or _done(best, found, results, floor, alpha):
+            break
+        started = time.perf_counter()
+        r = _checked(
+            problem, run_member(entry, problem, _member_options(entry, options, left, timed[k + 1 :]), best), options
+        )
+        results.append(r)
+        consider(entry.name, r, time.perf_counter() - started)
+    seconds = time.perf_counter() - t0
+    stats = RunStats(
+        tuple(outcomes),
+        warm_start=start.method if start is not None else None,
+        warm_start_objective=start.objective if start is not None else None,
+    )
+    if config.method is not None:
+        return _method_result(config.method, results, best, found, stats, seconds)
+    if best is None:
+        proofs = [r for r in results if r.status == "infeasible"]
+        if proofs:
+            scope = _PROOF_SCOPE.get(proofs[0].method, "")
+            why = f"proven infeasible by {proofs[0].method} ({proofs[0].message}{scope})"
+        else:
+            tried = ", ".join(f"{o.method}: {o.status}" for o in outcomes)
+            why = f"not found within the time limit ({limit:g} s; {tried})"
+        return _no_plan(problem, config, why, proofs[0] if proofs else None, limit - seconds, None)
+    return _labelled(config.name, best, found, results, floor, stats, options, seconds)
+
+
+def _given(problem: Problem, given: Plan, options: SolverOptions) -> SolveResult:
+    """The caller's plan as a candidate, when it is for this graph and homes and meets the budgets."""
+    if dict(given.homes) != dict(problem.homes):
+        return SolveResult("warm start", "failed", message="the given warm start has other homes")
+    try:
+        return _checked(problem, replace(given.solver, method="warm start", plan=given), options)
+    except XschedError as e:  # over these budgets or not for this graph: not a candidate
+        return SolveResult("warm start", "failed", message=e.detail, error=e)
+
+
+def _member_options(entry: SolverEntry, options: SolverOptions, left: float, later: Sequence[SolverEntry]):
+    """A member's options: its share of the time left (all of it when it is the last timed member), and no
+    refinement of its own plan by CP-SAT when a later member runs CP-SAT from it anyway."""
+    if entry.kind == "heuristic":
+        return options
+    share = entry.share if later else 1.0
+    return replace(options, time_limit_s=left * share, hier_refine=options.hier_refine and not later)
+
+
+def _checked(problem: Problem, r: SolveResult, options: SolverOptions) -> SolveResult:
+    """A member's result with its plan simulator-checked under the budgets and runnable through `wrap`; a plan
+    over the energy cap or breaking the boundary rule counts as no plan. An invalid plan (a bug) propagates."""
+    if r.plan is None:
+        return r
+    try:
+        plan = runnable(problem.graph, r.plan, problem.profile, problem.budgets)
+    except BudgetError as e:
+        return replace(r, status="failed", plan=None, message=e.detail, error=e)
+    if options.energy_cap_j is not None and (plan.predicted.energy_j or 0.0) > options.energy_cap_j:
+        return replace(r, status="failed", plan=None, message="its plan exceeds the energy cap")
+    return replace(r, plan=plan, objective=objective(plan, options.alpha_energy))
+
+
+def _done(best: Plan | None, found: SolveResult | None, results: list[SolveResult], floor: float, alpha: float) -> bool:
+    """Nothing left to gain: the best plan is as good as every op once at its cheapest, or the last member found it
+    and proved it optimal (an exact model, in its formulation)."""
+    if best is not None and objective(best, alpha) <= floor * (1 + 1e-9):
+        return True
+    return bool(results) and results[-1] is found and _proven(found)
+
+
+def _proven(r: SolveResult | None) -> bool:
+    return r is not None and r.status == "optimal" and r.method in SOLVERS and SOLVERS[r.method].kind == "exact"
+
+
+def _outcome(name: str, r: SolveResult | None, seconds: float) -> MemberOutcome:
+    if r is None:
+        return MemberOutcome(name, "failed", seconds)
+    obj = r.objective if r.plan is not None else None
+    return MemberOutcome(name, r.status, round(seconds, 3), obj, r.message[:200] if r.plan is None else "")
+
+
+def _labelled(name, best: Plan, found: SolveResult | None, results, floor, stats: RunStats, options, seconds):
+    """`best` as the run's result: its gap against the larger of the per-op floor (valid for every plan) and the
+    stage MILP's bound (valid for its formulation, capped at the plan's objective)."""
+    value = objective(best, options.alpha_energy)
+    bound, source = floor, "every op once at its cheapest"
+    milp = [r.bound for r in results if r.method == "milp" and r.bound is not None]
+    if milp and max(milp) > bound:
+        bound, source = min(max(milp), value), "the stage MILP's bound (first computes in graph order)"
+    gap = max(0.0, value - bound) / value if value > 0 else 0.0
+    status = "optimal" if gap <= options.mip_gap or _proven(found) else "time_limit" if results else "heuristic"
+    own = replace(found, plan=None) if found is not None else None
+    stats = replace(stats, found_by=found.method if found is not None else None, found=own, bound_source=source)
+    result = SolveResult(
+        name, status, None, value, bound, gap, Times(solve_s=seconds), stats, repaired=best.solver.repaired
+    )
+    plan = replace(best, solver=result)
+    return replace(result, plan=plan)
+
+
+def _method_result(method: str, results, best: Plan | None, found, stats: RunStats, seconds: float) -> SolveResult:
+    """A single method's result: its own plan, with its own record, unless it found none or one worse than its warm
+    start, which is then returned with status "heuristic" and the reason; without either, its own result (a proof,
+    or NoIncumbent saying why the heuristics did not fit either)."""
+    own = results[-1] if results else SolveResult(method, "no_incumbent", message="no time to run it")
+    if own.plan is not None and own.objective <= found.objective * (1 + 1e-9):  # a tie goes to the method
+        record = replace(
+            own, plan=None, times=replace(own.times, solve_s=seconds - own.times.build_s - own.times.extract_s)
+        )
+        return replace(record, plan=replace(own.plan, solver=record))
+    if best is None:
+        if own.status == "infeasible":
+            return own
+        reasons = "; ".join(f"{o.method}: {o.message}" for o in stats.members if o.objective is None and o.message)
+        err = NoIncumbent(f"{own.message}, and no heuristic meets the budgets either ({reasons})")
+        return SolveResult(method, "no_incumbent", message=err.detail, error=err)
+    if own.plan is None:
+        reason = own.message
+    else:
+        reason = f"the {method} plan ({own.status}, gap {own.gap}) has objective {own.objective:.6g}, its warm start {found.objective:.6g}"
+    stats = replace(stats, found_by=found.method, found=replace(found, plan=None), fallback_reason=reason)
+    record = SolveResult(
+        method,
+        "heuristic",
+        None,
+        found.objective,
+        None,
+        None,
+        Times(solve_s=seconds),
+        stats,
+        repaired=best.solver.repaired,
+    )
+    return replace(record, plan=replace(best, solver=record))
+
+
+def _no_plan(problem, config, why, exact, seconds, cause: BudgetError | None) -> SolveResult:
+    """No plan: one short BudgetError saying why, the smallest budgets known to work, the largest known not to."""
+    budgets = problem.budgets
+    lows = lower_bounds(problem.graph, problem.profile, problem.devices, problem.homes)
+    if exact is not None and exact.status == "infeasible":
+        fails = ", ".join(f"{d} {format_bytes(b)}" for d, b in budgets.items())
+    else:
+        fails = ", ".join(f"{d} {format_bytes(max(lows[d].bytes - 1, 0))}" for d in budgets) + " (lower bound)"
+    works = _known_to_work(problem, min(PROBE_MAX_S, max(PROBE_SHARE * seconds, 1.0)))
+    msg = f"no plan within the budgets: {why}; smallest budget known to work: {works}; largest known not to: {fails}"
+    device = cause.device if cause is not None else (next(iter(budgets)) if len(budgets) == 1 else None)
+    err = BudgetError(msg, stage="solve", device=device, op=cause.op if cause is not None else None)
+    status = "infeasible" if cause is not None or exact is not None else "no_incumbent"
+    return SolveResult(config.name, status, message=msg, error=err)
+
+
+def _known_to_work(problem: Problem, seconds: float) -> str:
+    """The peaks of the first heuristic plan found at budgets scaled up by PROBE_FACTORS (within `seconds`)."""
+    t0 = time.perf_counter()
+    for f in PROBE_FACTORS:
+        if time.perf_counter() - t0 > seconds:
+            break
+        bigger = problem.with_budgets({d: int(b * f) for d, b in problem.budgets.items()})
+        for entry in SOLVERS.values():
+            if entry.kind == "heuristic":
+                r = run_member(entry, bigger, SolverOptions(), None)
+                if r.plan is not None:
+                    peaks = validated(bigger.graph, r.plan, bigger.profile, bigger.budgets).predicted.peak_bytes
+                    found = ", ".join(f"{d} {format_bytes(peaks.get(d, 0))}" for d in problem.budgets)
+                    return f"{found} ({r.method})"
+    return "none found"
