@@ -96,6 +96,14 @@ def test_profile_cpu_and_gpu(tmp_path):
     assert load_profile(tmp_path / "p.json", g).to_dict() == p.to_dict()
 
 
+def test_op_inputs_are_drawn_on_the_gpu():
+    from xsched.contracts.torch_ops import op_input_tensors
+
+    g = one_op_graph("aten.relu.default", [(1024, 1024)], (1024, 1024))
+    env = op_input_tensors(g, g.op["op0"], torch.device("cuda", 0), torch.Generator().manual_seed(0))
+    assert all(t.device == torch.device("cuda", 0) for t in env.values()) and env["i0"].std() > 0.5
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_device_to_device_copy():
     a, b = get_device("cuda:0"), get_device("cuda:1")
