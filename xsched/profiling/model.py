@@ -9,6 +9,9 @@ from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile, chec
 
 MODEL_BANDWIDTH = {"cpu": 2e10, "cuda": 1e12}  # bytes/s an op's inputs and outputs move at, per device kind
 MODEL_LATENCY_S = 2e-6  # per op
+# float32 FLOP/s for a device of the kind when nothing measured says better (profiling's fallback): on the low side,
+# one CPU core's and a small GPU's, so that a time estimate built on it errs long
+MODEL_FLOPS = {"cpu": 1e10, "cuda": 1e13}
 
 
 def model_kind(device: str) -> str:
