@@ -185,23 +185,33 @@ def test_the_full_policy_while_the_rest_still_fits_at_the_quick_one():
 
     walls = OpWalls(Policy())  # calls: 2 + 1 + 5 + 2 = 10 at the full policy, 1 + 1 + 1 + 2 = 5 at the quick one
     assert (walls.calls(False), walls.calls(True)) == (10, 5)
-    walls.record("d", False, 2, 0.02, 1.2)  # 2 ops of 10 ms: 0.2 s of calls, 0.5 s overhead each
-    walls.record("d", True, 1, 0.01, 0.15)  # 0.05 s of calls, 0.1 s overhead
+    walls.record("d", False, 2, 0, 0.02, 1.2)  # 2 ops of 10 ms: 0.2 s of calls, 0.5 s overhead each
+    walls.record("d", True, 1, 0, 0.01, 0.15)  # 0.05 s of calls, 0.1 s overhead
     assert walls.per_op("d", False, 0.01) == pytest.approx(0.6) and walls.per_op("d", True, 0.01) == pytest.approx(0.15)
-    ten = [0.01] * 10
+    ten = [(0.01, 0)] * 10
     assert _next_unit(walls, "d", ten, 0.6 + 9 * 0.15, True) == (False, 1)
     assert _next_unit(walls, "d", ten, 0.6 + 9 * 0.15 - 0.01, True) == (True, 1)
     assert _next_unit(walls, "d", ten, 0.14, True) is None
     # a larger op is expected to take longer: 1 s calls, 10 s at the full policy
-    assert _next_unit(walls, "d", [1.0, *ten[1:]], 5.2, True) == (True, 1)
-    assert _next_unit(walls, "d", [1.0, *ten[1:]], 5.0, True) is None  # (measure_rounds skips it: fallback)
+    assert _next_unit(walls, "d", [(1.0, 0), *ten[1:]], 5.2, True) == (True, 1)
+    assert _next_unit(walls, "d", [(1.0, 0), *ten[1:]], 5.0, True) is None  # (measure_rounds skips it: fallback)
     # an interleaving device: chunks of about half the time left, as many full ops as leave the rest time
-    twenty = [0.01] * 20
+    twenty = [(0.01, 0)] * 20
     assert _next_unit(walls, "d", twenty, 5.0, False) == (False, 4)  # 4 full (2.4 s), 16 quick: 4.8 s
     assert _next_unit(walls, "d", twenty, 4.0, False) == (False, 2)  # 3 full would leave 2.2 s for 17 quick
-    assert _next_unit(walls, "d", [0.01] * 100, 4.0, False) == (True, 13)  # not one full: 2 s of quick ones
+    assert _next_unit(walls, "d", [(0.01, 0)] * 100, 4.0, False) == (True, 13)  # not one full: 2 s of quick ones
     # never seen: twice the sampling time; seen under the other policy only: plus or less twice the difference
     fresh = OpWalls(Policy())
     assert fresh.overhead("e", False) == 2 * Policy().max_time_s and fresh.overhead("e", True) == 2 * 0.05
-    fresh.record("e", True, 2, 0.0, 0.2)
+    fresh.record("e", True, 2, 0, 0.0, 0.2)
     assert fresh.overhead("e", False) == pytest.approx(0.1 + 2 * (0.25 - 0.05))
+
+
+def test_making_the_inputs_is_fitted_per_byte():
+    """wall = a + k * input bytes + calls * t, least squares over what the device took: hand-made observations."""
+    walls = OpWalls(Policy())
+    a, k = 0.01, 1e-9  # 10 ms per op, 1 s per GB of inputs
+    for ops, nbytes in ((1, 0), (3, 6 << 20), (2, 400 << 20)):
+        walls.record("d", True, ops, nbytes, 0.001, ops * a + k * nbytes + walls.calls(True) * 0.001)
+    assert walls.overhead("d", True, 1 << 30) == pytest.approx(a + k * (1 << 30))
+    assert walls.overhead("d", False, 0) == pytest.approx(a + 2 * (0.25 - 0.05))  # the full policy: k shared

@@ -80,10 +80,10 @@ def _measure_pass(
     while todo:
         unit: tuple[bool, int] | None = (False, len(todo))
         if cap.capped:
-            call_s, left = _call_seconds(graph, d, found, todo), cap.left(until)
-            unit = _next_unit(walls, d.name, call_s, left, one_at_a_time)
+            costs, left = _op_estimates(graph, d, found, todo), cap.left(until)
+            unit = _next_unit(walls, d.name, costs, left, one_at_a_time)
             if unit is None:  # not even the next op fits: a smaller one may (that one is modelled)
-                if walls.per_op(d.name, True, min(call_s)) > left:
+                if min(walls.per_op(d.name, True, t, b) for t, b in costs) > left:
                     break
                 todo = todo[1:]
                 continue
@@ -92,7 +92,8 @@ def _measure_pass(
         t0 = timecap.clock()
         results = d.measure_ops(graph, [graph.op[k[0]] for k in chunk], walls.policy.quick() if quick else walls.policy)
         wall = timecap.clock() - t0
-        walls.record(d.name, quick, len(chunk), sum(m.time_s for m in results if not isinstance(m, str)), wall)
+        call_s = sum(m.time_s for m in results if not isinstance(m, str))
+        walls.record(d.name, quick, len(chunk), sum(_input_bytes(graph, k[0]) for k in chunk), call_s, wall)
         for key, m in zip(chunk, results, strict=True):
             if isinstance(m, str):
                 found[key] = m
@@ -101,26 +102,32 @@ def _measure_pass(
         progress(len(chunk))
 
 
-def _call_seconds(graph: Graph, d: Device, found: Found, todo: Sequence[Key]) -> list[float]:
-    """Per group of `todo`, its time per call on `d`: measured in an earlier round, else modelled from what `d`
-    reached so far (fallback.Roofline), so that a large op is expected to take longer than a small one."""
-    measured = {k[0]: ms for k, ms in found.items() if ms and not isinstance(ms, str)}
-    model = Roofline(graph, d, {o: OpCost(statistics.median(m.time_s for m in ms)) for o, ms in measured.items()})
-    return [
-        statistics.median(m.time_s for m in measured[k[0]]) if k[0] in measured else model.time_s(k[0]) for k in todo
-    ]
+def _input_bytes(graph: Graph, op: str) -> int:
+    """Bytes of the inputs a plugin makes to measure `op` (op_input_tensors)."""
+    return sum(graph.value[v].nbytes for v in dict.fromkeys(graph.op[op].inputs))
+
+
+def _op_estimates(graph: Graph, d: Device, found: Found, todo: Sequence[Key]) -> list[tuple[float, int]]:
+    """Per group of `todo`: its time per call on `d` (measured in an earlier round, else modelled from what `d`
+    reached so far: fallback.Roofline, so that a large op is expected to take longer than a small one), and the
+    bytes of its inputs."""
+    measured = {
+        k[0]: statistics.median(m.time_s for m in ms) for k, ms in found.items() if ms and not isinstance(ms, str)
+    }
+    model = Roofline(graph, d, {o: OpCost(t) for o, t in measured.items()})
+    return [(measured[k[0]] if k[0] in measured else model.time_s(k[0]), _input_bytes(graph, k[0])) for k in todo]
 
 
 def _next_unit(
-    walls: OpWalls, device: str, call_s: Sequence[float], left: float, one_at_a_time: bool
+    walls: OpWalls, device: str, ops: Sequence[tuple[float, int]], left: float, one_at_a_time: bool
 ) -> tuple[bool, int] | None:
-    """(quick policy?, ops) for the next call of measure_ops over ops whose calls take `call_s`, or None when not
-    even the first op fits in `left` seconds.
+    """(quick policy?, ops) for the next call of measure_ops over `ops` (each its time per call and input bytes), or
+    None when not even the first fits in `left` seconds.
 
     The full policy for as many ops as leave time for the others at the quick one; an interleaving device gets
     chunks of about half the time left, so that the next check comes in time."""
-    full = [walls.per_op(device, False, t) for t in call_s]
-    quick = [walls.per_op(device, True, t) for t in call_s]
+    full = [walls.per_op(device, False, t, b) for t, b in ops]
+    quick = [walls.per_op(device, True, t, b) for t, b in ops]
     quick_after = list(itertools.accumulate(reversed(quick), initial=0.0))[::-1]  # quick_after[i] = sum(quick[i:])
 
     def chunk(est: list[float]) -> int:

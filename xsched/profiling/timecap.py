@@ -42,45 +42,61 @@ class TimeCap:
 
 
 class OpWalls:
-    """What measuring one op takes on each device under the full and the quick policy: overhead + calls * t, with t
-    the op's time per call (measured in an earlier round, else modelled) and calls what the policy makes at the
-    least (warm-up, a first call, min_reps samples) plus EXTRA_CALLS of the plugin's own (workspace, energy window).
-    The overhead (inputs, set-up, sampling that does not settle) is what the device took beyond its calls so far:
-    a plugin does more than its policy's sampling, and only what it was seen to take is a fair guess."""
+    """What measuring one op takes on each device under the full and the quick policy:
+        wall = a + k * input bytes + calls * t
+    with t the op's time per call (measured in an earlier round, else modelled), calls what the policy makes at the
+    least (warm-up, a first call, min_reps samples) plus EXTRA_CALLS of the plugin's own (workspace, energy window),
+    and a (set-up, sampling that does not settle) and k (making the inputs) fitted by least squares to what the
+    device took so far: a plugin does more than its policy's sampling, and only what it was seen to take is a fair
+    guess."""
 
     EXTRA_CALLS = 2
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
-        self.totals: dict[tuple[str, bool], list[float]] = {}  # (device, quick) -> [wall s, ops' call s, ops]
+        # (device, quick) -> sums of the least-squares fit of y = a n + k b over measure_ops calls (n ops, b input
+        # bytes, y wall less calls): [n n, n b, b b, n y, b y]
+        self.sums: dict[tuple[str, bool], list[float]] = {}
 
     def calls(self, quick: bool) -> int:
         pol = self.policy.quick() if quick else self.policy
         return pol.warmup + 1 + pol.min_reps + self.EXTRA_CALLS
 
-    def record(self, device: str, quick: bool, ops: int, call_s: float, wall_s: float) -> None:
-        """A measure_ops call on `device`: `ops` ops whose calls took `call_s` together took `wall_s`."""
-        total = self.totals.setdefault((device, quick), [0.0, 0.0, 0])
-        total[0] += wall_s
-        total[1] += call_s
-        total[2] += ops
+    def record(self, device: str, quick: bool, ops: int, input_bytes: int, call_s: float, wall_s: float) -> None:
+        """A measure_ops call on `device`: `ops` ops with `input_bytes` of inputs and calls of `call_s` together
+        took `wall_s`."""
+        y = wall_s - self.calls(quick) * call_s
+        n, b = float(ops), float(input_bytes)
+        sums = self.sums.setdefault((device, quick), [0.0] * 5)
+        for i, v in enumerate((n * n, n * b, b * b, n * y, b * y)):
+            sums[i] += v
 
-    def _overhead_seen(self, device: str, quick: bool) -> float | None:
-        wall, call_s, ops = self.totals.get((device, quick), (0.0, 0.0, 0))
-        return max(0.0, (wall - self.calls(quick) * call_s) / ops) if ops else None
+    def _fit(self, device: str, quick: bool) -> tuple[float, float] | None:
+        """(a, k) >= 0 fitted to this device and policy, or None when never seen."""
+        if (device, quick) not in self.sums:
+            return None
+        nn, nb, bb, ny, by = self.sums[(device, quick)]
+        det = nn * bb - nb * nb
+        if det > 1e-9 * nn * bb:
+            a, k = (ny * bb - by * nb) / det, (nn * by - nb * ny) / det
+            if a >= 0 and k >= 0:
+                return a, k
+            if a < 0 and by > 0:
+                return 0.0, by / bb
+        return max(0.0, ny / nn), 0.0  # one size of inputs seen so far (or k < 0): a flat overhead
 
-    def overhead(self, device: str, quick: bool) -> float:
-        """Seconds per op beyond its calls: seen under this policy; else seen under the other, plus or less twice the
+    def overhead(self, device: str, quick: bool, input_bytes: int = 0) -> float:
+        """Seconds per op beyond its calls: fitted under this policy; else under the other, a plus or less twice the
         difference of their sampling times (the energy window follows it); else twice the policy's sampling time."""
-        seen = self._overhead_seen(device, quick)
-        if seen is not None:
-            return seen
-        other = self._overhead_seen(device, not quick)
-        if other is None:
-            return 2 * (self.policy.quick() if quick else self.policy).max_time_s
-        more = 2 * max(0.0, self.policy.max_time_s - self.policy.quick().max_time_s)
-        return max(0.0, other - more) if quick else other + more
+        fit = self._fit(device, quick)
+        if fit is None:
+            other = self._fit(device, not quick)
+            if other is None:
+                return 2 * (self.policy.quick() if quick else self.policy).max_time_s
+            more = 2 * max(0.0, self.policy.max_time_s - self.policy.quick().max_time_s)
+            fit = (max(0.0, other[0] - more) if quick else other[0] + more, other[1])
+        return fit[0] + fit[1] * input_bytes
 
-    def per_op(self, device: str, quick: bool, call_s: float) -> float:
-        """Expected wall seconds to measure an op whose call takes `call_s` on `device`."""
-        return self.overhead(device, quick) + self.calls(quick) * call_s
+    def per_op(self, device: str, quick: bool, call_s: float, input_bytes: int = 0) -> float:
+        """Expected wall seconds to measure an op with `input_bytes` of inputs and calls of `call_s` on `device`."""
+        return self.overhead(device, quick, input_bytes) + self.calls(quick) * call_s
