@@ -215,3 +215,28 @@ def test_making_the_inputs_is_fitted_per_byte():
         walls.record("d", True, ops, nbytes, 0.001, ops * a + k * nbytes + walls.calls(True) * 0.001)
     assert walls.overhead("d", True, 1 << 30) == pytest.approx(a + k * (1 << 30))
     assert walls.overhead("d", False, 0) == pytest.approx(a + 2 * (0.25 - 0.05))  # the full policy: k shared
+
+
+def test_the_gpu_check_script_prints_wall_over_cap(tmp_path, capsys):
+    """scripts/bench_profile_cap.py (the check to run on a GPU): a row per cap with wall / cap, on logical CPUs."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    from xsched.capture.torch import capture
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_profile_cap", Path(__file__).resolve().parents[1] / "scripts" / "bench_profile_cap.py"
+    )
+    bench = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules["bench_profile_cap"] = bench
+    spec.loader.exec_module(bench)  # type: ignore[union-attr]
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    path = tmp_path / "g.json"
+    capture(model, (torch.randn(8, 16),)).save(path)
+    bench.main([str(path), "--devices", "cpu:0,threads=1", "--store", "cpu:1", "--caps", "0.5,1"])  # rc: wall time
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| 0.5 s |") or line.startswith("| 1 s |")]
+    assert len(rows) == 2 and "worst wall / cap:" in out and "stores cpu:1" in out
