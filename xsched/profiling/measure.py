@@ -230,8 +230,9 @@ def extend_profile(
         "links": links,
         "profiling": {**profile.extra.get("profiling", {}), "extended": extended},
     }
-    if "unsupported" in add.extra:
-        extra["unsupported"] = {**profile.extra.get("unsupported", {}), **add.extra["unsupported"]}
+    for key in ("unsupported", "modelled_ops"):  # per device: the new devices' entries join the old ones
+        if key in add.extra:
+            extra[key] = {**profile.extra.get(key, {}), **add.extra[key]}
     return Profile(
         profile.graph,
         {**profile.devices, **add.devices},
