@@ -96,6 +96,26 @@ def test_profile_cpu_and_gpu(tmp_path):
     assert load_profile(tmp_path / "p.json", g).to_dict() == p.to_dict()
 
 
+def test_op_inputs_are_drawn_on_the_gpu():
+    from xsched.contracts.torch_ops import op_input_tensors
+
+    g = one_op_graph("aten.relu.default", [(1024, 1024)], (1024, 1024))
+    env = op_input_tensors(g, g.op["op0"], torch.device("cuda", 0), torch.Generator().manual_seed(0))
+    assert all(t.device == torch.device("cuda", 0) for t in env.values()) and env["i0"].std() > 0.5
+
+
+def test_profile_the_gpu_with_the_host_as_a_store_under_a_cap():
+    """No op on the store, its links both ways; the cap's wall time is checked by scripts/bench_profile_cap.py."""
+    from xsched.capture.torch import capture
+    from xsched.profiling.measure import profile_graph
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+    g = capture(model, (torch.randn(32, 64),))
+    p = profile_graph(g, ["cuda:0"], stores=["cpu"], policy=FAST, max_total_s=5.0, progress=False)
+    assert set(p.compute["cuda:0"]) == {o.id for o in g.ops} and p.is_store("cpu") and p.compute["cpu"] == {}
+    assert set(p.copy) == {"cpu->cuda:0", "cuda:0->cpu"} and "pageable" in p.extra["links"]["cuda:0->cpu"]
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_device_to_device_copy():
     a, b = get_device("cuda:0"), get_device("cuda:1")

@@ -167,3 +167,21 @@ def test_op_input_tensors_rejects_non_executable_op():
     g = Graph("t", (Value("x", 4, "input"), Value("y", 4)), (Op("o", "t.fwd", ("x",), ("y",)),), ("y",))
     with pytest.raises(XschedError, match="no executable call"):
         op_input_tensors(g, g.ops[0], "cpu")
+
+
+def test_op_input_tensors_are_made_on_the_device(monkeypatch):
+    """On "meta" nothing is drawn (shapes and dtypes only); elsewhere a generator of another device is replaced by
+    one on the target device with its seed (a GPU's inputs were drawn on the host and copied: seconds per op)."""
+    g = capture(_Emb(), (torch.randint(0, 7, (64,)), torch.randint(0, 11, (64,))))
+    op = next(o for o in g.ops if o.target.split(".")[1] == "embedding")
+    drawn = []
+    monkeypatch.setattr(torch, "randn", lambda *a, **k: drawn.append(a))
+    meta = op_input_tensors(g, op, "meta")
+    assert not drawn and all(t.device.type == "meta" for t in meta.values())
+    assert {k: (tuple(t.shape), str(t.dtype)) for k, t in meta.items()} == {
+        v: (tuple(g.value[v].shape), f"torch.{g.value[v].dtype}") for v in op.inputs
+    }
+    monkeypatch.undo()
+    a = op_input_tensors(g, op, "cpu", torch.Generator().manual_seed(3))
+    b = op_input_tensors(g, op, torch.device("cpu"), torch.Generator().manual_seed(3))
+    assert all(torch.equal(a[k], b[k]) for k in a)

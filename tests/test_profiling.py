@@ -6,7 +6,6 @@ import importlib.util
 import json
 import os
 import re
-import time
 
 import pytest
 import torch
@@ -102,34 +101,13 @@ def test_same_signature_measured_once(graph, monkeypatch):
     assert len(calls) == 3 * len(groups) and set(p.compute["counting"]) == {o.id for o in graph.ops}
 
 
-def test_the_time_cap_holds_within_a_round():
-    """Hundreds of distinct ops in the first round: past max_total_s, the rest of the round gets the quick policy
-    (checked every CAP_CHECK_OPS ops), not only the later rounds."""
-    from conftest import chain_graph
-
-    from xsched.profiling.measure import CAP_CHECK_OPS
-
-    g = chain_graph([64 * (i + 1) for i in range(3 * CAP_CHECK_OPS)], train=True)
-    seen = []
-
-    class Slow(Device):
-        kind = "slow"
-        memory_bytes = 1
-        description = "takes 10 ms per op"
-
-        def fingerprint_parts(self):
-            return {}
-
-        def measure_op(self, graph, op, policy=None):
-            seen.append(policy.max_time_s)
-            time.sleep(0.01)
-            return Measurement(1e-3, 0.0, "model")
-
-    full = Policy()
-    profile_graph(g, [Slow("slow")], policy=full, rounds=1, max_total_s=0.05, progress=False)
-    assert len(seen) == len(signature_groups(g)) > 2 * CAP_CHECK_OPS
-    assert seen[:CAP_CHECK_OPS] == [full.max_time_s] * CAP_CHECK_OPS  # checked before the first op: not late yet
-    assert set(seen[2 * CAP_CHECK_OPS :]) == {full.quick().max_time_s}
+def test_ops_left_by_the_time_cap_are_modelled_and_listed(graph):
+    """A real device with no time at all: the ops get the fallback costs, listed, and the profile plans as any."""
+    p = profile_graph(graph, ["cpu:threads=1"], **{**FAST, "max_total_s": 0.0})
+    ops = {o.id for o in graph.ops}
+    assert set(p.compute["cpu:threads=1"]) == ops and set(p.extra["modelled_ops"]["cpu:threads=1"]) == ops
+    assert "max_total_s" in p.extra["profiling"]["fallback"] and "model" in p.energy_source["cpu:threads=1"]
+    assert simulate(graph, eager_plan(graph, "cpu:threads=1"), p).time_s > 0
 
 
 def test_each_round_hands_the_device_all_ops_in_graph_order(graph):

@@ -41,7 +41,7 @@ class DemoSettings:
     points: int = 6
     steps: int = 10  # timed training steps, after the warm-up (every step is compared with eager)
     warmup: int | None = None  # warm-up steps (None: until the step time settles)
-    profile_s: float = 30.0  # measuring time before the profiler switches to quick measurements
+    profile_s: float = 30.0  # profiling's time cap (max_total_s): ops it leaves unmeasured are modelled
     progress: bool = True
 
 

@@ -20,37 +20,49 @@ PROFILE_MODES = ("measure", "model")
 DEFAULT_TIME_LIMIT_S = 60.0
 
 
-def profile_path(graph: Graph, devices: Sequence[str], profile_dir: str | Path | None = None) -> Path:
-    """Where `xsched profile` stores the graph's profile on `devices` (profiles/<graph>-<fingerprint>-<devices>.json),
-    or the same file name under `profile_dir`."""
-    path = default_profile_path(graph, list(devices))
+def profile_path(
+    graph: Graph, devices: Sequence[str], profile_dir: str | Path | None = None, stores: Sequence[str] = ()
+) -> Path:
+    """Where `xsched profile` stores the graph's profile on `devices` with `stores`
+    (profiles/<graph>-<fingerprint>-<devices>[_store-<stores>].json), or the same file name under `profile_dir`."""
+    path = default_profile_path(graph, list(devices), list(stores))
     return Path(profile_dir) / path.name if profile_dir is not None else path
 
 
-def measured_profile(graph: Graph, devices: Sequence[str], profile_dir: str | Path | None = None) -> Profile:
-    """The stored profile of `graph` on `devices` if it was measured on this machine (same torch, same device
-    fingerprints), else a fresh measurement, saved where `xsched profile` would save it."""
-    path = profile_path(graph, devices, profile_dir)
+def measured_profile(
+    graph: Graph, devices: Sequence[str], profile_dir: str | Path | None = None, stores: Sequence[str] = ()
+) -> Profile:
+    """The stored profile of `graph` on `devices` (ops measured) and `stores` (copies only) if it was measured on
+    this machine (same torch, same device fingerprints), else a fresh measurement, saved where `xsched profile`
+    would save it."""
+    path = profile_path(graph, devices, profile_dir, stores)
     if path.exists():  # stale (other machine or torch) or corrupt: measured again and overwritten
-        return load_profile(path, graph, list(devices), reprofile=True, progress=False)
-    fresh = profile_graph(graph, list(devices), progress=False)
+        return load_profile(path, graph, [*devices, *stores], reprofile=True, stores=list(stores), progress=False)
+    fresh = profile_graph(graph, list(devices), stores=list(stores), progress=False)
     save_profile(fresh, path)
     return fresh
 
 
 def plan_profile(
-    graph: Graph, devices: Sequence[str], profile: Profile | str, profile_dir: str | Path | None = None
+    graph: Graph,
+    devices: Sequence[str],
+    profile: Profile | str,
+    profile_dir: str | Path | None = None,
+    stores: Sequence[str] = (),
 ) -> Profile:
     """The costs to plan `graph` with: a given Profile for its own graph, else measured ("measure", cached) or
-    modelled ("model"); a given Profile of another graph (a new input shape) falls back to measuring."""
+    modelled ("model"); a given Profile of another graph (a new input shape) falls back to measuring. `stores`
+    (named in `devices` or not) hold values and run no op: only their copies are measured or modelled."""
     if isinstance(profile, Profile):
         if profile.graph == graph.fingerprint:
             return profile
         profile = "measure"
+    stores = list(dict.fromkeys(stores))
+    compute = [d for d in devices if d not in stores]
     if profile == "model":
-        return cost_profile(graph, devices)
+        return cost_profile(graph, compute, stores)
     if profile == "measure":
-        return measured_profile(graph, devices, profile_dir)
+        return measured_profile(graph, compute, profile_dir, stores)
     raise XschedError(f"profile must be a Profile or one of {PROFILE_MODES}, got {profile!r}", stage="execute")
 
 
@@ -62,16 +74,17 @@ def solve_plan(
     profile: Profile | str = "model",
     time_limit: float | None = None,
     profile_dir: str | Path | None = None,
+    stores: Sequence[str] = (),
 ) -> Plan:
     """A plan for `graph` within `budgets` by `method` (default "auto": bounds, heuristics, then the exact solvers
-    within `time_limit` seconds, default 60) on the costs `plan_profile` gives."""
+    within `time_limit` seconds, default 60) on the costs `plan_profile` gives (`stores`: devices that run no op)."""
     from xsched.solve.api import solve
     from xsched.solve.options import SolverOptions
 
     devices = list(devices) if devices is not None else list(budgets)
     if not devices:
         raise XschedError("wrap needs devices: give budgets per device or devices", stage="execute")
-    costs = plan_profile(graph, devices, profile, profile_dir)
+    costs = plan_profile(graph, devices, profile, profile_dir, stores)
     options = SolverOptions(time_limit_s=time_limit if time_limit is not None else DEFAULT_TIME_LIMIT_S)
     return solve(graph, costs, budgets, devices, method=method, options=options)
 

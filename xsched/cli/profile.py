@@ -37,20 +37,23 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    """`xsched profile MODEL|graph.json --devices cpu,cuda:0,sim:h100 -o profile.json [--reps N] [--max-time S]`."""
+    """`xsched profile MODEL|graph.json --devices cpu,cuda:0,sim:h100 [--store cpu] -o profile.json [--reps N]
+    [--max-time S]`."""
     graph = load_graph(args.model, batch=args.batch, scale=args.scale, shapes=parse_shape_flags(args.shape))
     names = split_device_list(str(args.devices))
+    stores = [s for text in args.store for s in split_device_list(text)]
     base = Policy()
     policy = dataclasses.replace(base, max_reps=args.reps or base.max_reps)
     profile = profile_graph(
         graph,
         names,
+        stores=stores,
         policy=policy,
         max_total_s=args.max_time,
         pinned=not args.pageable,
         progress=not quiet(args),
     )
-    out = save_profile(profile, args.output or default_profile_path(graph, names))
+    out = save_profile(profile, args.output or default_profile_path(graph, names, stores))
     wall = profile.extra["profiling"]["wall_s"]
     if args.json:
         print_json(
@@ -68,6 +71,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
                     }
                     for d in names
                 },
+                "stores": stores,
+                "modelled_ops": {d: len(ids) for d, ids in profile.extra.get("modelled_ops", {}).items()},
                 "copy": {
                     k: {"latency_s": link.latency_s, "bytes_per_s": link.bytes_per_s}
                     for k, link in profile.copy.items()
@@ -75,15 +80,20 @@ def cmd_profile(args: argparse.Namespace) -> int:
             }
         )
         return 0
+    on = f"{len(names)} devices" + (f" and {len(stores)} store{'s' * (len(stores) > 1)}" if stores else "")
     print(
-        f"{graph.name}: {len(graph.ops)} ops ({profile.extra['profiling']['signatures']} distinct) on {len(names)} devices in {wall:.1f} s -> {out}"
+        f"{graph.name}: {len(graph.ops)} ops ({profile.extra['profiling']['signatures']} distinct) on {on} in {wall:.1f} s -> {out}"
     )
+    modelled = profile.extra.get("modelled_ops", {})
     for d in names:
         ops = profile.compute[d]
         total = sum(c.time_s for c in ops.values())
+        late = f"  ({len(modelled[d])} modelled: not measured within --max-time)" if d in modelled else ""
         print(
-            f"  {d:<16} {len(ops):>5}/{len(graph.ops)} ops  sum {total * 1e3:10.3f} ms  energy: {profile.energy_source[d]}"
+            f"  {d:<16} {len(ops):>5}/{len(graph.ops)} ops  sum {total * 1e3:10.3f} ms  energy: {profile.energy_source[d]}{late}"
         )
+    for d in stores:
+        print(f"  {d:<16} store: holds values, runs no op (copies only)")
     for key, link in profile.copy.items():
         print(f"  {key:<32} {link.latency_s * 1e6:8.2f} us + {link.bytes_per_s / 1e9:8.2f} GB/s")
     return 0
@@ -95,7 +105,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--no-sim", action="store_true", help="hide simulated specs")
     d.set_defaults(run=cmd_devices)
 
-    f = sub.add_parser("profile", help="measure every op on every device and every copy between them")
+    f = sub.add_parser(
+        "profile", help="measure every op on every device and every copy between them (and to and from the stores)"
+    )
     f.add_argument("model", help="zoo:NAME, file.py:factory, model.onnx or graph.json")
     f.add_argument(
         "--devices",
@@ -107,7 +119,17 @@ def add(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--batch", type=int)
     f.add_argument("--scale", default="default")
     f.add_argument("--reps", type=int, help="most samples per op and round")
-    f.add_argument("--max-time", type=float, help="seconds; after this the remaining ops are measured quickly")
+    f.add_argument(
+        "--store",
+        action="append",
+        default=[],
+        help="a device that holds values and runs no op, e.g. cpu: only its copies are timed (repeatable)",
+    )
+    f.add_argument(
+        "--max-time",
+        type=float,
+        help="seconds for the whole run; ops it leaves unmeasured are modelled (listed in the profile)",
+    )
     f.add_argument("--pageable", action="store_true", help="copy costs for pageable host memory (default pinned)")
     f.add_argument("--quiet", action="store_true", help="no progress bar")
     f.add_argument("--json", action="store_true")

@@ -88,7 +88,12 @@ def add(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--points", type=int, default=8, help="budgets per sweep (default 8)")
     r.add_argument("--baselines", default="eager,greedy,checkpoint", help="heuristics beside the solver ('' none)")
     r.add_argument("--sections", default="sweep,whatif,energy,pictures", help="which what-ifs to build")
-    r.add_argument("--max-profile-time", type=float, default=30.0, help="seconds of measuring before quick mode")
+    r.add_argument(
+        "--max-profile-time",
+        type=float,
+        default=30.0,
+        help="profiling's time cap, seconds: ops it leaves unmeasured are modelled",
+    )
     r.add_argument("--quiet", action="store_true", help="no progress bars")
     r.add_argument("--json", action="store_true", help="print the summary as JSON")
     r.set_defaults(run=cmd_report)

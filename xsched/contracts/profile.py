@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,15 @@ class Profile:
 
     def can_run(self, op: str, device: str) -> bool:
         return op in self.compute.get(device, {})
+
+    def is_store(self, device: str) -> bool:
+        """A device of this profile that runs no op (no compute entries): it only holds values, linked by copies."""
+        return device in self.devices and not self.compute.get(device)
+
+    @property
+    def stores(self) -> list[str]:
+        """The devices profiled as stores (extra["stores"]): their copies only, no op."""
+        return [d for d in self.extra.get("stores", ()) if d in self.devices]
 
     def link(self, src: str, dst: str) -> LinkCost | None:
         return self.copy.get(f"{src}->{dst}")
@@ -167,6 +176,19 @@ class Profile:
             raise ProfileError(
                 f"profile is for graph {self.graph}, not {graph_fingerprint}: re-profile this graph (--reprofile)"
             )
+
+
+def check_device_roles(devices: Sequence[str], stores: Sequence[str] = ()) -> None:
+    """Raise unless the compute devices and the stores are distinct names and there is a compute device."""
+    names = [*devices, *stores]
+    if not devices or len(set(names)) != len(names):
+        both = sorted(set(devices) & set(stores))
+        if both:
+            raise ProfileError(
+                f"device {both[0]} is both a compute device and a store: a store runs no op, name it once, as a store",
+                device=both[0],
+            )
+        raise ProfileError(f"profile needs distinct devices and at least one compute device, got {names}")
 
 
 def validate_profile(p: Profile, where: str = "profile") -> None:

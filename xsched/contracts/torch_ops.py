@@ -237,21 +237,27 @@ _DIM_INDEX_OPS |= {"index_fill", "take_along_dim"}
 def op_input_tensors(
     graph: Graph, op: Op, device: torch.device | str, generator: torch.Generator | None = None
 ) -> dict[str, torch.Tensor]:
-    """Random inputs for `op` from its input values' shapes and dtypes, valid for the op.
+    """Random inputs for `op` from its input values' shapes and dtypes, valid for the op, made on `device`.
 
     Floats are standard normal (positive where the op needs it: log, sqrt, a variance); bools are
     random masks; integer tensors used as indices are drawn below the size they index (embedding
     rows, gather's dim, loss classes, pooling windows), other integers below the smallest size.
+    They are drawn on `device` itself (made on the host and copied, a GPU op's logits-sized input took seconds)
+    by `generator` when it is on that device, else by a generator there seeded with its seed (default 0);
+    on "meta" nothing is drawn (no data).
     """
-    gen = generator if generator is not None else torch.Generator().manual_seed(0)
     if not is_executable(op):
         raise XschedError("op has no executable call; cannot make inputs for it", stage="execute", op=op.id)
+    device = torch.device(device)
+    gen = _generator_on(device, generator)
     env: dict[str, torch.Tensor] = {}
     for vid in dict.fromkeys(op.inputs):
         v = graph.value[vid]
         if v.shape is None or v.dtype is None:
             raise XschedError("input value has no shape/dtype", stage="execute", op=op.id, value=vid)
-        env[vid] = _random_tensor(tuple(v.shape), getattr(torch, v.dtype), gen)
+        env[vid] = _random_tensor(tuple(v.shape), getattr(torch, v.dtype), device, gen)
+    if gen is None:
+        return env
     bounds, positive = _input_constraints(op, env)
     for vid, t in env.items():
         if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
@@ -260,15 +266,30 @@ def op_input_tensors(
             continue
         hi = bounds.get(vid, _fallback_bound(op, env))
         t.random_(0, max(int(hi), 1), generator=gen)
-    return {k: t.to(device) for k, t in env.items()}
+    return env
 
 
-def _random_tensor(shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+def _generator_on(device: torch.device, generator: torch.Generator | None) -> torch.Generator | None:
+    """`generator` if it draws on `device`, else a fresh one there with its seed; None on "meta" (nothing to draw)."""
+    if device.type == "meta":
+        return None
+    same = generator is not None and generator.device.type == device.type
+    if same and (device.index is None or generator.device.index in (None, device.index)):
+        return generator
+    seed = generator.initial_seed() if generator is not None else 0
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def _random_tensor(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, gen: torch.Generator | None
+) -> torch.Tensor:
+    if gen is None:
+        return torch.empty(shape, dtype=dtype, device=device)
     if dtype == torch.bool:
-        return torch.rand(shape, generator=gen) < 0.5
+        return torch.rand(shape, generator=gen, device=device) < 0.5
     if dtype.is_floating_point or dtype.is_complex:
-        return torch.randn(shape, generator=gen, dtype=dtype)
-    return torch.zeros(shape, dtype=dtype)  # filled once the bounds are known
+        return torch.randn(shape, generator=gen, dtype=dtype, device=device)
+    return torch.zeros(shape, dtype=dtype, device=device)  # filled once the bounds are known
 
 
 def _fallback_bound(op: Op, env: Mapping[str, torch.Tensor]) -> int:

@@ -130,8 +130,10 @@ class CudaDevice(Device):
         from xsched.contracts import torch_ops as ops
 
         dev = self.torch_device
-        env = ops.op_input_tensors(graph, op, dev, torch.Generator().manual_seed(0))
         with torch.cuda.device(dev), torch.no_grad():
+            # drawn on the GPU (made on the host, logits-sized inputs took seconds per op and round) and reused by
+            # every call below: warm-up, samples, workspace and energy window
+            env = ops.op_input_tensors(graph, op, dev, torch.Generator(device=dev).manual_seed(0))
             workspace = self._workspace(op, env)
             samples = repeat_until_stable(lambda: ops.run_op(op, env, dev), policy, event_clock)
             t = statistics.median(samples)

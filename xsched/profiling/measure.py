@@ -1,4 +1,5 @@
-"""Measuring a profile: every op on every device and every copy between them, through the device plugins."""
+"""Measuring a profile: every op on every device and every copy between them (and the stores), through the device
+plugins, within an overall time cap."""
 
 from __future__ import annotations
 
@@ -8,31 +9,27 @@ import itertools
 import json
 import logging
 import statistics
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from xsched.contracts.graph import Graph, Op
-from xsched.contracts.profile import LinkCost, OpCost, Profile
-from xsched.devices.base import (
-    DEFAULT_POLICY,
-    Device,
-    DeviceError,
-    Measurement,
-    Policy,
-    fit_link,
-    get_device,
-)
-from xsched.errors import ProfileError
+from xsched.contracts.profile import OpCost, Profile, check_device_roles
+from xsched.devices.base import DEFAULT_POLICY, Device, DeviceError, Policy, get_device
+from xsched.profiling.fallback import FALLBACK_RULE, roofline_costs
+from xsched.profiling.links import Link, measure_link, measure_links
+from xsched.profiling.links import copy_seconds as copy_seconds  # re-exported: scripts time links with it
+from xsched.profiling.rounds import Found, OpRounds
+from xsched.profiling.timecap import TimeCap
 
 log = logging.getLogger("xsched.profiling")
 
 COPY_SIZES = (4 << 10, 64 << 10, 1 << 20, 8 << 20, 32 << 20)  # bytes: spans the latency- and bandwidth-bound regimes
 ROUNDS = 3  # passes over all ops on a real device (see profile_graph)
 PER_VALUE = 8  # the largest values also get a measured copy time of their own on every measured link
-CAP_CHECK_OPS = 16  # ops measured one at a time (not interleaved) between two checks of the time cap
+LINKS_SHARE = 0.2  # under a time cap, the copy sizes between the smallest and the largest stop at this share of it
+VALUES_SHARE = 0.1  # under a time cap, the first round leaves up to this share of it to the largest values' copies
 
 
 # ---- the measuring loop ----
@@ -63,22 +60,11 @@ def signature_groups(graph: Graph) -> dict[str, list[str]]:
     return groups
 
 
-def copy_seconds(src: Device, dst: Device, nbytes: int, pinned: bool = True) -> float:
-    """Seconds to copy nbytes from src to dst, as whichever of the two plugins knows the link says."""
-    t = src.copy_seconds(dst, nbytes, outgoing=True, pinned=pinned)
-    if t is None:
-        t = dst.copy_seconds(src, nbytes, outgoing=False, pinned=pinned)
-    if t is None:
-        raise DeviceError(
-            f"neither the {src.kind} nor the {dst.kind} plugin can time a copy {src.name}->{dst.name}", device=dst.name
-        )
-    return t
-
-
 def profile_graph(
     graph: Graph,
     devices: Sequence[str | Device],
     *,
+    stores: Sequence[str | Device] = (),
     policy: Policy = DEFAULT_POLICY,
     max_total_s: float | None = None,
     pinned: bool = True,
@@ -87,28 +73,29 @@ def profile_graph(
     rounds: int = ROUNDS,
     progress: bool = True,
 ) -> Profile:
-    """Measure (or model) every op on every device and fit every ordered device pair's copy cost.
+    """Measure (or model) every op on every device of `devices` and fit the copy cost of every ordered pair of
+    them, and of each device with each of `stores` both ways: a store holds values and runs no op, so it gets no
+    compute entry and none of its ops are timed (extra["stores"] names them).
 
     Ops with one signature are measured once per round; a real device goes `rounds` times through all of them and
     keeps each op's median over the rounds, so a burst of load from other processes spoils one round of an op,
-    not its cost. Once `max_total_s` is spent, the remaining ops get the quick policy (checked every CAP_CHECK_OPS
-    ops on a device that measures ops one at a time, once per round on one that interleaves them).
+    not its cost. `max_total_s` caps the whole run (device set-up, inputs, warm-up, samples, copies) within about
+    one op's or one copy's time, in this order: the link fits (the smallest and the largest size whatever the cap,
+    the others within LINKS_SHARE of it), the first round (rounds.py: the quick policy where the full one would not
+    fit; up to VALUES_SHARE of the cap left over), the largest values' copies, the later rounds. An op left
+    unmeasured is modelled from what its device reached (fallback.py) and listed in extra["modelled_ops"]; a value's
+    copy left untimed is costed by the link's fit.
     `pinned` says which host memory the `copy` entries assume; the other kind's fit is in extra["links"].
     An op a device cannot run is left out of that device's costs (contract 2), its reason in extra["unsupported"].
     """
     from tqdm.auto import tqdm
 
+    cap = TimeCap(max_total_s)
     devs = [get_device(d) for d in devices]
-    names = [d.name for d in devs]
-    if not devs or len(set(names)) != len(names):
-        raise ProfileError(f"profile needs distinct devices, got {names}")
+    store_devs = [_store_device(s) for s in stores]
+    check_device_roles([d.name for d in devs], [s.name for s in store_devs])
     groups = signature_groups(graph)
-    pairs = list(itertools.permutations(devs, 2))
-    start = time.perf_counter()
-    compute: dict[str, dict[str, OpCost]] = {d.name: {} for d in devs}
-    unsupported: dict[str, dict[str, str]] = {}
-    sources: dict[str, set[str]] = {d.name: set() for d in devs}
-    flops: dict[str, float] = {}
+    pairs = list(itertools.permutations(devs, 2)) + [p for d in devs for s in store_devs for p in ((d, s), (s, d))]
     bar = tqdm(
         total=sum(1 if d.simulated else rounds for d in devs) * len(groups) + len(pairs),
         desc=f"profile {graph.name}",
@@ -117,101 +104,105 @@ def profile_graph(
         leave=False,
     )
     with bar:
-        for d in devs:
-            bar.set_postfix_str(d.name)
-            found = _measure_device(d, graph, groups, policy, 1 if d.simulated else rounds, start, max_total_s, bar)
-            for op_ids, ms in found.items():
-                if isinstance(ms, str):
-                    unsupported.setdefault(d.name, {}).update(dict.fromkeys(op_ids, ms))
-                    continue
-                cost = OpCost(
-                    statistics.median(m.time_s for m in ms),
-                    statistics.median(m.energy_j for m in ms),
-                    max(m.workspace_bytes for m in ms),
-                )
-                compute[d.name].update(dict.fromkeys(op_ids, cost))
-                sources[d.name].update(m.energy_source for m in ms)
-                if ms[0].flops is not None:
-                    flops.update(dict.fromkeys(op_ids, ms[0].flops))
-        copy, links = {}, {}
+        bar.set_postfix_str("copies")
+        links = [Link(a, b, pinned) for a, b in pairs]
+        measure_links(links, copy_sizes, cap, until=LINKS_SHARE * max_total_s if max_total_s is not None else None)
+        bar.update(len(links))
+        bar.set_postfix_str("ops")
+        measured = OpRounds(devs, graph, groups, policy, cap, bar.update)
         largest = sorted((v for v in graph.values if v.nbytes > 0), key=lambda v: -v.nbytes)[:per_value]
-        for a, b in pairs:
-            bar.set_postfix_str(f"{a.name}->{b.name}")
-            copy[f"{a.name}->{b.name}"], links[f"{a.name}->{b.name}"] = _link(a, b, copy_sizes, largest, pinned)
-            bar.update()
-    for d, ops in unsupported.items():
-        log.warning("%d ops cannot run on %s (see extra['unsupported'])", len(ops), d)
-    extra = {
+        measured.first(reserve_s=min(VALUES_SHARE * (max_total_s or 0.0), sum(ln.values_s(largest) for ln in links)))
+        for link in links:
+            link.time_values(largest, cap)
+        measured.later(rounds)
+        costs = {d.name: _op_costs(graph, d, measured.found[d.name]) for d in devs}
+    for d, c in costs.items():
+        if c.unsupported:
+            log.warning("%d ops cannot run on %s (see extra['unsupported'])", len(c.unsupported), d)
+        if c.modelled:
+            log.warning(
+                "%d of %d ops on %s not measured within max_total_s: modelled", len(c.modelled), len(graph.ops), d
+            )
+    extra: dict[str, Any] = {
         "torch_version": torch.__version__,
         "graph_name": graph.name,
         "profiling": {
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "wall_s": round(time.perf_counter() - start, 3),
+            "wall_s": round(cap.spent(), 3),
             "policy": dataclasses.asdict(policy),
             "max_total_s": max_total_s,
             "pinned": pinned,
             "ops": len(graph.ops),
             "signatures": len(groups),
         },
-        "flops": flops,
-        "links": links,
-        **({"unsupported": unsupported} if unsupported else {}),
+        "flops": {o: f for c in costs.values() for o, f in c.flops.items()},
+        "links": {link.key: link.detail for link in links},
     }
-    energy_source = {d.name: "+".join(sorted(sources[d.name])) or d.energy_source for d in devs}
-    return Profile(graph.fingerprint, {d.name: d.info() for d in devs}, compute, copy, energy_source, extra)
+    if store_devs:
+        extra["stores"] = [s.name for s in store_devs]
+    if any(c.unsupported for c in costs.values()):
+        extra["unsupported"] = {d: c.unsupported for d, c in costs.items() if c.unsupported}
+    if any(c.modelled for c in costs.values()):
+        extra["modelled_ops"] = {d: c.modelled for d, c in costs.items() if c.modelled}
+        extra["profiling"].update(modelled_ops={d: len(ops) for d, ops in extra["modelled_ops"].items()})
+        extra["profiling"].update(fallback=FALLBACK_RULE)
+    return Profile(
+        graph.fingerprint,
+        {d.name: d.info() for d in [*devs, *store_devs]},
+        {**{d: c.compute for d, c in costs.items()}, **{s.name: {} for s in store_devs}},
+        {link.key: link.cost() for link in links},
+        {**{d: c.energy_source for d, c in costs.items()}, **{s.name: "model" for s in store_devs}},  # no op on a store
+        extra,
+    )
 
 
-def _measure_device(
-    d: Device,
-    graph: Graph,
-    groups: dict[str, list[str]],
-    policy: Policy,
-    rounds: int,
-    start: float,
-    max_total_s: float | None,
-    bar: Any,
-) -> dict[tuple[str, ...], list[Measurement] | str]:
-    """Per signature group: its measurements over the rounds, or why the device cannot run it. Each round hands
-    the device the runnable groups' first ops at once (Device.measure_ops), in graph order as signature_groups."""
-    found: dict[tuple[str, ...], list[Measurement] | str] = {tuple(ids): [] for ids in groups.values()}
-    for _ in range(rounds):
-        todo = [k for k, ms in found.items() if not isinstance(ms, str)]
-        # the time cap is checked every CAP_CHECK_OPS ops (a first round over hundreds of distinct ops at the full
-        # policy, GPT-2 on a GPU, ran minutes past it); a device that interleaves a round's ops, so that each finds
-        # its inputs cold (Device.measure_ops), still gets the whole round at once
-        per_op = type(d).measure_ops is Device.measure_ops
-        step = CAP_CHECK_OPS if max_total_s is not None and per_op else max(1, len(todo))
-        for at in range(0, len(todo), step):
-            chunk = todo[at : at + step]
-            late = max_total_s is not None and time.perf_counter() - start >= max_total_s
-            results = d.measure_ops(graph, [graph.op[k[0]] for k in chunk], policy.quick() if late else policy)
-            for op_ids, m in zip(chunk, results, strict=True):
-                if isinstance(m, str):
-                    found[op_ids] = m
-                else:
-                    found[op_ids].append(m)  # type: ignore[union-attr]
-        bar.update(len(found))
-    return found
+def _store_device(name: str | Device) -> Device:
+    try:
+        return get_device(name)
+    except DeviceError as e:
+        raise DeviceError(f"store {name}: {e.detail}", device=str(name)) from e
 
 
-def _link(
-    a: Device, b: Device, sizes: Sequence[int], largest: Sequence[Any], pinned: bool
-) -> tuple[LinkCost, dict[str, Any]]:
-    """The copy cost a->b: a latency + bandwidth fit over `sizes`, and measured times for the largest values."""
-    modes = [pinned] if a.is_host and b.is_host else [pinned, not pinned]  # memcpy: no pinned/pageable
-    detail: dict[str, Any] = {"sizes": list(sizes)}
-    fits = {}
-    for mode in modes:
-        seconds = [copy_seconds(a, b, n, mode) for n in sizes]
-        fits[mode] = fit_link(sizes, seconds)
-        detail["pinned" if mode else "pageable"] = {
-            "latency_s": fits[mode][0],
-            "bytes_per_s": fits[mode][1],
-            "seconds": seconds,
-        }
-    # a modelled link is exactly its fit; a measured one also times the largest values themselves
-    per_value = {} if a.simulated or b.simulated else {v.id: copy_seconds(a, b, v.nbytes, pinned) for v in largest}
-    return LinkCost(fits[pinned][0], fits[pinned][1], per_value), detail
+@dataclasses.dataclass
+class _DeviceCosts:
+    compute: dict[str, OpCost]
+    unsupported: dict[str, str]
+    modelled: list[str]
+    flops: dict[str, float]
+    energy_source: str
+
+
+def _op_costs(graph: Graph, d: Device, found: Found) -> _DeviceCosts:
+    """One device's op costs: each measured group's medians over its rounds, the unmeasured ones modelled."""
+    compute: dict[str, OpCost] = {}
+    unsupported: dict[str, str] = {}
+    flops: dict[str, float] = {}
+    sources: set[str] = set()
+    missing: list[tuple[str, ...]] = []
+    for op_ids, ms in found.items():
+        if isinstance(ms, str):
+            unsupported.update(dict.fromkeys(op_ids, ms))
+        elif not ms:
+            missing.append(op_ids)
+        else:
+            cost = OpCost(
+                statistics.median(m.time_s for m in ms),
+                statistics.median(m.energy_j for m in ms),
+                max(m.workspace_bytes for m in ms),
+            )
+            compute.update(dict.fromkeys(op_ids, cost))
+            sources.update(m.energy_source for m in ms)
+            if ms[0].flops is not None:
+                flops.update(dict.fromkeys(op_ids, ms[0].flops))
+    measured = {k[0]: compute[k[0]] for k, ms in found.items() if ms and not isinstance(ms, str)}
+    modelled = roofline_costs(graph, d, measured, [k[0] for k in missing]) if missing else {}
+    for k in missing:
+        compute.update(dict.fromkeys(k, modelled[k[0]]))
+    if missing:
+        sources.add("model")
+    return _DeviceCosts(
+        compute, unsupported, [o for k in missing for o in k], flops, "+".join(sorted(sources)) or d.energy_source
+    )
 
 
 def extend_profile(
@@ -231,7 +222,7 @@ def extend_profile(
         for a, b in ((old, n) for n in new):
             for src, dst in ((a, b), (b, a)):
                 key = f"{src}->{dst}"
-                copy[key], links[key] = _link(get_device(src), get_device(dst), COPY_SIZES, largest, pinned)
+                copy[key], links[key] = measure_link(get_device(src), get_device(dst), COPY_SIZES, largest, pinned)
     extended = list(profile.extra.get("profiling", {}).get("extended", [])) + new
     extra = {
         **dict(profile.extra),
@@ -239,8 +230,9 @@ def extend_profile(
         "links": links,
         "profiling": {**profile.extra.get("profiling", {}), "extended": extended},
     }
-    if "unsupported" in add.extra:
-        extra["unsupported"] = {**profile.extra.get("unsupported", {}), **add.extra["unsupported"]}
+    for key in ("unsupported", "modelled_ops"):  # per device: the new devices' entries join the old ones
+        if key in add.extra:
+            extra[key] = {**profile.extra.get(key, {}), **add.extra[key]}
     return Profile(
         profile.graph,
         {**profile.devices, **add.devices},

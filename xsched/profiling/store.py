@@ -23,9 +23,16 @@ log = logging.getLogger("xsched.profiling")
 PROFILES_DIR = Path("profiles")
 
 
-def default_profile_path(graph: Graph, devices: Sequence[str]) -> Path:
-    tag = "_".join(d.replace(":", "-").replace("#", "-").replace("=", "") for d in devices)
-    return PROFILES_DIR / f"{graph.name or 'graph'}-{graph.fingerprint[:12]}-{tag}.json".replace("/", "_")
+def default_profile_path(graph: Graph, devices: Sequence[str], stores: Sequence[str] = ()) -> Path:
+    """profiles/<graph>-<fingerprint>-<devices>[_store-<stores>].json: a profile with stores is another file than
+    one without (its stores have no op costs)."""
+
+    def tag(names: Sequence[str]) -> str:
+        return "_".join(d.replace(":", "-").replace("#", "-").replace("=", "") for d in names)
+
+    stored = f"_store-{tag(stores)}" if stores else ""
+    name = f"{graph.name or 'graph'}-{graph.fingerprint[:12]}-{tag(devices)}{stored}.json"
+    return PROFILES_DIR / name.replace("/", "_")
 
 
 def save_profile(profile: Profile, path: str | Path) -> Path:
@@ -84,11 +91,13 @@ def load_profile(
     reprofile: bool = False,
     *,
     check_machine: bool = True,
+    stores: Sequence[str] = (),
     **profile_kwargs: Any,
 ) -> Profile:
-    """The stored profile, validated; with `graph`, checked to be for `graph` on `devices` and (unless
-    `check_machine` is off) this machine. A stale, foreign or corrupt one is a ProfileError, or with `reprofile`
-    measured again and saved."""
+    """The stored profile, validated; with `graph`, checked to be for `graph` on `devices` (stores included) and
+    (unless `check_machine` is off) this machine. A stale, foreign or corrupt one is a ProfileError, or with
+    `reprofile` measured again (ops on the devices that are not `stores`, or not the stored profile's stores)
+    and saved."""
     profile = None
     try:
         if not Path(path).exists():
@@ -103,7 +112,9 @@ def load_profile(
         names = list(devices) if devices is not None else list(profile.devices) if profile is not None else None
         if not names:
             raise ProfileError(f"{e.detail}; and cannot re-profile without knowing the devices (pass devices=)") from e
+        if devices is None and profile is not None and not stores:
+            stores = profile.stores
         log.warning("re-profiling %s on %s: %s", graph.name, ", ".join(names), e.detail)
-    fresh = profile_graph(graph, names, **profile_kwargs)
+    fresh = profile_graph(graph, [n for n in names if n not in stores], stores=list(stores), **profile_kwargs)
     save_profile(fresh, path)
     return fresh
