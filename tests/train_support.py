@@ -86,11 +86,12 @@ def eager_train(
     clip: float | None = None,
     lr_lambda: Callable[[int], float] | None = None,
     seed: int = 0,
+    after_step: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Plain PyTorch, as people train: AdamW (adamw() above), torch.autocast and torch.amp.GradScaler for
     bf16/fp16, clip_grad_norm_, a LambdaLR schedule. The training draws (dropout) are seeded with `seed` first, as
     `xsched train` seeds them after building the model. Returns the losses, learning rates, gradient norms (before
-    clipping), loss scales (fp16) and the model."""
+    clipping), loss scales (fp16) and the model; `after_step(step)` runs after each step (an evaluation)."""
     opt = adamw(model, lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda) if lr_lambda is not None else None
     scaler = torch.amp.GradScaler("cpu", enabled=precision == "fp16")
@@ -113,6 +114,8 @@ def eager_train(
         out["loss"].append(loss.item())
         out["grad_norm"].append(norm.item())
         out["loss_scale"].append(scaler.get_scale() if scaler.is_enabled() else None)
+        if after_step is not None:
+            after_step(step)
     return out
 
 
