@@ -203,21 +203,22 @@ def prepare(
     kinds = tuple(sorted({torch_device(d).type for d in devices}))
     amp = partial(autocast, config.precision, kinds)
 
-    def plan_for(graph: Graph) -> CachedPlan:
+    def plan_for(graph: Graph, limits: Mapping[str, str | int]) -> CachedPlan:
         return dist.main_first(
             world,
             lambda: cached_plan(
-                graph, budgets, devices, config.method, config.profile, config.time_limit, config.cache_dir, rep.notice
+                graph, limits, devices, config.method, config.profile, config.time_limit, config.cache_dir, rep.notice
             ),
         )
 
     with amp():  # the casts are captured into the graph: the plan runs the low-precision ops
         graph = capture(task.model, inputs, name=graph_name(config.model))
-        chosen = plan_for(graph)
+        chosen = plan_for(graph, budgets)
         wrapped = wrap(task.model, inputs, budgets, devices, plan=chosen.plan)
-        if val is not None:  # evaluations run in eval mode, by their own inference plan
+        if val is not None:  # evaluations run in eval mode, by an inference plan within the same bytes
             wrapped.eval()
-            wrapped.use_plan(plan_for(capture(task.model, inputs, inference=True, name=graph.name)).plan, inputs)
+            inference = capture(task.model, inputs, inference=True, name=graph.name)
+            wrapped.use_plan(plan_for(inference, chosen.plan.budgets).plan, inputs)  # "%" was of the training peak
             wrapped.train()
     updater = Updater(config, wrapped.parameters(), kinds)
     signature = run_signature(config, task, updater, world)
