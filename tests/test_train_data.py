@@ -6,6 +6,7 @@ exit status 2, with the checkpoints left as they were."""
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 from torch.testing import assert_close
-from train_support import ROOT, assert_same_weights, eager_train
+from train_support import ROOT, assert_same_weights, child_env, eager_train
 
 from xsched import zoo
 from xsched.cli import main
@@ -223,3 +224,17 @@ def test_bad_input_is_one_line_exit_2_and_loses_no_checkpoint(case, saved_run, t
     assert len(errors) == 1 and message in errors[0], err
     assert "Traceback" not in err and err.rstrip().endswith(errors[0])
     assert snapshot(ck) == before
+
+
+def test_the_real_data_script_runs_a_few_steps(tmp_path, monkeypatch, capsys) -> None:
+    """scripts/train_real_data.py (smoke): token files from the installed licence texts, a few steps on them."""
+    spec = importlib.util.spec_from_file_location("train_real_data", ROOT / "scripts" / "train_real_data.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    for key, value in child_env().items():
+        monkeypatch.setenv(key, value)
+    vals = script.main(["--out", str(tmp_path), "--steps", "2", "--", "--profile", "model", "--method", "sqrt"])
+    assert set(vals) == {1, 2} and all(0 < v < 10 for v in vals.values())
+    train_ids = np.fromfile(tmp_path / "train.bin", np.uint16)
+    assert len(train_ids) > 100_000 and train_ids.max() < 256
+    assert "licence files of torch, numpy, scipy" in capsys.readouterr().out
