@@ -48,8 +48,10 @@ class Updater:
     per optimizer step; `state_dict()` is what a checkpoint keeps of them (the schedule's position is the step)."""
 
     def __init__(self, config: TrainConfig, params: Iterable[nn.Parameter], device_types: Iterable[str]) -> None:
-        decay = config.weight_decay if config.weight_decay is not None else default_weight_decay(config.optimizer)
-        groups = param_groups(params, decay)
+        self.weight_decay = (
+            config.weight_decay if config.weight_decay is not None else default_weight_decay(config.optimizer)
+        )
+        groups = param_groups(params, self.weight_decay)
         self.params = [p for g in groups for p in g["params"]]
         if config.optimizer == "sgd":
             self.opt: torch.optim.Optimizer = torch.optim.SGD(groups, lr=config.lr, momentum=0.9)

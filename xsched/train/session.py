@@ -128,7 +128,7 @@ def run_signature(config: TrainConfig, task: TrainingTask, updater: Updater, wor
         "precision": config.precision,
         "grad_accum": config.grad_accum,
         "clip_grad": config.clip_grad,
-        "weight_decay": updater.opt.param_groups[0]["weight_decay"],
+        "weight_decay": updater.weight_decay,
         "schedule": updater.schedule.describe(),
         "seed": config.seed,
         "world": world.size,
@@ -185,23 +185,20 @@ def _token_count(task: TrainingTask) -> int | None:
     return first.numel() if first is not None and not first.is_floating_point() else None
 
 
-def prepare(
-    config: TrainConfig, budgets: dict[str, str], devices: Sequence[str], world: dist.World, rep: Reporter
-) -> tuple[Session, int]:
-    """Load the task, find the checkpoint to resume, plan (rank 0 first: the others find its cached plans), wrap,
-    and restore the checkpoint or seed the training draws. Returns the session and the first step to run."""
+def _plan_and_wrap(
+    config: TrainConfig,
+    task: TrainingTask,
+    budgets: dict[str, str],
+    devices: Sequence[str],
+    world: dist.World,
+    rep: Reporter,
+    evaluates: bool,
+) -> tuple[Graph, CachedPlan, Any]:
+    """Capture under the run's autocast (so the casts are in the graph and the plan runs the low-precision ops),
+    plan (rank 0 first: the others find its cached plans) and wrap; an evaluating run also gets an inference plan
+    within the training plan's bytes (a "%" budget is of the training graph's eager peak)."""
     from xsched.capture.torch import capture
-    from xsched.execute.reference import torch_device
     from xsched.execute.wrap import wrap
-
-    torch.manual_seed(config.seed)  # the factory's initial weights: the same on every rank
-    task = load_task(config)
-    val = token_data(task, config.val_data, config.seed, "val") if config.val_data else None
-    task.model.train()  # a factory may hand over a model in eval mode: training captures the training graph
-    start, state = resume(config, world, rep.notice)
-    inputs = task.example_batch[0]
-    kinds = tuple(sorted({torch_device(d).type for d in devices}))
-    amp = partial(autocast, config.precision, kinds)
 
     def plan_for(graph: Graph, limits: Mapping[str, str | int]) -> CachedPlan:
         return dist.main_first(
@@ -211,15 +208,34 @@ def prepare(
             ),
         )
 
-    with amp():  # the casts are captured into the graph: the plan runs the low-precision ops
-        graph = capture(task.model, inputs, name=graph_name(config.model))
-        chosen = plan_for(graph, budgets)
-        wrapped = wrap(task.model, inputs, budgets, devices, plan=chosen.plan)
-        if val is not None:  # evaluations run in eval mode, by an inference plan within the same bytes
-            wrapped.eval()
-            inference = capture(task.model, inputs, inference=True, name=graph.name)
-            wrapped.use_plan(plan_for(inference, chosen.plan.budgets).plan, inputs)  # "%" was of the training peak
-            wrapped.train()
+    inputs = task.example_batch[0]
+    graph = capture(task.model, inputs, name=graph_name(config.model))
+    chosen = plan_for(graph, budgets)
+    wrapped = wrap(task.model, inputs, budgets, devices, plan=chosen.plan)
+    if evaluates:
+        wrapped.eval()
+        inference = capture(task.model, inputs, inference=True, name=graph.name)
+        wrapped.use_plan(plan_for(inference, chosen.plan.budgets).plan, inputs)
+        wrapped.train()
+    return graph, chosen, wrapped
+
+
+def prepare(
+    config: TrainConfig, budgets: dict[str, str], devices: Sequence[str], world: dist.World, rep: Reporter
+) -> tuple[Session, int]:
+    """Load the task, find the checkpoint to resume, plan and wrap, and restore the checkpoint or seed the training
+    draws. Returns the session and the first step to run."""
+    from xsched.execute.reference import torch_device
+
+    torch.manual_seed(config.seed)  # the factory's initial weights: the same on every rank
+    task = load_task(config)
+    val = token_data(task, config.val_data, config.seed, "val") if config.val_data else None
+    task.model.train()  # a factory may hand over a model in eval mode: training captures the training graph
+    start, state = resume(config, world, rep.notice)
+    kinds = tuple(sorted({torch_device(d).type for d in devices}))
+    amp = partial(autocast, config.precision, kinds)
+    with amp():
+        graph, chosen, wrapped = _plan_and_wrap(config, task, budgets, devices, world, rep, val is not None)
     updater = Updater(config, wrapped.parameters(), kinds)
     signature = run_signature(config, task, updater, world)
     if state is not None:
