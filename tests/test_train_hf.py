@@ -4,6 +4,8 @@ attention), and `--pretrained DIR` starts from the weights save_pretrained wrote
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -35,8 +37,7 @@ def eager(spec: str, model: torch.nn.Module, steps: int) -> dict:
         def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
             return F.cross_entropy(self.lm(input_ids=idx).logits.flatten(0, 1).float(), targets.flatten())
 
-    stream = lambda step: tasks.sequence_batch(spec, 64, 16, 2, step)  # noqa: E731
-    return eager_train(Plain(), stream, lambda loss, _: loss, steps)
+    return eager_train(Plain(), partial(tasks.sequence_batch, spec, 64, 16, 2), lambda loss, _: loss, steps)
 
 
 def built(name: str) -> torch.nn.Module:

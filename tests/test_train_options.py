@@ -4,6 +4,7 @@ clip_grad_norm_, schedules against LambdaLR and torch's own schedulers, and a re
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import math
 
@@ -83,6 +84,7 @@ def test_fp16_loss_scaling_skips_overflowing_steps_and_resumes_its_scale(tmp_pat
         cache_dir=str(tmp_path),
         checkpoint_dir=str(ck),
         checkpoint_every=2,
+        log_csv=str(tmp_path / "log.csv"),
     )
     whole = train(config)
     torch.manual_seed(0)
@@ -102,6 +104,11 @@ def test_fp16_loss_scaling_skips_overflowing_steps_and_resumes_its_scale(tmp_pat
     resumed = train(dataclasses.replace(config, resume=True))
     assert resumed.start_step == 2 and [r.loss_scale for r in resumed.records] == scales[2:]
     assert_close(resumed.losses, whole.losses[2:], rtol=0, atol=0)
+    with open(tmp_path / "log.csv", newline="") as f:  # the stopped run's rows, then the resumed run's
+        rows = list(csv.DictReader(f))
+    assert [(int(r["step"]), float(r["loss"]), float(r["loss_scale"])) for r in rows] == [
+        (r.step, r.loss, r.loss_scale) for r in whole.records
+    ]
     assert_same_weights(read_checkpoint(ck, 5)["model"], want["model"], rtol=1e-5, atol=1e-6)
 
 

@@ -35,7 +35,7 @@ def json_stdout() -> Iterator[TextIO]:
 def cmd_train(a: argparse.Namespace) -> int:
     from xsched.devices.base import split_device_list
     from xsched.train import TrainConfig, train
-    from xsched.train.progress import Bar, CsvLog, JsonLines, Tee
+    from xsched.train.progress import Bar, JsonLines
 
     config = TrainConfig(
         model=a.model,
@@ -70,12 +70,11 @@ def cmd_train(a: argparse.Namespace) -> int:
         seq_len=a.seq_len,
         log_csv=a.log_csv,
     )
-    logs = [CsvLog(a.log_csv)] if a.log_csv else []
     if not a.json:
-        train(config, Tee(Bar(), *logs))
+        train(config, Bar())
         return 0
     with json_stdout() as out:
-        train(config, Tee(JsonLines(out), *logs))
+        train(config, JsonLines(out))
     return 0
 
 

@@ -23,17 +23,20 @@ from xsched.loaders import TrainingTask
 from xsched.train import dist
 from xsched.train.checkpoint import rng_state, save_checkpoint
 from xsched.train.config import DEFAULT_CHECKPOINT_EVERY, DEFAULT_EVAL_BATCHES, DEFAULT_EVAL_EVERY, TrainConfig
+from xsched.train.progress import CsvLog, Tee
 from xsched.train.records import Quiet, Reporter, StepRecord, TrainResult
 from xsched.train.session import Session, placement, prepare
 
 
 def train(config: TrainConfig, reporter: Reporter | None = None) -> TrainResult:
     """Run `config`: plan (cached), train, evaluate, checkpoint; under torchrun, one rank of data-parallel
-    training."""
+    training. Rank 0 reports to `reporter` (and to the CSV log of `config.log_csv`)."""
     config.check()
     budgets, devices = placement(config, dist.local_rank())
     world = dist.join(use_cuda=any(d.startswith("cuda") for d in devices))
     rep = reporter if reporter is not None and world.main else Quiet(world.rank)
+    if config.log_csv is not None and world.main:
+        rep = Tee(rep, CsvLog(config.log_csv))
     try:
         t0 = time.perf_counter()
         session, start = prepare(config, budgets, devices, world, rep)

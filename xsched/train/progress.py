@@ -204,7 +204,7 @@ class CsvLog:
         text = io.StringIO()
         csv.writer(text).writerows([header, *kept])
         atomic_write(self.path, lambda f: f.write(text.getvalue().encode()))
-        self.file = open(self.path, "a", newline="")  # noqa: SIM115 (open until the run ends)
+        self.file = open(self.path, "a", newline="")  # open until the run ends: close()
         self.writer = csv.DictWriter(self.file, header, extrasaction="ignore")
 
     def _earlier_rows(self, header: list[str], start: int) -> list[list[str]]:
