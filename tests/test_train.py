@@ -120,7 +120,7 @@ def vector_loss(batch=4):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["nonsense", "--budget", "cpu=1GiB"], "MODEL must be zoo:NAME or file.py:factory"),
+        (["nonsense", "--budget", "cpu=1GiB"], "MODEL must be zoo:NAME, hf:TYPE or file.py:factory"),
         (["zoo:nope", "--budget", "cpu=1GiB"], "unknown model 'nope'"),
         (["zoo:gpt2", "--budget", "cpu=lots"], "cannot parse budget 'lots'"),
         (["zoo:gpt2", "--budget", "cpu"], "--budget wants DEVICE=SIZE"),

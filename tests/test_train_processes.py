@@ -99,14 +99,18 @@ def torchrun(tmp_path, *args: str) -> list[dict]:
     return evs
 
 
-def test_torchrun_two_ranks_train_like_eager_on_the_combined_batch(tmp_path) -> None:
-    """Two ranks of batch 16 give the losses and final weights of one plain PyTorch model on 32 rows a step."""
+@pytest.mark.parametrize("batch,accum", [(16, 1), (8, 2)], ids=["batch16", "batch8x2"])
+def test_torchrun_two_ranks_train_like_eager_on_the_combined_batch(tmp_path, batch, accum) -> None:
+    """Two ranks of batch 16, or of two accumulated micro-batches of 8 (DDP all-reduces on the second only), give
+    the losses and final weights of one plain PyTorch model on 32 rows a step."""
     ck = tmp_path / "ck"
     evs = torchrun(
         tmp_path,
         f"{EXAMPLE}:factory",
         "--batch",
-        "16",
+        str(batch),
+        "--grad-accum",
+        str(accum),
         "--budget",
         "cpu=100%",
         "--steps",

@@ -7,7 +7,9 @@ import json
 import os
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -42,6 +44,16 @@ def step_losses(evs: list[dict]) -> dict[int, float]:
     return {e["step"]: e["loss"] for e in evs if e["event"] == "step"}
 
 
+def adamw(model: torch.nn.Module, lr: float = 1e-3, weight_decay: float = 0.01) -> torch.optim.AdamW:
+    """AdamW as `xsched train` sets it up: weight decay on the weights (2+ dimensions), none on biases and norms."""
+    params = list(model.parameters())
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=lr)
+
+
 def eager_run(path: Path, batch: int, world: int, steps: int, lr: float = 1e-3) -> tuple[list[float], torch.nn.Module]:
     """Plain PyTorch, no xsched: the factory's model trained with AdamW on each step's combined batch (the rows all
     `world` ranks of `batch` rows see); returns the losses and the trained model."""
@@ -50,7 +62,7 @@ def eager_run(path: Path, batch: int, world: int, steps: int, lr: float = 1e-3) 
     spec.loader.exec_module(module)
     torch.manual_seed(0)
     model, _, loss_fn, batches = module.factory(batch=batch)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    opt = adamw(model, lr)
     losses = []
     for step in range(steps):
         parts = [batches(step, r, world) for r in range(world)]
@@ -61,3 +73,55 @@ def eager_run(path: Path, batch: int, world: int, steps: int, lr: float = 1e-3) 
         opt.step()
         losses.append(loss.item())
     return losses, model
+
+
+def eager_train(
+    model: torch.nn.Module,
+    batch_of: Callable[[int], tuple[tuple, Any]],
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    steps: int,
+    *,
+    lr: float = 1e-3,
+    precision: str = "fp32",
+    clip: float | None = None,
+    lr_lambda: Callable[[int], float] | None = None,
+    seed: int = 0,
+    after_step: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Plain PyTorch, as people train: AdamW (adamw() above), torch.autocast and torch.amp.GradScaler for
+    bf16/fp16, clip_grad_norm_, a LambdaLR schedule. The training draws (dropout) are seeded with `seed` first, as
+    `xsched train` seeds them after building the model. Returns the losses, learning rates, gradient norms (before
+    clipping), loss scales (fp16) and the model; `after_step(step)` runs after each step (an evaluation)."""
+    opt = adamw(model, lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda) if lr_lambda is not None else None
+    scaler = torch.amp.GradScaler("cpu", enabled=precision == "fp16")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    torch.manual_seed(seed)
+    out: dict[str, Any] = {"loss": [], "lr": [], "grad_norm": [], "loss_scale": [], "model": model}
+    for step in range(steps):
+        inputs, targets = batch_of(step)
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+            loss = loss_fn(model(*inputs), targets)
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip if clip is not None else float("inf"))
+        out["lr"].append(opt.param_groups[0]["lr"])
+        scaler.step(opt)
+        scaler.update()
+        if sched is not None:
+            sched.step()
+        out["loss"].append(loss.item())
+        out["grad_norm"].append(norm.item())
+        out["loss_scale"].append(scaler.get_scale() if scaler.is_enabled() else None)
+        if after_step is not None:
+            after_step(step)
+    return out
+
+
+def assert_same_weights(state: dict[str, torch.Tensor], model: torch.nn.Module, **tolerance: float) -> None:
+    """A checkpoint's (or module's) state dict against `model`'s, name by name."""
+    from torch.testing import assert_close
+
+    for name, p in model.state_dict().items():
+        assert_close(state[name], p, **tolerance, msg=lambda m, n=name: f"{n}: {m}")

@@ -132,7 +132,7 @@ def load_training_task(spec: str, batch: int | None = None, scale: str = "defaul
         return TrainingTask(spec, z.model, stream(0), tasks.task_loss(name), stream)
     path, _, factory = spec.rpartition(":")
     if not path.endswith(".py") or not factory:
-        raise XschedError(f"MODEL must be zoo:NAME or file.py:factory, got {spec!r}", stage="load")
+        raise XschedError(f"MODEL must be zoo:NAME, hf:TYPE or file.py:factory, got {spec!r}", stage="load")
     fn = function_from_file(path, factory)
     made = fn(**({"batch": batch} if batch is not None else {}))
     if not isinstance(made, (tuple, list)) or len(made) not in (3, 4):

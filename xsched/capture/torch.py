@@ -15,6 +15,7 @@ The traced FX graph is then lowered to an xsched Graph by xsched.capture.fxgraph
 from __future__ import annotations
 
 import bisect
+import contextlib
 import sysconfig
 import traceback
 from collections.abc import Callable, Mapping
@@ -245,9 +246,22 @@ def _trace(
         return [torch._from_functional_tensor(t.elem) for t in outs]
 
     flat = [p.detach().requires_grad_(p.requires_grad and not inference) for p in primals] + tangents
-    with modules.active(), _located(modules):
+    with modules.active(), _located(modules), _compiler_tracing():
         gm = make_fx(functional, tracing_mode="fake")(*flat)
     return gm, mutated
+
+
+@contextlib.contextmanager
+def _compiler_tracing() -> Any:
+    """torch.compiler.is_compiling() is True while we trace, as in torch.export's non-strict tracing (make_fx too):
+    libraries then take their traceable paths instead of eager-only checks a fake tensor cannot answer, e.g.
+    transformers' test of the position ids for packed sequences (a branch on a tensor value)."""
+    old = torch.compiler._is_compiling_flag
+    torch.compiler._is_compiling_flag = True
+    try:
+        yield
+    finally:
+        torch.compiler._is_compiling_flag = old
 
 
 class _ModuleTracker:

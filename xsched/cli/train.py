@@ -1,5 +1,6 @@
-"""`xsched train`: train a zoo model or a model file's factory within per-device budgets, on one process or under
-torchrun, with checkpoints and resume."""
+"""`xsched train`: train a zoo model, a model file's factory or a Hugging Face model within per-device budgets, on
+one process or under torchrun: mixed precision, gradient accumulation, clipping, learning-rate schedules, token
+files with validation, checkpoints and resume."""
 
 from __future__ import annotations
 
@@ -53,6 +54,21 @@ def cmd_train(a: argparse.Namespace) -> int:
         checkpoint_every=a.checkpoint_every,
         resume=a.resume,
         seed=a.seed,
+        precision=a.precision,
+        grad_accum=a.grad_accum,
+        clip_grad=a.clip_grad,
+        weight_decay=a.weight_decay,
+        lr_schedule=a.lr_schedule,
+        warmup=a.warmup,
+        min_lr=a.min_lr,
+        data=a.data,
+        val_data=a.val_data,
+        eval_every=a.eval_every,
+        eval_batches=a.eval_batches,
+        hf_config=a.config,
+        pretrained=a.pretrained,
+        seq_len=a.seq_len,
+        log_csv=a.log_csv,
     )
     if not a.json:
         train(config, Bar())
@@ -70,7 +86,11 @@ def add(sub: argparse._SubParsersAction) -> None:
         "(torchrun --nproc-per-node N -m xsched.cli train ...) each rank plans for its own devices and the ranks "
         "train data-parallel; only rank 0 prints and writes checkpoints.",
     )
-    t.add_argument("model", help="zoo:NAME (synthetic data, per-family loss) or path/to/file.py:factory")
+    t.add_argument(
+        "model",
+        help="zoo:NAME (synthetic data, per-family loss), hf:TYPE (a transformers causal LM, e.g. hf:gpt2) or "
+        "path/to/file.py:factory",
+    )
     t.add_argument(
         "--budget",
         action="append",
@@ -98,4 +118,37 @@ def add(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--resume", action="store_true", help="resume from the newest checkpoint in --checkpoint-dir")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--json", action="store_true", help="one JSON object per line: start, step, checkpoint, end")
+    t.add_argument("--log-csv", metavar="PATH", help="also write each step's fields (as --json's step lines) to a CSV")
+    _add_training_flags(t)
+    _add_data_flags(t)
     t.set_defaults(run=cmd_train)
+
+
+def _add_training_flags(t: argparse.ArgumentParser) -> None:
+    t.add_argument(
+        "--precision",
+        default="fp32",
+        help="fp32 (default), bf16 or fp16: autocast captured into the plan (fp16 with loss scaling)",
+    )
+    t.add_argument("--grad-accum", type=int, default=1, metavar="K", help="micro-batches per optimizer step")
+    t.add_argument("--clip-grad", type=float, metavar="NORM", help="clip the gradients' total norm to NORM")
+    t.add_argument(
+        "--weight-decay",
+        type=float,
+        help="decay of the weights (2+ dimensions; not biases or norms); default AdamW 0.01, SGD 0",
+    )
+    t.add_argument(
+        "--lr-schedule", default="constant", help="constant (default), cosine or linear decay to --min-lr over --steps"
+    )
+    t.add_argument("--warmup", type=int, default=0, metavar="N", help="linear warmup over the first N steps")
+    t.add_argument("--min-lr", type=float, default=0.0, help="the rate cosine and linear decay end at (default 0)")
+
+
+def _add_data_flags(t: argparse.ArgumentParser) -> None:
+    t.add_argument("--data", metavar="PATH", help="training tokens: a uint16 .bin (nanoGPT's layout) or a 1-D .npy")
+    t.add_argument("--val-data", metavar="PATH", help="validation tokens, the same layout")
+    t.add_argument("--eval-every", type=int, metavar="N", help="evaluate every N steps and at the end (default 100)")
+    t.add_argument("--eval-batches", type=int, help="validation batches per evaluation (default 8)")
+    t.add_argument("--config", metavar="KEY=VALUE,...", help="hf: models: config values over the type's defaults")
+    t.add_argument("--pretrained", metavar="DIR", help="hf: models: load the weights save_pretrained wrote in DIR")
+    t.add_argument("--seq-len", type=int, help="hf: models: tokens per sequence (default: the model's context)")

@@ -313,14 +313,28 @@ class XschedModule(nn.Module):
             )
         return self._compile(key, inputs, inference=mode != "train")
 
+    def use_plan(self, plan: Plan, example_inputs: Any) -> None:
+        """Run this mode's calls (see `_mode`) with inputs like `example_inputs` by `plan`, made for the graph the
+        mode captures (e.g. an inference plan `xsched train` cached), instead of solving one at their first call."""
+        inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+        mode = self._mode()
+        self._compile((mode, _signature(inputs)), inputs, inference=mode != "train", plan=plan)
+
+    def _mode(self) -> str:
+        """train (train mode, grad enabled: the training plan through autograd), train-nograd or eval."""
+        if self.training:
+            return "train" if torch.is_grad_enabled() else "train-nograd"
+        return "eval"
+
     def forward(self, *inputs: Any) -> Any:
-        if self.training and torch.is_grad_enabled():
+        mode = self._mode()
+        if mode == "train":
             c = self._get("train", inputs)
             run = _Run(c, inputs)
             apply = _PlanFunction.apply if torch._C._are_functorch_transforms_active() else _apply_c
             outs = apply(run, *c.params, *[x for x in inputs if isinstance(x, torch.Tensor)])
             return c.structure(outs)
-        c = self._get("train-nograd" if self.training else "eval", inputs)
+        c = self._get(mode, inputs)
         run = _Run(c, inputs)
         outs = run.forward()
         if c.plan.boundary is not None:

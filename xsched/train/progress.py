@@ -1,22 +1,50 @@
-"""How rank 0 shows a training run: a header and a tqdm bar (step time, loss, peak memory per device, energy, each
-labelled with its source), or one JSON object per line (`--json`: start, step, checkpoint, end)."""
+"""How rank 0 shows a training run: a header and a tqdm bar (loss, validation loss, learning rate, gradient norm,
+tokens/s, step time, peak memory per device, energy, each labelled with its source), or one JSON object per line
+(`--json`: start, step, checkpoint, end); `--log-csv` writes the step lines' fields to a CSV file as well."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import math
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
 from xsched.budgets import format_bytes
+from xsched.errors import XschedError
+from xsched.files import atomic_write
 from xsched.pipeline import plan_report
-from xsched.train.loop import StepRecord, TrainResult
+from xsched.train.records import Reporter, StepRecord, TrainResult
 
 
 def _energy(records: tuple[StepRecord, ...]) -> float | None:
     values = [r.energy_j for r in records]
     return None if not values or any(v is None for v in values) else float(sum(values))  # type: ignore[arg-type]
+
+
+STEP_FIELDS = (
+    "step",
+    "loss",
+    "val_loss",
+    "lr",
+    "grad_norm",
+    "tokens_per_s",
+    "step_s",
+    "loss_scale",
+    "peak_bytes",
+    "peak_source",
+    "energy_j",
+    "energy_source",
+)
+PER_DEVICE = ("peak_bytes", "peak_source")  # {device: value}; the CSV log has a column per device
+
+
+def step_fields(r: StepRecord) -> dict[str, Any]:
+    """A step's fields as --json and --log-csv write them."""
+    return {k: dict(getattr(r, k)) if k in PER_DEVICE else getattr(r, k) for k in STEP_FIELDS}
 
 
 def _plan_source(info: Mapping[str, Any]) -> str:
@@ -30,6 +58,7 @@ class Bar:
         self.out = out or sys.stdout
         self.bar: Any = None
         self.energy = 0.0
+        self.val = ""  # the last validation loss, shown until the next
 
     def start(self, info: Mapping[str, Any]) -> None:
         from tqdm import tqdm
@@ -37,6 +66,12 @@ class Bar:
         resumed = f", resumed at step {info['start_step']}" if info["resumed_from"] else ""
         procs = f"{info['world']} process{'es' if info['world'] > 1 else ''}"
         print(f"xsched train {info['model']}: {procs}, devices {', '.join(info['devices'])}{resumed}", file=self.out)
+        sched = info["schedule"]
+        print(
+            f"  {info['precision']}, {info['grad_accum']} micro-batch(es) per step, learning rate {sched['name']} "
+            f"from {sched['lr']:g} (warmup {sched['warmup']})",
+            file=self.out,
+        )
         print(f"  {_plan_source(info)}", file=self.out)
         print("  " + plan_report(info["graph"], info["plan"]).replace("\n", "\n  "), file=self.out, flush=True)
         self.bar = tqdm(total=info["steps"], initial=info["start_step"], desc="train", unit="step", dynamic_ncols=True)
@@ -44,9 +79,15 @@ class Bar:
     def step(self, r: StepRecord) -> None:
         if r.energy_j is not None:
             self.energy += r.energy_j
+        if r.val_loss is not None:
+            self.val = f" val {r.val_loss:.4f} |"
         peaks = " ".join(f"{d} {format_bytes(b)} ({r.peak_source[d]})" for d, b in r.peak_bytes.items())
         energy = "" if r.energy_j is None else f" | {self.energy:.3g} J {r.energy_source.split(' ')[0]}"
-        self.bar.set_postfix_str(f"loss {r.loss:.4f} | {r.step_s * 1e3:.1f} ms/step | {peaks}{energy}", refresh=False)
+        speed = f"{r.step_s * 1e3:.1f} ms/step" + ("" if r.tokens_per_s is None else f" {r.tokens_per_s:.4g} tok/s")
+        self.bar.set_postfix_str(
+            f"loss {r.loss:.4f} |{self.val} lr {r.lr:.3g} | norm {r.grad_norm:.3g} | {speed} | {peaks}{energy}",
+            refresh=False,
+        )
         self.bar.update(1)
 
     def checkpoint(self, step: int, path: Path) -> None:
@@ -71,9 +112,10 @@ class Bar:
             return
         energy = _energy(records)
         spent = "" if energy is None else f", {energy:.4g} J {records[-1].energy_source}"
+        val = "" if result.final_val_loss is None else f", validation loss {result.final_val_loss:.6g}"
         print(
             f"trained steps {result.start_step}..{records[-1].step} in {result.time_s:.2f} s (setup "
-            f"{result.setup_s:.2f} s): final loss {records[-1].loss:.6g}{spent}",
+            f"{result.setup_s:.2f} s): final loss {records[-1].loss:.6g}{val}{spent}",
             file=self.out,
         )
         if result.checkpoint is not None:
@@ -107,19 +149,16 @@ class JsonLines:
             method=s.method,
             status=s.status,
             energy_source=info["energy_source"],
+            precision=info["precision"],
+            grad_accum=info["grad_accum"],
+            schedule=info["schedule"],
             predicted={"time_s": p.time_s, "peak_bytes": dict(p.peak_bytes), "energy_j": p.energy_j} if p else None,
         )
 
     def step(self, r: StepRecord) -> None:
+        fields = step_fields(r)  # strict JSON: an fp16 overflow's inf or nan norm is null (its loss scale drops)
         self.emit(
-            "step",
-            step=r.step,
-            loss=r.loss,
-            step_s=r.step_s,
-            peak_bytes=dict(r.peak_bytes),
-            peak_source=dict(r.peak_source),
-            energy_j=r.energy_j,
-            energy_source=r.energy_source,
+            "step", **{k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in fields.items()}
         )
 
     def checkpoint(self, step: int, path: Path) -> None:
@@ -141,7 +180,87 @@ class JsonLines:
             time_s=result.time_s,
             setup_s=result.setup_s,
             final_loss=records[-1].loss if records else None,
+            final_val_loss=result.final_val_loss,
             energy_j=_energy(records),
             energy_source=records[-1].energy_source if records else None,
             checkpoint=str(result.checkpoint) if result.checkpoint else None,
         )
+
+
+class CsvLog:
+    """`--log-csv PATH`: the step lines' fields, one row per step (peak bytes one column per device), written as
+    they happen. A resumed run keeps the rows of the steps before it (so each step is in the file once); a new run
+    starts the file afresh. Rows to keep under another header (other devices) are an error, before any step."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.file: TextIO | None = None
+        self.writer: Any = None
+
+    def start(self, info: Mapping[str, Any]) -> None:
+        devices = info["plan"].devices
+        header = [c for k in STEP_FIELDS for c in ([f"{k}:{d}" for d in devices] if k in PER_DEVICE else [k])]
+        kept = self._earlier_rows(header, info["start_step"])
+        text = io.StringIO()
+        csv.writer(text).writerows([header, *kept])
+        atomic_write(self.path, lambda f: f.write(text.getvalue().encode()))
+        self.file = open(self.path, "a", newline="")  # open until the run ends: close()
+        self.writer = csv.DictWriter(self.file, header, extrasaction="ignore")
+
+    def _earlier_rows(self, header: list[str], start: int) -> list[list[str]]:
+        if start == 0 or not self.path.exists():
+            return []
+        with open(self.path, newline="") as f:
+            rows = list(csv.reader(f))
+        kept = [r for r in rows[1:] if r and r[0].isdigit() and int(r[0]) < start]
+        if kept and rows[0] != header:
+            raise XschedError(
+                f"--log-csv {self.path} has other columns ({','.join(rows[0])}); give another file", stage="train"
+            )
+        return kept
+
+    def step(self, r: StepRecord) -> None:
+        row: dict[str, Any] = {}
+        for k, v in step_fields(r).items():
+            row |= {f"{k}:{d}": x for d, x in v.items()} if k in PER_DEVICE else {k: v}
+        self.writer.writerow({k: "" if v is None else v for k, v in row.items()})
+        self.file.flush()  # type: ignore[union-attr]
+
+    def checkpoint(self, step: int, path: Path) -> None: ...
+    def notice(self, text: str) -> None: ...
+    def end(self, result: TrainResult) -> None: ...
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+class Tee:
+    """Several reporters as one (the bar or JSON lines, and the CSV log); notices go to the first only."""
+
+    def __init__(self, *reporters: Reporter) -> None:
+        self.reporters = reporters
+
+    def start(self, info: Mapping[str, Any]) -> None:
+        for r in self.reporters:
+            r.start(info)
+
+    def step(self, record: StepRecord) -> None:
+        for r in self.reporters:
+            r.step(record)
+
+    def checkpoint(self, step: int, path: Path) -> None:
+        for r in self.reporters:
+            r.checkpoint(step, path)
+
+    def notice(self, text: str) -> None:
+        self.reporters[0].notice(text)
+
+    def end(self, result: TrainResult) -> None:
+        for r in self.reporters:
+            r.end(result)
+
+    def close(self) -> None:
+        for r in self.reporters:
+            r.close()

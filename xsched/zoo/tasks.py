@@ -93,14 +93,19 @@ def _global_batch(name: str, cfg: Any, n: int, gen: torch.Generator) -> Batch:
             return (x,), (x.mean((2, 3)) @ t).argmax(1)
         return (x,), torch.einsum("nchw,ck->nkhw", x, t).argmax(1)
     if k == "next_token":
-        start = torch.randint(0, cfg.vocab, (n, 1), generator=gen)
-        stride = torch.randint(1, 4, (n, 1), generator=gen)
-        tokens = (start + stride * torch.arange(cfg.seq + 1)) % cfg.vocab
-        return (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()), None
+        return _sequences(n, cfg.vocab, cfg.seq, gen)
     src = torch.randint(1, cfg.vocab, (n, cfg.src_len), generator=gen)
     target = src.flip(1)[:, torch.arange(cfg.tgt_len) % cfg.src_len]
     tgt_in = torch.cat([torch.zeros(n, 1, dtype=src.dtype), target[:, :-1]], 1)  # teacher forcing, 0 = start
     return (src, tgt_in), target
+
+
+def _sequences(n: int, vocab: int, seq: int, gen: torch.Generator) -> Batch:
+    """`n` arithmetic sequences mod `vocab` (random start, stride 1-3) as next-token inputs and targets."""
+    start = torch.randint(0, vocab, (n, 1), generator=gen)
+    stride = torch.randint(1, 4, (n, 1), generator=gen)
+    tokens = (start + stride * torch.arange(seq + 1)) % vocab
+    return (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()), None
 
 
 def _rows(x: Any, lo: int, hi: int) -> Any:
@@ -111,6 +116,19 @@ def task_batch(name: str, scale: str, batch: int, step: int, rank: int = 0, worl
     """Rank `rank`'s `batch` rows of step `step`'s global batch (world * batch rows) for zoo model `name`."""
     cfg = config(name, scale)
     gen = torch.Generator().manual_seed(_stable(name, seed, step))
-    inputs, targets = _global_batch(name, cfg, world * batch, gen)
+    return _rank_rows(_global_batch(name, cfg, world * batch, gen), rank, batch)
+
+
+def sequence_batch(
+    name: str, vocab: int, seq: int, batch: int, step: int, rank: int = 0, world: int = 1, seed: int = 0
+) -> Batch:
+    """The gpt2 task's stream for any language model (`name` seeds it): rank `rank`'s `batch` rows of step `step`'s
+    arithmetic sequences, ((idx, targets), None) of `seq` tokens below `vocab`."""
+    gen = torch.Generator().manual_seed(_stable(name, seed, step))
+    return _rank_rows(_sequences(world * batch, vocab, seq, gen), rank, batch)
+
+
+def _rank_rows(global_batch: Batch, rank: int, batch: int) -> Batch:
+    inputs, targets = global_batch
     lo, hi = rank * batch, (rank + 1) * batch
     return tuple(_rows(x, lo, hi) for x in inputs), _rows(targets, lo, hi)

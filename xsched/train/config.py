@@ -1,0 +1,115 @@
+"""What one `xsched train` run is: `TrainConfig`, its choices, and the one-line error for each value that cannot
+work, raised before anything is loaded."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import NoReturn
+
+from xsched.budgets import parse_budget
+from xsched.errors import XschedError
+
+OPTIMIZERS = ("adamw", "sgd")
+PRECISIONS = ("fp32", "bf16", "fp16")
+SCHEDULES = ("constant", "cosine", "linear")
+DEFAULT_CHECKPOINT_EVERY = 100
+DEFAULT_EVAL_EVERY = 100
+DEFAULT_EVAL_BATCHES = 8
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run. `batch` is per process and per micro-batch (`grad_accum` of them per optimizer step);
+    `steps` is the total to reach (a resumed run trains the rest). A bare `cuda` in `budgets` or `devices` is this
+    process's GPU (cuda:LOCAL_RANK under torchrun). `weight_decay` None is the optimizer's usual value (AdamW 0.01,
+    SGD 0); it applies to the parameters of two or more dimensions (weights, embeddings), not to biases and norms."""
+
+    model: str
+    budgets: Mapping[str, str]
+    steps: int = 100
+    lr: float = 1e-3
+    optimizer: str = "adamw"
+    batch: int | None = None
+    scale: str = "default"
+    devices: tuple[str, ...] | None = None
+    method: str = "auto"
+    time_limit: float | None = None
+    profile: str = "measure"
+    cache_dir: str = "profiles"
+    checkpoint_dir: str | None = None
+    checkpoint_every: int | None = None  # default DEFAULT_CHECKPOINT_EVERY when checkpoint_dir is given
+    resume: bool = False
+    seed: int = 0
+    precision: str = "fp32"
+    grad_accum: int = 1
+    clip_grad: float | None = None
+    weight_decay: float | None = None
+    lr_schedule: str = "constant"
+    warmup: int = 0
+    min_lr: float = 0.0
+    data: str | None = None  # a token file (uint16 .bin or .npy) for language models
+    val_data: str | None = None
+    eval_every: int | None = None  # default DEFAULT_EVAL_EVERY when val_data is given
+    eval_batches: int | None = None  # default DEFAULT_EVAL_BATCHES
+    hf_config: str | None = None  # hf: models: "key=value,..." over the model type's default config
+    pretrained: str | None = None  # hf: models: a save_pretrained folder
+    seq_len: int | None = None  # hf: models: the sequence length (default: the model's context length)
+    log_csv: str | None = None
+
+    def check(self) -> None:
+        """A one-line XschedError for each value that cannot work, before anything is loaded."""
+        if not self.budgets:
+            _fail("give at least one budget: --budget DEVICE=SIZE, e.g. cpu=8GiB or cuda=80%")
+        for device, size in self.budgets.items():
+            parse_budget(size, eager_peak=1, device=device)  # the syntax only; "%" is resolved when planning
+        for flag, value in (("--steps", self.steps), ("--grad-accum", self.grad_accum)):
+            if value < 1:
+                _fail(f"{flag} must be at least 1, got {value}")
+        if not self.lr > 0:
+            _fail(f"--lr must be positive, got {self.lr}")
+        if self.optimizer not in OPTIMIZERS:
+            _fail(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.precision not in PRECISIONS:
+            _fail(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.lr_schedule not in SCHEDULES:
+            _fail(f"--lr-schedule must be one of {', '.join(SCHEDULES)}, got {self.lr_schedule!r}")
+        if self.batch is not None and self.batch < 1:
+            _fail(f"--batch must be at least 1, got {self.batch}")
+        if self.clip_grad is not None and not self.clip_grad > 0:
+            _fail(f"--clip-grad must be positive, got {self.clip_grad}")
+        if self.weight_decay is not None and not self.weight_decay >= 0:
+            _fail(f"--weight-decay must be at least 0, got {self.weight_decay}")
+        if self.warmup < 0:
+            _fail(f"--warmup must be at least 0, got {self.warmup}")
+        if not 0 <= self.min_lr <= self.lr:
+            _fail(f"--min-lr must be between 0 and --lr ({self.lr}), got {self.min_lr}")
+        self._check_files_and_evals()
+
+    def _check_files_and_evals(self) -> None:
+        if self.checkpoint_every is not None and self.checkpoint_dir is None:
+            _fail("--checkpoint-every needs --checkpoint-dir")
+        if self.checkpoint_every is not None and self.checkpoint_every < 1:
+            _fail(f"--checkpoint-every must be at least 1, got {self.checkpoint_every}")
+        if self.resume and self.checkpoint_dir is None:
+            _fail("--resume needs --checkpoint-dir (the folder of a run's step-*.pt files)")
+        if self.eval_every is not None and self.val_data is None:
+            _fail("--eval-every needs --val-data (a token file)")
+        if self.eval_every is not None and self.eval_every < 1:
+            _fail(f"--eval-every must be at least 1, got {self.eval_every}")
+        if self.eval_batches is not None and self.eval_batches < 1:
+            _fail(f"--eval-batches must be at least 1, got {self.eval_batches}")
+        hf = self.model.startswith("hf:")
+        for flag, value in (
+            ("--config", self.hf_config),
+            ("--pretrained", self.pretrained),
+            ("--seq-len", self.seq_len),
+        ):
+            if value is not None and not hf:
+                _fail(f"{flag} applies to hf:NAME models only (zoo models take sizes in --scale, e.g. small:seq=32)")
+        if self.seq_len is not None and self.seq_len < 1:
+            _fail(f"--seq-len must be at least 1, got {self.seq_len}")
+
+
+def _fail(message: str) -> NoReturn:
+    raise XschedError(message, stage="train")

@@ -1,0 +1,93 @@
+"""How `xsched train` turns gradients into an update, as torch's own pieces do it: autocast for bf16/fp16, loss
+scaling for fp16 (torch.amp.GradScaler: a step with an inf or nan gradient is skipped and the scale lowered), the
+learning-rate schedule, clipping by total norm (torch.nn.utils.clip_grad_norm_, after unscaling), and AdamW or SGD
+with weight decay on the weights only (parameters of two or more dimensions; biases and norms are not decayed)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from xsched.train.config import TrainConfig
+from xsched.train.schedule import Schedule
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@contextlib.contextmanager
+def autocast(precision: str, device_types: Iterable[str]) -> Iterator[None]:
+    """torch.autocast to `precision` on each device type (cpu always: the model is captured on the CPU, so its
+    casts are recorded there); nothing for fp32."""
+    with contextlib.ExitStack() as stack:
+        if precision in DTYPES:
+            for kind in sorted({"cpu", *device_types}):
+                stack.enter_context(torch.autocast(kind, dtype=DTYPES[precision]))
+        yield
+
+
+def default_weight_decay(optimizer: str) -> float:
+    return 0.01 if optimizer == "adamw" else 0.0  # torch's AdamW default; SGD's is none
+
+
+def param_groups(params: Iterable[nn.Parameter], weight_decay: float) -> list[dict[str, Any]]:
+    """The trained parameters in two groups: weights (2+ dimensions) decayed, the rest (biases, norms) not."""
+    trained = [p for p in params if p.requires_grad]
+    groups = [
+        {"params": [p for p in trained if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in trained if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return [g for g in groups if g["params"]]
+
+
+class Updater:
+    """The optimizer with its schedule, clipping and loss scaler: `backward(loss)` per micro-batch, `step(step)`
+    per optimizer step; `state_dict()` is what a checkpoint keeps of them (the schedule's position is the step)."""
+
+    def __init__(self, config: TrainConfig, params: Iterable[nn.Parameter], device_types: Iterable[str]) -> None:
+        self.weight_decay = (
+            config.weight_decay if config.weight_decay is not None else default_weight_decay(config.optimizer)
+        )
+        groups = param_groups(params, self.weight_decay)
+        self.params = [p for g in groups for p in g["params"]]
+        if config.optimizer == "sgd":
+            self.opt: torch.optim.Optimizer = torch.optim.SGD(groups, lr=config.lr, momentum=0.9)
+        else:
+            self.opt = torch.optim.AdamW(groups, lr=config.lr)
+        self.schedule = Schedule(config.lr_schedule, config.lr, config.warmup, config.min_lr, config.steps)
+        self.clip = config.clip_grad
+        kind = "cuda" if "cuda" in set(device_types) else "cpu"
+        self.scaler = torch.amp.GradScaler(kind, enabled=config.precision == "fp16")
+
+    def zero_grad(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.scaler.scale(loss).backward()
+
+    def step(self, step: int) -> tuple[float, float]:
+        """Update with the gradients accumulated since zero_grad, at step `step`'s learning rate. Returns that rate
+        and the gradients' total norm before clipping (inf or nan where fp16 overflowed: the update is skipped)."""
+        lr = self.schedule.lr_at(step)
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        self.scaler.unscale_(self.opt)
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.clip if self.clip is not None else float("inf"))
+        self.scaler.step(self.opt)
+        self.scaler.update()
+        return lr, float(norm)
+
+    @property
+    def loss_scale(self) -> float | None:
+        return float(self.scaler.get_scale()) if self.scaler.is_enabled() else None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.opt.state_dict(), "scaler": self.scaler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.opt.load_state_dict(state["optimizer"])
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
