@@ -57,23 +57,23 @@ def run_case(name: str, frac: float, warm: bool, time_limit: float) -> dict:
         return {"case": f"{name} {frac:.0%} {'warm' if warm else 'cold'}", "note": str(e)}
     total = time.perf_counter() - t0
     sim = simulate(graph, plan, profile)
-    e = plan.solver.extra
-    at = e.get("incumbent_s")
-    best = e.get("best_incumbent")
+    e = plan.solver.stats
+    at = e.incumbent_s
+    best = e.best_incumbent
     row = {
         "case": f"{name} {frac:.0%} {'warm' if warm else 'cold'}",
         "plan_tdi": tdi(sim.time_s),
         "start_tdi": tdi(start.predicted.time_s) if start is not None else None,
-        "obj_tdi": tdi(e.get("milp_objective")),
-        "bound_tdi": tdi(e.get("milp_bound")),
+        "obj_tdi": tdi(e.model_objective),
+        "bound_tdi": tdi(e.model_bound),
         "status": plan.solver.status,
         "total_s": total,
         "heur_s": heuristics_s,
-        "build_s": e.get("build_s"),
-        "handoff_s": e.get("handoff_s"),
-        "highs_s": e.get("highs_s"),
+        "build_s": plan.solver.times.build_s,
+        "handoff_s": e.handoff_s,
+        "highs_s": plan.solver.times.solve_s,
         "best_at_s": heuristics_s + at[best] if at and best is not None and best >= 0 else None,
-        "size": f"{e.get('n_binaries')} / {e.get('n_constraints')}",
+        "size": f"{e.n_binaries} / {e.n_constraints}",
     }
     want_tdi, want_s = TARGETS.get((name, frac), (None, None))
     if want_s is not None:
