@@ -29,14 +29,14 @@ class XschedError(Exception):
 
 
 class GraphError(XschedError):
-    """A graph that breaks contract 1 (unknown schema, dangling ids, cycles, bad order)."""
+    """A graph that breaks contract 1 of docs/ARCHITECTURE.md (unknown schema, dangling ids, cycles, bad order)."""
 
     def __init__(self, message: str, **where: str | int | None) -> None:
         super().__init__(message, stage=str(where.pop("stage", None) or "graph"), **where)  # type: ignore[arg-type]
 
 
 class PlanError(XschedError):
-    """A plan that breaks contract 3 or its semantics (missing input, over budget, ...)."""
+    """A plan that breaks contract 3 of docs/ARCHITECTURE.md or its semantics (missing input, over budget, ...)."""
 
     def __init__(self, message: str, **where: str | int | None) -> None:
         super().__init__(message, stage=str(where.pop("stage", None) or "simulate"), **where)  # type: ignore[arg-type]

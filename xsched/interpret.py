@@ -1,7 +1,7 @@
 """The one walk over a plan's steps: residency, bytes per device, validity and the step-tagged errors.
 
 In the manner of torch.fx's `Interpreter`: `PlanInterpreter.run` owns the traversal and every rule of the
-plan semantics (ARCHITECTURE.md, contract 3), and dispatches each step to a hook for its kind. Passes subclass
+plan semantics (docs/ARCHITECTURE.md, contract 3), and dispatches each step to a hook for its kind. Passes subclass
 it and override only their hooks: the simulator adds times and energy (`xsched.simulate`), the reference
 interpreter moves tensors (`xsched.execute.reference`), the executor builds its step functions
 (`xsched.execute.executor`). A rule changed here changes all of them.

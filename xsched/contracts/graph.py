@@ -1,4 +1,5 @@
-"""The graph IR (contract 1): frozen `Graph`, `Op`, `Value`, their validation, fingerprint and JSON."""
+"""The graph IR (contract 1, docs/ARCHITECTURE.md): frozen `Graph`, `Op`, `Value`, their validation, fingerprint
+and JSON."""
 
 from __future__ import annotations
 

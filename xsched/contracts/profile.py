@@ -1,4 +1,5 @@
-"""The profile (contract 2): per-device op costs and per-pair copy costs, with JSON load/save (always validated)."""
+"""The profile (contract 2, docs/ARCHITECTURE.md): per-device op costs and per-pair copy costs, with JSON load/save
+(always validated)."""
 
 from __future__ import annotations
 

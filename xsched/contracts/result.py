@@ -1,6 +1,7 @@
-"""What a solver run gives (the "solver" record of contract 3): one frozen `SolveResult` with its status, plan,
-objective, bound, gap, times and typed per-backend stats. Every backend returns it, and the plan carries it as
-`plan.solver` (without the plan itself). JSON: `to_dict` / `result_from_dict`, stats tagged by their `kind`."""
+"""What a solver run gives (the "solver" record of contract 3, docs/ARCHITECTURE.md): one frozen `SolveResult` with
+its status, plan, objective, bound, gap, times and typed per-backend stats. Every backend returns it, and the plan
+carries it as `plan.solver` (without the plan itself). JSON: `to_dict` / `result_from_dict`, stats tagged by their
+`kind`."""
 
 from __future__ import annotations
 

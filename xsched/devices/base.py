@@ -136,7 +136,7 @@ class Device(ABC):
         for op in ops:
             try:
                 found.append(self.measure_op(graph, op, policy))
-            except Exception as e:  # this op cannot run on this device: contract 2 says leave it out
+            except Exception as e:  # cannot run on this device: left out (contract 2, docs/ARCHITECTURE.md)
                 found.append(f"{type(e).__name__}: {e}")
         return found
 

@@ -219,7 +219,7 @@ class CpuDevice(Device):
                     env = xops.op_input_tensors(graph, op, "cpu", torch.Generator().manual_seed(0))
                     xops.run_op(op, env, "cpu")  # allocator and kernel selection warm up; an op that fails is out
                     calls[i] = functools.partial(xops.run_op, op, env, "cpu")
-                except Exception as e:  # this op cannot run here: contract 2 says leave it out
+                except Exception as e:  # cannot run here: left out (contract 2, docs/ARCHITECTURE.md)
                     found[i] = f"{type(e).__name__}: {e}"
             for _ in range(policy.warmup):
                 for call in calls.values():

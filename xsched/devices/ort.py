@@ -271,7 +271,7 @@ class OrtDevice(Device):
             try:
                 calls[i] = self.single_node(graph, op)
                 calls[i]()  # allocations and kernel choice warm up; a node that fails is out
-            except Exception as e:  # this node cannot run on this provider: contract 2 says leave it out
+            except Exception as e:  # not on this provider: left out (contract 2, docs/ARCHITECTURE.md)
                 found[i] = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
                 calls.pop(i, None)
         for _ in range(policy.warmup):

@@ -86,7 +86,8 @@ def profile_graph(
     unmeasured is modelled from what its device reached (fallback.py) and listed in extra["modelled_ops"]; a value's
     copy left untimed is costed by the link's fit.
     `pinned` says which host memory the `copy` entries assume; the other kind's fit is in extra["links"].
-    An op a device cannot run is left out of that device's costs (contract 2), its reason in extra["unsupported"].
+    An op a device cannot run is left out of that device's costs (contract 2, docs/ARCHITECTURE.md), its reason in
+    extra["unsupported"].
     """
     from tqdm.auto import tqdm
 
