@@ -22,6 +22,7 @@ from xsched.solve import SOLVERS, SolverEntry, SolverOptions, solve
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+REGISTERED = list(SOLVERS)  # at collection, before any test changes the registry
 
 
 def blocks(lang: str) -> list[str]:
@@ -77,14 +78,24 @@ def example_solver() -> SolverEntry:
     exec(
         line, {"register": entries.append, "SolverEntry": SolverEntry, "lazy": lambda target: ns[target.split(":")[1]]}
     )
-    assert len(entries) == 1 and ast.parse(line)
+    assert len(entries) == 1
     return entries[0]
 
 
-def test_the_example_solver_is_a_method(monkeypatch) -> None:
+@pytest.fixture
+def registry():
+    """SOLVERS to change, restored afterwards in its registration order (monkeypatch.delitem's undo re-inserts
+    deleted entries in reverse order, which would change what auto runs first in later tests)."""
+    saved = dict(SOLVERS)
+    yield SOLVERS
+    SOLVERS.clear()
+    SOLVERS.update(saved)
+
+
+def test_the_example_solver_is_a_method(registry) -> None:
     entry = example_solver()
     assert (entry.name, entry.kind, entry.max_size, entry.share) == ("first-fit", "search", 5000, 0.1)
-    monkeypatch.setitem(SOLVERS, entry.name, entry)
+    registry[entry.name] = entry
     g, p, _ = example()
     plan = solve(g, p, {"cuda:0": 600}, devices=["cuda:0", "cpu"], method="first-fit", homes={"x": "cpu"})
     assert plan.solver.method == plan.solver.found_by == "first-fit"
@@ -95,7 +106,7 @@ def test_the_example_solver_is_a_method(monkeypatch) -> None:
     assert low.solver.status == "heuristic" and low.solver.stats.fallback_reason == "peaks at 550 B on cuda:0"
 
 
-def test_auto_runs_the_example_solver_with_a_warm_start(monkeypatch) -> None:
+def test_auto_runs_the_example_solver_with_a_warm_start(registry) -> None:
     entry = example_solver()
     warm_starts = []
 
@@ -103,15 +114,20 @@ def test_auto_runs_the_example_solver_with_a_warm_start(monkeypatch) -> None:
         warm_starts.append(warm)
         return entry.fn(problem, options, warm)
 
-    for name in [n for n, e in SOLVERS.items() if e.kind != "heuristic"]:  # the heuristics and it: no MILP here
-        monkeypatch.delitem(SOLVERS, name)
-    monkeypatch.setitem(SOLVERS, entry.name, replace(entry, fn=spy))
+    for name in [n for n, e in registry.items() if e.kind != "heuristic"]:  # the heuristics and it: no MILP here
+        del registry[name]
+    registry[entry.name] = replace(entry, fn=spy)
     g, p, _ = example()
     plan = solve(
         g, p, {"cuda:0": 600}, devices=["cuda:0", "cpu"], homes={"x": "cpu"}, options=SolverOptions(time_limit_s=5)
     )
     assert [m.method for m in plan.solver.stats.members][-1] == "first-fit"
     assert len(warm_starts) == 1 and warm_starts[0] is not None
+
+
+def test_the_registry_is_restored_in_order() -> None:
+    """Runs after the two tests above (file order): the built-in order, which auto follows, is intact."""
+    assert list(SOLVERS) == REGISTERED
 
 
 def test_the_layer_table_is_test_imports_layers() -> None:
