@@ -20,6 +20,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture
+def registry():
+    """The solver registry, restored with its order afterwards (configurations run members in registration order;
+    monkeypatch.delitem would put deleted entries back at the end)."""
+    from xsched.solve.registry import SOLVERS
+
+    saved = dict(SOLVERS)
+    yield SOLVERS
+    SOLVERS.clear()
+    SOLVERS.update(saved)
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny ops on 2 shared cores: intra-op threads only add contention (6x slower here), so use one."""

@@ -66,7 +66,7 @@ def eager_solver(problem: Problem, options: SolverOptions, warm: Plan | None) ->
     return replace(record, plan=replace(plan, solver=record, budgets=problem.budgets))
 
 
-def test_a_registered_toy_solver_is_a_method_and_auto_runs_it(monkeypatch) -> None:
+def test_a_registered_toy_solver_is_a_method_and_auto_runs_it(registry) -> None:
     """Adding a solver is one registration: solve() dispatches to it by name, auto runs it after the heuristics
     with the best plan so far as its warm start, and its plan wins when it is the best."""
     calls = []
@@ -75,7 +75,7 @@ def test_a_registered_toy_solver_is_a_method_and_auto_runs_it(monkeypatch) -> No
         calls.append(warm)
         return eager_solver(problem, options, warm)
 
-    monkeypatch.setitem(SOLVERS, "toy", SolverEntry("toy", toy, kind="search"))
+    registry["toy"] = SolverEntry("toy", toy, kind="search")
     prof = two_device_profile(G)
     plan = solve(G, prof, {"a": "100%"}, devices=["a"], method="toy")
     assert plan.solver.method == "toy" and valid(G, plan, prof, {"a": 228}).steps == eager_plan(G, "a").steps
@@ -83,10 +83,10 @@ def test_a_registered_toy_solver_is_a_method_and_auto_runs_it(monkeypatch) -> No
     ran = [m.method for m in auto.solver.stats.members]
     assert "toy" in ran and calls[-1] is not None  # warm-started from the best plan so far
     for name in [n for n in SOLVERS if n != "toy"]:  # alone, its plan is auto's
-        monkeypatch.delitem(SOLVERS, name)
+        del registry[name]
     only = solve(G, prof, {"a": "100%"}, devices=["a"], options=SolverOptions(time_limit_s=5))
     assert only.solver.found_by == "toy" and only.steps == plan.steps
-    monkeypatch.delitem(SOLVERS, "toy")
+    del registry["toy"]
     with pytest.raises(XschedError, match="unknown method 'toy'"):
         solve(G, prof, {"a": "80%"}, devices=["a"], method="toy")
 

@@ -169,3 +169,28 @@ def test_bench_bounds_below_the_eager_peak(name):
     b = lower_bounds(g, profile, ["bench"], {})["bench"]
     assert 0 < b.bytes <= eager_peak(g)
     assert b.bytes == max(g.op_bytes(o.id) for o in g.ops)
+
+
+def test_time_bounds_by_hand() -> None:
+    """f0 runs only on the CPU (1 s), f1 on both (3 s / 1 s), f2 only on the GPU (2 s) and reads x (100 B, homed on
+    the CPU) over a 10 B/s link with 0.5 s latency: the critical path is 1 + 1 + 2 = 4 s, the GPU alone must run
+    2 s, the CPU 1 s, the work spread over both is 2 s, and x must cross the link: 10.5 s."""
+    from xsched.contracts.graph import Graph, Op, Value
+    from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
+    from xsched.solve.time_bound import time_bound, time_bounds
+
+    g = Graph(
+        "bounds",
+        (Value("x", 100, "input"), Value("a", 1), Value("b", 1), Value("c", 1)),
+        (Op("f0", "t", (), ("a",)), Op("f1", "t", ("a",), ("b",)), Op("f2", "t", ("b", "x"), ("c",))),
+        ("c",),
+    )
+    compute = {"cpu": {"f0": OpCost(1.0), "f1": OpCost(3.0)}, "gpu": {"f1": OpCost(1.0), "f2": OpCost(2.0)}}
+    link = LinkCost(0.5, 10.0)
+    devices = {"cpu": DeviceInfo("cpu"), "gpu": DeviceInfo("cuda")}
+    prof = Profile(g.fingerprint, devices, compute, {"cpu->gpu": link, "gpu->cpu": link})
+    found = {b.by: b.seconds for b in time_bounds(g, prof, ["cpu", "gpu"], {"x": "cpu"})}
+    want = {"critical path": 4.0, "compute on cpu": 1.0, "compute on gpu": 2.0, "link cpu->gpu": 10.5}
+    assert found == pytest.approx({**want, "compute spread over 2 devices": 2.0})
+    assert time_bound(g, prof, ["cpu", "gpu"], {"x": "cpu"}).by == "link cpu->gpu"
+    assert time_bound(g, prof, ["cpu", "gpu"], {"x": "gpu"}).seconds == pytest.approx(4.0)  # x is there already

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import BENCH
 
 from xsched.cli import main
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Plan
+from xsched.contracts.profile import Profile
 
 MODEL_FILE = """
 import torch
@@ -113,12 +115,19 @@ def test_plan_explain_names_the_recomputed_values_and_why(tmp_path, capsys):
     capsys.readouterr()
     args = ["plan", str(g), str(p), "--method", "checkpoint", "--budget", "bench=80%", "-o", str(plan)]
     assert main([*args, "--explain", "--json"]) == 0
-    rows = _json(capsys)["explain"]
+    out = _json(capsys)
+    rows = out["explain"]
     recomputed = [r for r in rows if r["decision"].startswith("recomputed")]
     assert recomputed and all("recomputed at step" in r["reasons"][0] for r in recomputed)
+    # one device: no plan's makespan is below every op once (a hand count of the imported costs)
+    graph, profile = Graph.load(g), Profile.load(p)
+    once = sum(profile.op_cost(o.id, "bench").time_s for o in graph.ops)
+    assert out["makespan_bounds"][0]["seconds"] == pytest.approx(once)
+    assert out["makespan_bounds"][0]["seconds"] <= out["makespan_s"]
     assert main([*args, "--explain"]) == 0
     text = capsys.readouterr().out
     assert all(r["value"] in text for r in recomputed) and "decision" in text
+    assert "no plan's makespan is below" in text
 
 
 def test_user_mistakes_are_one_line_with_status_2(tmp_path, capsys):

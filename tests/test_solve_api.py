@@ -103,7 +103,7 @@ def test_milp_plan_is_validated_and_labelled():
     assert objective(plan) <= objective(warm) * (1 + 1e-9)  # no worse than its warm start
 
 
-def test_a_given_warm_start_competes_with_the_heuristics(monkeypatch):
+def test_a_given_warm_start_competes_with_the_heuristics(monkeypatch, registry):
     def echo(problem, options, warm):
         if warm is None:
             return stopped(problem, options, warm)
@@ -114,7 +114,7 @@ def test_a_given_warm_start_competes_with_the_heuristics(monkeypatch):
     given = solve(G, profile, {"a": "70%"}, devices=["a"], method="checkpoint")
     elsewhere = solve(G, profile, {"a": "100%", "b": "100%"}, method="eager", homes={"x": "b"})
     for name in HEURISTICS:  # no heuristic: the caller's plan is the only start
-        monkeypatch.delitem(SOLVERS, name)
+        del registry[name]
     plan = solve(G, profile, {"a": "70%"}, devices=["a"], method="milp", warm_start=given)
     assert calls[-1][1].steps == given.steps and plan.steps == given.steps
     with pytest.raises(XschedError, match="no heuristic meets the budgets either.*other homes"):  # nothing is left

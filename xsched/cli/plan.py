@@ -35,11 +35,13 @@ def cmd_plan(a: argparse.Namespace) -> int:
                 graph, profile, budgets or {d: "100%" for d in (devices or profile.compute)}, devices, a.method, options
             )
     plan.save(a.output)
-    rows = None
+    rows = bounds = None
     if a.explain:
         from xsched.explain import explain
+        from xsched.solve.time_bound import time_bounds
 
         rows = explain(graph, plan, profile)
+        bounds = time_bounds(graph, profile, plan.devices, plan.homes)
     p, s = plan.predicted, plan.solver
     if a.json:
         out = {
@@ -60,15 +62,19 @@ def cmd_plan(a: argparse.Namespace) -> int:
         }
         if rows is not None:
             out["explain"] = [r.as_dict() for r in rows]
+            out["makespan_bounds"] = [{"seconds": b.seconds, "by": b.by, "why": b.why} for b in bounds]
         print_json(out)
         return 0
     found = f", found by {s.found_by}" if s.found_by != s.method else ""
     print(f"{s.method} ({s.status}, gap {s.gap}{found}) in {s.solve_s:.2f} s: {len(plan.steps)} steps -> {a.output}")
     if p is not None:
         print(
-            f"predicted time {p.time_s:.6g} s, peak "
+            f"predicted makespan {p.makespan_s:.6g} s (sequential {p.time_s:.6g} s), peak "
             + ", ".join(f"{d}={format_bytes(b)}" for d, b in p.peak_bytes.items())
         )
+    if bounds:
+        b = bounds[0]
+        print(f"no plan's makespan is below {b.seconds:.6g} s ({b.by}: {b.why})")
     if rows is not None:
         from xsched.explain import explain_table
 

@@ -29,6 +29,7 @@ from xsched.report.machines import (
 )
 from xsched.report.sweep import SweepSettings, count, plan_point
 from xsched.report.whatif import Sweeps, device_whatif, machine_sweep
+from xsched.solve.time_bound import time_bound
 
 SECTIONS = ("sweep", "whatif", "energy", "pictures")
 KNEE = 1.1  # the pictured plan: the smallest swept budget whose plan is at most this much slower than the fastest
@@ -338,6 +339,7 @@ def _pictures_section(graph: Graph, profile: Profile, plan: Plan, why: str, out:
     from xsched.report.trace import predicted_trace, write_trace
 
     w = pictures.walk(graph, plan, profile)
+    bound = time_bound(graph, profile, plan.devices, plan.homes)
     files["plan.json"] = out / "plan.json"
     plan.save(files["plan.json"])
     files["predicted-trace.json"] = write_trace(predicted_trace(graph, plan, profile), out / "predicted-trace.json")
@@ -358,8 +360,9 @@ def _pictures_section(graph: Graph, profile: Profile, plan: Plan, why: str, out:
         ),
         html.Figure(
             "fig-timeline",
-            pictures.timeline_figure(graph, plan, w),
-            "The compute and copy lanes of the overlapped model (xsched.lanes): when each step runs.",
+            pictures.timeline_figure(graph, plan, w, bound),
+            "The compute and copy lanes of the overlapped model (xsched.lanes): when each step runs. Dotted: the "
+            f"lower bound on any plan's makespan ({bound.why}).",
         ),
     )
     intro = (

@@ -14,6 +14,7 @@ from xsched.contracts.profile import Profile
 from xsched.lanes import lane_of
 from xsched.report.draw import COLORS, byte_unit, figure, fmt_bytes, time_unit, to_svg
 from xsched.simulate import SimResult, Simulator
+from xsched.solve.time_bound import TimeBound
 
 PHASE_COLORS = {"fwd": COLORS[0], "loss": COLORS[4], "bwd": COLORS[2]}
 RECOMPUTE, COPY = COLORS[1], COLORS[3]
@@ -159,8 +160,9 @@ def memory_figure(graph: Graph, plan: Plan, w: Walk) -> str:
     return to_svg(fig, "memory")
 
 
-def timeline_figure(graph: Graph, plan: Plan, w: Walk) -> str:
-    """The overlapped model's lanes over time: computes coloured by phase (recomputes apart), copies, makespan."""
+def timeline_figure(graph: Graph, plan: Plan, w: Walk, bound: TimeBound | None = None) -> str:
+    """The overlapped model's lanes over time: computes coloured by phase (recomputes apart), copies, makespan, and
+    the lower bound on any plan's makespan (`bound`) as a dotted line."""
     r = w.result
     lanes = [lane_of(s) for s in plan.steps]
     order = sorted(
@@ -185,9 +187,13 @@ def timeline_figure(graph: Graph, plan: Plan, w: Walk) -> str:
         ax.broken_barh(spans, (y[k] - 0.4, 0.8), facecolors=color, edgecolor="none")
     ax.set_yticks([y[k] for k in order], order, fontsize=8)
     ax.axvline((r.makespan_s or 0.0) * scale, color="0.2", ls="--", lw=1)
+    floor = ""
+    if bound is not None:
+        ax.axvline(bound.seconds * scale, color="0.2", ls=":", lw=1)
+        floor = f"; no plan below {bound.seconds * scale:.4g} {unit} ({bound.by}, dotted)"
     ax.set_xlabel(
         f"overlapped time ({unit}); makespan {(r.makespan_s or 0) * scale:.4g} {unit}, sequential "
-        f"{(r.time_s or 0) * scale:.4g} {unit}"
+        f"{(r.time_s or 0) * scale:.4g} {unit}{floor}"
     )
     from matplotlib.patches import Patch
 

@@ -101,6 +101,28 @@ def prune(graph: Graph, steps: Sequence[Step], wanted_end: Iterable[tuple[str, s
         steps = [s for s, k in zip(steps, keep) if k]
 
 
+def frees_after_stage(graph: Graph, steps: Sequence[Step]) -> list[Step]:
+    """Each free that follows the copy that last read the value (a copy out) moved to the end of that copy's stage,
+    after the stage's first compute of a new op: the stage model lets the copy run while the stage computes, and
+    holds the value on its source meanwhile, so the computes need not wait for it."""
+    out: list[Step] = []
+    held: list[Free] = []
+    seen: set[str] = set()  # ops computed so far: a stage ends with the first compute of an op
+    last: Step | None = None
+    for s in steps:
+        if isinstance(s, Free) and isinstance(last, Copy) and last.value == s.value and last.src == s.device:
+            held.append(s)
+            continue
+        out.append(s)
+        if not isinstance(s, Free):
+            last = s
+        if isinstance(s, Compute) and s.op not in seen:
+            seen.add(s.op)
+            out += held
+            held = []
+    return out + held
+
+
 def free_unwanted_ends(
     graph: Graph, steps: Sequence[Step], homes: Mapping[str, str], wanted_end: Iterable[tuple[str, str]]
 ) -> list[Step]:
@@ -135,6 +157,7 @@ def extract(st: Stages, sol: Solution, info: SolveResult) -> Plan:
     ends = wanted_at_end(st, sol)
     steps = prune(graph, stage_steps(st, sol), ends)
     steps = free_unwanted_ends(graph, place_frees(graph, steps, homes), homes, ends)
+    steps = frees_after_stage(graph, steps)
     plan = Plan(
         graph=graph.fingerprint,
         budgets=dict(st.budgets),

@@ -17,6 +17,7 @@ from xsched.errors import BudgetError, XschedError
 from xsched.solve.gap_remat import gap_remat
 from xsched.solve.objective import best_of
 from xsched.solve.offload import offload_search
+from xsched.solve.park_remat import park_remat
 from xsched.solve.problem import runnable
 from xsched.solve.remat import checkpoint_search, sqrt_checkpoint
 from xsched.solve.routing import best_single_device, op_workspace, route_and_finish
@@ -121,6 +122,7 @@ HEURISTICS: dict[str, Callable[..., Plan]] = {
     "checkpoint": checkpoint_search,
     "offload": offload_search,
     "gaps": gap_remat,
+    "park": park_remat,
 }
 
 

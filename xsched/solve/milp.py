@@ -57,16 +57,14 @@ def solve_milp(
     start = plan_to_solution(st, warm_start) if warm_start is not None else None
     if start is not None:
         set_start(model, st, start)
-    floor = objective_floor(graph, profile, devices)
+    floor, _ = objective_floor(graph, profile, devices, homes, options.alpha_energy)
 
     plans: dict[Solution, Plan] = {}  # incumbents extracted while the solver runs, reused when picking the best
 
-    def at_floor(sol: Solution) -> bool:  # a plan as fast as every op run once at its fastest is optimal
-        if options.alpha_energy != 0:
-            return False
+    def at_floor(sol: Solution) -> bool:  # a plan as good as the lower bound on every plan is optimal
         if sol not in plans:
             plans[sol] = extract(st, sol, SolveResult("milp", "feasible"))
-        return objective(plans[sol]) <= floor * (1 + 1e-9)
+        return objective(plans[sol], options.alpha_energy) <= floor * (1 + 1e-9)
 
     if options.solver == "highs":
         limit = options.time_limit_s
@@ -240,11 +238,45 @@ def build_model(st: Stages, options: SolverOptions) -> pyo.ConcreteModel:
     )
     if options.energy_cap_j is not None:
         m.energy_cap = pyo.Constraint(expr=energy <= options.energy_cap_j / st.eu)  # total energy within the cap
-    run_time = sum(st.time[d][i] * R[d, t, i] for d, t, i in st.r_keys) + sum(st.copy_time[k] * C[k] for k in st.c_keys)
-    alpha = options.alpha_energy * st.eu / st.tu  # objective in time units: time + alpha * energy
+    run_time = stage_times(m, st)
+    alpha = options.alpha_energy * st.eu / st.tu  # objective in time units: makespan + alpha * energy
     m.obj = pyo.Objective(expr=run_time + alpha * energy if alpha else run_time, sense=pyo.minimize)
     m.u_defs = u_defs
     return m
+
+
+def stage_times(m: pyo.ConcreteModel, st: Stages):
+    """The makespan as the sum of stage times, each its busiest device or link: a device computes its ops of the
+    stage, after the copies into it that those ops read (a copy read in its own stage cannot hide); a link carries
+    its copies of the stage while the devices compute (a copy out, or a prefetch for a later stage, overlaps)."""
+    R, C = m.R, m.C
+    readers: dict[tuple, list] = {}  # copy key -> its readers' R in the copy's stage on its destination
+    for k in st.c_keys:
+        s, d, t, v = k
+        readers[k] = [R[d, t, j] for j in st.users[v] if (d, t, j) in R]
+    y_keys = [k for k, rs in readers.items() if rs]
+    # ---- variable groups
+    m.Z = pyo.Var(range(st.T + 1), bounds=(0, None))  # Z[t]: stage t's time
+    m.Y = pyo.Var(y_keys, bounds=(0, 1))  # Y[s,d,t,v]: the copy is read on d in its own stage: d waits for it
+    # ---- constraint groups
+    m.read_in_stage = pyo.ConstraintList()  # Y is 1 where the copy and a reader of it run in the same stage
+    for k in y_keys:
+        for r in readers[k]:
+            m.read_in_stage.add(m.Y[k] >= C[k] + r - 1)
+    m.device_time = pyo.ConstraintList()  # a stage lasts at least its computes on a device and the copies they wait for
+    for d in st.dev_range:
+        for t in range(st.T):
+            work = [st.time[d][i] * R[d, t, i] for i in st.r_at.get((d, t), ())]
+            work += [st.copy_time[k] * m.Y[k] for k in st.c_at.get((d, t), ()) if k in m.Y]
+            if work:
+                m.device_time.add(m.Z[t] >= sum(work))
+    m.link_time = pyo.ConstraintList()  # ... and at least the copies each link carries in it
+    per_link: dict[tuple[int, int, int], list] = {}
+    for k in st.c_keys:
+        per_link.setdefault((k[0], k[1], k[2]), []).append(st.copy_time[k] * C[k])
+    for (_, _, t), terms in per_link.items():
+        m.link_time.add(m.Z[t] >= sum(terms))
+    return sum(m.Z[t] for t in range(st.T + 1))
 
 
 def set_start(m: pyo.ConcreteModel, st: Stages, sol: Solution) -> None:
@@ -261,6 +293,22 @@ def set_start(m: pyo.ConcreteModel, st: Stages, sol: Solution) -> None:
         m.F[key].set_value(1 if (d, t, k) in sol.r_on and not kept and not later else 0)
     for u, rhs in m.u_defs:  # in chain order: each right-hand side reads only U values already set
         u.set_value(pyo.value(rhs), skip_validation=True)
+    busy: dict[tuple, float] = {}  # (stage, device or link) -> its time under the start
+    for d, t, i in sol.r_on:
+        busy[(t, d)] = busy.get((t, d), 0.0) + st.time[d][i]
+    for k in sol.c_on:
+        s, d, t, v = k
+        busy[(t, s, d)] = busy.get((t, s, d), 0.0) + st.copy_time[k]
+        read = any((d, t, j) in sol.r_on for j in st.users[v])
+        if k in m.Y:
+            m.Y[k].set_value(1 if read else 0)
+        if read:
+            busy[(t, d)] = busy.get((t, d), 0.0) + st.copy_time[k]
+    for k in m.Y:
+        if k not in sol.c_on:
+            m.Y[k].set_value(0)
+    for t in m.Z:
+        m.Z[t].set_value(max((x for key, x in busy.items() if key[0] == t), default=0.0))
 
 
 __all__ = ["build_model", "run", "solve_milp"]

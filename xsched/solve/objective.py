@@ -1,20 +1,22 @@
-"""The one objective every solver minimises and ranks plans by, and the lower bound on it that gaps are measured
-against. Changing what "better" means is a change here and nowhere else."""
+"""The one objective every solver ranks plans by: the predicted makespan (the lanes model's overlapped time, what
+the executor's streams achieve) plus alpha x energy, and the lower bound gaps are measured against. Changing what
+"better" means is a change here and nowhere else."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Plan
 from xsched.contracts.profile import Profile
+from xsched.solve.time_bound import time_bound
 
 
 def objective(plan: Plan, alpha_energy: float = 0.0) -> float:
-    """The plan's predicted time + alpha x its predicted energy (seconds)."""
+    """The plan's predicted makespan + alpha x its predicted energy (seconds)."""
     p = plan.predicted
-    assert p is not None, "objective of a plan the simulator has not checked"
-    return (p.time_s or 0.0) + alpha_energy * (p.energy_j or 0.0)
+    assert p is not None and p.makespan_s is not None, "objective of a plan not simulated with its lanes"
+    return p.makespan_s + alpha_energy * (p.energy_j or 0.0)
 
 
 def better(plan: Plan | None, than: Plan | None, alpha_energy: float = 0.0) -> bool:
@@ -29,10 +31,15 @@ def best_of(plans: Sequence[Plan], alpha_energy: float = 0.0) -> Plan | None:
     return min(plans, key=lambda p: objective(p, alpha_energy), default=None)
 
 
-def objective_floor(graph: Graph, profile: Profile, devices: Sequence[str], alpha_energy: float = 0.0) -> float:
-    """Every op once on its cheapest device and no copies: no plan in any order does better."""
-    total = 0.0
-    for o in graph.ops:
-        costs = [c for d in devices if (c := profile.op_cost(o.id, d)) is not None]
-        total += min((c.time_s + alpha_energy * (c.energy_j or 0.0) for c in costs), default=0.0)
-    return total
+def objective_floor(
+    graph: Graph, profile: Profile, devices: Sequence[str], homes: Mapping[str, str], alpha_energy: float = 0.0
+) -> tuple[float, str]:
+    """No plan's objective is below this: the makespan's lower bound (`time_bound`) plus alpha x every op's least
+    energy; and what sets it."""
+    bound = time_bound(graph, profile, devices, homes)
+    energy = 0.0
+    if alpha_energy:
+        for o in graph.ops:
+            costs = [c.energy_j or 0.0 for d in devices if (c := profile.op_cost(o.id, d)) is not None]
+            energy += min(costs, default=0.0)
+    return bound.seconds + alpha_energy * energy, bound.why

@@ -1,0 +1,102 @@
+"""Parking and recomputation chosen together (xsched.solve.park_remat): valid plans on random graphs, copies that
+hide behind compute where the link has room (the lanes' makespan by an independent event sweep), recomputation
+where it has none, and a plan that both parks and recomputes run by the executor against eager PyTorch."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from oracle import assert_prediction_matches
+from oracle import makespan as oracle_makespan
+from test_executor import check_against_eager, workload
+from test_heuristics import train_dags
+from test_offload import fwd_bwd
+
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Compute, Copy
+from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
+from xsched.errors import BudgetError
+from xsched.solve import solve
+from xsched.solve.eager import eager_peak
+from xsched.solve.heuristics import best_heuristic
+from xsched.solve.park_remat import park_remat
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+DEVICES = ("cpu:0", "cpu:1")
+
+
+def with_store(g: Graph, op_s: float = 1.0, latency: float = 0.01, bandwidth: float = 1000.0) -> Profile:
+    """cpu:0 computes every op in `op_s`; cpu:1 only stores (no compute entries); a link each way."""
+    link = LinkCost(latency, bandwidth)
+    return Profile(
+        g.fingerprint,
+        {d: DeviceInfo("cpu") for d in DEVICES},
+        {"cpu:0": {o.id: OpCost(op_s) for o in g.ops}, "cpu:1": {}},
+        {"cpu:0->cpu:1": link, "cpu:1->cpu:0": link},
+    )
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(train_dags(), st.data())
+def test_every_park_plan_is_valid_or_names_the_device(g: Graph, data) -> None:
+    profile = with_store(g, bandwidth=data.draw(st.sampled_from([10.0, 1000.0])))
+    homes = {v: "cpu:0" for v in g.inputs}
+    budgets = {"cpu:0": data.draw(st.integers(0, 2 * eager_peak(g) + 50))}
+    try:
+        plan = park_remat(g, profile, budgets, list(DEVICES), homes)
+    except BudgetError as e:
+        assert e.device == "cpu:0"
+        return
+    assert_prediction_matches(g, plan, profile, budgets)
+    assert plan.predicted.makespan_s == pytest.approx(oracle_makespan(g, plan, profile))
+
+
+def test_parked_copies_hide_behind_compute_where_the_link_has_room() -> None:
+    """A copy takes a tenth of an op: at half the eager peak every parked value moves while cpu:0 computes, so the
+    plan recomputes nothing and its makespan (an independent event sweep) is its compute time alone."""
+    g = fwd_bwd(10)
+    profile = with_store(g, latency=0.01, bandwidth=1000.0)  # 100 B in 0.11 s
+    budgets = {"cpu:0": eager_peak(g) // 2}
+    plan = solve(g, profile, budgets, DEVICES, "park", homes={"x": "cpu:0"})
+    assert_prediction_matches(g, plan, profile, budgets)
+    assert plan.solver.stats.parked > 0 and plan.solver.stats.recomputes == 0
+    computes = sum(isinstance(s, Compute) for s in plan.steps)
+    assert oracle_makespan(g, plan, profile) == pytest.approx(computes * 1.0)
+    assert plan.predicted.makespan_s < plan.predicted.time_s  # the sequential time counts every copy
+    alone = solve(g, with_store(g), {"cpu:0": budgets["cpu:0"]}, ("cpu:0",), "checkpoint", homes={"x": "cpu:0"})
+    assert plan.predicted.makespan_s < alone.predicted.makespan_s  # recomputing instead costs time
+
+
+def test_the_links_speed_decides_between_parking_and_recomputing() -> None:
+    """Ranked by makespan, the best heuristic plan parks when copies hide behind compute, and recomputes when a
+    copy would keep the device waiting longer than the backward takes."""
+    g = fwd_bwd(10)
+    budgets, homes = {"cpu:0": eager_peak(g) // 2}, {"x": "cpu:0"}
+    fast, _ = best_heuristic(g, with_store(g, latency=0.01), budgets, list(DEVICES), homes)
+    slow, _ = best_heuristic(g, with_store(g, latency=30.0), budgets, list(DEVICES), homes)
+    assert any(isinstance(s, Copy) for s in fast.steps) and fast.predicted.makespan_s < slow.predicted.makespan_s
+    assert not any(isinstance(s, Copy) for s in slow.steps) and slow.solver.stats.recomputes > 0
+    assert slow.predicted.makespan_s == pytest.approx(oracle_makespan(g, slow, with_store(g, latency=30.0)))
+
+
+def test_a_plan_that_parks_and_recomputes_trains_like_eager() -> None:
+    """gpt2 (tiny, 6 layers) at 30% of its eager peak on cpu:0 with cpu:1 as the store, over a link slow enough
+    (30 MB/s against 1 ms an op) that it cannot move everything: the plan both parks and recomputes, and the
+    executor (step by step with the trace, and on its lanes) gives eager's outputs, gradients and buffers."""
+    _, graph = workload("gpt2")
+    ops = {o.id: OpCost(1e-3) for o in graph.ops}
+    link = LinkCost(1e-4, 3e7)
+    profile = Profile(
+        graph.fingerprint,
+        {d: DeviceInfo("cpu") for d in DEVICES},
+        {"cpu:0": ops, "cpu:1": {}},
+        {"cpu:0->cpu:1": link, "cpu:1->cpu:0": link},
+    )
+    budgets = {"cpu:0": int(0.3 * eager_peak(graph))}
+    homes = {v: "cpu:0" for v in graph.inputs}
+    plan = solve(graph, profile, budgets, DEVICES, "park", homes=homes)
+    assert plan.solver.stats.parked > 0 and plan.solver.stats.recomputes > 0
+    assert_prediction_matches(graph, plan, profile, budgets)
+    check_against_eager("gpt2", plan, trace=True).close()
+    check_against_eager("gpt2", plan, trace=False, overlap=True).close()

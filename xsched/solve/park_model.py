@@ -1,0 +1,243 @@
+"""The timeline `park_remat` decides on: gap rematerialization's memory per position of one compute device's order
+(`gap_remat._Timeline`), plus a store and its two copy lanes. A lane runs its copies one after another in plan
+order, as the executor's copy streams do (`xsched.lanes`), at the positions' ideal start times (each position's
+computes, reruns included, back to back): a park's cost is the time its copies would keep a compute waiting, its
+own and what it adds to the copies queued behind it."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import required_homes
+from xsched.contracts.profile import LinkCost, Profile
+from xsched.solve.gap_remat import _Timeline
+
+
+@dataclass(frozen=True)
+class EndRerun:
+    """Free output `value` before position `free_from` and run `producer` again after the last position, holding
+    the inputs `extend` ((value, span index)) to the end; `delta`: the change in bytes from position `lo` on."""
+
+    value: str
+    span: int
+    free_from: int
+    extend: tuple[tuple[str, int], ...]
+    producer: str
+    lo: int
+    delta: np.ndarray
+
+
+@dataclass(frozen=True)
+class Park:
+    """Park `value` across a gap of its span `span`: copied out after position a, where the span starts (unless the
+    store holds it already), freed before position q (after its last read before the gap), copied back before
+    position p for its next read at b (None: it stays on the store to the end); resident on the compute device
+    through q - 1 and again from p. `cost`: the seconds its copies keep computes waiting, plus the link's price."""
+
+    value: str
+    span: int
+    a: int
+    q: int
+    p: int
+    b: int | None
+    out: bool
+    cost: float
+    stall: float
+
+
+@dataclass
+class Lane:
+    """A copy lane's copies in plan order: (emit position, position whose start it is ready at, seconds, position
+    whose start it must be done by), sorted by emit position, equal ones in the order they were added."""
+
+    items: list[tuple[int, int, float, int]]
+
+    def finishes(self, start: np.ndarray) -> list[float]:
+        out, prev = [], 0.0
+        for _, ready, secs, _ in self.items:
+            prev = max(float(start[ready]), prev) + secs
+            out.append(prev)
+        return out
+
+    def slot(self, emit: int) -> int:
+        """Where a copy emitted at `emit` goes: after every copy emitted at or before it."""
+        return bisect.bisect_right([it[0] for it in self.items], emit)
+
+    def delay(self, start: np.ndarray, done: Sequence[float], at: int, first_done: float) -> float:
+        """The lateness a copy inserted at index `at`, done at `first_done`, adds to the copies after it."""
+        extra, prev = 0.0, first_done
+        for j in range(at, len(self.items)):
+            _, ready, secs, due = self.items[j]
+            moved = max(float(start[ready]), prev) + secs
+            if moved <= done[j] + 1e-15:
+                break  # the queue behind is as before
+            extra += max(0.0, moved - start[due]) - max(0.0, done[j] - start[due])
+            prev = moved
+        return extra
+
+
+class ParkTimeline(_Timeline):
+    """The gap timeline of one compute device with a store and the two copy lanes between them."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        order: Sequence[int],
+        device: str,
+        profile: Profile,
+        store: str,
+        out: LinkCost,
+        back: LinkCost,
+        homes: Mapping[str, str],
+    ) -> None:
+        super().__init__(graph, order, device, profile)
+        self.store, self.links = store, {"out": out, "in": back}
+        self.op_s = {o.id: (c.time_s if (c := profile.op_cost(o.id, device)) else 0.0) for o in graph.ops}
+        self.lanes = {"out": Lane([]), "in": Lane([])}
+        # values that may be parked: made by an op, or graph inputs not homed on the compute device; an output that
+        # need not end here may also go to the store for good (after the autograd boundary, where wrap returns it)
+        self.homed_here = {v for v, d in homes.items() if d == device}
+        must_end = required_homes(graph, homes)
+        self.may_leave = {v for v in graph.outputs if must_end.get(v, store) != device and v in graph.producer}
+        tangents = {v.id for v in graph.values if v.kind == "tangent"}
+        bwd = [t for t, op in enumerate(self.ops) if op.phase == "bwd" or tangents.intersection(op.inputs)]
+        self.boundary = bwd[0] if bwd else -1
+        self.on_store: set[str] = {v for v, d in homes.items() if d == store}
+        self.parks: list[Park] = []
+        self.ended: set[str] = set()  # outputs made again at the end, or parked for good
+        self.end_redo: list[str] = []  # their producers, run after the last position
+        self.refresh()
+
+    def refresh(self) -> None:
+        """The positions' start times (reruns included) and the lanes' finish times, after a move."""
+        dur = [self.op_s[op.id] + sum(self.op_s[p] for p in set(self.redo.get(t, ()))) for t, op in enumerate(self.ops)]
+        self.start = np.concatenate(([0.0], np.cumsum(dur)))
+        self.done = {way: lane.finishes(self.start) for way, lane in self.lanes.items()}
+
+    def seconds(self, way: str, n: int) -> float:
+        link = self.links[way]
+        return link.latency_s + n / link.bytes_per_s
+
+    def park(self, v: str, k: int, t: int, price: float) -> Park | None:
+        """Parking span `k` of `v` across the gap around the peak `t`, or None when that cannot lower `t`."""
+        if v in self.homed_here or v in self.ended or (v in self.fixed and v not in self.may_leave):
+            return None
+        s, e = self.spans[v][k]
+        points = [s, *(x for x in self.uses[v] if s < x <= e)]
+        if t in points:
+            return None
+        a = max((x for x in points if x < t), default=None)
+        b = min((x for x in points if x > t), default=None)
+        if a is None or (b is None and v not in self.may_leave):
+            return None
+        # freed after its last read before the gap (an output parked for good: after the autograd boundary too)
+        free_from = a + 1 if b is not None else max(a, self.boundary) + 1
+        if free_from > t:
+            return None
+        n, stall, link_s, q = self.nbytes[v], 0.0, 0.0, free_from
+        out = v not in self.on_store
+        if out:  # queued on the out lane once made; freed once done (the compute at t waits for it, at the latest)
+            secs = self.seconds("out", n)
+            lane, done = self.lanes["out"], self.done["out"]
+            at = lane.slot(s)
+            finish = max(float(self.start[s + 1]), done[at - 1] if at else 0.0) + secs
+            q = max(free_from, int(np.searchsorted(self.start, finish - 1e-15)))
+            if q > t:
+                stall, q = finish - self.start[t], t
+            stall += lane.delay(self.start, done, at, finish)
+            link_s += secs
+        p = len(self.ops)
+        if b is not None:  # back on the in lane, from the latest position that lets it be done before b
+            secs = self.seconds("in", n)
+            p, late, at, finish = self._back(t, b, secs)
+            stall += late + self.lanes["in"].delay(self.start, self.done["in"], at, finish)
+            link_s += secs
+        return Park(v, k, s, q, p, b, out, stall + price * link_s, stall)
+
+    def _back(self, t: int, b: int, secs: float) -> tuple[int, float, int, float]:
+        """The copy back's position p in (t, b): the latest whose start lets it be done by b's (t + 1 when none
+        does), its lateness, its index on the in lane, and when it is done."""
+        lane, done, start = self.lanes["in"], self.done["in"], self.start
+        emits = [it[0] for it in lane.items]
+
+        def finish(p: int) -> tuple[int, float]:
+            at = bisect.bisect_right(emits, p)
+            return at, max(float(start[p]), done[at - 1] if at else 0.0) + secs
+
+        lo, hi = t + 1, b - 1
+        if hi < lo or finish(lo)[1] > start[b]:  # none in time: as early as it may, and late
+            at, f = finish(lo)
+            return lo, max(0.0, f - start[b]), at, f
+        while lo < hi:  # finish(p) grows with p: the largest p still in time
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if finish(mid)[1] <= start[b] else (lo, mid - 1)
+        at, f = finish(lo)
+        return lo, 0.0, at, f
+
+    def apply_park(self, pk: Park) -> None:
+        s, e = self.spans[pk.value][pk.span]
+        kept = [[s, pk.q - 1]] + ([[pk.p, e]] if pk.b is not None else [])
+        self.spans[pk.value][pk.span : pk.span + 1] = kept
+        self.mem[pk.q : pk.p] -= self.nbytes[pk.value]
+        n = self.nbytes[pk.value]
+        if pk.out:
+            lane = self.lanes["out"]
+            lane.items.insert(lane.slot(pk.a), (pk.a, pk.a + 1, self.seconds("out", n), pk.q))
+        if pk.b is not None:
+            lane = self.lanes["in"]
+            lane.items.insert(lane.slot(pk.p), (pk.p, pk.p, self.seconds("in", n), pk.b))
+        self.on_store.add(pk.value)
+        self.parks.append(pk)
+        if pk.b is None:
+            self.ended.add(pk.value)  # on the store for good: nothing more to do with it here
+        self.refresh()
+
+    def end_rerun(self, v: str, k: int, t: int, budget: int) -> EndRerun | None:
+        """Freeing an output after its last read around the peak `t` (and after the autograd boundary) and running
+        its producer again at the end, its other inputs held until then; None when that cannot lower `t` or the end
+        would not fit (what the eviction heuristic does to forward outputs, as one more move here)."""
+        n = len(self.ops)
+        if v not in self.graph.outputs or v not in self.graph.producer or v in self.ended:
+            return None
+        s, e = self.spans[v][k]
+        if e != n - 1 or any(t <= x for x in self.uses[v] if s < x):
+            return None
+        free_from = max(s, *(x for x in self.uses[v] if s < x < t), self.boundary) + 1
+        if free_from > t:
+            return None
+        producer = self.graph.op[self.graph.producer[v]]
+        changes = [(free_from, n - 1, -self.nbytes[v])]
+        extend = []
+        for u in dict.fromkeys(producer.inputs):
+            if u in self.fixed or u in self.homed_here:
+                continue
+            j = max(range(len(self.spans[u])), key=lambda i: self.spans[u][i][1])
+            held_to = self.spans[u][j][1]
+            if held_to < n - 1:
+                extend.append((u, j))
+                changes.append((held_to + 1, n - 1, self.nbytes[u]))
+        lo = min(c[0] for c in changes)
+        delta = np.zeros(n - lo, dtype=np.int64)
+        for first, last, m in changes:
+            delta[first - lo : last + 1 - lo] += m
+        window, grown = self.mem[lo:], delta > 0
+        if delta[t - lo] >= 0 or np.any(window[grown] + delta[grown] > np.maximum(window[grown], budget)):
+            return None
+        made = sum(self.nbytes[w] for w in producer.outputs) + self.workspace[producer.id]
+        if self.mem[n - 1] + delta[-1] + made > budget:  # the end, with the rerun's outputs and workspace
+            return None
+        return EndRerun(v, k, free_from, tuple(extend), producer.id, lo, delta)
+
+    def apply_end(self, r: EndRerun) -> None:
+        s, _ = self.spans[r.value][r.span]
+        self.spans[r.value][r.span] = [s, r.free_from - 1]
+        for u, j in r.extend:
+            self.spans[u][j][1] = len(self.ops) - 1
+        self.mem[r.lo :] += r.delta
+        self.ended.add(r.value)
+        self.end_redo.append(r.producer)

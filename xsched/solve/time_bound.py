@@ -1,0 +1,94 @@
+"""A lower bound on every plan's makespan: what the devices must compute and what the links must move, whatever the
+plan. The runner measures its gap against it; `xsched plan --explain` and the report show it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import required_homes
+from xsched.contracts.profile import Profile
+
+
+@dataclass(frozen=True)
+class TimeBound:
+    """No plan's makespan is below `seconds`; `by` names what sets it ("critical path", "compute on <device>",
+    "compute spread over N devices", "link <src>-><dst>") and `why` says it in words."""
+
+    seconds: float
+    by: str
+    why: str
+
+
+def time_bounds(graph: Graph, profile: Profile, devices: Sequence[str], homes: Mapping[str, str]) -> list[TimeBound]:
+    """Every bound that holds (largest first):
+    - the critical path: the longest chain of ops, each at its cheapest device, copies free;
+    - per device, the ops that can run only there, one after another on its one compute lane;
+    - every op at its cheapest, spread perfectly over the devices that compute;
+    - per link, the bytes that must cross it (a graph input read only by ops that cannot run on its home, an
+      output that must end on a home where its producer cannot run) at its bandwidth, each copy with its latency."""
+    cheapest = {o.id: _cheapest(profile, o.id, devices) for o in graph.ops}
+    runs_on = {o.id: [d for d in devices if profile.can_run(o.id, d)] for o in graph.ops}
+    bounds = [_critical_path(graph, cheapest)]
+    for d in devices:
+        only = [o.id for o in graph.ops if runs_on[o.id] == [d]]
+        if only:
+            total = sum(profile.op_cost(o, d).time_s for o in only)
+            bounds.append(TimeBound(total, f"compute on {d}", f"{len(only)} ops can run only on {d}: {total:.6g} s"))
+    computing = [d for d in devices if profile.compute.get(d)]
+    if len(computing) > 1:
+        total = sum(cheapest.values()) / len(computing)
+        why = f"every op at its cheapest, spread evenly over the {len(computing)} devices that compute"
+        bounds.append(TimeBound(total, f"compute spread over {len(computing)} devices", why))
+    bounds += _links(graph, profile, devices, homes, runs_on)
+    return sorted(bounds, key=lambda b: -b.seconds)
+
+
+def time_bound(graph: Graph, profile: Profile, devices: Sequence[str], homes: Mapping[str, str]) -> TimeBound:
+    """The largest of `time_bounds`."""
+    return time_bounds(graph, profile, devices, homes)[0]
+
+
+def _cheapest(profile: Profile, op: str, devices: Sequence[str]) -> float:
+    times = [c.time_s for d in devices if (c := profile.op_cost(op, d)) is not None]
+    return min(times, default=0.0)
+
+
+def _critical_path(graph: Graph, cheapest: Mapping[str, float]) -> TimeBound:
+    """The longest path through the ops (graph order is topological), each op at its cheapest."""
+    finish: dict[str, float] = {}
+    for o in graph.ops:
+        ready = max((finish[graph.producer[v]] for v in o.inputs if v in graph.producer), default=0.0)
+        finish[o.id] = ready + cheapest[o.id]
+    longest = max(finish.values(), default=0.0)
+    return TimeBound(longest, "critical path", f"the longest chain of ops, each at its cheapest: {longest:.6g} s")
+
+
+def _links(graph, profile, devices, homes, runs_on) -> list[TimeBound]:
+    """Per ordered device pair, the seconds the values that must cross it take (only where no third device could
+    relay them)."""
+    must: dict[tuple[str, str], list[str]] = {}
+    for v in graph.inputs:
+        home = homes.get(v)
+        readers = graph.consumers.get(v, ())
+        if home is None or not readers:
+            continue
+        places = {d for r in readers for d in runs_on[r]}
+        if home not in places and len(places) == 1:
+            must.setdefault((home, next(iter(places))), []).append(v)
+    for v, home in required_homes(graph, homes).items():
+        p = graph.producer.get(v)
+        if p is not None and home not in runs_on[p] and len(runs_on[p]) == 1:
+            must.setdefault((runs_on[p][0], home), []).append(v)
+    relays = {
+        (a, b) for a, b in must if any(c not in (a, b) and profile.link(a, c) and profile.link(c, b) for c in devices)
+    }
+    out = []
+    for (a, b), values in must.items():
+        if (a, b) in relays or profile.link(a, b) is None or a not in devices or b not in devices:
+            continue  # another route exists (the bytes may cross two other links), or none at all
+        secs = sum(profile.copy_time(v, graph.value[v].nbytes, a, b) or 0.0 for v in values)
+        why = f"{len(values)} values must move {a}->{b}: {secs:.6g} s at its measured speed"
+        out.append(TimeBound(secs, f"link {a}->{b}", why))
+    return out
