@@ -22,8 +22,8 @@ GIVE_UP_OPS = 300  # beyond this the CP-SAT-scored search stops when its first o
 
 def run_gaps(problem: Problem, options: SolverOptions, warm: Plan | None) -> SolveResult:
     """The fastest gaps plan over the starting orders and local moves from the best, within the time limit."""
-    graph, profile, budgets, devices, homes = problem.args()
-    score = order_scorer(graph, profile, budgets, devices[0], homes)
+    graph, profile, budgets, _, homes = problem.args()
+    score = order_scorer(graph, profile, budgets, problem.computing[0], homes)
     tries = len(starting_orders(graph, warm))
     return _searched("order-gaps", problem, options, warm, score, dict(per_try_s=GAPS_TRY_S, give_up=tries))
 

@@ -58,6 +58,11 @@ class Problem:
         return Problem(self.graph, self.profile, dict(budgets), self.devices, self.homes)
 
     @property
+    def computing(self) -> tuple[str, ...]:
+        """The devices that run ops (a store device has no compute costs in the profile)."""
+        return tuple(d for d in self.devices if self.profile.compute.get(d))
+
+    @property
     def size(self) -> int:
         """Ops x devices: what the registry's size thresholds compare with."""
         return len(self.graph.ops) * len(self.devices)

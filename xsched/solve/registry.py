@@ -29,7 +29,8 @@ KINDS = ("heuristic", "search", "exact")  # heuristics run first and whole; sear
 class SolverEntry:
     """One method. `min_size`/`max_size`: ops x devices outside which a configuration (auto, portfolio) does not
     run it (a method named on its own always runs); `share`: its share of the time left when later members follow
-    it; `one_device`: it plans one device only; `requires`: an optional package it needs."""
+    it; `one_device`: it plans for one computing device (the others may only store); `requires`: an optional
+    package it needs."""
 
     name: str
     fn: Solver
@@ -49,9 +50,10 @@ class SolverEntry:
         return self.requires is None or importlib.util.find_spec(self.requires) is not None
 
     def fits(self, problem: Problem) -> bool:
-        """Worth running on this problem inside a configuration: its size in range, and one device if it needs it."""
+        """Worth running on this problem inside a configuration: its size in range, and one computing device (others
+        only store) if it needs that."""
         size_ok = self.min_size <= problem.size and (self.max_size is None or problem.size <= self.max_size)
-        return size_ok and (not self.one_device or len(problem.devices) == 1)
+        return size_ok and (not self.one_device or len(problem.computing) == 1)
 
 
 SOLVERS: dict[str, SolverEntry] = {}
@@ -125,6 +127,16 @@ register(
         doc="hierarchical decomposition (HiREmate's H-Partition and H-ILP, on several devices)",
     )
 )
+# the stage MILP first where it is small: it proves optimality (in graph order) within seconds there
+register(
+    SolverEntry(
+        "milp",
+        lazy("xsched.solve.milp:run"),
+        max_size=60,
+        share=0.5,
+        doc="the stage MILP (Checkmate's stages on several devices, copies overlapping compute in a stage), HiGHS",
+    )
+)
 register(
     SolverEntry(
         "order-gaps",
@@ -166,13 +178,5 @@ register(
         max_size=60,
         share=0.5,
         doc="the retention-interval model for one order, linearised, HiGHS",
-    )
-)
-register(
-    SolverEntry(
-        "milp",
-        lazy("xsched.solve.milp:run"),
-        max_size=300,
-        doc="the stage MILP (Checkmate's stages on several devices), HiGHS",
     )
 )
