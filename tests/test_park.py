@@ -41,7 +41,7 @@ def with_store(g: Graph, op_s: float = 1.0, latency: float = 0.01, bandwidth: fl
 @given(train_dags(), st.data())
 def test_every_park_plan_is_valid_or_names_the_device(g: Graph, data) -> None:
     profile = with_store(g, bandwidth=data.draw(st.sampled_from([10.0, 1000.0])))
-    homes = {v: "cpu:0" for v in g.inputs}
+    homes = {v: data.draw(st.sampled_from(DEVICES)) for v in g.inputs}  # weights may stay on the store
     budgets = {"cpu:0": data.draw(st.integers(0, 2 * eager_peak(g) + 50))}
     try:
         plan = park_remat(g, profile, budgets, list(DEVICES), homes)

@@ -13,7 +13,7 @@ from xsched.contracts.result import SolveResult
 from xsched.errors import SolverError
 from xsched.solve.memory_bounds import check_budgets
 from xsched.solve.options import SolverOptions
-from xsched.solve.problem import Problem, validated
+from xsched.solve.problem import Problem, runnable
 from xsched.solve.registry import SOLVERS, run_member
 from xsched.solve.runner import CONFIGURATIONS, configuration, run
 
@@ -64,8 +64,8 @@ def solve_result(
     if entry is not None and entry.kind == "heuristic":  # alone: its own error when it does not fit
         check_budgets(*problem.args())
         result = run_member(entry, problem, options, None)
-        if result.plan is not None:
-            plan = validated(problem.graph, result.plan, problem.profile, problem.budgets)
+        if result.plan is not None:  # a plan wrap cannot run (forward outputs gone at the boundary): BudgetError
+            plan = runnable(problem.graph, result.plan, problem.profile, problem.budgets)
             result = replace(result, plan=replace(plan, solver=replace(plan.solver, plan=None)))
     else:
         result = run(problem, configuration(method, problem), options, warm_start)

@@ -48,6 +48,7 @@ class Park:
     out: bool
     cost: float
     stall: float
+    read: int  # its last read before the gap (its position): what it is freed after
 
 
 @dataclass
@@ -112,6 +113,25 @@ class ParkTimeline(_Timeline):
         self.ended: set[str] = set()  # outputs made again at the end, or parked for good
         self.end_redo: list[str] = []  # their producers, run after the last position
         self.refresh()
+        self.fetch = self._fetch_store_inputs()
+
+    def _fetch_store_inputs(self) -> dict[str, int]:
+        """Inputs homed on the store (weights kept on the host) are resident here only from their first fetch,
+        queued on the in lane to be done by their first reader, to their last read: input -> fetch position."""
+        fetch: dict[str, int] = {}
+        n = len(self.ops)
+        homed = [v for v in self.on_store if v in self.graph.value and self.uses[v]]
+        for v in sorted(homed, key=lambda v: self.uses[v][0]):
+            first, last = self.uses[v][0], (n - 1 if v in self.graph.outputs else self.uses[v][-1])
+            secs = self.seconds("in", self.nbytes[v])
+            p, _, _, _ = self._back(-1, first, secs)
+            self.lanes["in"].items.insert(self.lanes["in"].slot(p), (p, p, secs, first))
+            self.spans[v] = [[p, last]]
+            self.mem[:p] -= self.nbytes[v]
+            self.mem[last + 1 :] -= self.nbytes[v]
+            fetch[v] = p
+            self.refresh()
+        return fetch
 
     def refresh(self) -> None:
         """The positions' start times (reruns included) and the lanes' finish times, after a move."""
@@ -125,7 +145,8 @@ class ParkTimeline(_Timeline):
 
     def park(self, v: str, k: int, t: int, price: float) -> Park | None:
         """Parking span `k` of `v` across the gap around the peak `t`, or None when that cannot lower `t`."""
-        if v in self.homed_here or v in self.ended or (v in self.fixed and v not in self.may_leave):
+        parkable = v not in self.fixed or v in self.may_leave or v in self.fetch
+        if v in self.homed_here or v in self.ended or not parkable:
             return None
         s, e = self.spans[v][k]
         points = [s, *(x for x in self.uses[v] if s < x <= e)]
@@ -133,8 +154,8 @@ class ParkTimeline(_Timeline):
             return None
         a = max((x for x in points if x < t), default=None)
         b = min((x for x in points if x > t), default=None)
-        if a is None or (b is None and v not in self.may_leave):
-            return None
+        if a is None or (b is None and (v not in self.may_leave or any(x > t for x in self.uses[v]))):
+            return None  # for good only after its last read of all, where it may leave
         # freed after its last read before the gap (an output parked for good: after the autograd boundary too)
         free_from = a + 1 if b is not None else max(a, self.boundary) + 1
         if free_from > t:
@@ -157,7 +178,7 @@ class ParkTimeline(_Timeline):
             p, late, at, finish = self._back(t, b, secs)
             stall += late + self.lanes["in"].delay(self.start, self.done["in"], at, finish)
             link_s += secs
-        return Park(v, k, s, q, p, b, out, stall + price * link_s, stall)
+        return Park(v, k, s, q, p, b, out, stall + price * link_s, stall, free_from - 1)
 
     def _back(self, t: int, b: int, secs: float) -> tuple[int, float, int, float]:
         """The copy back's position p in (t, b): the latest whose start lets it be done by b's (t + 1 when none
@@ -214,8 +235,10 @@ class ParkTimeline(_Timeline):
         changes = [(free_from, n - 1, -self.nbytes[v])]
         extend = []
         for u in dict.fromkeys(producer.inputs):
-            if u in self.fixed or u in self.homed_here:
+            if u in self.homed_here or self.held_at(u, n - 1):
                 continue
+            if u in self.fixed or u in self.ended:  # parked for good, or a weight fetched only for its reads
+                return None
             j = max(range(len(self.spans[u])), key=lambda i: self.spans[u][i][1])
             held_to = self.spans[u][j][1]
             if held_to < n - 1:

@@ -14,6 +14,7 @@ from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Free, Plan, Step
 from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError, PlanError
+from xsched.solve.autograd_boundary import hold_to_boundary
 from xsched.solve.gap_remat import MAX_DEPTH, MAX_DROPS
 from xsched.solve.objective import best_of
 from xsched.solve.order import starting_orders
@@ -89,85 +90,112 @@ def park_computes(
 
 
 def park_steps(graph: Graph, line: ParkTimeline, homes: Mapping[str, str], profile: Profile) -> tuple[Step, ...]:
-    """The timeline as plan steps: its computes (reruns first) routed with frees after last reads, then each park's
-    steps put in: the copy out right after the compute that makes the value, the free before the first step of the
-    position where the value stops being resident (its final spans say where: a later rerun may hold it longer), the
-    copy back before the position where it is resident again, and the store's copy freed after its last copy back."""
+    """The timeline as plan steps: per position its copies back and first fetches, its reruns, its compute and the
+    copies out after it (the end's reruns last), routed (the copies the computes still need, frees after last
+    reads); then each parked value's free moved from right after its copy out to the first step of the position
+    where the timeline has it off the device, so the computes in between need not wait for the copy (a value
+    parked for good, which placing frees keeps to the end, gets its free there)."""
+    parks = _kept_parks(line)
+    backs: dict[int, list[Copy]] = {}
+    outs: dict[int, list[Copy]] = {}
+    # id of a copy out -> (residency, position of its last read before the gap, position to free it at)
+    move: dict[int, tuple[tuple[str, str], int, int]] = {}
+    direct: list[tuple[tuple[str, str], int]] = []  # parked for good, on the store already: freed at a position
+    for pk, free_at, back_at in parks:
+        if back_at < len(line.ops):
+            backs.setdefault(back_at, []).append(Copy(pk.value, line.store, line.device))
+        if pk.out:
+            out = Copy(pk.value, line.device, line.store)
+            outs.setdefault(pk.a, []).append(out)
+            move[id(out)] = ((pk.value, line.device), pk.read, free_at)
+        elif pk.b is None:
+            direct.append(((pk.value, line.device), free_at))
+    for v, p0 in line.fetch.items():  # first fetches of inputs homed on the store, ahead of their first reader
+        backs.setdefault(p0, []).append(Copy(v, line.store, line.device))
     main: list[Compute] = []
-    computes: list[Compute] = []
+    plan: list[Compute | Copy] = []
     for t, op in enumerate(line.ops):
-        reruns = sorted(set(line.redo.get(t, ())), key=graph.op_index.__getitem__)
-        computes += [Compute(p, line.device) for p in reruns]
+        plan += backs.get(t, [])
+        plan += [Compute(p, line.device) for p in sorted(set(line.redo.get(t, ())), key=graph.op_index.__getitem__)]
         main.append(Compute(op.id, line.device))
-        computes.append(main[-1])
-    computes += [Compute(p, line.device) for p in line.end_redo]
-    steps = list(route(graph, computes, homes, profile))
-    group = _group_starts(steps, main)
-    before: dict[int, list[tuple[int, Step]]] = {}  # step index -> (rank, step) to put before it
-    after: dict[int, list[Step]] = {}  # step index -> steps to put after it
-    last_back: dict[str, int] = {}  # value -> the step index its last copy back goes before
-    parks: dict[str, list[tuple[Park, int, int]]] = {}  # value -> (park, free index, copy back index)
-    skip: set[str] = set()
+        plan.append(main[-1])
+        plan += outs.get(t, [])
+    plan += [Compute(p, line.device) for p in line.end_redo]
+    steps = route(graph, plan, homes, profile)
+    for_good = {pk.value for pk, _, _ in parks if pk.b is None}
+    steps = _frees_moved(graph, steps, _group_starts(steps, main, set(move)), move, direct, for_good)
+    # a forward output made again at the end keeps its first residency to the boundary, where wrap returns it
+    return tuple(hold_to_boundary(graph, steps))
+
+
+def _kept_parks(line: ParkTimeline) -> list[tuple[Park, int, int]]:
+    """Each park with the positions its value is off the compute device by the final spans (a later rerun may hold
+    it longer, or make it again), none of a value any of whose parks no longer holds."""
+    kept: list[tuple[Park, int, int]] = []
+    drop: set[str] = set()
     for pk in line.parks:
         window = _window(line, pk.value, pk)
-        if window is None:  # a later rerun holds it across the gap after all
-            skip.add(pk.value)
-            continue
-        i0 = group[window[0]]
-        i1 = group[window[1]] if window[1] < len(line.ops) else _NEVER
-        if not _stays(_runs(graph, steps, pk.value, line.device), i0, i1):  # made again by a rerun in between
-            skip.add(pk.value)
-        parks.setdefault(pk.value, []).append((pk, i0, i1))
-    for v, items in parks.items():
-        if v in skip:  # the routed steps already do without parking it: park none of its gaps
-            continue
-        for pk, i0, i1 in items:
-            if pk.out:
-                after.setdefault(_maker(steps, group, graph, v, pk.a), []).append(Copy(v, line.device, line.store))
-            before.setdefault(i0, []).append((0, Free(v, line.device)))
-            if i1 != _NEVER:
-                before.setdefault(i1, []).append((1, Copy(v, line.store, line.device)))
-                last_back[v] = max(last_back.get(v, -1), i1)
-    for v, i in last_back.items():  # the store's copy goes once its last copy back has read it
-        if all(pk.b is not None for pk, _, _ in parks[v]):
-            before[i].append((2, Free(v, line.store)))
+        producer = line.graph.producer.get(pk.value)
+        rerun = window is not None and any(
+            producer in line.redo.get(x, ()) for x in range(window[0], min(window[1] + 1, len(line.ops)))
+        )
+        if window is None or rerun or (pk.b is None and producer in line.end_redo):
+            drop.add(pk.value)
+        else:
+            kept.append((pk, *window))
+    return [k for k in kept if k[0].value not in drop]
+
+
+def _frees_moved(graph: Graph, steps, group, move, direct, for_good: set[str]) -> tuple[Step, ...]:
+    """Each free that ends a residency copied out in `move`, after its last read before its gap (an earlier free is
+    another gap's, of a value parked there again), held back to the first step of its free position; a value
+    parked for good (`for_good`, `direct`) freed there when placing frees kept it to the end. A held free goes at
+    once where a step would make the value there again (a rerun of its producer for another of its outputs)."""
+    held: dict[tuple[str, str], int] = {}  # residency -> the step index to free it before
+    moved: set[tuple[str, str]] = set()  # of those, the frees held back past where placing frees put them
+    for key, at in direct:
+        held[key] = group[at]
+    pending: dict[tuple[str, str], tuple[int, int]] = {}  # residency copied out -> (its last read's, its free's)
     out: list[Step] = []
     for i, s in enumerate(steps):
-        out += [x for _, x in sorted(before.get(i, ()), key=lambda r: r[0])]  # frees, copies back, store frees
+        makes = _made_here(graph, s)
+        for key in [k for k, at in held.items() if at <= i or (k in moved and k in makes)]:
+            out.append(Free(*key))
+            del held[key]
+            moved.discard(key)
+        if id(s) in move:
+            key, read, at = move[id(s)]
+            pending[key] = (group[read], group[at])
+            if key[0] in for_good:
+                held[key] = group[at]
+        key = (s.value, s.device) if isinstance(s, Free) else None
+        if key in pending and pending[key][0] <= i:
+            at = pending.pop(key)[1]
+            if at > i:  # else its position has begun already: it stays where it is
+                held[key] = at
+                moved.add(key)
+                continue
+        if key in held:  # placing frees freed it itself (a value parked for good, made again and freed)
+            del held[key]
+            moved.discard(key)
         out.append(s)
-        out += after.get(i, ())
-    return tuple(out)
+    return (*out, *(Free(*key) for key in held))
 
 
-_NEVER = 1 << 62  # a step index past any plan's end
+def _made_here(graph: Graph, s: Step) -> set[tuple[str, str]]:
+    """The residencies a step makes: a compute's outputs on its device, a copy's value on its destination."""
+    if isinstance(s, Compute):
+        return {(v, s.device) for v in graph.op[s.op].outputs}
+    return {(s.value, s.dst)} if isinstance(s, Copy) else set()
 
 
-def _runs(graph: Graph, steps: Sequence[Step], v: str, device: str) -> list[tuple[int, int]]:
-    """The residencies of v on `device` in routed steps (no parking yet): (index of the step that makes it, index
-    of the free that ends it, or _NEVER)."""
-    runs, start = [], None
-    for i, s in enumerate(steps):
-        if isinstance(s, Compute) and s.device == device and v in graph.op[s.op].outputs and start is None:
-            start = i
-        elif isinstance(s, Copy) and s.dst == device and s.value == v and start is None:
-            start = i
-        elif isinstance(s, Free) and s.device == device and s.value == v and start is not None:
-            runs.append((start, i))
-            start = None
-    return runs + ([(start, _NEVER)] if start is not None else [])
-
-
-def _stays(runs: Sequence[tuple[int, int]], i0: int, i1: int) -> bool:
-    """One residency spans the park's window [i0, i1) (so its free and copy back fit in) and none starts in it."""
-    return any(m < i0 and f >= i1 for m, f in runs) and not any(i0 <= m < i1 for m, _ in runs)
-
-
-def _group_starts(steps: Sequence[Step], main: Sequence[Compute]) -> list[int]:
-    """For each position, the index of its first step: what follows the previous position's compute and frees."""
+def _group_starts(steps: Sequence[Step], main: Sequence[Compute], outs: set[int]) -> list[int]:
+    """For each position, the index of its first step: what follows the previous position's compute, the copies out
+    after it (`outs`: their ids) and frees."""
     ids = {id(c): t for t, c in enumerate(main)}
     starts, t_prev = [0], 0
     for i, s in enumerate(steps):
-        if len(starts) <= t_prev and not isinstance(s, Free):
+        if len(starts) <= t_prev and not isinstance(s, Free) and id(s) not in outs:
             starts.append(i)
         if id(s) in ids:
             t_prev = ids[id(s)] + 1
@@ -184,16 +212,6 @@ def _window(line: ParkTimeline, v: str, pk: Park) -> tuple[int, int] | None:
     start = max(pk.q, (held_to + 1) if held_to is not None else pk.q)
     nxt = min((s for s, _ in spans if s >= start), default=len(line.ops))
     return (start, nxt) if start < nxt and (pk.b is None or nxt == pk.p) else None
-
-
-def _maker(steps: Sequence[Step], group: Sequence[int], graph: Graph, v: str, t: int) -> int:
-    """The index of the step of position t's group that makes v (a compute, or a copy into the compute device)."""
-    end = group[t + 1] if t + 1 < len(group) else len(steps)
-    for i in range(group[t], end):
-        s = steps[i]
-        if (isinstance(s, Compute) and v in graph.op[s.op].outputs) or (isinstance(s, Copy) and s.value == v):
-            return i
-    raise AssertionError(f"no step of position {t} makes {v}")
 
 
 def park_remat(

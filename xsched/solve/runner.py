@@ -15,7 +15,7 @@ from xsched.errors import BudgetError, NoIncumbent, SolverError, XschedError
 from xsched.solve.memory_bounds import check_budgets, lower_bounds
 from xsched.solve.objective import better, objective, objective_floor
 from xsched.solve.options import SolverOptions
-from xsched.solve.problem import Problem, runnable, validated
+from xsched.solve.problem import Problem, runnable
 from xsched.solve.registry import SOLVERS, SolverEntry, run_member
 
 CONFIGURATIONS = ("auto", "portfolio")
@@ -264,7 +264,10 @@ def _known_to_work(problem: Problem, seconds: float) -> str:
             if entry.kind == "heuristic":
                 r = run_member(entry, bigger, SolverOptions(), None)
                 if r.plan is not None:
-                    peaks = validated(bigger.graph, r.plan, bigger.profile, bigger.budgets).predicted.peak_bytes
+                    try:
+                        peaks = runnable(bigger.graph, r.plan, bigger.profile, bigger.budgets).predicted.peak_bytes
+                    except BudgetError:  # wrap could not return its forward outputs
+                        continue
                     found = ", ".join(f"{d} {format_bytes(peaks.get(d, 0))}" for d in problem.budgets)
                     return f"{found} ({r.method})"
     return "none found"
