@@ -256,3 +256,58 @@ def test_measured_profile_is_cached_and_reused(tmp_path, monkeypatch: pytest.Mon
     assert "plan by eager" in again.report() and "cpu: peak" in again.report()
     with pytest.raises(XschedError, match="profile must be a Profile or one of"):
         wrap(copy.deepcopy(model), batch(n=16, width=8)[:1], {"cpu": "100%"}, profile="guess")
+
+
+@pytest.mark.parametrize(
+    "budgets,store,method,profile",
+    [
+        ({"cpu:0": "45%"}, {"store": "cpu:1"}, "offload", "measure"),
+        ({"cpu:1": "64GiB", "cpu:0": "45%"}, {"stores": ("cpu:1",)}, "park", "model"),
+    ],
+    ids=["measured-store-without-budget", "modelled-store-named-first"],
+)
+def test_a_store_parks_values_and_trains_like_eager(
+    tmp_path, monkeypatch, budgets: dict, store: dict, method: str, profile: str
+) -> None:
+    """cpu:0 computes within 45% of the eager peak, cpu:1 is a store (profiled for its copies only: no op is
+    measured there): the plan parks values on cpu:1 and fetches them back, and 3 SGD steps through dropout and
+    batch norm give the eager losses, params, grads and running stats. Graph inputs stay on cpu:0 even when the
+    store is named first."""
+    import xsched.pipeline as pipeline
+    from xsched.devices import Policy
+    from xsched.profiling.measure import profile_graph
+
+    fast = {"policy": Policy(warmup=1, min_reps=1, max_reps=2, max_time_s=0.01, min_sample_s=1e-5), "rounds": 1}
+    measured: list[tuple] = []
+
+    def quick(graph, devices, **kw):
+        measured.append((list(devices), kw.get("stores")))
+        return profile_graph(graph, devices, **kw, **fast, copy_sizes=(4096, 1 << 20), per_value=2)
+
+    monkeypatch.setattr(pipeline, "profile_graph", quick)
+    eager = mlp()
+    model = copy.deepcopy(eager)
+    w = wrap(model, batch()[:1], budgets, method=method, profile=profile, profile_dir=tmp_path, **store)
+    assert measured == ([(["cpu:0"], ["cpu:1"])] if profile == "measure" else [])
+    plan = w.plan
+    assert {s.device for s in plan.steps if isinstance(s, Compute)} == {"cpu:0"}
+    assert set(plan.homes.values()) == {"cpu:0"}
+    parked = {s.value for s in plan.steps if isinstance(s, Copy) and s.dst == "cpu:1"}
+    fetched = {s.value for s in plan.steps if isinstance(s, Copy) and s.src == "cpu:1"}
+    assert parked and fetched and fetched <= parked
+    assert plan.predicted.peak_bytes["cpu:0"] <= plan.budgets["cpu:0"]
+    ref = train(eager, 3)
+    got = train(w, 3)
+    for a, b in zip(got, ref):
+        assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert_same_state(model, eager)
+    for (n, p), (_, q) in zip(model.named_parameters(), eager.named_parameters()):
+        assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=lambda m, n=n: f"grad {n}: {m}")
+
+
+def test_a_store_alone_is_a_clear_error() -> None:
+    with pytest.raises(XschedError, match=r"no device left to compute on: devices \['cpu:1'\] are all stores") as e:
+        wrap(mlp(depth=1), batch()[:1], {"cpu:1": "1GiB"}, store="cpu:1", profile="model")
+    assert "\n" not in str(e.value) and e.value.device == "cpu:1"
+    with pytest.raises(XschedError, match="stores must be a sequence of device names"):
+        wrap(mlp(depth=1), batch()[:1], {"cpu:0": "1GiB"}, stores="cpu:1", profile="model")

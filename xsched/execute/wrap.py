@@ -200,6 +200,10 @@ class XschedModule(nn.Module):
     profile: "measure" (default: the graph's costs measured on `devices` once, cached under `profile_dir`, default
     profiles/, as `xsched profile` stores them, and reused), "model" (modelled costs, no measurement) or a Profile.
     `.plan` is the training plan of the example inputs; `.report()` describes it.
+
+    stores: devices that hold values and run no op (e.g. the host beside a GPU): profiled for their copies only,
+    planned with (values may be parked there and fetched back) and run as the memory they are. They need not be
+    in `devices` or `budgets` (no budget: unbounded); graph inputs live on the first computing device.
     """
 
     def __init__(
@@ -214,12 +218,16 @@ class XschedModule(nn.Module):
         plan: Plan | None = None,
         inplace: bool = True,
         profile_dir: str | None = None,
+        stores: Sequence[str] = (),
     ) -> None:
         super().__init__()
         self.inplace = inplace  # Executor's in-place reuse of dying inputs (off: every op allocates, as captured)
         self.module = model
         self.budgets = dict(budgets)
         self.devices = list(devices) if devices is not None else (list(budgets) or (list(plan.devices) if plan else []))
+        self.stores = list(dict.fromkeys(stores))
+        if self.stores and plan is None:
+            self.devices = _computing_first(self.devices, self.stores)
         self.method, self.time_limit, self.profile = method, time_limit, profile
         self.profile_dir = profile_dir
         self.fixed_plan = plan
@@ -256,9 +264,8 @@ class XschedModule(nn.Module):
     def _compile(self, key: tuple, inputs: tuple, *, inference: bool, plan: Plan | None = None) -> Compiled:
         graph = capture(self.module, inputs, inference=inference, name=type(self.module).__name__)
         if plan is None:
-            plan = solve_plan(
-                graph, self.budgets, self.devices or None, self.method, self.profile, self.time_limit, self.profile_dir
-            )
+            how = (self.method, self.profile, self.time_limit, self.profile_dir, self.stores)
+            plan = solve_plan(graph, self.budgets, self.devices or None, *how)
         spec, leaves = _output_spec(self.module, inputs)
         c = self._bindings(graph, plan, inputs, spec, leaves)
         self.compiled[key] = c
@@ -356,6 +363,20 @@ def _read_after_update(graph: Graph, plan: Plan) -> set[str]:
     return out
 
 
+def _computing_first(devices: Sequence[str], stores: Sequence[str]) -> list[str]:
+    """The computing devices, then the stores (added where `devices` lacks them): the solver homes graph inputs on
+    the first device, which must run ops. A store that is the only device leaves nothing to compute on."""
+    computing = [d for d in devices if d not in stores]
+    if not computing:
+        raise XschedError(
+            f"no device left to compute on: devices {list(devices)} are all stores ({', '.join(stores)}); name a "
+            "compute device in budgets or devices",
+            stage="execute",
+            device=stores[0],
+        )
+    return computing + list(stores)
+
+
 def _describe(inputs: tuple) -> str:
     return ", ".join(
         f"{list(x.shape)}:{str(x.dtype).removeprefix('torch.')}" if isinstance(x, torch.Tensor) else repr(x)
@@ -374,9 +395,15 @@ def wrap(
     plan: Plan | None = None,
     inplace: bool = True,
     profile_dir: str | None = None,
+    store: str | None = None,
+    stores: Sequence[str] = (),
 ) -> XschedModule:
     """`model` as a module whose training steps run an xsched plan within `budgets` (see XschedModule): method
-    "auto" by default, within `time_limit` seconds (default 60), on costs measured once and cached (`profile`)."""
+    "auto" by default, within `time_limit` seconds (default 60), on costs measured once and cached (`profile`).
+    `store` (or several `stores`): a device that only holds values, e.g. `store="cpu"` beside `cuda:0`."""
+    if isinstance(stores, str):
+        raise XschedError(f"stores must be a sequence of device names, got the string {stores!r}", stage="execute")
+    both = (*([store] if store else []), *stores)
     return XschedModule(
-        model, example_inputs, budgets, devices, method, time_limit, profile, plan, inplace, profile_dir
+        model, example_inputs, budgets, devices, method, time_limit, profile, plan, inplace, profile_dir, both
     )

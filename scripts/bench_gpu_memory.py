@@ -1,0 +1,393 @@
+"""GPU memory benchmark (issue 24, item 5): GPT-2 training steps under eager PyTorch, torch's own memory savers and
+xsched plans at shares of the eager peak, on the GPU alone and with the host as a store; one run, under 5 minutes.
+
+    python scripts/bench_gpu_memory.py --out gpu_memory.md --json gpu_memory.json      # cuda:0, gpt2 full:n_layer=6
+    python scripts/bench_gpu_memory.py --device cpu --scale small --iters 3             # reduced: logical CPUs
+
+A step is the captured graph's: forward, then backward of every differentiable output (logits and loss) with ones
+as its gradient. Rows: eager PyTorch; torch.utils.checkpoint around every transformer block;
+torch.autograd.graph.save_on_cpu(pin_memory=True); torchtune's OffloadActivations where it imports; the xsched
+eager plan; xsched `auto` at each budget on the GPU alone and with the host as a store; xsched on the GPU alone at
+the step peak checkpoint measured. The graph is profiled once (time cap --profile-s) and every plan solved from that
+profile (--time-limit each, in parallel processes where there are cores to spare). `--device cpu`: cpu:0 computes,
+cpu:1 is the store (a copy is a clone), peaks from the CPU allocator's events (torch rows) and the executor's
+accounting of cpu:0 (xsched rows); OffloadActivations (CUDA streams) is skipped there. Setup in scripts/gpu/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as futures
+import contextlib
+import functools
+import gc
+import gzip
+import json
+import multiprocessing
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from bench_cuda import _Backward, _tensor_leaves, device_name, no_plan, one_line, sync
+from bench_executor import step_memory
+from bench_offload import hidden_share
+from gpu.memory_report import mib, render
+
+from xsched import zoo
+from xsched.capture.torch import bind_inputs, capture
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Compute, Copy, Plan
+from xsched.contracts.profile import Profile
+from xsched.devices import get_device
+from xsched.errors import BudgetError
+from xsched.execute.executor import Executor
+from xsched.profiling.measure import profile_graph
+from xsched.simulate import simulate
+from xsched.solve.eager import eager_peak, eager_plan
+
+SEED = 1234
+
+
+# ---- torch rows: forward under a context, backward with ones outside it ----
+def torch_step(model: torch.nn.Module, inputs: tuple, ones: list, context: Callable[[], Any]) -> Callable[[], Any]:
+    """One step: grads set to None, the forward under `context()`, returned as an object whose .backward() runs
+    the backward (so bench_executor.step_memory can replay it) and .loss holds the loss."""
+
+    def forward() -> _Backward:
+        model.zero_grad(set_to_none=True)
+        with context():
+            outs = _tensor_leaves(model(*inputs))
+        b = _Backward([o for o in outs if o.requires_grad], ones)
+        b.loss = outs[-1].detach()  # type: ignore[attr-defined]  # zoo gpt2 returns (logits, loss)
+        return b
+
+    return forward
+
+
+@contextlib.contextmanager
+def checkpointed_blocks(model: torch.nn.Module) -> Iterator[None]:
+    """torch.utils.checkpoint around every transformer block (model.h[i]) while the context is open."""
+    from torch.utils.checkpoint import checkpoint
+
+    for block in model.h:  # type: ignore[union-attr]
+        block.forward = functools.partial(checkpoint, type(block).forward.__get__(block), use_reentrant=False)
+    try:
+        yield
+    finally:
+        for block in model.h:  # type: ignore[union-attr]
+            del block.forward
+
+
+def torchtune_offload() -> Callable[[], Any] | str:
+    """torchtune's OffloadActivations as a context factory, or why not."""
+    try:
+        from torchtune.training import OffloadActivations
+    except Exception as e:  # not installed, or its imports (torchao, datasets, ...) fail
+        return f"skipped: torchtune does not import ({one_line(e)})"
+    return OffloadActivations
+
+
+# ---- measuring ----
+def timed(runs: dict[str, Callable[[], float]], dev: torch.device, iters: int, warmup: int) -> dict[str, dict]:
+    """Per run name: wall seconds of `iters` steps after `warmup` untimed rounds, the runs interleaved (drift and
+    load spread over all of them); on CUDA the step peak above the resident state in the first timed round
+    (max_memory_allocated less memory_allocated before); the loss of the last step, every step seeded alike."""
+    out: dict[str, dict] = {k: {"times": [], "peak": None, "loss": None} for k in runs}
+    for r in range(warmup + iters):
+        for k, run in runs.items():
+            first = r == warmup
+            if first:
+                gc.collect()
+            sync(dev)
+            if first and dev.type == "cuda":
+                base = torch.cuda.memory_allocated(dev)
+                torch.cuda.reset_peak_memory_stats(dev)
+            torch.manual_seed(SEED)
+            t0 = time.perf_counter()
+            out[k]["loss"] = run()
+            sync(dev)
+            if r >= warmup:
+                out[k]["times"].append(time.perf_counter() - t0)
+            if first and dev.type == "cuda":
+                out[k]["peak"] = torch.cuda.max_memory_allocated(dev) - base
+    return out
+
+
+def backward_of(step: Callable[[], _Backward], model: torch.nn.Module) -> Callable[[], float]:
+    """A whole torch step; its grads are dropped after it, so the next run's resident state does not hold them."""
+
+    def run() -> float:
+        b = step()
+        b.backward()
+        model.zero_grad(set_to_none=True)
+        return float(b.loss)  # type: ignore[attr-defined]
+
+    return run
+
+
+def plan_row(label: str, graph: Graph, plan: Plan, profile: Profile, env: dict, compute: str, eager: Callable, a):
+    """The plan through the executor as it runs by default (`a.lanes`; CUDA: on its lanes, copies on side streams;
+    logical CPUs: in plan order on the calling thread), interleaved with eager PyTorch (the row's "vs eager") and,
+    when the plan copies, with the executor's other mode. Measured on the lanes, the step in plan order (copies on
+    the compute stream) less the step on the lanes, over the plan's predicted copy time, is the share of copy time
+    the lanes hide."""
+    sim = simulate(graph, plan, profile, check_budgets=False)
+    copy_s, predicted_hidden = hidden_share(graph, plan, profile)
+    copies = sum(isinstance(s, Copy) for s in plan.steps)
+    loss_id = graph.extra["forward_outputs"][-1]["ref"]  # zoo gpt2 returns (logits, loss)
+    resident = sum(graph.value[v].nbytes for v in graph.inputs if plan.homes[v] == compute)
+    exs = {"default": Executor(graph, plan, check=False, overlap=a.lanes)}
+    if copies:  # without copies a one-device plan runs in plan order in either mode
+        exs["other"] = Executor(graph, plan, check=False, overlap=not a.lanes)
+    counted: dict[str, int] = {}  # the executor's accounting of `compute`, less what is resident before a step
+
+    def run(name: str) -> float:
+        ex = exs[name]
+        st = ex.start(env)
+        ex.run(st)
+        counted[name] = max(counted.get(name, 0), st.peak()[compute] - resident)
+        return float(ex.outputs(st, [loss_id])[loss_id])
+
+    try:
+        runs = {k: functools.partial(run, k) for k in exs}
+        got = timed({**runs, "eager": eager}, exs["default"].dev[compute], a.iters, a.warmup)
+    finally:
+        for ex in exs.values():
+            ex.close()
+    med = {k: statistics.median(v["times"]) for k, v in got.items()}
+    mine = got["default"]
+    row = {
+        "plan": label,
+        "time_s": med["default"],
+        "eager_s": med["eager"],
+        "eager_times": got["eager"]["times"],
+        "peak": mine["peak"] if mine["peak"] is not None else counted["default"],
+        "loss": mine["loss"],
+        "predicted_s": sim.makespan_s,
+        "predicted_seq_s": sim.time_s,
+        "predicted_peak": sim.peak_bytes[compute] - resident,
+        "copies": copies,
+        "recomputes": sum(isinstance(s, Compute) for s in plan.steps) - len(graph.ops),
+        "copy_s": copy_s,
+        "hidden_predicted": predicted_hidden,
+        "found_by": plan.solver.found_by,
+        "budget": plan.budgets.get(compute),
+    }
+    if copies:
+        row["lanes_s"], row["inline_s"] = (med["default"], med["other"]) if a.lanes else (med["other"], med["default"])
+        row["hidden"] = (row["inline_s"] - row["lanes_s"]) / copy_s if a.lanes and copy_s > 0 else None
+    return row
+
+
+# ---- solving: every plan from the one profile, in parallel processes where cores allow ----
+def solve_job(job: tuple) -> Plan | str:
+    from xsched.solve import SolverOptions, solve
+
+    graph, profile, budgets, devices, limit = job
+    try:
+        return solve(graph, profile, budgets, devices, "auto", SolverOptions(time_limit_s=limit))
+    except BudgetError as e:
+        return no_plan(e.detail)
+    except Exception as e:  # one plan failing must not lose the other rows
+        traceback.print_exc()
+        return f"error: {one_line(e)}"
+
+
+def solve_all(jobs: dict[str, tuple], processes: int) -> dict[str, Plan | str]:
+    if processes <= 1 or len(jobs) == 1:
+        return {k: solve_job(j) for k, j in jobs.items()}
+    ctx = multiprocessing.get_context("spawn")  # CUDA is initialised here: never fork
+    out: dict[str, Plan | str] = {}
+    with futures.ProcessPoolExecutor(min(processes, len(jobs)), mp_context=ctx) as pool:
+        done = {k: pool.submit(solve_job, j) for k, j in jobs.items()}
+        for k, f in done.items():
+            try:
+                out[k] = f.result()
+            except Exception as e:  # a solver process that died (out of memory, ...)
+                out[k] = f"error: {one_line(e)}"
+    return out
+
+
+def setup(a: argparse.Namespace) -> tuple[str, str, torch.device, str | int]:
+    """(compute device, store device, torch device, the store's budget) of the mode."""
+    if a.device == "cpu":
+        return "cpu:0", "cpu:1", torch.device("cpu"), "100%"
+    return a.device, "cpu", torch.device(a.device), a.store_budget
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda:0", help="cuda:N (the host is the store) or cpu (cpu:0 + cpu:1)")
+    ap.add_argument("--scale", help="zoo gpt2 scale (default full:n_layer=6 on CUDA, small on the CPU)")
+    ap.add_argument("--batch", type=int, default=8, help="batch")
+    ap.add_argument("--budgets", default="63,55,50,45", help="xsched budgets, %% of the simulated eager peak")
+    ap.add_argument("--store-budget", default="64GiB", help="the host store's budget on CUDA")
+    ap.add_argument("--time-limit", type=float, default=20.0, help="auto's time limit per plan, seconds")
+    ap.add_argument("--profile-s", type=float, default=40.0, help="profiling time cap (max_total_s), seconds")
+    ap.add_argument("--iters", type=int, default=10, help="timed steps per row")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed rounds before them")
+    ap.add_argument("--jobs", type=int, help="solver processes (default: the cores less two, at most one per plan)")
+    ap.add_argument("--deadline", type=float, default=270.0, help="seconds from the start: solves shrink to fit it")
+    ap.add_argument(
+        "--lanes",
+        action=argparse.BooleanOptionalAction,
+        help="measure xsched rows on the executor's lanes and the copy time they hide (default: on CUDA only; on "
+        "logical CPUs the lanes are threads sharing the cores, slower than plan order)",
+    )
+    ap.add_argument("--threads", type=int, help="torch intra-op threads (default: 1 on the CPU, torch's on CUDA)")
+    ap.add_argument("--out", type=Path, help="write the markdown here too")
+    ap.add_argument("--json", type=Path, help="write the rows and the run's facts here")
+    ap.add_argument("--save-profile", type=Path, help="write the graph and its profile (gzipped JSON) into this folder")
+    a = ap.parse_args(argv)
+    cpu = a.device == "cpu"
+    if not cpu and not (a.device.startswith("cuda") and torch.cuda.is_available()):
+        ap.error(f"--device {a.device}: no such CUDA device here; --device cpu runs the reduced mode on logical CPUs")
+    try:
+        a.budgets = [int(b) for b in a.budgets.split(",")]
+    except ValueError:
+        ap.error(f"--budgets {a.budgets!r}: give whole percentages of the eager peak, e.g. 63,55,50,45")
+    a.scale = a.scale or ("small" if cpu else "full:n_layer=6")
+    a.jobs = a.jobs or max(1, (os.cpu_count() or 1) - 2)
+    a.lanes = not cpu if a.lanes is None else a.lanes
+    a.argv = argv if argv is not None else sys.argv[1:]
+    return a
+
+
+def torch_rows(model: torch.nn.Module, inputs: tuple, dev: torch.device, a) -> tuple[list[dict], Callable, list]:
+    """The torch rows, measured interleaved with each other; the eager step (as a whole) and its step times."""
+    ones = [torch.ones_like(o) for o in _tensor_leaves(model(*inputs)) if o.requires_grad]
+    model.zero_grad(set_to_none=True)
+    contexts: dict[str, Callable[[], Any] | str] = {
+        "eager PyTorch": contextlib.nullcontext,
+        "torch.utils.checkpoint per block": lambda: checkpointed_blocks(model),
+        "save_on_cpu(pin_memory=True)": lambda: torch.autograd.graph.save_on_cpu(pin_memory=True),
+        "torchtune OffloadActivations": torchtune_offload() if dev.type == "cuda" else "skipped: CUDA streams only",
+    }
+    steps = {k: torch_step(model, inputs, ones, c) for k, c in contexts.items() if not isinstance(c, str)}
+    got = timed({k: backward_of(s, model) for k, s in steps.items()}, dev, a.iters, a.warmup)
+    rows = []
+    for k, c in contexts.items():
+        if isinstance(c, str):
+            rows.append({"plan": k, "error": c})
+            continue
+        peak = got[k]["peak"] if dev.type == "cuda" else step_memory(steps[k], model.parameters()).peak  # type: ignore[arg-type]
+        model.zero_grad(set_to_none=True)
+        rows.append({"plan": k, "time_s": statistics.median(got[k]["times"]), "peak": peak, "loss": got[k]["loss"]})
+        log(f"{k}: {rows[-1]['time_s'] * 1e3:.1f} ms, step peak {mib(peak)}")
+    return rows, backward_of(steps["eager PyTorch"], model), list(got["eager PyTorch"]["times"])
+
+
+def profiled(graph: Graph, compute: str, store: str, a) -> Profile:
+    """The one profile: ops on the compute device within --profile-s, the links to and from the store."""
+    d = get_device(compute)
+    if hasattr(d, "nvml"):
+        d.nvml = None  # type: ignore[attr-defined]  # NVML energy needs a 0.2 s window per op per round
+    profile = profile_graph(graph, [d], stores=[store], max_total_s=a.profile_s, progress=False)
+    if a.save_profile:  # file names of letters, digits, '.', '_' and '-' (what the device tool brings back)
+        a.save_profile.mkdir(parents=True, exist_ok=True)
+        stem = re.sub(r"[^A-Za-z0-9._-]", "_", graph.name)
+        for what, data in (("graph", graph.to_dict()), ("profile", profile.to_dict())):
+            with gzip.open(a.save_profile / f"{stem}.{what}.json.gz", "wt") as f:
+                json.dump(data, f)
+    return profile
+
+
+def budgets_of(a, compute: str, store: str, store_budget: str, ckpt_budget: int | None) -> dict[str, tuple]:
+    """Row label -> (budgets, devices) of each xsched plan to solve."""
+    out: dict[str, tuple] = {}
+    for pct in a.budgets:
+        out[f"xsched {pct}%, {compute} alone"] = ({compute: f"{pct}%"}, [compute])
+        out[f"xsched {pct}%, {store} store"] = ({compute: f"{pct}%", store: store_budget}, [compute, store])
+    if ckpt_budget:
+        out[f"xsched at checkpoint's peak, {compute} alone"] = ({compute: ckpt_budget}, [compute])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
+    t_start = time.perf_counter()
+    compute, store, dev, store_budget = setup(a)
+    if a.threads or dev.type == "cpu":
+        torch.set_num_threads(a.threads or 1)
+    z = zoo.build("gpt2", batch=a.batch, scale=a.scale)
+    model = z.model.to(dev)
+    inputs = tuple(x.to(dev) for x in z.inputs)
+    graph = capture(model, inputs, name=f"gpt2-{a.scale}")
+    env = bind_inputs(graph, model, inputs)
+    resident = sum(graph.value[v].nbytes for v in graph.inputs)
+    log(f"{graph.name}: {len(graph.ops)} ops, {graph.fingerprint}, batch {a.batch}, on {device_name(dev)}")
+    rows, eager_run, eager_times = torch_rows(model, inputs, dev, a)
+    eager, ckpt = rows[0], rows[1]
+
+    t0 = time.perf_counter()
+    profile = profiled(graph, compute, store, a)
+    profile_s = time.perf_counter() - t0
+    links = ", ".join(
+        f"{k} {c.latency_s * 1e6:.1f} us + {c.bytes_per_s / 1e9:.1f} GB/s" for k, c in profile.copy.items()
+    )
+    log(f"profiled in {profile_s:.1f} s (cap {a.profile_s:g} s); links {links}")
+    budgets = budgets_of(a, compute, store, store_budget, resident + ckpt["peak"] if ckpt.get("peak") else None)
+    rounds = -(-len(budgets) // min(a.jobs, len(budgets)))
+    reserve = len(budgets) * (5 + 4 * (a.warmup + a.iters) * eager["time_s"])  # measuring them, roughly
+    limit = max(2.0, min(a.time_limit, (a.deadline - (time.perf_counter() - t_start) - reserve) / rounds - 3))
+    t0 = time.perf_counter()
+    plans = solve_all({k: (graph, profile, b, ds, limit) for k, (b, ds) in budgets.items()}, a.jobs)
+    solve_s = time.perf_counter() - t0
+    log(f"{len(plans)} plans solved in {solve_s:.1f} s ({limit:.1f} s limit each, {min(a.jobs, len(plans))} jobs)")
+
+    plans = {"xsched eager plan": eager_plan(graph, compute, profile), **plans}
+    for k, p in plans.items():
+        if isinstance(p, str):
+            rows.append({"plan": k, "error": p})
+            continue
+        try:
+            row = plan_row(k, graph, p, profile, env, compute, eager_run, a)
+        except Exception as e:  # an out-of-memory or a failing plan must not lose the other rows
+            traceback.print_exc()
+            rows.append({"plan": k, "error": f"error: {one_line(e)}"})
+            continue
+        rows.append(row)
+        eager_times += row["eager_times"]
+        if a.json:  # a run cut short keeps what it measured
+            a.json.write_text(json.dumps({"facts": {"partial": True}, "rows": rows}, indent=1, default=str))
+        log(f"{k}: {row['time_s'] * 1e3:.1f} ms ({row['time_s'] / row['eager_s']:.2f}x), peak {mib(row['peak'])}")
+    eager["time_s"] = statistics.median(eager_times)  # every eager step of the run
+
+    total_s = time.perf_counter() - t_start
+    cmd = " ".join(["python scripts/bench_gpu_memory.py", *a.argv])
+    header = [
+        f"Command: `{cmd}` ({total_s:.0f} s: profile {profile_s:.0f} s, solves {solve_s:.0f} s at {limit:.0f} s "
+        "each)  ",
+        f"Device: {device_name(dev)}; torch {torch.__version__}, Python {platform.python_version()}, TF32 matmul "
+        f"{torch.backends.cuda.matmul.allow_tf32}; graph {len(graph.ops)} ops ({graph.fingerprint}); links {links}",
+    ]
+    notes = {"cuda": dev.type == "cuda", "lanes": a.lanes, "iters": a.iters, "warmup": a.warmup}
+    notes |= {"eager_peak": mib(eager_peak(graph)), "resident": mib(resident)}
+    text = render(
+        f"GPU memory benchmark: {graph.name}, batch {a.batch}, {compute} + the {store} store", header, rows, notes
+    )
+    print(text, flush=True)
+    if a.out:
+        a.out.write_text(text + "\n")
+    if a.json:
+        facts = {"command": cmd, "device": device_name(dev), "torch": torch.__version__, "graph": graph.fingerprint}
+        facts |= {"ops": len(graph.ops), "resident": resident, "profile_s": profile_s, "solve_s": solve_s}
+        facts |= {"time_limit_s": limit, "total_s": total_s, "links": {k: vars(v) for k, v in profile.copy.items()}}
+        a.json.write_text(json.dumps({"facts": facts, "rows": rows}, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""The GPU memory benchmark's table and notes (scripts/bench_gpu_memory.py measures, this renders)."""
+
+from __future__ import annotations
+
+import textwrap
+
+COLUMNS = (
+    "plan",
+    "step time",
+    "vs eager",
+    "step peak",
+    "vs eager peak",
+    "predicted / measured time",
+    "predicted / measured peak",
+    "copies",
+    "recomputes",
+    "copy time hidden (measured / predicted)",
+    "loss - eager loss",
+)
+
+NOTES = """\
+Step: forward, then backward of every differentiable output (logits and loss) with ones as its gradient, params'
+.grad set to None first (what the captured graph computes). `step time`: median of {iters} steps after {warmup}
+untimed rounds, the device synchronised around each; xsched rows run the plan through the executor {mode}.
+`vs eager`: against the eager PyTorch steps interleaved with the row's own (xsched rows) or with the other torch
+rows (torch rows); the eager row pools every eager step of the run. `step peak`: {peak_source}, above what is
+resident before the step (params, inputs, the ones). Budgets: % of the simulated eager peak ({eager_peak}, of which
+{resident} resident); `at checkpoint's peak`: resident + the step peak measured for torch.utils.checkpoint.
+`predicted`: the simulator on the one profile: the lanes model's makespan, and the compute device's peak less its
+resident inputs. `copy time hidden` = (the same plan with every step in plan order on the calling thread, copies on
+the compute stream, less the step on the lanes) / the plan's copy time predicted by the profile; {hidden}. Beside
+it, the lanes model's own share: 1 - (makespan - makespan with free copies) / copy time. `loss - eager loss`: the
+last step's loss against eager PyTorch's, every step seeded alike (the executor replays dropout draws)."""
+
+MODES = {
+    True: "on its lanes (a thread per stream, copies on side streams)",
+    False: "in plan order on the calling thread, as it runs plans on logical CPUs",
+}
+PEAKS = {
+    "cuda": "CUDA max_memory_allocated",
+    "cpu": "the CPU allocator's events of one step (torch rows), the executor's accounting of cpu:0 (xsched rows)",
+}
+HIDDEN = {  # (device kind, measured on the lanes?)
+    ("cuda", True): "the plan-order run also waits for the GPU after each copy to the host, as the executor does there",
+    ("cpu", True): "on logical CPUs the lanes are threads sharing the cores",
+    ("cuda", False): "n/a: the rows ran in plan order (both times are in the JSON)",
+    ("cpu", False): "n/a on logical CPUs, where the lanes are threads sharing the cores (both times are in the JSON)",
+}
+
+
+def mib(b: float | None) -> str:
+    return "-" if b is None else f"{b / 2**20:,.1f} MiB"
+
+
+def ratio(a: float | None, b: float | None, pct: bool = False) -> str:
+    if a is None or not b:
+        return "-"
+    return f"{a / b:.0%}" if pct else f"{a / b:.2f}x"
+
+
+def cells(row: dict, eager: dict) -> list[str]:
+    """One table row; a row that did not run says why in its second cell."""
+    if "error" in row:
+        return [row["plan"], row["error"], *[""] * (len(COLUMNS) - 2)]
+    hidden = "-"
+    if row.get("copies"):
+        measured = "n/a" if row.get("hidden") is None else f"{row['hidden']:.0%}"
+        predicted = "-" if row["hidden_predicted"] is None else f"{row['hidden_predicted']:.0%}"
+        hidden = f"{measured} / {predicted} of {row['copy_s'] * 1e3:.1f} ms"
+    loss = "-" if row["loss"] is None or eager["loss"] is None else f"{abs(row['loss'] - eager['loss']):.1e}"
+    return [
+        row["plan"],
+        f"{row['time_s'] * 1e3:.1f} ms",
+        ratio(row["time_s"], row.get("eager_s", eager["time_s"])),
+        mib(row["peak"]),
+        ratio(row["peak"], eager["peak"], pct=True),
+        ratio(row.get("predicted_s"), row["time_s"]),
+        ratio(row.get("predicted_peak"), row["peak"]),
+        str(row.get("copies", "-")),
+        str(row.get("recomputes", "-")),
+        hidden,
+        loss,
+    ]
+
+
+def render(title: str, header: list[str], rows: list[dict], notes: dict) -> str:
+    """The markdown: title, header lines, the table (eager PyTorch is the first row), the notes filled in."""
+    eager = rows[0]
+    lines = [f"# {title}", "", *header, "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(cells(r, eager)) + " |" for r in rows]
+    kind = "cuda" if notes["cuda"] else "cpu"
+    text = NOTES.format(
+        mode=MODES[notes["lanes"]],
+        peak_source=PEAKS[kind],
+        hidden=HIDDEN[(kind, notes["lanes"])],
+        **{k: v for k, v in notes.items() if k not in ("cuda", "lanes")},
+    )
+    return "\n".join([*lines, "", textwrap.fill(" ".join(text.split()), 118)])

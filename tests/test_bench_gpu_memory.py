@@ -1,0 +1,113 @@
+"""Smoke run of the prepared GPU memory benchmark (scripts/bench_gpu_memory.py) in its reduced mode on logical CPUs:
+every row runs, the xsched plans train like eager PyTorch and stay within their budgets, the files come out."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from xsched.contracts.graph import Graph
+from xsched.contracts.profile import Profile
+from xsched.solve.eager import eager_peak
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import bench_gpu_memory as bench  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench_gpu_memory")
+    argv = ["--device", "cpu", "--scale", "small:n_layer=2", "--batch", "16", "--budgets", "50", "--iters", "2"]
+    argv += ["--warmup", "1", "--time-limit", "2", "--profile-s", "3", "--jobs", "2", "--lanes"]
+    argv += ["--json", str(out / "run.json"), "--out", str(out / "run.md"), "--save-profile", str(out)]
+    assert bench.main(argv) == 0
+    return out, json.loads((out / "run.json").read_text())
+
+
+def test_every_row_runs_or_says_why(run):
+    out, got = run
+    rows = {r["plan"]: r for r in got["rows"]}
+    assert list(rows) == [
+        "eager PyTorch",
+        "torch.utils.checkpoint per block",
+        "save_on_cpu(pin_memory=True)",
+        "torchtune OffloadActivations",
+        "xsched eager plan",
+        "xsched 50%, cpu:0 alone",
+        "xsched 50%, cpu:1 store",
+        "xsched at checkpoint's peak, cpu:0 alone",
+    ]
+    assert rows["torchtune OffloadActivations"]["error"] == "skipped: CUDA streams only"
+    for name, row in rows.items():
+        if name != "torchtune OffloadActivations":
+            assert "error" not in row, row
+            assert row["time_s"] > 0 and row["peak"] > 0, name
+    eager, ckpt = rows["eager PyTorch"], rows["torch.utils.checkpoint per block"]
+    assert ckpt["peak"] < 0.8 * eager["peak"]  # checkpointing every block saves activations (allocator events)
+    md = (out / "run.md").read_text()
+    assert md.count("\n| ") == len(rows) + 1 and "| xsched 50%, cpu:1 store | " in md
+    assert "n/a" not in md.split("| xsched 50%, cpu:1 store |")[1].splitlines()[0]  # measured on the lanes
+
+
+def test_plans_train_like_eager_within_their_budgets(run):
+    out, got = run
+    rows = {r["plan"]: r for r in got["rows"]}
+    eager_loss = rows["eager PyTorch"]["loss"]
+    resident = got["facts"]["resident"]
+    graph = Graph.from_dict(json.loads(gzip.open(out / "gpt2-small_n_layer_2.graph.json.gz", "rt").read()))
+    for name, row in rows.items():
+        if name.startswith("xsched"):
+            assert row["loss"] == pytest.approx(eager_loss, rel=1e-5, abs=1e-6), name  # same dropout draws
+    for name in ("xsched 50%, cpu:0 alone", "xsched 50%, cpu:1 store"):
+        row = rows[name]
+        assert row["budget"] == eager_peak(graph) * 50 // 100
+        assert row["peak"] + resident <= row["budget"], name  # the executor's bytes on cpu:0 during the steps
+    alone, store = rows["xsched 50%, cpu:0 alone"], rows["xsched 50%, cpu:1 store"]
+    assert alone["recomputes"] > 0 and alone["copies"] == 0 and "hidden" not in alone
+    assert store["copies"] > 0 and store["lanes_s"] > 0 and store["inline_s"] > 0
+    assert store["hidden"] == pytest.approx((store["inline_s"] - store["lanes_s"]) / store["copy_s"])
+    ckpt = rows["torch.utils.checkpoint per block"]
+    assert rows["xsched at checkpoint's peak, cpu:0 alone"]["budget"] == resident + ckpt["peak"]
+
+
+def test_the_profile_is_saved_with_the_store(run):
+    out, got = run
+    profile = Profile.from_dict(json.loads(gzip.open(out / "gpt2-small_n_layer_2.profile.json.gz", "rt").read()))
+    assert profile.graph == got["facts"]["graph"] and profile.is_store("cpu:1") and not profile.is_store("cpu:0")
+    assert set(profile.copy) == {"cpu:0->cpu:1", "cpu:1->cpu:0"} == set(got["facts"]["links"])
+
+
+def test_checkpointed_blocks_are_restored_and_match_eager():
+    from xsched import zoo
+
+    z = zoo.build("gpt2", scale="tiny")
+    model = z.model.eval()
+    want = model(*z.inputs)[1]
+    with bench.checkpointed_blocks(model):
+        assert all("forward" in vars(b) for b in model.h)
+        got = model(*z.inputs)[1]
+    assert not any("forward" in vars(b) for b in model.h)
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given where there is no CUDA device")
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["--device", "cuda:0"], "--device cuda:0: no such CUDA device here; --device cpu runs the reduced mode"),
+        (["--device", "tpu"], "--device tpu: no such CUDA device here"),
+        (["--device", "cpu", "--budgets", "50%,45"], "--budgets '50%,45': give whole percentages"),
+    ],
+)
+def test_bad_arguments_are_one_line_errors(argv, match, capsys):
+    with pytest.raises(SystemExit):
+        bench.parse(argv)
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert match in err
