@@ -90,22 +90,17 @@ def recompute_plan(name: str, devices: tuple[str, ...], percent: int) -> Plan:
     """The plan within `percent`% of the eager peak on each device ({"cpu:0": "25%", ...}): the checkpoint
     search's on one device, the offload search's (recompute on cpu:0, park on cpu:1) on two.
 
-    Where that is out of reach (ZOO's floor), asserts BudgetError at `percent` (from the lower bound itself for
-    BELOW_BOUND cases, which no other case may hit) and plans at the floor instead. Asserts the plan fits and
-    recomputes or parks.
+    Below ZOO's floor it plans at the floor instead: the search finds a plan at or below it. Where `percent` is
+    below the proven lower bound (BELOW_BOUND), the bound refuses it; elsewhere the floor is where this search stops,
+    not a proof, and nothing is asserted about `percent` itself. Asserts the plan fits and recomputes or parks.
     """
     graph = workload(name)[1]
     homes, profile = homes_on(graph, devices), unit_profile(graph, devices)
     method, floor = ("checkpoint", ZOO[name][2]) if len(devices) == 1 else ("offload", ZOO[name][3])
-    if percent < floor:
+    if (name, len(devices), percent) in BELOW_BOUND:
         budgets = parse_budgets({d: f"{percent}%" for d in devices}, eager_peak(graph))
-        if (name, len(devices), percent) in BELOW_BOUND:
-            with pytest.raises(BudgetError, match="lower bound|no device can run"):
-                check_budgets(graph, profile, budgets, devices, homes)
-        else:
+        with pytest.raises(BudgetError, match="lower bound|no device can run"):
             check_budgets(graph, profile, budgets, devices, homes)
-        with pytest.raises(BudgetError):
-            solve(graph, profile, budgets, devices, method, homes=homes)
     used = max(percent, floor)
     plan = solve(graph, profile, {d: f"{used}%" for d in devices}, devices, method, homes=homes)
     limit = eager_peak(graph) * used // 100

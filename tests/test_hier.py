@@ -124,19 +124,13 @@ def test_two_devices_and_determinism(monkeypatch) -> None:
     g, prof = gpt()
     budgets = {"cuda:0": eager_peak(g) // 2}
     homes = {v: "cpu" for v in g.inputs}
-    # without the CP-SAT refinement: several CP-SAT workers under a wall-clock limit may stop at another incumbent
-    same = HierSettings(leaf_s=0, region_s=10, refine=False)
+    # deterministic stops: no CP-SAT refinement (several workers under a wall-clock limit), and every H-ILP stopped
+    # by its node limit, long before the clock, whatever the machine's load
+    same = HierSettings(leaf_s=0, region_s=120, refine=False)
 
     def plan(workers: int) -> Plan:
-        return solve_hier(
-            g,
-            prof,
-            budgets,
-            ["cuda:0", "cpu"],
-            homes,
-            SolverOptions(time_limit_s=30, hier_processes=workers),
-            settings=same,
-        )
+        opts = SolverOptions(time_limit_s=600, hier_processes=workers, node_limit=200)
+        return solve_hier(g, prof, budgets, ["cuda:0", "cpu"], homes, opts, settings=same)
 
     plans = [plan(1), plan(2)]
     monkeypatch.setattr(hier_solver, "_start_method", lambda: "forkserver")
@@ -191,14 +185,18 @@ def test_the_refinement_never_slows_hiers_plan_and_says_what_it_started_from() -
 
 
 def test_hier_is_a_method_and_trains_like_eager() -> None:
-    """wrap(method="hier") on a zoo GPT at 80% of its eager peak: losses, gradients, params equal eager's."""
+    """solve(method="hier") on a zoo GPT at 80% of its eager peak, run through wrap: losses, gradients, params equal
+    eager's. The H-ILPs stop at a node limit (not the clock), so hier's own plan comes back on any machine."""
     z = build("gpt2", scale="tiny")
     eager = z.model
     model = copy.deepcopy(eager)
     from xsched.execute.wrap import wrap
 
-    w = wrap(model, z.inputs, {"cpu": "80%"}, method="hier", profile="model", time_limit=10)
-    assert w.plan.solver.method == "hier" and w.plan.solver.found_by == "hier", w.plan.solver.stats
+    g = capture(model, z.inputs, name=type(model).__name__)
+    opts = SolverOptions(time_limit_s=600, node_limit=200, hier_processes=1, hier_refine=False)
+    plan = solve(g, cost_profile(g, ["cpu"]), {"cpu": "80%"}, method="hier", options=opts)
+    assert plan.solver.method == "hier" and plan.solver.found_by == "hier", plan.solver.stats
+    w = wrap(model, z.inputs, {"cpu": "80%"}, plan=plan)
     assert sum(isinstance(s, Compute) for s in w.plan.steps) > len(w._first.graph.ops)  # it recomputes
     opt_a = torch.optim.SGD(w.parameters(), lr=0.1, momentum=0.9)
     opt_b = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)

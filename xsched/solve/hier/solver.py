@@ -127,7 +127,7 @@ def solve_hier(
                 if leaf_pass:
                     solved.leaves(group, pos, run, leaf_s, per_block, options.seed, fractions)
                 else:
-                    solved.internal(group, pos, run, region_s, per_block, options.seed)
+                    solved.internal(group, pos, run, region_s, per_block, options.seed, options.node_limit)
     stats = replace(stats, **solved.log, before_top_s=time.perf_counter() - t0)
     units = tuple(Unit(c.f_ops, c.b_ops, tuple(solved.options[pos[id(c)]])) for c in top.children)
     left = max(1.0, limit - (time.perf_counter() - t0))
@@ -328,7 +328,14 @@ class _Solved:
         self.log["leaf_s"] += time.perf_counter() - t0
 
     def internal(
-        self, group: Sequence[Block], pos: Mapping[int, int], run, seconds: float, limit: int, seed: int
+        self,
+        group: Sequence[Block],
+        pos: Mapping[int, int],
+        run,
+        seconds: float,
+        limit: int,
+        seed: int,
+        node_limit: int | None = None,
     ) -> None:
         t0 = time.perf_counter()
         members = self._classes(group, lambda b: tuple(self.keys[pos[id(c)]] for c in b.children))
@@ -346,6 +353,7 @@ class _Solved:
                     limit,
                     seed,
                     tuple(o for o in r.b_ops if o in self.defer),
+                    node_limit,
                 )
             )
         results = run(region_options, tasks)

@@ -33,6 +33,7 @@ class RegionTask:
     limit: int
     seed: int = 0
     deferred: tuple[str, ...] = ()  # its deferrable gradient ops (region.deferrable)
+    node_limit: int | None = None  # HiGHS's nodes per H-ILP (SolverOptions.node_limit): a deterministic stop
 
 
 def region_options(task: RegionTask) -> list[Option]:
@@ -58,7 +59,7 @@ def region_options(task: RegionTask) -> list[Option]:
         peaks = {name: p.predicted.peak_bytes.get(h, 0) for name, p in plans.items()}
         fast, lean = peaks.get("fast", max(peaks.values())), peaks.get("lean", min(peaks.values()))
         budgets = sorted({int((fast if src else lean) * x) for src, x in BUDGETS} - set(peaks.values()), reverse=True)
-        opts = SolverOptions(time_limit_s=task.seconds, solver_threads=1, seed=task.seed)
+        opts = SolverOptions(time_limit_s=task.seconds, solver_threads=1, seed=task.seed, node_limit=task.node_limit)
         for b in budgets:
             try:
                 plan = solve_hilp(sub, prof, units, {h: b}, task.devices, homes, region.f_outputs, opts)
