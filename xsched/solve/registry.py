@@ -139,6 +139,16 @@ register(
 )
 register(
     SolverEntry(
+        "park-search",
+        lazy("xsched.solve.park_remat:run_search"),
+        kind="search",
+        max_size=5000,
+        share=0.3,
+        doc="parking and recomputation, more variants than the park heuristic, within the time limit",
+    )
+)
+register(
+    SolverEntry(
         "order-gaps",
         lazy("xsched.solve.order_search:run_gaps"),
         kind="search",
