@@ -1,4 +1,5 @@
-"""Offload benchmark: parking activations on a second device (method "offload") against recomputation ("checkpoint").
+"""Offload benchmark: parking activations on a second device (method "offload") against recomputation ("checkpoint"),
+and both chosen together ("park").
 
 Part A (measured): two logical CPU devices, "cpu:0" computes and "cpu:1" is the store (the same CPU with separate
 stores; a copy between them is a tensor clone). The profile is measured once on "cpu:threads=1" (the registry has no
@@ -108,13 +109,15 @@ def hidden_share(graph: Graph, plan: Plan, profile: Profile) -> tuple[float, flo
 def plan_pair(
     graph: Graph, profile: Profile, compute: str, store: str, percent: int, homes: Mapping[str, str]
 ) -> dict[str, Plan | str]:
-    """Offload and checkpoint plans within `percent`% of the eager peak on `compute` (the store at 100%), or why not."""
+    """Offload, checkpoint and park plans within `percent`% of the eager peak on `compute` (the store at 100%), or
+    why not."""
     peak = eager_peak(graph)
     budget = peak * percent // 100
     out: dict[str, Plan | str] = {}
     for method, budgets, devices in (
         ("offload", {compute: budget, store: peak}, [compute, store]),
         ("checkpoint", {compute: budget}, [compute]),
+        ("park", {compute: budget, store: peak}, [compute, store]),  # parking and recomputing chosen together
     ):
         try:
             out[method] = solve(graph, profile, budgets, devices, method, homes=homes)
@@ -269,7 +272,7 @@ def floor_rows(
     peak = eager_peak(graph)
     base = simulate(graph, solve(graph, profile, {}, [compute], "eager", homes=homes), profile).makespan_s
     out = []
-    for method in ("offload", "checkpoint"):
+    for method in ("offload", "checkpoint", "park"):
         found = None
         for percent in range(top, 0, -5):
             p = plan_pair(graph, profile, compute, store, percent, homes)[method]
