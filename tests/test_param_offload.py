@@ -214,7 +214,7 @@ def test_two_calls_in_one_backward_and_a_missing_gradient_are_one_line_errors() 
         host.settle()
         host.begin(True, True, 1e-3)
         with pytest.raises(XschedError, match=r"the gradient of 2\.\w+ did not arrive in the backward"):
-            host.end_backward(0.0, 0.0)
+            host.end_backward()
     finally:
         w.listen(None)
         host.close()
@@ -251,3 +251,66 @@ def test_clipping_steps_on_the_store_after_the_backward(mlp, tmp_path, capsys) -
     model, _, loss_fn, batches = ns["factory"](batch=16)
     want = eager_train(model, lambda s: ((batches(s, 0, 1)[0],), batches(s, 0, 1)[1]), loss_fn, 3, clip=0.05)
     assert_close(result.losses, want["loss"], rtol=1e-5, atol=1e-6)
+
+
+class Gate:
+    """A stand-in for a CUDA event: synchronize() blocks until the test opens it, and says when it was called."""
+
+    def __init__(self, log: list[str], name: str) -> None:
+        self.log, self.name, self.open = log, name, __import__("threading").Event()
+
+    def synchronize(self) -> None:
+        self.open.wait()
+        self.log.append(f"synced {self.name}")
+
+
+def test_host_adamw_buckets_wait_for_their_copies_and_block_only_their_own_reads() -> None:
+    """Three buckets; each update waits for its gradients' copy events, and while the last bucket's copy is held a
+    read of its parameter waits, reads of the others' do not. Two micro-batches add up; the step equals torch's
+    AdamW on the summed gradients."""
+    import threading
+
+    torch.manual_seed(0)
+    params = [nn.Parameter(torch.randn(64, 8)) for _ in range(3)]
+    ref = [nn.Parameter(p.detach().clone()) for p in params]
+    names = [f"p{i}" for i in range(3)]
+    host = HostAdamW(list(zip(names, params)), dict.fromkeys(names, 0.01), lr=0.1, bucket_bytes=64 * 8 * 4)
+    assert len(host.buckets) == 3
+    grads = [[torch.randn(64, 8) for _ in range(3)] for _ in range(2)]
+    log: list[str] = []
+    gates = [Gate(log, n) for n in names]
+    try:
+        host.begin(True, False, 0.1)
+        for n, g in zip(names, grads[0]):
+            host.released(n, g, [])
+        host.end_backward()
+        host.begin(False, True, 0.1)
+        for n, g, gate in zip(names, grads[1], gates):
+            host.released(n, g, [gate])
+        host.end_backward()
+        gates[0].open.set()
+        gates[1].open.set()  # p2's copy has not landed: its bucket cannot update, the others can
+        blocked = threading.Thread(target=host.wait, args=("p2",))
+        blocked.start()
+        host.wait("p0")  # returns once p0's own update is done
+        host.wait("p1")
+        blocked.join(timeout=0.5)
+        assert blocked.is_alive()  # still waiting for p2's bucket
+        gates[2].open.set()
+        blocked.join(timeout=60)
+        assert not blocked.is_alive()
+        norm = host.grad_norm()
+        host.settle()
+    finally:
+        for gate in gates:
+            gate.open.set()
+        host.close()
+    assert log == ["synced p0", "synced p1", "synced p2"]
+    summed = [a + b for a, b in zip(*grads)]
+    assert norm == pytest.approx(float(torch.linalg.vector_norm(torch.stack([g.norm() for g in summed]))), rel=1e-5)
+    opt = torch.optim.AdamW(ref, lr=0.1, weight_decay=0.01)
+    for p, g in zip(ref, summed):
+        p.grad = g
+    opt.step()
+    for p, q in zip(params, ref):
+        assert_close(p.detach(), q.detach(), **FUSED)

@@ -45,8 +45,8 @@ class _Bucket:
 
 @dataclass(frozen=True)
 class OverlapStats:
-    """Worker time (gradients in, norms, AdamW steps), the part of it inside backward passes, and the time the
-    training thread or the plan's lanes waited for the optimizer."""
+    """Worker time (gradients in, norms, AdamW steps; not its waits for the gradients' copies), the part of it
+    inside backward passes, and the time the training thread or the plan's lanes waited for the optimizer."""
 
     optimizer_s: float
     hidden_s: float
@@ -88,13 +88,12 @@ class HostAdamW:
         self._flags = (True, True, lr)  # this micro-batch: first, last, learning rate
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
-        self._grads: collections.deque[Callable[[], None]] = collections.deque()
-        self._updates: collections.deque[Callable[[], None]] = collections.deque()
+        self._tasks: collections.deque[Callable[[], None]] = collections.deque()  # in the order buckets complete
         self._error: BaseException | None = None
         self._stop = False
-        self._busy: list[tuple[float, float]] = []
-        self._backward: list[tuple[float, float]] = []
-        self._waited = 0.0
+        self._busy_s = self._hidden_s = self._waited_s = 0.0
+        self._backward: collections.deque[tuple[float, float]] = collections.deque(maxlen=8)  # the latest passes
+        self._open: float | None = None  # the start of the backward under way
         self._thread = threading.Thread(target=self._work, name="xsched-host-adamw", daemon=True)
         self._thread.start()
 
@@ -107,7 +106,7 @@ class HostAdamW:
         t0 = time.perf_counter()
         b.idle.wait()
         with self._lock:
-            self._waited += time.perf_counter() - t0
+            self._waited_s += time.perf_counter() - t0
         self._check()
 
     def released(self, name: str, grad: torch.Tensor | None, events: Sequence[Any]) -> None:
@@ -129,29 +128,35 @@ class HostAdamW:
             if last:
                 b.idle.clear()
                 b.grads_in.clear()
-            self._grads.append(lambda: self._take(b, items, first, last, lr))
+            self._tasks.append(lambda: self._take(b, items, first, last, lr))
             self._cv.notify()
 
     # ---- the training loop ----
     def begin(self, first: bool, last: bool, lr: float) -> None:
-        """A micro-batch's backward follows: the first of a step overwrites the gradients, later ones add to them,
+        """A micro-batch's backward starts: the first of a step overwrites the gradients, later ones add to them,
         and the last one's gradients start each bucket's update at rate `lr`."""
         self._check()
         self._flags = (first, last, lr)
         for b in self.buckets:
             b.done_this_backward = False
-
-    def end_backward(self, t0: float, t1: float) -> None:
-        """The backward [t0, t1] (perf_counter seconds) is over: every gradient must have arrived."""
+            b.arrived = {}
         with self._lock:
-            self._backward.append((t0, t1))
+            self._open = time.perf_counter()
+
+    def end_backward(self) -> None:
+        """The backward is over: every gradient must have arrived."""
+        with self._lock:
+            if self._open is not None:
+                self._backward.append((self._open, time.perf_counter()))
+            self._open = None
         for b in self.buckets:
             if not b.done_this_backward:
                 missing = next(n for n in b.slots if n not in b.arrived)
                 raise XschedError(f"the gradient of {missing} did not arrive in the backward", stage="train")
 
     def grad_norm(self) -> float:
-        """The total norm of this step's gradients (waits for them to be in, not for the updates)."""
+        """The total norm of this step's gradients (waits for them to be in, and so for the updates queued before
+        the last bucket's)."""
         self._wait_all(lambda b: b.grads_in)
         return sum(b.norm_sq for b in self.buckets) ** 0.5
 
@@ -161,8 +166,7 @@ class HostAdamW:
 
     def stats(self) -> OverlapStats:
         with self._lock:
-            busy, backward, waited = list(self._busy), list(self._backward), self._waited
-        return OverlapStats(sum(b - a for a, b in busy), _overlap(busy, backward), waited)
+            return OverlapStats(self._busy_s, self._hidden_s, self._waited_s)
 
     def close(self) -> None:
         """Settle, then stop the worker."""
@@ -220,24 +224,29 @@ class HostAdamW:
     # ---- the worker ----
     def _take(self, b: _Bucket, items: Mapping[str, tuple[torch.Tensor, Sequence[Any]]], first, last, lr) -> None:
         """Gradients into the bucket's flat buffers (after their copies finish); on the last micro-batch, their
-        norm, then the bucket's update queued."""
-        for name, (grad, events) in items.items():
+        norm, then the bucket's update. Its busy time starts once the copies are over."""
+        for _, events in items.values():
             for ev in events:
                 ev.synchronize()
+        t0 = time.perf_counter()
+        for name, (grad, _) in items.items():
             seg, off, n = b.slots[name]
             dst = seg.grad[off : off + n]
             if first:
                 dst.copy_(grad.reshape(-1))
             else:
                 dst.add_(grad.reshape(-1))
-        if not last:
-            return
+        if last:
+            self._step(b, lr)
+        t1 = time.perf_counter()
+        with self._lock:
+            passes = [*self._backward, *([(self._open, t1)] if self._open is not None else [])]
+            self._busy_s += t1 - t0
+            self._hidden_s += sum(max(0.0, min(t1, e) - max(t0, s)) for s, e in passes)
+
+    def _step(self, b: _Bucket, lr: float) -> None:
         b.norm_sq = sum(float(torch.linalg.vector_norm(s.grad)) ** 2 for s in b.segments)
         b.grads_in.set()
-        with self._lock:
-            self._updates.append(lambda: self._update(b, lr))
-
-    def _update(self, b: _Bucket, lr: float) -> None:
         for seg in b.segments:
             seg.opt.param_groups[0]["lr"] = lr
             seg.opt.step()
@@ -247,12 +256,11 @@ class HostAdamW:
         torch.set_grad_enabled(False)
         while True:
             with self._lock:
-                while not (self._grads or self._updates or self._stop):
+                while not (self._tasks or self._stop):
                     self._cv.wait()
-                if not (self._grads or self._updates):
+                if not self._tasks:
                     return
-                task = self._grads.popleft() if self._grads else self._updates.popleft()
-            t0 = time.perf_counter()
+                task = self._tasks.popleft()
             try:
                 if self._error is None:
                     task()
@@ -261,8 +269,6 @@ class HostAdamW:
                 for b in self.buckets:
                     b.idle.set()
                     b.grads_in.set()
-            with self._lock:
-                self._busy.append((t0, time.perf_counter()))
 
     def _check(self) -> None:
         if self._error is not None:
@@ -274,7 +280,7 @@ class HostAdamW:
         for b in self.buckets:
             event(b).wait()
         with self._lock:
-            self._waited += time.perf_counter() - t0
+            self._waited_s += time.perf_counter() - t0
         self._check()
 
     def _segments(self) -> Iterable[_Segment]:
@@ -326,16 +332,3 @@ def _adamw(flat: torch.Tensor, lr: float, weight_decay: float) -> torch.optim.Ad
         return torch.optim.AdamW([flat], lr=lr, weight_decay=weight_decay, fused=True)
     except RuntimeError:
         return torch.optim.AdamW([flat], lr=lr, weight_decay=weight_decay, foreach=True)
-
-
-def _overlap(busy: Sequence[tuple[float, float]], spans: Sequence[tuple[float, float]]) -> float:
-    """Total length of the intersection of two lists of intervals, each sorted and non-overlapping."""
-    total, j = 0.0, 0
-    for a, b in busy:
-        while j < len(spans) and spans[j][1] <= a:
-            j += 1
-        k = j
-        while k < len(spans) and spans[k][0] < b:
-            total += max(0.0, min(b, spans[k][1]) - max(a, spans[k][0]))
-            k += 1
-    return total

@@ -7,7 +7,6 @@ the parameters on a home of their own (`--param-home`), AdamW there, overlapped 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -136,9 +135,8 @@ class HostUpdater(Updater):
 
     def backward(self, loss: torch.Tensor, micro: int = 0, micro_batches: int = 1) -> None:
         self.host.begin(first=micro == 0, last=micro == micro_batches - 1, lr=self.lr)
-        t0 = time.perf_counter()
         loss.backward()
-        self.host.end_backward(t0, time.perf_counter())
+        self.host.end_backward()
 
     def step(self, step: int) -> tuple[float, float]:
         return self.lr, self.host.grad_norm()
