@@ -75,9 +75,11 @@ def solve_plan(
     time_limit: float | None = None,
     profile_dir: str | Path | None = None,
     stores: Sequence[str] = (),
+    homes: Mapping[str, str] | None = None,
 ) -> Plan:
     """A plan for `graph` within `budgets` by `method` (default "auto": bounds, heuristics, then the exact solvers
-    within `time_limit` seconds, default 60) on the costs `plan_profile` gives (`stores`: devices that run no op)."""
+    within `time_limit` seconds, default 60) on the costs `plan_profile` gives (`stores`: devices that run no op);
+    `homes`: where graph inputs live (default: the first device)."""
     from xsched.solve.api import solve
     from xsched.solve.options import SolverOptions
 
@@ -86,7 +88,7 @@ def solve_plan(
         raise XschedError("wrap needs devices: give budgets per device or devices", stage="execute")
     costs = plan_profile(graph, devices, profile, profile_dir, stores)
     options = SolverOptions(time_limit_s=time_limit if time_limit is not None else DEFAULT_TIME_LIMIT_S)
-    return solve(graph, costs, budgets, devices, method=method, options=options)
+    return solve(graph, costs, budgets, devices, method=method, options=options, homes=homes)
 
 
 def plan_report(graph: Graph, plan: Plan) -> str:

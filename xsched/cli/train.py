@@ -69,6 +69,8 @@ def cmd_train(a: argparse.Namespace) -> int:
         pretrained=a.pretrained,
         seq_len=a.seq_len,
         log_csv=a.log_csv,
+        param_home=a.param_home,
+        stores=tuple(split_device_list(",".join(a.store))) if a.store else (),
     )
     if not a.json:
         train(config, Bar())
@@ -104,6 +106,19 @@ def add(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--batch", type=int, help="batch size per process (default: the model's)")
     t.add_argument("--scale", default="default", help="zoo size knob: tiny, small, default, full")
     t.add_argument("--devices", help="comma-separated devices (default: the budgets' devices)")
+    t.add_argument(
+        "--param-home",
+        metavar="DEVICE",
+        help="where the parameters, gradients and AdamW state live, e.g. cpu beside a GPU; AdamW runs there, "
+        "overlapped with the backward (default: the first device)",
+    )
+    t.add_argument(
+        "--store",
+        action="append",
+        default=[],
+        metavar="DEVICE",
+        help="a device that holds values and runs no op (only its copies are profiled), e.g. cpu; repeatable",
+    )
     t.add_argument("--method", default="auto", help="solver method (default auto)")
     t.add_argument("--time-limit", type=float, help="solver time limit in seconds (default 60)")
     t.add_argument(

@@ -18,11 +18,12 @@ from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from xsched.capture.torch import capture
 from xsched.contracts.graph import Graph
-from xsched.contracts.plan import Compute, Plan
+from xsched.contracts.plan import Compute, Copy, Plan
 from xsched.contracts.profile import Profile
 from xsched.errors import XschedError
 from xsched.execute.compiled import getter
 from xsched.execute.executor import Executor, RunState
+from xsched.execute.param_home import ListenerSlot, ParamListener, ParamPoints, check_homes, param_homes
 from xsched.execute.program import gather
 from xsched.execute.reference import torch_device
 from xsched.pipeline import plan_report, solve_plan
@@ -61,6 +62,7 @@ class Compiled:
     held: list[tuple[str, torch.Tensor, bool]]  # graph input id, param or buffer, snapshot it per call?
     fed: list[tuple[str, int]]  # graph input id, position among the call's inputs
     updates: list[tuple[dict, torch.Tensor]]  # ref of a buffer's new value, the module buffer it goes to
+    points: ParamPoints  # when the run is done with each param on its home (a listener's updates wait for it)
 
     def __post_init__(self) -> None:
         # Params and buffers go into the stores as they are: the executor runs under no_grad, so nothing it
@@ -123,6 +125,7 @@ class _Run:
         for vid, pos in c.fed:
             env[vid] = inputs[pos].detach()
         self.state: RunState | None = c.executor.start(env)
+        c.points.begin(self.state)
 
     def run(self, start: int, stop: int | None) -> None:
         """Run steps [start, stop), then write each buffer update first computed there into the module, once (so
@@ -160,12 +163,19 @@ class _Run:
         c.executor.bind(self.state, tangents)
         self.run(c.plan.boundary or 0, None)
         st, self.state = self.state, None  # the stores of this run go when this returns
+        c.points.end(st)
+        grads = None
         if c.grads_home is not None:
             try:
-                return c.grads_of(st.stores[c.grads_home].tensors)
+                grads = c.grads_of(st.stores[c.grads_home].tensors)
             except KeyError:  # not where it must end: let outputs() find it, or say it is nowhere
                 pass
-        return c.grads_of(c.executor.outputs(st, c.grad_ids))
+        if grads is None:
+            grads = c.grads_of(c.executor.outputs(st, c.grad_ids))
+        listener = c.points.slot.listener
+        if listener is not None and listener.takes_grads:  # the listener has them: autograd leaves .grad alone
+            grads[: len(c.params)] = [None] * len(c.params)
+        return grads
 
 
 class _PlanFunction(torch.autograd.Function):
@@ -199,7 +209,9 @@ class XschedModule(nn.Module):
 
     profile: "measure" (default: the graph's costs measured on `devices` once, cached under `profile_dir`, default
     profiles/, as `xsched profile` stores them, and reused), "model" (modelled costs, no measurement) or a Profile.
-    `.plan` is the training plan of the example inputs; `.report()` describes it.
+    param_home: the device where the parameters and buffers live (their gradients end there too), e.g. the host
+    beside a GPU; default the first device. `.plan` is the training plan of the example inputs; `.report()`
+    describes it.
 
     stores: devices that hold values and run no op (e.g. the host beside a GPU): profiled for their copies only,
     planned with (values may be parked there and fetched back) and run as the memory they are. They need not be
@@ -219,6 +231,7 @@ class XschedModule(nn.Module):
         inplace: bool = True,
         profile_dir: str | None = None,
         stores: Sequence[str] = (),
+        param_home: str | None = None,
     ) -> None:
         super().__init__()
         self.inplace = inplace  # Executor's in-place reuse of dying inputs (off: every op allocates, as captured)
@@ -231,6 +244,10 @@ class XschedModule(nn.Module):
         self.method, self.time_limit, self.profile = method, time_limit, profile
         self.profile_dir = profile_dir
         self.fixed_plan = plan
+        self.param_home = param_home
+        if param_home is not None and param_home not in self.devices:
+            raise XschedError(f"param_home {param_home!r} is not among the devices {self.devices}", stage="execute")
+        self._slot = ListenerSlot()
         self.compiled: dict[tuple, Compiled] = {}
         inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
         self._first = self._compile(("train", _signature(inputs)), inputs, inference=False, plan=plan)
@@ -250,22 +267,39 @@ class XschedModule(nn.Module):
         """How the plan was found, its predicted time and peaks against the budgets, its recomputes and copies."""
         return plan_report(self._first.graph, self._first.plan)
 
+    def listen(self, listener: ParamListener | None) -> None:
+        """Tell `listener` when each run is done with each parameter on its home, and make a run's reads of a
+        parameter there wait for it (xsched.execute.param_home); None stops."""
+        self._slot.listener = listener
+
+    @property
+    def release_order(self) -> tuple[str, ...]:
+        """The parameter names in the order the training plan releases them (its backward makes their gradients)."""
+        return self._first.points.order
+
     def _move_to_homes(self, c: Compiled) -> None:
-        """Params and buffers live on their plan home's torch device, so grads land where autograd expects them."""
+        """Params and buffers live on their plan home's torch device, so grads land where autograd expects them;
+        on the host beside a GPU they are pinned, so the plan's copies to the GPU run asynchronously."""
         home_of = {
             c.graph.value[v].name: d for v, d in c.plan.homes.items() if c.graph.value[v].kind in ("param", "buffer")
         }
+        pin = any(d.type == "cuda" for d in c.executor.dev.values()) and torch.cuda.is_available()
         with torch.no_grad():
             for name, t in [*self.module.named_parameters(), *self.module.named_buffers()]:
                 dev = torch_device(home_of[name], c.executor.dev) if name in home_of else t.device
                 if t.device != dev:
                     t.data = t.data.to(dev)
+                if pin and dev.type == "cpu" and not t.is_pinned():
+                    t.data = t.data.pin_memory()
 
     def _compile(self, key: tuple, inputs: tuple, *, inference: bool, plan: Plan | None = None) -> Compiled:
         graph = capture(self.module, inputs, inference=inference, name=type(self.module).__name__)
+        homes = param_homes(graph, self.param_home) if self.param_home is not None else None
         if plan is None:
             how = (self.method, self.profile, self.time_limit, self.profile_dir, self.stores)
-            plan = solve_plan(graph, self.budgets, self.devices or None, *how)
+            plan = solve_plan(graph, self.budgets, self.devices or None, *how, homes=homes)
+        elif self.param_home is not None:
+            check_homes(graph, plan, self.param_home)
         spec, leaves = _output_spec(self.module, inputs)
         c = self._bindings(graph, plan, inputs, spec, leaves)
         self.compiled[key] = c
@@ -294,7 +328,9 @@ class XschedModule(nn.Module):
         tensors = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)]
         refs = [grads.get(n) for n in trained] + [input_grads.get(i) for i in tensors]
         watch = frozenset(r["ref"] for r in updates.values())
-        ex = Executor(graph, plan, watch=watch, inplace=self.inplace)
+        points = ParamPoints(graph, plan, self._slot)
+        ex = Executor(graph, plan, watch=watch, inplace=self.inplace, table={Copy: points.copy_kind})
+        points.bind(ex)
         return Compiled(
             graph,
             plan,
@@ -306,6 +342,7 @@ class XschedModule(nn.Module):
             held,
             fed,
             [(r, buffers[n]) for n, r in updates.items()],
+            points,
         )
 
     def _get(self, mode: str, inputs: tuple) -> Compiled:
@@ -346,6 +383,8 @@ class XschedModule(nn.Module):
         outs = run.forward()
         if c.plan.boundary is not None:
             run.run(c.plan.boundary, None)
+        assert run.state is not None
+        c.points.end(run.state)
         return c.structure(outs)
 
 
@@ -397,13 +436,26 @@ def wrap(
     profile_dir: str | None = None,
     store: str | None = None,
     stores: Sequence[str] = (),
+    param_home: str | None = None,
 ) -> XschedModule:
     """`model` as a module whose training steps run an xsched plan within `budgets` (see XschedModule): method
     "auto" by default, within `time_limit` seconds (default 60), on costs measured once and cached (`profile`).
-    `store` (or several `stores`): a device that only holds values, e.g. `store="cpu"` beside `cuda:0`."""
+    `store` (or several `stores`): a device that only holds values, e.g. `store="cpu"` beside `cuda:0`;
+    `param_home`: where the parameters, buffers and gradients live (default the first device), e.g. that store."""
     if isinstance(stores, str):
         raise XschedError(f"stores must be a sequence of device names, got the string {stores!r}", stage="execute")
     both = (*([store] if store else []), *stores)
     return XschedModule(
-        model, example_inputs, budgets, devices, method, time_limit, profile, plan, inplace, profile_dir, both
+        model,
+        example_inputs,
+        budgets,
+        devices,
+        method,
+        time_limit,
+        profile,
+        plan,
+        inplace,
+        profile_dir,
+        both,
+        param_home,
     )

@@ -22,7 +22,7 @@ DEFAULT_EVAL_BATCHES = 8
 class TrainConfig:
     """One training run. `batch` is per process and per micro-batch (`grad_accum` of them per optimizer step);
     `steps` is the total to reach (a resumed run trains the rest). A bare `cuda` in `budgets` or `devices` is this
-    process's GPU (cuda:LOCAL_RANK under torchrun). `weight_decay` None is the optimizer's usual value (AdamW 0.01,
+    process's GPU (cuda:LOCAL_RANK under torchrun), also in `param_home` and `stores`. `weight_decay` None is the optimizer's usual value (AdamW 0.01,
     SGD 0); it applies to the parameters of two or more dimensions (weights, embeddings), not to biases and norms."""
 
     model: str
@@ -56,6 +56,8 @@ class TrainConfig:
     pretrained: str | None = None  # hf: models: a save_pretrained folder
     seq_len: int | None = None  # hf: models: the sequence length (default: the model's context length)
     log_csv: str | None = None
+    param_home: str | None = None  # where the parameters, gradients and optimizer state live (default: first device)
+    stores: tuple[str, ...] = ()  # devices that hold values and run no op (only their copies are profiled)
 
     def check(self) -> None:
         """A one-line XschedError for each value that cannot work, before anything is loaded."""
@@ -85,6 +87,17 @@ class TrainConfig:
         if not 0 <= self.min_lr <= self.lr:
             _fail(f"--min-lr must be between 0 and --lr ({self.lr}), got {self.min_lr}")
         self._check_files_and_evals()
+        self._check_homes()
+
+    def _check_homes(self) -> None:
+        devices = list(self.devices or self.budgets)
+        for flag, device in [("--param-home", self.param_home), *(("--store", d) for d in self.stores)]:
+            if device is not None and device not in devices:
+                _fail(
+                    f"{flag} {device} is not among the devices {devices}: give it a --budget (or name it in --devices)"
+                )
+        if self.stores and all(d in self.stores for d in devices):
+            _fail(f"every device is a store ({', '.join(self.stores)}): at least one must compute")
 
     def _check_files_and_evals(self) -> None:
         if self.checkpoint_every is not None and self.checkpoint_dir is None:

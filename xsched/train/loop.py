@@ -40,7 +40,10 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> TrainResult:
     try:
         t0 = time.perf_counter()
         session, start = prepare(config, budgets, devices, world, rep)
-        result = _loop(config, session, world, rep, start, time.perf_counter() - t0)
+        try:
+            result = _loop(config, session, world, rep, start, time.perf_counter() - t0)
+        finally:
+            session.updater.close()  # a host optimizer's last updates land first
         del session  # DDP's reducer holds the process group: it must go before `leave` (see there)
         dist.barrier(world)  # leave together: rank 0 may still be writing the last checkpoint
         return result
@@ -70,7 +73,7 @@ def _step(s: Session, step: int, world: dist.World, k: int) -> StepRecord:
     s.peaks.start()
     s.energy.start()
     t0 = time.perf_counter()
-    s.updater.zero_grad()
+    s.updater.start(step)
     losses = []
     for micro in range(k):
         inputs, targets = s.task.batch(step, world.rank * k + micro, world.size * k)
@@ -78,7 +81,7 @@ def _step(s: Session, step: int, world: dist.World, k: int) -> StepRecord:
         with s.sync(last=micro == k - 1):  # under DDP, gradients are averaged over the ranks on the last one
             with s.autocast():
                 loss = task_loss(s.task, s.model(*inputs), targets)
-            s.updater.backward(loss / k)
+            s.updater.backward(loss / k, micro, k)
         losses.append(loss.detach().float())
     lr, grad_norm = s.updater.step(step)
     s.peaks.sync()
@@ -119,6 +122,7 @@ def _save(s: Session, directory: str, done: int, world: dist.World) -> Path | No
     rngs = dist.gather(rng_state(), world)
     if not world.main:
         return None
+    s.updater.settle()  # a host optimizer may still be updating the parameters it holds
     return save_checkpoint(
         directory,
         done,
@@ -152,8 +156,10 @@ def _loop(config: TrainConfig, s: Session, world: dist.World, rep: Reporter, sta
             last = _save(s, config.checkpoint_dir, done, world)
             if last is not None:
                 rep.checkpoint(done, last)
+    s.updater.settle()
+    t1 = time.perf_counter()
     result = TrainResult(
-        start, tuple(records), s.chosen.path, s.chosen.reused, last, world.size, time.perf_counter() - t0, setup_s
+        start, tuple(records), s.chosen.path, s.chosen.reused, last, world.size, t1 - t0, setup_s, s.updater.overlap
     )
     rep.end(result)
     return result

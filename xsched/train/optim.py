@@ -1,7 +1,8 @@
 """How `xsched train` turns gradients into an update, as torch's own pieces do it: autocast for bf16/fp16, loss
 scaling for fp16 (torch.amp.GradScaler: a step with an inf or nan gradient is skipped and the scale lowered), the
 learning-rate schedule, clipping by total norm (torch.nn.utils.clip_grad_norm_, after unscaling), and AdamW or SGD
-with weight decay on the weights only (parameters of two or more dimensions; biases and norms are not decayed)."""
+with weight decay on the weights only (parameters of two or more dimensions; biases and norms are not decayed); with
+the parameters on a home of their own (`--param-home`), AdamW there, overlapped with the backward (HostUpdater)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 
 from xsched.train.config import TrainConfig
+from xsched.train.host_adamw import HostAdamW, OverlapStats
 from xsched.train.schedule import Schedule
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -62,10 +64,12 @@ class Updater:
         kind = "cuda" if "cuda" in set(device_types) else "cpu"
         self.scaler = torch.amp.GradScaler(kind, enabled=config.precision == "fp16")
 
-    def zero_grad(self) -> None:
+    def start(self, step: int) -> None:
+        """An optimizer step begins: no gradients yet."""
         self.opt.zero_grad(set_to_none=True)
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, micro: int = 0, micro_batches: int = 1) -> None:
+        """Micro-batch `micro` of `micro_batches`: gradients of the (scaled) loss, added to the step's."""
         self.scaler.scale(loss).backward()
 
     def step(self, step: int) -> tuple[float, float]:
@@ -80,6 +84,17 @@ class Updater:
         self.scaler.update()
         return lr, float(norm)
 
+    def settle(self) -> None:
+        """Return once the parameters and the state are not being updated (this optimizer steps in `step`)."""
+
+    def close(self) -> None:
+        """Training is over."""
+
+    @property
+    def overlap(self) -> OverlapStats | None:
+        """The host optimizer's time and the share of it hidden behind the backward (None: not overlapped)."""
+        return None
+
     @property
     def loss_scale(self) -> float | None:
         return float(self.scaler.get_scale()) if self.scaler.is_enabled() else None
@@ -91,3 +106,83 @@ class Updater:
         self.opt.load_state_dict(state["optimizer"])
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
+
+
+class HostUpdater(Updater):
+    """AdamW where the parameters live (`--param-home`, the host), overlapped with the backward: the wrapped module
+    hands each gradient to a HostAdamW as the plan releases it, each bucket's step runs as soon as its gradients
+    are in, and the next step's reads of a parameter wait for its own bucket. The state dict is the plain
+    Updater's (torch AdamW's over the parameters)."""
+
+    def __init__(self, config: TrainConfig, wrapped: Any, device_types: Iterable[str]) -> None:
+        super().__init__(config, wrapped.parameters(), device_types)
+        named = dict(wrapped.module.named_parameters())
+        self.names = {p: n for n, p in named.items()}
+        decay = {self.names[p]: g["weight_decay"] for g in self.opt.param_groups for p in g["params"]}
+        order = [(n, named[n]) for n in wrapped.release_order if n in decay]
+        self.host = HostAdamW(order, decay, config.lr)
+        for n, p in order:  # .grad shows the step's gradient (autograd leaves it alone: the listener takes them)
+            seg, off, k = self.host.of[n].slots[n]
+            p.grad = seg.grad[off : off + k].view(p.shape)
+        self.wrapped = wrapped
+        self.lr = config.lr
+        wrapped.listen(self.host)
+
+    def start(self, step: int) -> None:
+        self.lr = self.schedule.lr_at(step)
+        for group in self.opt.param_groups:
+            group["lr"] = self.lr
+
+    def backward(self, loss: torch.Tensor, micro: int = 0, micro_batches: int = 1) -> None:
+        self.host.begin(first=micro == 0, last=micro == micro_batches - 1, lr=self.lr)
+        loss.backward()
+        self.host.end_backward()
+
+    def step(self, step: int) -> tuple[float, float]:
+        return self.lr, self.host.grad_norm()
+
+    def settle(self) -> None:
+        self.host.settle()
+
+    def close(self) -> None:
+        self.wrapped.listen(None)
+        self.host.close()
+
+    @property
+    def overlap(self) -> OverlapStats | None:
+        return self.host.stats()
+
+    def state_dict(self) -> dict[str, Any]:
+        self.host.export_state(self.opt)
+        try:
+            return super().state_dict()
+        finally:
+            self.opt.state.clear()  # the views stay with the returned dict only
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.host.import_state(self.opt, self.names)
+
+
+def make_updater(config: TrainConfig, wrapped: Any, device_types: Iterable[str], world_size: int) -> Updater:
+    """The HostUpdater where the parameters have a home of their own and nothing needs every gradient before the
+    first update (AdamW, no clipping, no fp16 loss scaling, one process); else the Updater, stepping after the
+    backward where the parameters live."""
+    if host_optimizer_blocker(config, world_size) is None:
+        return HostUpdater(config, wrapped, device_types)
+    return Updater(config, wrapped.parameters(), device_types)
+
+
+def host_optimizer_blocker(config: TrainConfig, world_size: int) -> str | None:
+    """Why --param-home cannot overlap the optimizer with the backward (None: it can)."""
+    if config.param_home is None:
+        return "no --param-home"
+    if config.optimizer != "adamw":
+        return f"--optimizer {config.optimizer} (the overlapped host optimizer is AdamW)"
+    if config.clip_grad is not None:
+        return "--clip-grad needs every gradient's norm before the first update"
+    if config.precision == "fp16":
+        return "fp16 loss scaling needs every gradient checked for overflow before the first update"
+    if world_size > 1:
+        return "under torchrun, DistributedDataParallel all-reduces the gradients after the backward"
+    return None

@@ -1,8 +1,9 @@
 """The plan cache of `xsched train`: the costs come from the profile store (profiles/, measured once per graph,
 devices and machine, as `wrap` and `xsched profile` keep them) and the plan is kept beside them under plans/, keyed
 by the graph fingerprint, the profile's own fingerprint (its numbers, so another machine or a re-measurement makes
-another key), the devices, the budgets, the method and the time limit. A cached plan is checked by the simulator
-before use; a stale, foreign or unreadable entry is planned again with a one-line notice."""
+another key), the devices, the budgets, the method, the time limit, and the stores and input homes where given. A
+cached plan is checked by the simulator before use; a stale, foreign or unreadable entry is planned again with a
+one-line notice."""
 
 from __future__ import annotations
 
@@ -47,6 +48,8 @@ def plan_key(
     budgets: Mapping[str, str | int],
     method: str,
     time_limit: float | None,
+    stores: Sequence[str] = (),
+    homes: Mapping[str, str] | None = None,
 ) -> str:
     parts = {
         "graph": graph.fingerprint,
@@ -56,6 +59,9 @@ def plan_key(
         "method": method,
         "time_limit_s": time_limit if time_limit is not None else DEFAULT_TIME_LIMIT_S,
     }
+    if stores or homes:  # absent otherwise, so the plans cached before stores and homes keep their keys
+        parts["stores"] = sorted(stores)
+        parts["homes"] = dict(sorted((homes or {}).items()))
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -82,16 +88,20 @@ def cached_plan(
     time_limit: float | None = None,
     cache_dir: str | Path = "profiles",
     notice: Callable[[str], None] = print,
+    stores: Sequence[str] = (),
+    homes: Mapping[str, str] | None = None,
 ) -> CachedPlan:
     """The plan for `graph` on `devices` within `budgets`: the cached one when its key matches and it simulates,
-    else solved (`method`, within `time_limit` s) on the stored or freshly measured profile, and cached."""
+    else solved (`method`, within `time_limit` s) on the stored or freshly measured profile, and cached. `stores`
+    run no op (only their copies are costed); `homes` places graph inputs (default: the first device)."""
     from xsched.solve.api import solve
     from xsched.solve.options import SolverOptions
 
     devices = list(devices)
-    costs = plan_profile(graph, devices, profile, cache_dir)
-    stored = profile_path(graph, devices, cache_dir) if profile == "measure" else None
-    key = plan_key(graph, costs, devices, budgets, method, time_limit)
+    costs = plan_profile(graph, devices, profile, cache_dir, stores)
+    compute = [d for d in devices if d not in stores]
+    stored = profile_path(graph, compute, cache_dir, stores) if profile == "measure" else None
+    key = plan_key(graph, costs, devices, budgets, method, time_limit, stores, homes)
     path = plan_path(cache_dir, graph, key)
     if path.exists():
         try:
@@ -99,7 +109,7 @@ def cached_plan(
         except XschedError as e:
             notice(f"plan cache {path} is stale or unreadable: {e.detail[:160]}; planning again")
     options = SolverOptions(time_limit_s=time_limit if time_limit is not None else DEFAULT_TIME_LIMIT_S)
-    plan = solve(graph, costs, budgets, devices, method=method, options=options)
+    plan = solve(graph, costs, budgets, devices, method=method, options=options, homes=homes)
     plan = dataclasses.replace(plan, extra={**plan.extra, KEY_FIELD: key})
     text = json.dumps(plan.to_dict(), indent=1) + "\n"
     atomic_write(path, lambda f: f.write(text.encode()))

@@ -72,6 +72,9 @@ class Bar:
             f"from {sched['lr']:g} (warmup {sched['warmup']})",
             file=self.out,
         )
+        if info.get("param_home"):
+            how = "overlapped with the backward" if info.get("optimizer_overlap") else "after the backward"
+            print(f"  parameters and optimizer state on {info['param_home']}, its step {how}", file=self.out)
         print(f"  {_plan_source(info)}", file=self.out)
         print("  " + plan_report(info["graph"], info["plan"]).replace("\n", "\n  "), file=self.out, flush=True)
         self.bar = tqdm(total=info["steps"], initial=info["start_step"], desc="train", unit="step", dynamic_ncols=True)
@@ -118,6 +121,14 @@ class Bar:
             f"{result.setup_s:.2f} s): final loss {records[-1].loss:.6g}{val}{spent}",
             file=self.out,
         )
+        if result.optimizer is not None:
+            o = result.optimizer
+            share = f"{o.hidden_share:.0%}" if o.hidden_share is not None else "n/a"
+            print(
+                f"host optimizer: {o.optimizer_s:.3f} s, {share} of it during backward passes, {o.waited_s:.3f} s "
+                "waited for",
+                file=self.out,
+            )
         if result.checkpoint is not None:
             print(f"checkpoint: {result.checkpoint}", file=self.out)
 
@@ -152,6 +163,8 @@ class JsonLines:
             precision=info["precision"],
             grad_accum=info["grad_accum"],
             schedule=info["schedule"],
+            param_home=info.get("param_home"),
+            optimizer_overlap=info.get("optimizer_overlap", False),
             predicted={"time_s": p.time_s, "peak_bytes": dict(p.peak_bytes), "energy_j": p.energy_j} if p else None,
         )
 
@@ -184,7 +197,15 @@ class JsonLines:
             energy_j=_energy(records),
             energy_source=records[-1].energy_source if records else None,
             checkpoint=str(result.checkpoint) if result.checkpoint else None,
+            **_optimizer_fields(result),
         )
+
+
+def _optimizer_fields(result: TrainResult) -> dict[str, Any]:
+    o = result.optimizer
+    if o is None:
+        return {}
+    return {"optimizer_s": o.optimizer_s, "optimizer_hidden_s": o.hidden_s, "optimizer_waited_s": o.waited_s}
 
 
 class CsvLog:

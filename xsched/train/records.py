@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from xsched.train.host_adamw import OverlapStats
+
 
 @dataclass(frozen=True)
 class StepRecord:
@@ -42,6 +44,7 @@ class TrainResult:
     world: int = 1
     time_s: float = 0.0  # the steps' wall time (evaluations included)
     setup_s: float = 0.0  # loading, capturing, planning (or finding the cached plan), resuming
+    optimizer: OverlapStats | None = None  # the host optimizer's time and the share hidden behind the backward
 
     @property
     def losses(self) -> list[float]:

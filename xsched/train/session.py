@@ -24,7 +24,7 @@ from xsched.train.checkpoint import newest_checkpoint, set_rng_state
 from xsched.train.config import TrainConfig
 from xsched.train.data import token_data
 from xsched.train.meters import EnergyMeter, PeakMeter
-from xsched.train.optim import Updater, autocast
+from xsched.train.optim import Updater, autocast, host_optimizer_blocker, make_updater
 from xsched.train.plans import CachedPlan, cached_plan
 from xsched.train.records import Reporter
 
@@ -198,20 +198,34 @@ def _plan_and_wrap(
     plan (rank 0 first: the others find its cached plans) and wrap; an evaluating run also gets an inference plan
     within the training plan's bytes (a "%" budget is of the training graph's eager peak)."""
     from xsched.capture.torch import capture
+    from xsched.execute.param_home import param_homes
     from xsched.execute.wrap import wrap
 
+    home = _local(config.param_home, dist.local_rank()) if config.param_home else None
+    stores = [_local(d, dist.local_rank()) for d in config.stores]
+
     def plan_for(graph: Graph, limits: Mapping[str, str | int]) -> CachedPlan:
+        homes = param_homes(graph, home) if home is not None else None
         return dist.main_first(
             world,
             lambda: cached_plan(
-                graph, limits, devices, config.method, config.profile, config.time_limit, config.cache_dir, rep.notice
+                graph,
+                limits,
+                devices,
+                config.method,
+                config.profile,
+                config.time_limit,
+                config.cache_dir,
+                rep.notice,
+                stores,
+                homes,
             ),
         )
 
     inputs = task.example_batch[0]
     graph = capture(task.model, inputs, name=graph_name(config.model))
     chosen = plan_for(graph, budgets)
-    wrapped = wrap(task.model, inputs, budgets, devices, plan=chosen.plan)
+    wrapped = wrap(task.model, inputs, budgets, devices, plan=chosen.plan, stores=stores, param_home=home)
     if evaluates:
         wrapped.eval()
         inference = capture(task.model, inputs, inference=True, name=graph.name)
@@ -236,7 +250,10 @@ def prepare(
     amp = partial(autocast, config.precision, kinds)
     with amp():
         graph, chosen, wrapped = _plan_and_wrap(config, task, budgets, devices, world, rep, val is not None)
-    updater = Updater(config, wrapped.parameters(), kinds)
+    updater = make_updater(config, wrapped, kinds, world.size)
+    blocker = host_optimizer_blocker(config, world.size)
+    if config.param_home is not None and blocker is not None and world.main:
+        rep.notice(f"the optimizer steps on {config.param_home} after the backward, not overlapped: {blocker}")
     signature = run_signature(config, task, updater, world)
     if state is not None:
         restore(state, task, updater, signature, world, rep.notice)
@@ -277,6 +294,8 @@ def prepare(
             "precision": config.precision,
             "grad_accum": config.grad_accum,
             "schedule": updater.schedule.describe(),
+            "param_home": config.param_home,
+            "optimizer_overlap": updater.overlap is not None,
         }
     )
     return session, start

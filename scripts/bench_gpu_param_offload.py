@@ -1,0 +1,390 @@
+"""Training what does not fit one GPU (issue 25): GPT-2 whose parameters, gradients and AdamW states exceed the GPU
+budget, 10 steps each by xsched (`xsched train --param-home cpu --store cpu`: all three on the host, AdamW there,
+overlapped with the backward), FSDP2 with CPUOffloadPolicy (torch's own, one process), DeepSpeed ZeRO-Offload where
+it is installed, and plain PyTorch on the GPU with no budget (the reference).
+
+python scripts/bench_gpu_param_offload.py --out docs/bench/gpu_param_offload.md   # an H100/H200: under 5 minutes
+python scripts/bench_gpu_param_offload.py --cpu --steps 3                         # reduced: cpu:0 computes, cpu:1 stores
+
+Each row runs in a process of its own (its peak RSS is the row's host memory, its GPU memory its own); the rows
+train the same initial weights on the same batches with the same AdamW (lr 1e-3, weight decay 0.01 on 2+-D
+weights), and every loss is compared with the reference's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+ROWS = ("reference", "xsched", "fsdp2", "deepspeed")
+LR, WEIGHT_DECAY = 1e-3, 0.01
+GPU = {  # GPT-2 XL's shape (1.56B parameters: 5.8 GiB, 23 GiB with gradients and AdamW's two states)
+    "scale": "full:n_layer=48,n_head=25,n_embd=1600,seq=512,batch=2,dropout=0.0",
+    "device": "cuda:0",
+    "budget": "16GiB",
+    "store": "cpu",
+    "host_budget": "100GiB",
+    "method": "park",  # weights fetched ahead of their readers, parked again between reads (25 s to plan on 2 cores)
+}
+CPU = {  # the reduced mode: GPT-2 small, 8 layers; cpu:0 at the lowest budget today's solvers plan
+    "scale": "small:n_layer=8,dropout=0.0",
+    "device": "cpu:0",
+    "budget": "3MiB",
+    "store": "cpu:1",
+    "host_budget": "1GiB",
+    "method": "offload",  # 1 s to plan; park reaches 1.4 MiB, below the 1.6 MiB of parameters, in 16 s
+}
+
+
+# ---- the rows (each in a child process) ----
+def task_of(setup: dict[str, Any]) -> Any:
+    """The training task every row trains: the zoo's GPT-2 and its synthetic stream, seeded as `xsched train`."""
+    from xsched.loaders import load_training_task
+
+    torch.manual_seed(0)
+    return load_training_task("zoo:gpt2", None, setup["scale"], 0)
+
+
+def groups(params: Any) -> list[dict[str, Any]]:
+    from xsched.train.optim import param_groups
+
+    return param_groups(params, WEIGHT_DECAY)
+
+
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def train_loop(
+    setup: dict[str, Any], task: Any, dev: torch.device, forward: Callable, backward: Callable, step: Callable
+) -> dict[str, Any]:
+    """`steps` steps of forward (inputs -> loss), backward (loss) and the optimizer step: losses, step times, the
+    optimizer step's times and the GPU peak (over the steps, setup excluded)."""
+    from xsched.train.loop import task_loss
+
+    losses, times, opt = [], [], []
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    for s in range(setup["steps"]):
+        inputs, targets = task.batch(s)
+        inputs = tuple(x.to(dev) if isinstance(x, torch.Tensor) else x for x in inputs)
+        sync(dev)
+        t0 = time.perf_counter()
+        loss = task_loss(task, forward(*inputs), targets)
+        backward(loss)
+        sync(dev)
+        t1 = time.perf_counter()
+        step()
+        sync(dev)
+        t2 = time.perf_counter()
+        losses.append(float(loss))
+        times.append(t2 - t0)
+        opt.append(t2 - t1)
+    peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
+    return {"losses": losses, "step_s": times, "optimizer_s": sum(opt), "hidden_s": 0.0, "gpu_peak": peak}
+
+
+def row_reference(setup: dict[str, Any]) -> dict[str, Any]:
+    """Plain PyTorch with everything on the compute device, no budget; torch's default AdamW there."""
+    dev = torch.device("cpu" if setup["cpu"] else setup["device"])
+    task = task_of(setup)
+    model = task.model.to(dev)
+    opt = torch.optim.AdamW(groups(model.parameters()), lr=LR)
+
+    def backward(loss: torch.Tensor) -> None:
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+
+    out = train_loop(setup, task, dev, model, backward, opt.step)
+    out["note"] = f"{dev.type}, AdamW on {dev.type} after the backward"
+    return out
+
+
+def row_xsched(setup: dict[str, Any]) -> dict[str, Any]:
+    """`xsched train` with --param-home and --store on the host: the plan streams weights in and gradients out,
+    HostAdamW steps each bucket as its gradients arrive."""
+    from xsched.contracts.plan import Plan
+    from xsched.train import TrainConfig, train
+    from xsched.train.records import Quiet
+
+    device, store = setup["device"], setup["store"]
+    cache = setup["cache_dir"]
+    if not setup["cpu"]:
+        _profile_capped(setup, cache)
+    config = TrainConfig(
+        "zoo:gpt2",
+        {device: setup["budget"], store: setup["host_budget"]},
+        steps=setup["steps"],
+        lr=LR,
+        scale=setup["scale"],
+        method=setup["method"],
+        time_limit=setup["time_limit"],
+        profile="model" if setup["cpu"] else "measure",
+        cache_dir=cache,
+        param_home=store,
+        stores=(store,),
+    )
+    r = train(config, Quiet())
+    plan = Plan.load(r.plan_path)
+    o = r.optimizer
+    cuda = not setup["cpu"]
+    return {
+        "losses": r.losses,
+        "step_s": [x.step_s for x in r.records],
+        "optimizer_s": o.optimizer_s if o else None,
+        "hidden_s": o.hidden_s if o else None,
+        "gpu_peak": max(x.peak_bytes[device] for x in r.records) if cuda else None,
+        "note": f"plan {plan.solver.found_by} at {setup['budget']} on {device} (predicted peak "
+        f"{gib(plan.predicted.peak_bytes[device])}), setup {r.setup_s:.0f} s, "
+        f"{o.waited_s if o else 0:.2f} s waited for the optimizer",
+    }
+
+
+def _profile_capped(setup: dict[str, Any], cache: str) -> None:
+    """Measure the GPU profile within --profile-s and store it where `xsched train` looks for it."""
+    from xsched.capture.torch import capture
+    from xsched.pipeline import profile_path
+    from xsched.profiling.measure import profile_graph
+    from xsched.profiling.store import save_profile
+
+    task = task_of(setup)
+    graph = capture(task.model, task.example_batch[0])
+    device, store = setup["device"], setup["store"]
+    p = profile_graph(graph, [device], stores=[store], max_total_s=setup["profile_s"], progress=False)
+    save_profile(p, profile_path(graph, [device], cache, [store]))
+
+
+def _one_rank(backend: str) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+    torch.distributed.init_process_group(backend, rank=0, world_size=1)
+
+
+def row_fsdp2(setup: dict[str, Any]) -> dict[str, Any]:
+    """FSDP2 (`fully_shard` per block and at the root) with CPUOffloadPolicy on a one-rank group: parameters,
+    gradients and AdamW state on the host, AdamW (fused, CPU) after the backward."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+    cpu = setup["cpu"]
+    dev = torch.device("cpu" if cpu else setup["device"])
+    _one_rank("gloo" if cpu else "nccl")
+    try:
+        task = task_of(setup)
+        model = task.model
+        mesh = init_device_mesh(dev.type, (1,))
+        policy = CPUOffloadPolicy(pin_memory=not cpu)
+        for block in model.h:
+            fully_shard(block, mesh=mesh, offload_policy=policy)
+        fully_shard(model, mesh=mesh, offload_policy=policy)
+        try:
+            opt, kind = torch.optim.AdamW(groups(model.parameters()), lr=LR, fused=True), "fused"
+        except RuntimeError:  # fused AdamW not built for these parameters: torch's default
+            opt, kind = torch.optim.AdamW(groups(model.parameters()), lr=LR), "for-loop"
+
+        def backward(loss: torch.Tensor) -> None:
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+
+        out = train_loop(setup, task, dev, model, backward, opt.step)
+        out["note"] = f"CPUOffloadPolicy, {kind} CPU AdamW after the backward"
+        return out
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def row_deepspeed(setup: dict[str, Any]) -> dict[str, Any]:
+    """DeepSpeed ZeRO-Offload (stage 2, optimizer state and step on the CPU with DeepSpeedCPUAdam), fp32."""
+    if setup["cpu"]:
+        return {"skipped": "ZeRO-Offload needs a CUDA GPU"}
+    try:
+        import deepspeed
+    except ImportError as e:
+        return {"skipped": f"deepspeed is not installed ({e})"}
+    dev = torch.device(setup["device"])
+    torch.cuda.set_device(dev)
+    _one_rank("nccl")
+    task = task_of(setup)
+    config = {
+        "train_micro_batch_size_per_gpu": task.example_batch[0][0].shape[0],
+        "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WEIGHT_DECAY}},
+        "zero_optimization": {
+            "stage": 2,
+            "offload_optimizer": {"device": "cpu", "pin_memory": True},
+            "contiguous_gradients": True,
+            "overlap_comm": True,
+        },
+    }
+    engine, _, _, _ = deepspeed.initialize(
+        model=task.model, model_parameters=groups(task.model.parameters()), config=config
+    )
+    out = train_loop(setup, task, dev, engine, engine.backward, engine.step)
+    out["note"] = f"deepspeed {deepspeed.__version__}, stage 2, CPU AdamW after the backward"
+    return out
+
+
+def run_child(row: str, setup: dict[str, Any], result: Path) -> int:
+    if setup["cpu"]:
+        torch.set_num_threads(1)
+    try:
+        out = globals()[f"row_{row}"](setup)
+    except Exception as e:  # the row's error is its result; the other rows go on
+        traceback.print_exc()
+        out = {"error": f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"}
+    out["host_peak"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    result.write_text(json.dumps(out))
+    return 0
+
+
+# ---- the parent: run the rows, compare, print the table ----
+def run_row(row: str, setup: dict[str, Any], timeout: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "result.json"
+        cmd = [sys.executable, __file__, "--child", row, "--setup", json.dumps(setup), "--result", str(result)]
+        env = dict(os.environ)  # the children import this checkout's xsched, as the parent does
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        except subprocess.TimeoutExpired:
+            return {"error": f"timed out after {timeout:.0f} s"}
+        if result.exists():
+            out = json.loads(result.read_text())
+            if "error" in out:
+                log(f"{row} failed:\n{p.stderr[-3000:]}")
+            return out
+        tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"exit status {p.returncode}: {tail}"}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def gib(b: float | None) -> str:
+    return "-" if b is None else f"{b / 2**30:.2f} GiB" if b >= 2**28 else f"{b / 2**20:.1f} MiB"
+
+
+def steady(times: list[float]) -> float:
+    """The median step time after the first two steps (warm-up), or of all when there are fewer than four."""
+    return statistics.median(times[2:] if len(times) >= 4 else times)
+
+
+def same_losses(got: list[float], want: list[float] | None, rtol: float) -> str:
+    if want is None:
+        return "no reference"
+    diff = max(abs(a - b) for a, b in zip(got, want))
+    ok = len(got) == len(want) and all(abs(a - b) <= rtol * abs(b) for a, b in zip(got, want))
+    return f"{'yes' if ok else 'NO'} (max diff {diff:.1e})"
+
+
+HEADER = (
+    "| row | step time | vs reference | GPU peak | host memory (peak RSS) | loss = reference | optimizer time "
+    "| hidden behind the backward | note |"
+)
+
+
+def table(results: dict[str, dict[str, Any]], rtol: float, steps: int) -> list[str]:
+    ref = results.get("reference", {})
+    want = ref.get("losses")
+    ref_step = steady(ref["step_s"]) if "step_s" in ref else None
+    lines = [HEADER, "|---|---|---|---|---|---|---|---|---|"]
+    for row, r in results.items():
+        if "skipped" in r or "error" in r:
+            why = (r.get("skipped") or f"error: {r['error']}").replace("|", "/")
+            lines.append(f"| {row} | {why} | | | | | | | |")
+            continue
+        step = steady(r["step_s"])
+        vs = f"{step / ref_step:.2f}x" if ref_step else "-"
+        opt = r.get("optimizer_s")
+        hidden = "-" if not opt or r.get("hidden_s") is None else f"{r['hidden_s'] / opt:.0%}"
+        same = "reference" if row == "reference" else same_losses(r["losses"], want, rtol)
+        lines.append(
+            f"| {row} | {step * 1e3:.1f} ms | {vs} | {gib(r.get('gpu_peak'))} | {gib(r.get('host_peak'))} | {same} "
+            f"| {'-' if opt is None else f'{opt:.2f} s'} | {hidden} | {r.get('note', '')} |"
+        )
+    lines.append("")
+    lines.append(
+        f"{steps} steps per row. Step time: median after two warm-up steps (forward, backward, optimizer; xsched's "
+        "step ends when its gradients are in, its updates finish while the next forward waits only for the weights "
+        "it reads). GPU peak: max_memory_allocated over the steps. Loss = reference: every step's loss within "
+        f"rtol {rtol:g}. Optimizer time: all steps; hidden: the part inside backward passes (HostAdamW's worker, "
+        "measured), 0% where the step runs after the backward."
+    )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cpu", action="store_true", help="the reduced mode: small GPT-2 on cpu:0 with cpu:1 as store")
+    ap.add_argument("--scale", help="zoo gpt2 scale (default: 1.5B parameters on a GPU, small:n_layer=8 with --cpu)")
+    ap.add_argument("--budget", help="the compute device's budget (default 16GiB on cuda:0, 3MiB on cpu:0)")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of {', '.join(ROWS)}")
+    ap.add_argument("--method", help="xsched's solver method (default park on a GPU, offload with --cpu)")
+    ap.add_argument("--time-limit", type=float, default=60.0, help="xsched's solver time limit, seconds")
+    ap.add_argument("--profile-s", type=float, default=60.0, help="cap on xsched's GPU profiling, seconds")
+    ap.add_argument("--row-timeout", type=float, default=280.0, help="seconds per row before it is stopped")
+    ap.add_argument("--loss-rtol", type=float, default=1e-4)
+    ap.add_argument("--out", help="also write the markdown table here")
+    ap.add_argument("--child", choices=ROWS, help=argparse.SUPPRESS)
+    ap.add_argument("--setup", help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        return run_child(a.child, json.loads(a.setup), Path(a.result))
+    if not a.cpu and not torch.cuda.is_available():
+        print("no CUDA GPU: run with --cpu for the reduced mode", file=sys.stderr)
+        return 2
+    setup = {**(CPU if a.cpu else GPU), "cpu": a.cpu, "steps": a.steps, "time_limit": a.time_limit}
+    setup["profile_s"] = a.profile_s
+    setup.update({k: v for k, v in (("scale", a.scale), ("budget", a.budget), ("method", a.method)) if v})
+    t0 = time.perf_counter()
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory() as cache:
+        setup["cache_dir"] = cache
+        for row in a.rows.split(","):
+            log(f"{row}: running")
+            results[row] = run_row(row, setup, a.row_timeout)
+            log(f"{row}: {'done' if 'losses' in results[row] else results[row]}")
+    device = "CPU (reduced mode)" if a.cpu else torch.cuda.get_device_name(0)
+    cmd = " ".join(["python scripts/bench_gpu_param_offload.py", *(sys.argv[1:] if argv is None else argv)])
+    lines = [
+        f"# Parameters, gradients and AdamW on the host: GPT-2 {setup['scale']}",
+        "",
+        f"Command: `{cmd}`  ",
+        f"Device: {device}; {setup['device']} budget {setup['budget']} for xsched, store {setup['store']}; torch "
+        f"{torch.__version__}, Python {platform.python_version()}; {time.perf_counter() - t0:.0f} s in all",
+        "",
+        *table(results, a.loss_rtol, a.steps),
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text, flush=True)
+    if a.out:
+        Path(a.out).write_text(text)
+    return 0 if all("error" not in r for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(BrokenPipeError):
+        sys.exit(main())
