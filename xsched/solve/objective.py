@@ -1,6 +1,7 @@
 """The one objective every solver ranks plans by: the predicted makespan (the lanes model's overlapped time, what
 the executor's streams achieve) plus alpha x energy, and the lower bound gaps are measured against. Changing what
-"better" means is a change here and nowhere else."""
+"better" means is a change here and nowhere else. Equal objectives go to the plan with the least sequential time
+(fewer or smaller copies and reruns): the same predicted step with less work for the model to be wrong about."""
 
 from __future__ import annotations
 
@@ -20,15 +21,25 @@ def objective(plan: Plan, alpha_energy: float = 0.0) -> float:
 
 
 def better(plan: Plan | None, than: Plan | None, alpha_energy: float = 0.0) -> bool:
-    """`plan` exists and beats `than` (None: any plan does) by more than rounding."""
+    """`plan` exists and beats `than` (None: any plan does) by more than rounding: a lower objective, or an equal
+    one with a lower sequential time."""
     if plan is None:
         return False
-    return than is None or objective(plan, alpha_energy) < objective(than, alpha_energy) * (1 - 1e-12)
+    if than is None:
+        return True
+    mine, theirs = objective(plan, alpha_energy), objective(than, alpha_energy)
+    if mine < theirs * (1 - 1e-12):
+        return True
+    return mine <= theirs * (1 + 1e-12) and plan.predicted.time_s < than.predicted.time_s * (1 - 1e-12)
 
 
 def best_of(plans: Sequence[Plan], alpha_energy: float = 0.0) -> Plan | None:
-    """The plan with the least objective (the first of equals), or None."""
-    return min(plans, key=lambda p: objective(p, alpha_energy), default=None)
+    """The plan `better` than every other (the first of equals), or None."""
+    best = None
+    for p in plans:
+        if better(p, best, alpha_energy):
+            best = p
+    return best
 
 
 def objective_floor(
