@@ -19,7 +19,7 @@ class SolverOptions:
     energy_cap_j: float | None = None
     fix_homes: bool = True  # False: the solver picks params' home devices
     verbose: bool = False
-    seed: int = 0  # CP-SAT's random seed (with one worker, a run is deterministic for a seed)
+    seed: int = 0  # CP-SAT's random seed (one worker: a run is deterministic for a seed); park-search's draws
     hier_processes: int | None = None  # hier: processes solving independent blocks (None: the core count)
     hier_refine: bool = True  # hier: CP-SAT refines its plan in the time left (auto: off, its portfolio follows)
     # stage MILP on HiGHS: LP-guided restricted searches before the full one, as (producer levels around the LP's
