@@ -244,11 +244,12 @@ def row_deepspeed(setup: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def run_child(row: str, setup: dict[str, Any], result: Path) -> int:
+def run_child(row: str, setup: dict[str, Any], result: Path, rows: dict[str, Callable] | None = None) -> int:
+    """Run row `row` (`rows[row]`, else this script's row_<row>) and write its result, or its error, as JSON."""
     if setup["cpu"]:
         torch.set_num_threads(1)
     try:
-        out = globals()[f"row_{row}"](setup)
+        out = (rows[row] if rows else globals()[f"row_{row}"])(setup)
     except Exception as e:  # the row's error is its result; the other rows go on
         traceback.print_exc()
         out = {"error": f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"}
@@ -258,10 +259,11 @@ def run_child(row: str, setup: dict[str, Any], result: Path) -> int:
 
 
 # ---- the parent: run the rows, compare, print the table ----
-def run_row(row: str, setup: dict[str, Any], timeout: float) -> dict[str, Any]:
+def run_row(row: str, setup: dict[str, Any], timeout: float, script: str = __file__) -> dict[str, Any]:
+    """Row `row` in a child process of `script` (its --child/--setup/--result arguments): its result, or why not."""
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "result.json"
-        cmd = [sys.executable, __file__, "--child", row, "--setup", json.dumps(setup), "--result", str(result)]
+        cmd = [sys.executable, script, "--child", row, "--setup", json.dumps(setup), "--result", str(result)]
         env = dict(os.environ)  # the children import this checkout's xsched, as the parent does
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         try:
