@@ -67,17 +67,24 @@ class _Timeline:
     def held_at(self, v: str, t: int) -> bool:
         return any(s <= t <= e for s, e in self.spans[v])
 
-    def drop(self, v: str, k: int, t: int, budget: int, depth: int) -> _Drop | None:
-        """Freeing span `k` of `v` around position `t`, or None when `v` is read at `t`, the gap does not cover
-        `t`, or the change does not lower `t` or pushes another position over the budget."""
+    def gap(self, v: str, k: int, t: int) -> tuple[int, int | None] | None:
+        """The gap of span `k` of `v` around position `t`: (its last read before `t`, the span's start counting as
+        one; its next read after `t` in the span, None if none), or None when `v` is read at `t` or nothing is
+        before it."""
         s, e = self.spans[v][k]
         points = [s, *(x for x in self.uses[v] if s < x <= e)]
         if t in points:
             return None
         a = max((x for x in points if x < t), default=None)
-        b = min((x for x in points if x > t), default=None)
-        if a is None or b is None:
+        return None if a is None else (a, min((x for x in points if x > t), default=None))
+
+    def drop(self, v: str, k: int, t: int, budget: int, depth: int) -> _Drop | None:
+        """Freeing span `k` of `v` around position `t`, or None when `v` is read at `t`, the gap does not cover
+        `t`, or the change does not lower `t` or pushes another position over the budget."""
+        gap = self.gap(v, k, t)
+        if gap is None or gap[1] is None:
             return None
+        a, b = gap
         changes = [(a + 1, b - 1, -self.nbytes[v])]
         extend: list[tuple[str, int, int, int]] = []
         reruns: list[str] = []
@@ -154,6 +161,17 @@ def _merged(spans: list[list[int]]) -> list[list[int]]:
     return out
 
 
+def peak_error(method: str, line: _Timeline, t: int, budget: int, device: str) -> BudgetError:
+    """`method` found nothing that lowers the peak at position `t` of `line`: the op, its bytes and the budget."""
+    return BudgetError(
+        f"{method} cannot lower the peak at {line.ops[t].id}: "
+        f"{format_bytes(int(line.mem[t]))} over a budget of {format_bytes(budget)} on {device}",
+        stage="solve",
+        op=line.ops[t].id,
+        device=device,
+    )
+
+
 def gap_computes(
     graph: Graph, order: Sequence[int], device: str, budget: int, profile: Profile | None = None, depth: int = 0
 ) -> list[Compute]:
@@ -175,13 +193,7 @@ def gap_computes(
                 if s < t < e and (d := line.drop(v, k, t, budget, depth)) is not None:
                     ranked.append((sum(cost[p] for p in d.reruns) / -d.delta[t - d.lo], rank, v))
         if not ranked:
-            raise BudgetError(
-                f"gap rematerialization cannot lower the peak at {line.ops[t].id}: "
-                f"{format_bytes(int(line.mem[t]))} over a budget of {format_bytes(budget)} on {device}",
-                stage="solve",
-                op=line.ops[t].id,
-                device=device,
-            )
+            raise peak_error("gap rematerialization", line, t, budget, device)
         # lazy greedy at t while it stays the peak: the best stale key is checked again and applied if it is still
         # no worse than the next one, else queued with its fresh key (one scan of the values for many drops)
         heapq.heapify(ranked)

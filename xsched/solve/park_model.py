@@ -148,13 +148,11 @@ class ParkTimeline(_Timeline):
         parkable = v not in self.fixed or v in self.may_leave or v in self.fetch
         if v in self.homed_here or v in self.ended or not parkable:
             return None
-        s, e = self.spans[v][k]
-        points = [s, *(x for x in self.uses[v] if s < x <= e)]
-        if t in points:
+        gap = self.gap(v, k, t)
+        if gap is None:
             return None
-        a = max((x for x in points if x < t), default=None)
-        b = min((x for x in points if x > t), default=None)
-        if a is None or (b is None and (v not in self.may_leave or any(x > t for x in self.uses[v]))):
+        (a, b), s = gap, self.spans[v][k][0]
+        if b is None and (v not in self.may_leave or any(x > t for x in self.uses[v])):
             return None  # for good only after its last read of all, where it may leave
         # freed after its last read before the gap (an output parked for good: after the autograd boundary too)
         free_from = a + 1 if b is not None else max(a, self.boundary) + 1

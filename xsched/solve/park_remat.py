@@ -12,14 +12,13 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 
-from xsched.budgets import format_bytes
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Free, Plan, Step
 from xsched.contracts.profile import Profile
 from xsched.contracts.result import SolveResult, Times
 from xsched.errors import BudgetError, PlanError
 from xsched.solve.autograd_boundary import hold_to_boundary
-from xsched.solve.gap_remat import MAX_DEPTH, MAX_DROPS
+from xsched.solve.gap_remat import MAX_DEPTH, MAX_DROPS, peak_error
 from xsched.solve.objective import best_of, better, objective
 from xsched.solve.options import SolverOptions
 from xsched.solve.order import starting_orders
@@ -87,13 +86,7 @@ def park_computes(
                     if best is None or key < best[0]:
                         best = (key, er)
         if best is None:
-            raise BudgetError(
-                f"parking and recomputing cannot lower the peak at {line.ops[t].id}: "
-                f"{format_bytes(int(line.mem[t]))} over a budget of {format_bytes(budget)} on {device}",
-                stage="solve",
-                op=line.ops[t].id,
-                device=device,
-            )
+            raise peak_error("parking and recomputing", line, t, budget, device)
         move = best[1]
         if isinstance(move, Park):
             line.apply_park(move)
