@@ -73,6 +73,16 @@ def sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
+def backward_with(opt: torch.optim.Optimizer) -> Callable[[torch.Tensor], None]:
+    """The plain backward: the optimizer's gradients set to None, then the loss's backward."""
+
+    def backward(loss: torch.Tensor) -> None:
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+
+    return backward
+
+
 def train_loop(
     setup: dict[str, Any], task: Any, dev: torch.device, forward: Callable, backward: Callable, step: Callable
 ) -> dict[str, Any]:
@@ -108,12 +118,7 @@ def row_reference(setup: dict[str, Any]) -> dict[str, Any]:
     task = task_of(setup)
     model = task.model.to(dev)
     opt = torch.optim.AdamW(groups(model.parameters()), lr=LR)
-
-    def backward(loss: torch.Tensor) -> None:
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-
-    out = train_loop(setup, task, dev, model, backward, opt.step)
+    out = train_loop(setup, task, dev, model, backward_with(opt), opt.step)
     out["note"] = f"{dev.type}, AdamW on {dev.type} after the backward"
     return out
 
@@ -201,12 +206,7 @@ def row_fsdp2(setup: dict[str, Any]) -> dict[str, Any]:
             opt, kind = torch.optim.AdamW(groups(model.parameters()), lr=LR, fused=True), "fused"
         except RuntimeError:  # fused AdamW not built for these parameters: torch's default
             opt, kind = torch.optim.AdamW(groups(model.parameters()), lr=LR), "for-loop"
-
-        def backward(loss: torch.Tensor) -> None:
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-
-        out = train_loop(setup, task, dev, model, backward, opt.step)
+        out = train_loop(setup, task, dev, model, backward_with(opt), opt.step)
         out["note"] = f"CPUOffloadPolicy, {kind} CPU AdamW after the backward"
         return out
     finally:
@@ -362,23 +362,52 @@ def main(argv: list[str] | None = None) -> int:
     setup["profile_s"] = a.profile_s
     setup.update({k: v for k, v in (("scale", a.scale), ("budget", a.budget), ("method", a.method)) if v})
     t0 = time.perf_counter()
+    results = run_rows(a.rows.split(","), setup, a.row_timeout)
+    title = f"Parameters, gradients and AdamW on the host: GPT-2 {setup['scale']}"
+    where = f"{setup['device']} budget {setup['budget']} for xsched, store {setup['store']}"
+    return publish(title, where, __file__, argv, a, t0, results, table(results, a.loss_rtol, a.steps))
+
+
+def run_rows(
+    rows: list[str], setup: dict[str, Any], timeout: float, script: str = __file__, before: Callable | None = None
+) -> dict[str, dict[str, Any]]:
+    """Each row in a child process of `script`, in order, sharing one temporary cache directory; `before(row, setup,
+    results)` may prepare `setup` for a row or return why it cannot run (its result, `{"skipped": why}`)."""
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as cache:
         setup["cache_dir"] = cache
-        for row in a.rows.split(","):
+        for row in rows:
+            if before is not None and (why := before(row, setup, results)) is not None:
+                results[row] = {"skipped": why}
+                continue
             log(f"{row}: running")
-            results[row] = run_row(row, setup, a.row_timeout)
+            results[row] = run_row(row, setup, timeout, script)
             log(f"{row}: {'done' if 'losses' in results[row] else results[row]}")
+    return results
+
+
+def publish(
+    title: str,
+    where: str,
+    script: str,
+    argv: list[str] | None,
+    a: argparse.Namespace,
+    t0: float,
+    results: dict[str, dict[str, Any]],
+    table_lines: list[str],
+) -> int:
+    """Print the report (its command, device, torch, Python and time, then the table), write it to `a.out` if
+    given; exit status 1 if a row failed."""
     device = "CPU (reduced mode)" if a.cpu else torch.cuda.get_device_name(0)
-    cmd = " ".join(["python scripts/bench_gpu_param_offload.py", *(sys.argv[1:] if argv is None else argv)])
+    cmd = " ".join([f"python scripts/{Path(script).name}", *(sys.argv[1:] if argv is None else argv)])
     lines = [
-        f"# Parameters, gradients and AdamW on the host: GPT-2 {setup['scale']}",
+        f"# {title}",
         "",
         f"Command: `{cmd}`  ",
-        f"Device: {device}; {setup['device']} budget {setup['budget']} for xsched, store {setup['store']}; torch "
-        f"{torch.__version__}, Python {platform.python_version()}; {time.perf_counter() - t0:.0f} s in all",
+        f"Device: {device}; {where}; torch {torch.__version__}, Python {platform.python_version()}; "
+        f"{time.perf_counter() - t0:.0f} s in all",
         "",
-        *table(results, a.loss_rtol, a.steps),
+        *table_lines,
     ]
     text = "\n".join(lines) + "\n"
     print(text, flush=True)

@@ -16,16 +16,26 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import platform
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 from bench_gpu_memory import checkpointed_blocks
-from bench_gpu_param_offload import LR, gib, groups, log, run_child, run_row, same_losses, steady, task_of, train_loop
+from bench_gpu_param_offload import (
+    LR,
+    backward_with,
+    gib,
+    groups,
+    publish,
+    run_child,
+    run_rows,
+    same_losses,
+    steady,
+    task_of,
+    train_loop,
+)
 
 ROWS = ("eager", "checkpoint", "xsched", "xsched_equal")
 GPU = {"scale": "full:dropout=0.0", "device": "cuda:0", "budget": "60%"}
@@ -44,12 +54,8 @@ def torch_row(setup: dict[str, Any], checkpointed: bool) -> dict[str, Any]:
         with torch.autocast(dev.type, dtype=torch.bfloat16):
             return model(*inputs)
 
-    def backward(loss: torch.Tensor) -> None:
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-
     with checkpointed_blocks(model) if checkpointed else contextlib.nullcontext():
-        out = train_loop(setup, task, dev, forward, backward, opt.step)
+        out = train_loop(setup, task, dev, forward, backward_with(opt), opt.step)
     out["note"] = "torch.utils.checkpoint around every block" if checkpointed else "bf16 autocast"
     return out
 
@@ -170,35 +176,22 @@ def main(argv: list[str] | None = None) -> int:
     setup = {**(CPU if a.cpu else GPU), "cpu": a.cpu, "steps": a.steps, "time_limit": a.time_limit}
     setup.update(profile_s=a.profile_s, **{k: v for k, v in (("scale", a.scale), ("budget", a.budget)) if v})
     t0 = time.perf_counter()
-    results: dict[str, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory() as cache:
-        setup["cache_dir"] = cache
-        for row in a.rows.split(","):
-            if row == "xsched_equal":
-                peak = results.get("checkpoint", {}).get("gpu_peak")
-                if not peak:
-                    results[row] = {"skipped": "needs the checkpoint row's measured GPU peak (a GPU)"}
-                    continue
-                setup["equal_budget"] = str(peak - 2 * _param_bytes(setup))  # less AdamW's two fp32 states
-            log(f"{row}: running")
-            results[row] = run_row(row, setup, a.row_timeout, __file__)
-            log(f"{row}: {'done' if 'losses' in results[row] else results[row]}")
-    device = "CPU (reduced mode)" if a.cpu else torch.cuda.get_device_name(0)
-    cmd = " ".join(["python scripts/bench_gpu_train_bf16.py", *(sys.argv[1:] if argv is None else argv)])
-    lines = [
-        f"# bf16 training: GPT-2 {setup['scale']}, eager against checkpointing and xsched",
-        "",
-        f"Command: `{cmd}`  ",
-        f"Device: {device}; xsched at {setup['budget']} on {setup['device']}; torch {torch.__version__}, Python "
-        f"{platform.python_version()}; {time.perf_counter() - t0:.0f} s in all",
-        "",
-        *table(results, a.loss_rtol, a.steps),
-    ]
-    text = "\n".join(lines) + "\n"
-    print(text, flush=True)
-    if a.out:
-        Path(a.out).write_text(text)
-    return 0 if all("error" not in r for r in results.values()) else 1
+    results = run_rows(a.rows.split(","), setup, a.row_timeout, __file__, _equal_budget)
+    title = f"bf16 training: GPT-2 {setup['scale']}, eager against checkpointing and xsched"
+    where = f"xsched at {setup['budget']} on {setup['device']}"
+    return publish(title, where, __file__, argv, a, t0, results, table(results, a.loss_rtol, a.steps))
+
+
+def _equal_budget(row: str, setup: dict[str, Any], results: dict[str, dict[str, Any]]) -> str | None:
+    """Before the xsched_equal row: its budget, the checkpoint row's measured peak less AdamW's two fp32 states;
+    or why it cannot run."""
+    if row != "xsched_equal":
+        return None
+    peak = results.get("checkpoint", {}).get("gpu_peak")
+    if not peak:
+        return "needs the checkpoint row's measured GPU peak (a GPU)"
+    setup["equal_budget"] = str(peak - 2 * _param_bytes(setup))
+    return None
 
 
 def _param_bytes(setup: dict[str, Any]) -> int:
