@@ -5,7 +5,8 @@ Lanes: one compute lane per device, one copy lane per ordered device pair, one f
 runs its steps in plan order. Across lanes a step waits for
 - a compute: the steps that made its inputs on its device, and the frees before it on its device (so an
   overlapped run never needs more memory than the plan frees);
-- a copy: the step that made the value on the source, and the frees before it on the destination;
+- a copy: the step that made the value on the source, the frees before it on the destination, and the compute
+  before it there (the plan has that compute's workspace released by then; overlapping it would hold both);
 - a free: the step that made the value on its device and every read of it there;
 - a random op's first run: the previous random op's first run, so draws happen in plan order, as eager
   PyTorch makes them (the RNG is shared by every lane).
@@ -39,6 +40,7 @@ def step_waits(
     made: dict[tuple[str, str], int] = {}  # (value, device) -> the step that put it there
     reads: dict[tuple[str, str], list[int]] = {}
     frees: dict[str, dict[str, int]] = {}  # device -> lane -> its latest free
+    computes: dict[str, int] = {}  # device -> its latest compute
     last_draw: int | None = None
     drawn: set[str] = set()
     out: list[tuple[int, ...]] = []
@@ -51,12 +53,13 @@ def step_waits(
                 reads.setdefault((v, s.device), []).append(i)
             for v in op.outputs:
                 made[(v, s.device)] = i
+            computes[s.device] = i
             if op.id in random_ops and op.id not in drawn:
                 deps.append(last_draw)
                 last_draw = i
                 drawn.add(op.id)
         elif isinstance(s, Copy):
-            deps = [made.get((s.value, s.src)), *frees.get(s.dst, {}).values()]
+            deps = [made.get((s.value, s.src)), computes.get(s.dst), *frees.get(s.dst, {}).values()]
             reads.setdefault((s.value, s.src), []).append(i)
             made[(s.value, s.dst)] = i
         else:
