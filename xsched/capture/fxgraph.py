@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch.fx import GraphModule, Node
 
 from xsched.contracts.graph import Graph, Op, Value
@@ -80,6 +81,18 @@ def _nbytes(t: Any) -> int:
     return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
 
 
+def _layout(t: Any) -> dict[str, Any]:
+    """A traced tensor's strides and storage offset where they are not a fresh contiguous tensor's: profiling and
+    copies rebuild the value that way, so the view chains folded into its readers (a transpose, then a view of
+    SDPA's output) work as in eager."""
+    if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
+        return {}
+    offset = int(t.storage_offset())
+    if t.is_contiguous() and offset == 0:
+        return {}
+    return {"stride": tuple(int(s) for s in t.stride()), "storage_offset": offset}
+
+
 def _positional(node: Node) -> list[Any]:
     """A view node's arguments after its base, positional (kwargs filled in schema order)."""
     args = list(node.args)
@@ -108,7 +121,15 @@ class _Lowering:
         for n, slot in zip(placeholders, self.info.slots):
             val = n.meta["val"]
             self.values.append(
-                Value(slot.vid, _nbytes(val), slot.kind, tuple(val.shape), dtype_name(val.dtype), slot.name)
+                Value(
+                    slot.vid,
+                    _nbytes(val),
+                    slot.kind,
+                    tuple(val.shape),
+                    dtype_name(val.dtype),
+                    slot.name,
+                    **_layout(val),
+                )
             )
             self.ref[n] = {"ref": slot.vid}
         for n in self.nodes:
@@ -199,7 +220,7 @@ class _Lowering:
             if not isinstance(t, torch.Tensor):
                 raise CaptureError(f"{target} output {list(path)} is not a tensor but is used whole", op=n.name)
             vid = f"v{len(self.values)}"
-            self.values.append(Value(vid, _nbytes(t), "activation", tuple(t.shape), dtype_name(t.dtype)))
+            self.values.append(Value(vid, _nbytes(t), "activation", tuple(t.shape), dtype_name(t.dtype), **_layout(t)))
             self.ref[leaf] = {"ref": vid}
             outputs.append(vid)
             outs.append(list(path))
@@ -257,7 +278,12 @@ def build_graph(gm: GraphModule, info: TraceInfo, name: str) -> Graph:
                 raise CaptureError(f"{kind} of {target} is a constant; not supported", value=target)
             if r["ref"] in claimed or r["ref"] not in producer:
                 t = returned[pos[target]].meta["val"]
-                new = Value(f"v{len(low.values)}", _nbytes(t), "activation", tuple(t.shape), dtype_name(t.dtype))
+                kept = (
+                    {"stride": _layout(t).get("stride")} if is_non_overlapping_and_dense_or_false(t) else {}
+                )  # as clone does
+                new = Value(
+                    f"v{len(low.values)}", _nbytes(t), "activation", tuple(t.shape), dtype_name(t.dtype), **kept
+                )
                 low.values.append(new)
                 nvals[new.id] = new
                 n_ops = len(low.ops) + sum(map(len, extra_ops.values()))

@@ -32,6 +32,9 @@ class Value:
     grad_of: str | None = None  # this value is the gradient of that graph input (a param)
     updates: str | None = None  # this value is the new content of that buffer
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # ---- layout: how the tensor lies in its storage when eager PyTorch makes it (see `layout`) ----
+    stride: tuple[int, ...] | None = None  # None: contiguous
+    storage_offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -149,11 +152,12 @@ def _value_to_dict(v: Value) -> dict[str, Any]:
         if x is not None:
             d[k] = list(x) if k == "shape" else x
     d.update(v.extra)
+    d.update(_layout_to_dict(v))
     return d
 
 
 def _value_from_dict(d: Mapping[str, Any]) -> Value:
-    known = {"id", "nbytes", "kind", "shape", "dtype", "name", "grad_of", "updates"}
+    known = {"id", "nbytes", "kind", "shape", "dtype", "name", "grad_of", "updates", *LAYOUT_KEYS}
     shape = d.get("shape")
     return Value(
         id=str(d["id"]),
@@ -165,6 +169,7 @@ def _value_from_dict(d: Mapping[str, Any]) -> Value:
         grad_of=d.get("grad_of"),
         updates=d.get("updates"),
         extra={k: x for k, x in d.items() if k not in known},
+        **_layout_from_dict(d),
     )
 
 
@@ -233,7 +238,70 @@ def _validate(g: Graph) -> None:
     for v in g.outputs:
         if v not in values:
             raise GraphError("graph output is an unknown value", value=v)
+    for v in g.values:
+        _check_layout(v)
     _check_order(g, produced_by)
+
+
+# ---- layout (strides and storage offset of a value, as eager PyTorch lays it out) ----
+# An op may return a tensor that is not contiguous (SDPA's output is a transposed (batch, seq, heads, dim) buffer),
+# and the view chains folded into its readers' refs (transpose, then view) only work on that layout. Files without
+# these keys (contiguous values, graphs of older captures) load as contiguous.
+LAYOUT_KEYS = ("stride", "storage_offset")
+
+
+def contiguous_strides(shape: Iterable[int]) -> tuple[int, ...]:
+    """Row-major strides of `shape` (as torch gives a new tensor)."""
+    out: list[int] = []
+    step = 1
+    for s in reversed(tuple(shape)):
+        out.append(step)
+        step *= max(int(s), 1)
+    return tuple(reversed(out))
+
+
+def layout(v: Value) -> tuple[tuple[int, ...], int]:
+    """(strides, storage offset) of `v` as eager PyTorch makes it; contiguous when the graph records none."""
+    return (v.stride if v.stride is not None else contiguous_strides(v.shape or ())), v.storage_offset
+
+
+def storage_numel(shape: Iterable[int], stride: Iterable[int], offset: int = 0) -> int:
+    """Elements of storage a tensor of this shape, strides and offset spans (0 for an empty tensor)."""
+    shape = tuple(shape)
+    if any(s == 0 for s in shape):
+        return 0
+    return offset + 1 + sum((s - 1) * st for s, st in zip(shape, stride))
+
+
+def _layout_to_dict(v: Value) -> dict[str, Any]:
+    d: dict[str, Any] = {}
+    if v.stride is not None:
+        d["stride"] = list(v.stride)
+    if v.storage_offset:
+        d["storage_offset"] = v.storage_offset
+    return d
+
+
+def _layout_from_dict(d: Mapping[str, Any]) -> dict[str, Any]:
+    stride = d.get("stride")
+    return {
+        "stride": tuple(int(s) for s in stride) if stride is not None else None,
+        "storage_offset": int(d.get("storage_offset", 0)),
+    }
+
+
+def _check_layout(v: Value) -> None:
+    if not isinstance(v.storage_offset, int) or v.storage_offset < 0:
+        raise GraphError(f"storage_offset must be a non-negative integer, got {v.storage_offset!r}", value=v.id)
+    if v.stride is None:
+        return
+    if v.shape is None:
+        raise GraphError("a value with strides needs a shape", value=v.id)
+    if len(v.stride) != len(v.shape) or any(not isinstance(s, int) or s < 0 for s in v.stride):
+        raise GraphError(
+            f"stride {list(v.stride)} must be one non-negative integer per dimension of shape {list(v.shape)}",
+            value=v.id,
+        )
 
 
 def _unique_ids(items: Iterable[Value] | Iterable[Op], what: str) -> set[str]:

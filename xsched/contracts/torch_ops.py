@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from xsched.contracts.graph import Graph, Op
+from xsched.contracts.graph import Graph, Op, Value, layout, storage_numel
 from xsched.errors import CaptureError, XschedError
 
 MAX_INLINE_NUMEL = 64  # larger constant tensors belong in the graph as inputs, not in an op's JSON
@@ -251,15 +251,16 @@ def op_input_tensors(
     device = torch.device(device)
     gen = _generator_on(device, generator)
     env: dict[str, torch.Tensor] = {}
+    flat: dict[str, torch.Tensor] = {}  # the storage behind each input: filled and fixed up as a whole
     for vid in dict.fromkeys(op.inputs):
         v = graph.value[vid]
         if v.shape is None or v.dtype is None:
             raise XschedError("input value has no shape/dtype", stage="execute", op=op.id, value=vid)
-        env[vid] = _random_tensor(tuple(v.shape), getattr(torch, v.dtype), device, gen)
+        flat[vid], env[vid] = laid_out(v, lambda n, dt: _random_tensor((n,), dt, device, gen))
     if gen is None:
         return env
     bounds, positive = _input_constraints(op, env)
-    for vid, t in env.items():
+    for vid, t in flat.items():
         if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
             if vid in positive:
                 t.abs_().add_(0.5)
@@ -267,6 +268,18 @@ def op_input_tensors(
         hi = bounds.get(vid, _fallback_bound(op, env))
         t.random_(0, max(int(hi), 1), generator=gen)
     return env
+
+
+def laid_out(v: Value, make: Callable[[int, torch.dtype], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(storage, tensor) for value `v` laid out as the graph records it (strides, storage offset; contiguous when
+    it records none), the storage a 1-d tensor of `make(numel, dtype)`: an op measured on it sees the inputs eager
+    gives it, so a view chain folded into its call (transpose, then view of SDPA's output) works as in eager."""
+    shape, dtype = tuple(v.shape or ()), getattr(torch, v.dtype or "float32")
+    stride, offset = layout(v)
+    storage = make(storage_numel(shape, stride, offset), dtype)
+    if v.stride is None and not offset:
+        return storage, storage.view(shape)
+    return storage, storage.as_strided(shape, stride, offset)
 
 
 def _generator_on(device: torch.device, generator: torch.Generator | None) -> torch.Generator | None:

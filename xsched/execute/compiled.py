@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from xsched.contracts.graph import Graph, Op
+from xsched.contracts.graph import Graph, Op, layout
 from xsched.contracts.torch_ops import decode, is_executable, resolve
 from xsched.errors import XschedError
 from xsched.execute.rng import get_rng, set_rng
@@ -216,8 +216,8 @@ def _aliases(op: Op) -> bool:
 def reusable_inputs(graph: Graph, steps: Sequence[Any], watch: frozenset[str]) -> dict[int, str]:
     """Compute steps that may overwrite their first input: step index -> that input's value id.
 
-    The op has an in-place twin, its first argument is a plain ref to an activation of the output's shape and
-    dtype that appears in no other argument, the plan frees it on that device with no read between this step and
+    The op has an in-place twin, its first argument is a plain ref to an activation of the output's shape,
+    dtype and layout that appears in no other argument, the plan frees it on that device with no read between this step and
     the free, no copy ever reads it from that device (a copy lane could read it concurrently), it is not watched,
     and no op that produces or reads it returns an alias of it. Residency and byte accounting are unchanged:
     the value stays resident, with dead contents, until its free.
@@ -243,6 +243,7 @@ def reusable_inputs(graph: Graph, steps: Sequence[Any], watch: frozenset[str]) -
             or (x.id, s.device) in copied
             or x.shape != y.shape
             or x.dtype != y.dtype
+            or layout(x) != layout(y)  # the in-place twin leaves x's layout, which the output's readers must get
             or x.shape is None
             or _mentions(rest, x.id)
         ):

@@ -159,7 +159,8 @@ class _Run:
         tangents = {}
         for vid, k, shape, dtype in c.tangents:
             gr = grads[k]
-            tangents[vid] = gr if gr is not None else torch.zeros(shape, dtype=dtype)
+            # contiguous, as captured (autograd may hand an expanded gradient that a folded view cannot reshape)
+            tangents[vid] = gr.contiguous() if gr is not None else torch.zeros(shape, dtype=dtype)
         c.executor.bind(self.state, tangents)
         self.run(c.plan.boundary or 0, None)
         st, self.state = self.state, None  # the stores of this run go when this returns

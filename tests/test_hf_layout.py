@@ -1,0 +1,72 @@
+"""Values keep their layout: capture records the strides eager kernels give (SDPA's output is a transposed buffer),
+the graph contract carries and checks them, and every op runs on the inputs profiling builds from them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hf_models import batches, build
+
+from xsched.capture.torch import bind_inputs, capture
+from xsched.contracts.graph import Graph, Value, layout
+from xsched.contracts.torch_ops import op_input_tensors, run_op
+from xsched.errors import GraphError
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def llama() -> tuple[Graph, torch.nn.Module, tuple]:
+    torch.manual_seed(0)
+    model = build("llama", "sdpa")
+    inputs = batches("llama")(0)
+    return capture(model, inputs), model, inputs
+
+
+def test_recorded_layouts_are_the_kernels_own(llama) -> None:
+    """Run the graph op by op on real tensors (the real kernels, not the fake ones capture traced): each output lies
+    in memory as its value says, and SDPA's output is among the strided ones."""
+    graph, model, inputs = llama
+    targets = {graph.op[graph.producer[v.id]].target for v in graph.values if v.stride is not None}
+    assert "aten._scaled_dot_product_flash_attention_for_cpu.default" in targets
+    env = bind_inputs(graph, model, inputs)
+    for op in graph.ops:
+        for vid, t in zip(op.outputs, run_op(op, env)):
+            env[vid] = t
+            v = graph.value[vid]
+            if v.stride is None:
+                assert t.is_contiguous() and t.storage_offset() == 0, (op.target, vid)
+            else:
+                assert (tuple(t.stride()), t.storage_offset()) == layout(v), (op.target, vid)
+
+
+def test_every_op_runs_on_the_inputs_profiling_builds(llama) -> None:
+    """Before layouts were recorded, 8 ops after SDPA failed here with "view size is not compatible with input
+    tensor's size and stride" (their folded transpose-then-view needs SDPA's real strides)."""
+    graph = llama[0]
+    gen = torch.Generator().manual_seed(0)
+    for op in graph.ops:
+        env = op_input_tensors(graph, op, "cpu", gen)
+        for vid in op.inputs:
+            assert (tuple(env[vid].stride()), env[vid].storage_offset()) == layout(graph.value[vid])
+        run_op(op, env)
+
+
+def test_layout_in_the_graph_contract() -> None:
+    strided = Value("a", 96, "input", (2, 3, 4), "float32", "input:0", stride=(12, 1, 3), storage_offset=2)
+    g = Graph("g", (strided,), (), ("a",))
+    back = Graph.from_dict(g.to_dict())
+    assert back.value["a"].stride == (12, 1, 3) and back.value["a"].storage_offset == 2
+    assert back.fingerprint == g.fingerprint
+    # a file without layout keys (older captures, contiguous values) loads as contiguous, its fingerprint unchanged
+    plain = Graph("g", (Value("a", 96, "input", (2, 3, 4), "float32", "input:0"),), (), ("a",))
+    assert "stride" not in plain.to_dict()["values"][0]
+    assert layout(Graph.from_dict(plain.to_dict()).value["a"]) == ((12, 4, 1), 0)
+    with pytest.raises(GraphError, match=r"stride \[1, 2\] must be one non-negative integer per dimension") as e:
+        Graph("g", (Value("a", 96, "input", (2, 3, 4), "float32", stride=(1, 2)),), (), ("a",))
+    assert e.value.value == "a"
+    with pytest.raises(GraphError, match="storage_offset must be a non-negative integer"):
+        Graph("g", (Value("a", 96, "input", (2, 3, 4), "float32", storage_offset=-1),), (), ("a",))
+    with pytest.raises(GraphError, match="needs a shape"):
+        Graph("g", (Value("a", 96, "input", None, "float32", stride=(1,)),), (), ("a",))
