@@ -10,7 +10,7 @@ from hf_models import batches, build
 from xsched.capture.torch import bind_inputs, capture
 from xsched.contracts.graph import Graph, Value, layout
 from xsched.contracts.torch_ops import op_input_tensors, run_op
-from xsched.errors import GraphError
+from xsched.errors import GraphError, XschedError
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -70,3 +70,25 @@ def test_layout_in_the_graph_contract() -> None:
         Graph("g", (Value("a", 96, "input", (2, 3, 4), "float32", storage_offset=-1),), (), ("a",))
     with pytest.raises(GraphError, match="needs a shape"):
         Graph("g", (Value("a", 96, "input", None, "float32", stride=(1,)),), (), ("a",))
+
+
+def test_an_op_no_device_runs_is_one_line_naming_it_and_the_model(llama) -> None:
+    """A profile where the SDPA op failed on the CPU (as every op after it did before layouts were kept): wrap says
+    which operator, where in the model and why, in one line, before any solver runs."""
+    from dataclasses import replace
+
+    from xsched import wrap
+    from xsched.profiling.model import cost_profile
+
+    graph, model, inputs = llama
+    sdpa = next(o for o in graph.ops if "flash_attention_for_cpu.default" in o.target)
+    costs = cost_profile(graph, ["cpu"])
+    compute = {"cpu": {k: c for k, c in costs.compute["cpu"].items() if k != sdpa.id}}
+    why = {"unsupported": {"cpu": {sdpa.id: "RuntimeError: no kernel\nsecond line"}}}
+    broken = replace(costs, compute=compute, extra={**costs.extra, **why})
+    with pytest.raises(XschedError) as e:
+        wrap(model, inputs, {"cpu": "100%"}, profile=broken)
+    msg = str(e.value)
+    assert "\n" not in msg and e.value.op == sdpa.id
+    assert "OwnLoss (LlamaForCausalLM): operator aten._scaled_dot_product_flash_attention_for_cpu.default" in msg
+    assert sdpa.name in msg and "RuntimeError: no kernel" in msg

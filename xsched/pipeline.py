@@ -12,7 +12,7 @@ from xsched.contracts.plan import Compute, Copy, Plan
 from xsched.contracts.profile import Profile
 from xsched.contracts.result import RunStats
 from xsched.errors import XschedError
-from xsched.profiling.measure import profile_graph
+from xsched.profiling.measure import check_runnable, profile_graph
 from xsched.profiling.model import cost_profile
 from xsched.profiling.store import default_profile_path, load_profile, save_profile
 
@@ -87,6 +87,7 @@ def solve_plan(
     if not devices:
         raise XschedError("wrap needs devices: give budgets per device or devices", stage="execute")
     costs = plan_profile(graph, devices, profile, profile_dir, stores)
+    check_runnable(graph, costs, [d for d in devices if d not in stores])  # an unsupported op: one line, named
     options = SolverOptions(time_limit_s=time_limit if time_limit is not None else DEFAULT_TIME_LIMIT_S)
     return solve(graph, costs, budgets, devices, method=method, options=options, homes=homes)
 

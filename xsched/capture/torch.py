@@ -57,6 +57,21 @@ def capture(model: nn.Module, example_inputs: tuple, *, inference: bool = False,
     """
     if not isinstance(model, nn.Module):
         raise CaptureError(f"capture needs an nn.Module, got {type(model).__name__}")
+    try:
+        return _capture(model, example_inputs, inference, name)
+    except CaptureError as e:  # one line that names the model (and the library model inside a loss wrapper)
+        raise CaptureError(f"{model_label(model)}: {e.detail}", op=e.op, value=e.value) from e
+
+
+def model_label(model: nn.Module) -> str:
+    """The model's class, and that of the first library model inside it with a config (a Hugging Face model under
+    a loss wrapper): `OwnLoss (LlamaForCausalLM)`."""
+    outer = type(model).__name__
+    inner = next((type(m).__name__ for m in model.modules() if hasattr(getattr(m, "config", None), "model_type")), None)
+    return f"{outer} ({inner})" if inner and inner != outer else outer
+
+
+def _capture(model: nn.Module, example_inputs: tuple, inference: bool, name: str | None) -> Graph:
     if not isinstance(example_inputs, tuple):
         example_inputs = (example_inputs,)
     params = dict(model.named_parameters())
@@ -119,7 +134,8 @@ def capture(model: nn.Module, example_inputs: tuple, *, inference: bool = False,
         unused_grads=tuple(nm for nm, ok in zip(grad_names, record["grads"]) if not ok),
         forward_nodes=record["forward_nodes"],
     )
-    return build_graph(gm, info, name or type(model).__name__)
+    graph = build_graph(gm, info, name or type(model).__name__)
+    return Graph(graph.name, graph.values, graph.ops, graph.outputs, {**graph.extra, "model": model_label(model)})
 
 
 def _model_device(model: nn.Module, inputs: tuple) -> torch.device:

@@ -17,6 +17,7 @@ import torch
 from xsched.contracts.graph import Graph, Op
 from xsched.contracts.profile import OpCost, Profile, check_device_roles
 from xsched.devices.base import DEFAULT_POLICY, Device, DeviceError, Policy, get_device
+from xsched.errors import ProfileError
 from xsched.profiling.fallback import FALLBACK_RULE, roofline_costs
 from xsched.profiling.links import Link, measure_link, measure_links
 from xsched.profiling.links import copy_seconds as copy_seconds  # re-exported: scripts time links with it
@@ -155,6 +156,21 @@ def profile_graph(
         {**{d: c.energy_source for d, c in costs.items()}, **{s.name: "model" for s in store_devs}},  # no op on a store
         extra,
     )
+
+
+def check_runnable(graph: Graph, profile: Profile, devices: Sequence[str]) -> None:
+    """Raise one line naming the model, the first op no device of `devices` can run, its operator and why (its
+    error on the first device), instead of a solver's "no cost in the profile"."""
+    why = profile.extra.get("unsupported", {})
+    for op in graph.ops:
+        if not any(op.id in profile.compute.get(d, {}) for d in devices):
+            reason = next((why[d][op.id] for d in devices if op.id in why.get(d, {})), "no cost in the profile")
+            model = graph.extra.get("model", graph.name)
+            raise ProfileError(
+                f"{model}: operator {op.target} (in module {op.name or '<root>'}) cannot run on any of "
+                f"{', '.join(devices)}: {str(reason).splitlines()[0][:300]}",
+                op=op.id,
+            )
 
 
 def _store_device(name: str | Device) -> Device:
