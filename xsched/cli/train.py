@@ -68,6 +68,7 @@ def cmd_train(a: argparse.Namespace) -> int:
         hf_config=a.config,
         pretrained=a.pretrained,
         seq_len=a.seq_len,
+        lora=a.lora,
         log_csv=a.log_csv,
         param_home=a.param_home,
         stores=tuple(split_device_list(",".join(a.store))) if a.store else (),
@@ -136,7 +137,18 @@ def add(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--log-csv", metavar="PATH", help="also write each step's fields (as --json's step lines) to a CSV")
     _add_training_flags(t)
     _add_data_flags(t)
+    _add_lora_flags(t)
     t.set_defaults(run=cmd_train)
+
+
+def _add_lora_flags(t: argparse.ArgumentParser) -> None:
+    t.add_argument(
+        "--lora",
+        metavar="r=R,alpha=A,targets=NAME,...|DIR",
+        help="hf: models: train LoRA adapters on the frozen model (e.g. r=8,alpha=16,targets=q_proj,v_proj, or a "
+        "folder of saved adapters to train further); they are saved under --checkpoint-dir/adapter as "
+        "PeftModel.from_pretrained loads them. Needs peft: pip install 'xsched[lora]'",
+    )
 
 
 def _add_training_flags(t: argparse.ArgumentParser) -> None:

@@ -55,6 +55,7 @@ class TrainConfig:
     hf_config: str | None = None  # hf: models: "key=value,..." over the model type's default config
     pretrained: str | None = None  # hf: models: a save_pretrained folder
     seq_len: int | None = None  # hf: models: the sequence length (default: the model's context length)
+    lora: str | None = None  # hf: models: LoRA adapters, "r=8,alpha=16,targets=q_proj,v_proj" or a saved folder
     log_csv: str | None = None
     param_home: str | None = None  # where the parameters, gradients and optimizer state live (default: first device)
     stores: tuple[str, ...] = ()  # devices that hold values and run no op (only their copies are profiled)
@@ -117,6 +118,7 @@ class TrainConfig:
             ("--config", self.hf_config),
             ("--pretrained", self.pretrained),
             ("--seq-len", self.seq_len),
+            ("--lora", self.lora),
         ):
             if value is not None and not hf:
                 _fail(f"{flag} applies to hf:NAME models only (zoo models take sizes in --scale, e.g. small:seq=32)")

@@ -144,11 +144,17 @@ def hf_task(
     batch: int | None = None,
     seq_len: int | None = None,
     seed: int = 0,
+    lora: str | None = None,
 ) -> TrainingTask:
     """`hf:TYPE` as a training task: CausalLMLoss around the built model, batches of `seq_len` tokens (default the
-    model's context length), and the zoo gpt2 task's synthetic sequences as data (`--data` replaces them)."""
+    model's context length), and the zoo gpt2 task's synthetic sequences as data (`--data` replaces them); `lora`:
+    LoRA adapters (`--lora`), the model's own weights frozen."""
     name = spec.removeprefix("hf:")
     lm = build(name, overrides, pretrained)
+    if lora is not None:  # adapters over the frozen model (xsched.train.lora)
+        from xsched.train.lora import add_lora
+
+        lm = add_lora(lm, lora, spec)
     longest = context_length(lm)
     seq = seq_len if seq_len is not None else longest or 1024
     if longest is not None and seq > longest:

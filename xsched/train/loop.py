@@ -23,6 +23,7 @@ from xsched.loaders import TrainingTask
 from xsched.train import dist
 from xsched.train.checkpoint import rng_state, save_checkpoint
 from xsched.train.config import DEFAULT_CHECKPOINT_EVERY, DEFAULT_EVAL_BATCHES, DEFAULT_EVAL_EVERY, TrainConfig
+from xsched.train.lora import save_adapters
 from xsched.train.progress import CsvLog, Tee
 from xsched.train.records import Quiet, Reporter, StepRecord, TrainResult
 from xsched.train.session import Session, placement, prepare
@@ -123,6 +124,7 @@ def _save(s: Session, directory: str, done: int, world: dist.World) -> Path | No
     if not world.main:
         return None
     s.updater.settle()  # a host optimizer may still be updating the parameters it holds
+    save_adapters(s.task.model, directory)  # LoRA: the adapters as peft loads them, beside the checkpoints
     return save_checkpoint(
         directory,
         done,

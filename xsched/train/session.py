@@ -95,7 +95,9 @@ def load_task(config: TrainConfig) -> TrainingTask:
     if config.model.startswith("hf:"):
         from xsched.train.hf import hf_task
 
-        task = hf_task(config.model, config.hf_config, config.pretrained, config.batch, config.seq_len, config.seed)
+        task = hf_task(
+            config.model, config.hf_config, config.pretrained, config.batch, config.seq_len, config.seed, config.lora
+        )
     else:
         task = load_training_task(config.model, config.batch, config.scale, config.seed)
     if config.data is not None:
