@@ -216,8 +216,14 @@ def main(argv: list[str] | None = None) -> int:
     print(head + " plan (s, found by) | check: max loss / grad diff |")
     print("|" + "---|" * 9)
     t = time.perf_counter()
+    failed = False
     for name in a.models.split(","):
-        r = bench(name, sizes, device, a)
+        try:
+            r = bench(name, sizes, device, a)
+        except Exception as e:  # one model failing (an XschedError, out of memory) must not lose the other rows
+            print(f"| {name} | error: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''} |")
+            failed = True
+            continue
         mem = (
             " / ".join(format_bytes(r["peaks"][k]) for k in ("eager", "checkpointing", "xsched"))
             if gpu
@@ -230,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     print(f"# total {time.perf_counter() - t:.1f} s")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
