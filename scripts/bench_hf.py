@@ -3,7 +3,7 @@ own activation checkpointing (torch.utils.checkpoint per layer), for GPT-2, a gr
 LM), SDPA attention (the default), training step = zero_grad + forward + backward.
 
     python scripts/bench_hf.py                      # the CPU table of docs/BENCHMARKS.md §14
-    python scripts/bench_hf.py --device cuda        # one GPU, larger sizes: about a minute on an H100
+    python scripts/bench_hf.py --device cuda --profile-cap 6 --time-limit 4 --deadline 60   # one GPU, larger sizes
     python scripts/bench_hf.py --quick              # tiny sizes, modelled costs: a smoke test
 
 Times are medians of interleaved steps measured in this one run (the three variants share the machine's load), so
@@ -203,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--method", default="auto")
     p.add_argument("--time-limit", type=float, default=5.0, help="solver time limit per model, seconds")
     p.add_argument("--profile-cap", type=float, default=8.0, help="profiling cap per model, seconds")
+    p.add_argument("--deadline", type=float, help="skip the models left after this many seconds")
     a = p.parse_args(argv)
     device = torch.device("cuda:0" if a.device == "cuda" else "cpu")
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -218,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     t = time.perf_counter()
     failed = False
     for name in a.models.split(","):
+        if a.deadline is not None and time.perf_counter() - t > a.deadline:
+            print(f"| {name} | skipped: past the --deadline of {a.deadline:g} s |")
+            continue
         try:
             r = bench(name, sizes, device, a)
         except Exception as e:  # one model failing (an XschedError, out of memory) must not lose the other rows
