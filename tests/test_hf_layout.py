@@ -92,3 +92,28 @@ def test_an_op_no_device_runs_is_one_line_naming_it_and_the_model(llama) -> None
     assert "\n" not in msg and e.value.op == sdpa.id
     assert "OwnLoss (LlamaForCausalLM): operator aten._scaled_dot_product_flash_attention_for_cpu.default" in msg
     assert sdpa.name in msg and "RuntimeError: no kernel" in msg
+
+
+def test_strided_values_cross_devices_as_eager_lays_them_out() -> None:
+    """A plan over cpu:0 and cpu:1 that copies SDPA's strided outputs between them: the copies keep the layout, so
+    the ops reading them on the other device get what eager gives them, and one step equals eager's."""
+    import copy
+
+    from torch.testing import assert_close
+
+    from xsched import wrap
+    from xsched.contracts.plan import Compute, Copy
+
+    torch.manual_seed(0)
+    model = build("llama", "sdpa")
+    ref = copy.deepcopy(model)
+    inputs = batches("llama")(0)
+    wrapped = wrap(model, inputs, {"cpu:0": "45%", "cpu:1": "100%"}, method="greedy", profile="model")
+    steps = wrapped.plan.steps
+    assert {s.device for s in steps if isinstance(s, Compute)} == {"cpu:0", "cpu:1"}
+    assert [s for s in steps if isinstance(s, Copy) and wrapped.graph.value[s.value].stride is not None]
+    got, want = wrapped(*inputs), ref(*inputs)
+    got.backward()
+    want.backward()
+    assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert_close({k: p.grad for k, p in model.named_parameters()}, {k: p.grad for k, p in ref.named_parameters()})
