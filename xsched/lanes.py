@@ -10,7 +10,7 @@ runs its steps in plan order. Across lanes a step waits for
 - a free: the step that made the value on its device, every read of it there, and the compute before it there
   (so a device's allocations and frees happen in plan order, and the run holds at each compute what the plan
   counts there: a free on its own lane would otherwise run as soon as its reads are done, before the computes
-  the plan has it follow, and the run would peak below the plan's count; measured on an H100, 31-60% below);
+  the plan has it follow, and the run's memory would depend on which thread runs first);
 - a random op's first run: the previous random op's first run, so draws happen in plan order, as eager
   PyTorch makes them (the RNG is shared by every lane).
 """
