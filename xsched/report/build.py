@@ -223,9 +223,9 @@ def _sweep_section(sweeps: list, s: SweepSettings, machine: Machine, out: Path, 
     m0 = s.methods[0]
     header = (
         "budget",
-        *(f"{m} time" for m in s.methods),
+        *(f"{m} makespan" for m in s.methods),
         f"{m0} status",
-        f"{m0} makespan",
+        f"{m0} sequential time",
         f"{m0} energy",
         *(f"{m0} peak {d}" for d in machine.devices),
     )
@@ -240,7 +240,7 @@ def _sweep_section(sweeps: list, s: SweepSettings, machine: Machine, out: Path, 
     fig = html.Figure(
         "fig-sweep",
         plots.sweep_figure(sweeps, s.methods),
-        f"Predicted time per training iteration against each device's budget on {machine.label} ({s.method} "
+        f"Predicted time per training iteration (the makespan: the devices' lanes overlapped, as the executor runs them) against each device's budget on {machine.label} ({s.method} "
         f"with {s.time_limit_s:g} s per plan, baselines {', '.join(s.baselines) or 'none'}); "
         "crosses on the axis: budgets where the solver found no plan. Dotted: the proven lower bound; dash-dotted: "
         "the peak of the plain eager schedule. eager: that schedule on the fastest single device it fits; greedy: "
@@ -259,9 +259,9 @@ def _whatif_section(results: list, s: SweepSettings, out: Path, files: dict) -> 
     m0 = s.methods[0]
     header = (
         "machine",
-        *(f"{m} time" for m in s.methods),
+        *(f"{m} makespan" for m in s.methods),
         f"{m0} status",
-        f"{m0} makespan",
+        f"{m0} sequential time",
         f"{m0} energy",
         f"{m0} peaks",
         "base budgets",
@@ -274,7 +274,7 @@ def _whatif_section(results: list, s: SweepSettings, out: Path, files: dict) -> 
     fig = html.Figure(
         "fig-whatif",
         plots.whatif_figure(results, s.method),
-        "Left: predicted time against the budget of each machine's accelerators (all set to it together; the other "
+        "Left: predicted time (makespan) against the budget of each machine's accelerators (all set to it together; the other "
         "devices at their base budgets). Right: the fastest plan of each machine at its base budgets, its energy.",
     )
     intro = (
@@ -302,7 +302,7 @@ def _energy_section(studies: list[energy.EnergyStudy], out: Path, files: dict) -
         tables.append(
             html.Table(
                 f"{x.machine} at {budgets} ({x.source}; {energy.tradeoff(x)})",
-                ("objective", "status", "time", "makespan", "energy"),
+                ("objective", "status", "makespan", "sequential time", "energy"),
                 data.energy_cells(x),
             )
         )
@@ -311,6 +311,12 @@ def _energy_section(studies: list[energy.EnergyStudy], out: Path, files: dict) -
         f"energy ({sources}: the profile's energy_source per device)."
     )
     return html.Section("energy", "Energy", intro, (fig,), tuple(tables), names)
+
+
+def _step(plan: Plan) -> float:
+    """A plan's makespan (its sequential time where it has none)."""
+    p = plan.predicted
+    return (p.makespan_s if p.makespan_s is not None else p.time_s) or 0.0
 
 
 def _picture_plan(
@@ -323,8 +329,8 @@ def _picture_plan(
     acc = accelerators(sub, machine)
     sweep = cache.get((machine.label, acc))
     if sweep is not None and sweep.plans:
-        fastest = min(p.predicted.time_s or 0.0 for p in sweep.plans.values())
-        b = min(b for b, p in sweep.plans.items() if (p.predicted.time_s or 0.0) <= KNEE * fastest)
+        fastest = min(_step(p) for p in sweep.plans.values())
+        b = min(b for b, p in sweep.plans.items() if _step(p) <= KNEE * fastest)
         knee = f"the smallest budget swept within {KNEE - 1:.0%} of the fastest plan"
         return sweep.plans[b], f"{sweep.label} at {format_bytes(b)} ({knee})"
     base = base_budgets(machine, sub, peak)
