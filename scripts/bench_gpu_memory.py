@@ -10,8 +10,11 @@ torch.autograd.graph.save_on_cpu(pin_memory=True); torchtune's OffloadActivation
 eager plan; xsched `auto` at each budget on the GPU alone and with the host as a store; xsched on the GPU alone at
 the step peak checkpoint measured. The graph is profiled once (time cap --profile-s) and every plan solved from that
 profile (--time-limit each, in parallel processes where there are cores to spare). `--device cpu`: cpu:0 computes,
-cpu:1 is the store (a copy is a clone), peaks from the CPU allocator's events (torch rows) and the executor's
-accounting of cpu:0 (xsched rows); OffloadActivations (CUDA streams) is skipped there. Setup in scripts/gpu/README.md.
+cpu:1 is the store (a copy is a clone), peaks from the CPU allocator's events (torch rows) and the live storages
+counted on cpu:0 (xsched rows, xsched.execute.live_bytes); OffloadActivations (CUDA streams) is skipped there. Every
+row also has torch.compile's (plain, and with activation_memory_budget at each budget as a fraction), CUDA's reserved
+memory beside the allocated, and (with --out) a plot of step time against measured peak for every row beside the
+markdown. Setup in scripts/gpu/README.md.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from xsched.contracts.profile import Profile
 from xsched.devices import get_device
 from xsched.errors import BudgetError
 from xsched.execute.executor import Executor
+from xsched.execute.live_bytes import measured_peaks
 from xsched.profiling.measure import profile_graph
 from xsched.simulate import simulate
 from xsched.solve.eager import eager_peak, eager_plan
@@ -95,12 +99,100 @@ def torchtune_offload() -> Callable[[], Any] | str:
     return OffloadActivations
 
 
+def compile_rows(
+    model: torch.nn.Module, inputs: tuple, dev: torch.device, eager: Callable[[], float], a, t_start: float
+) -> list[dict]:
+    """torch.compile, plain and with `torch._functorch.config.activation_memory_budget` at each xsched budget (as a
+    fraction: torch's min-cut partitioner saves that share of the activations and recomputes the rest), each timed
+    interleaved with eager PyTorch. Compiled one at a time (dynamo's cache does not key on the budget); a row is
+    skipped when less than 1.5x the last compile's time is left before --deadline."""
+    import torch._dynamo
+    import torch._functorch.config as functorch_config
+
+    ones = [torch.ones_like(o) for o in _tensor_leaves(model(*inputs)) if o.requires_grad]
+    model.zero_grad(set_to_none=True)
+    rows: list[dict] = []
+    took = 0.0
+    for pct in [None, *a.budgets]:
+        label = "torch.compile" if pct is None else f"torch.compile, activation_memory_budget {pct / 100:g}"
+        left = a.deadline - (time.perf_counter() - t_start)
+        if left < max(10.0, 1.5 * took):
+            rows.append({"plan": label, "error": f"skipped: {left:.0f} s left of --deadline"})
+            continue
+        t0 = time.perf_counter()
+        try:
+            torch._dynamo.reset()
+            step = torch_step(torch.compile(model, backend=a.compile_backend), inputs, ones, contextlib.nullcontext)
+            run = backward_of(step, model)
+            with functorch_config.patch(activation_memory_budget=1.0 if pct is None else pct / 100):
+                run()  # forward and backward compiled now; the partition (what is saved) is chosen here
+            took = time.perf_counter() - t0
+            got = timed({"row": run, "eager": eager}, dev, a.iters, a.warmup)
+            peak = got["row"]["peak"] if dev.type == "cuda" else step_memory(step, model.parameters()).peak  # type: ignore[arg-type]
+        except Exception as e:  # a backend that does not build here must not lose the other rows
+            rows.append({"plan": label, "error": f"error: {one_line(e)}"})
+            continue
+        finally:
+            model.zero_grad(set_to_none=True)
+        row = {
+            "plan": label,
+            "time_s": statistics.median(got["row"]["times"]),
+            "peak": peak,
+            "loss": got["row"]["loss"],
+        }
+        row |= {"reserved": got["row"]["reserved"], "eager_s": statistics.median(got["eager"]["times"])}
+        row |= {"eager_times": got["eager"]["times"], "compile_s": took, "budget": None if pct is None else pct / 100}
+        rows.append(row)
+        log(f"{label}: {row['time_s'] * 1e3:.1f} ms, step peak {mib(peak)} (compiled in {took:.0f} s)")
+    torch._dynamo.reset()
+    return rows
+
+
+def frontier_plot(rows: list[dict], path: Path, title: str) -> Path | None:
+    """Step time against measured step peak for every row that ran (SVG): torch's rows, torch.compile's and
+    xsched's; the lower-left is better. None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    groups = {"torch": ("o", "tab:blue"), "torch.compile": ("s", "tab:orange"), "xsched": ("^", "tab:green")}
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    for name, (marker, color) in groups.items():
+        ok = [r for r in rows if "error" not in r and _family(r["plan"]) == name]
+        if not ok:
+            continue
+        ax.scatter(
+            [r["peak"] / 2**20 for r in ok], [r["time_s"] * 1e3 for r in ok], marker=marker, color=color, label=name
+        )
+        for r in ok:
+            ax.annotate(
+                r["plan"], (r["peak"] / 2**20, r["time_s"] * 1e3), fontsize=6, xytext=(3, 3), textcoords="offset points"
+            )
+    ax.set_xlabel("measured step peak (MiB, above what is resident)")
+    ax.set_ylabel("step time (ms)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _family(plan: str) -> str:
+    return "xsched" if plan.startswith("xsched") else "torch.compile" if plan.startswith("torch.compile") else "torch"
+
+
 # ---- measuring ----
 def timed(runs: dict[str, Callable[[], float]], dev: torch.device, iters: int, warmup: int) -> dict[str, dict]:
     """Per run name: wall seconds of `iters` steps after `warmup` untimed rounds, the runs interleaved (drift and
     load spread over all of them); on CUDA the step peak above the resident state in the first timed round
-    (max_memory_allocated less memory_allocated before); the loss of the last step, every step seeded alike."""
-    out: dict[str, dict] = {k: {"times": [], "peak": None, "loss": None} for k in runs}
+    (max_memory_allocated less memory_allocated before) and the reserved memory's growth (max_memory_reserved less
+    memory_reserved before, the cache emptied first); the loss of the last step, every step seeded alike."""
+    out: dict[str, dict] = {k: {"times": [], "peak": None, "reserved": None, "loss": None} for k in runs}
     for r in range(warmup + iters):
         for k, run in runs.items():
             first = r == warmup
@@ -108,7 +200,9 @@ def timed(runs: dict[str, Callable[[], float]], dev: torch.device, iters: int, w
                 gc.collect()
             sync(dev)
             if first and dev.type == "cuda":
+                torch.cuda.empty_cache()  # the cached pool of earlier rows would hide this row's reserved growth
                 base = torch.cuda.memory_allocated(dev)
+                base_reserved = torch.cuda.memory_reserved(dev)
                 torch.cuda.reset_peak_memory_stats(dev)
             torch.manual_seed(SEED)
             t0 = time.perf_counter()
@@ -118,6 +212,7 @@ def timed(runs: dict[str, Callable[[], float]], dev: torch.device, iters: int, w
                 out[k]["times"].append(time.perf_counter() - t0)
             if first and dev.type == "cuda":
                 out[k]["peak"] = torch.cuda.max_memory_allocated(dev) - base
+                out[k]["reserved"] = torch.cuda.max_memory_reserved(dev) - base_reserved
     return out
 
 
@@ -169,7 +264,9 @@ def plan_row(label: str, graph: Graph, plan: Plan, profile: Profile, env: dict, 
         "time_s": med["default"],
         "eager_s": med["eager"],
         "eager_times": got["eager"]["times"],
-        "peak": mine["peak"] if mine["peak"] is not None else counted["default"],
+        "peak": mine["peak"] if mine["peak"] is not None else measured_peaks(graph, plan, env)[compute],
+        "counted_peak": counted["default"],
+        "reserved": mine["reserved"],
         "loss": mine["loss"],
         "predicted_s": sim.makespan_s,
         "predicted_seq_s": sim.time_s,
@@ -239,7 +336,20 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--iters", type=int, default=10, help="timed steps per row")
     ap.add_argument("--warmup", type=int, default=3, help="untimed rounds before them")
     ap.add_argument("--jobs", type=int, help="solver processes (default: the cores less two, at most one per plan)")
-    ap.add_argument("--deadline", type=float, default=270.0, help="seconds from the start: solves shrink to fit it")
+    ap.add_argument(
+        "--deadline",
+        type=float,
+        default=220.0,
+        help="seconds from the start: solves shrink, compiles are skipped to fit",
+    )
+    ap.add_argument(
+        "--compile", action=argparse.BooleanOptionalAction, default=True, help="the torch.compile rows (default: on)"
+    )
+    ap.add_argument(
+        "--compile-backend",
+        help="torch.compile's backend (default inductor on CUDA; aot_eager_decomp_partition on the CPU: the same min-cut "
+        "partitioner and memory budget, without building C++ kernels)",
+    )
     ap.add_argument(
         "--lanes",
         action=argparse.BooleanOptionalAction,
@@ -259,6 +369,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     except ValueError:
         ap.error(f"--budgets {a.budgets!r}: give whole percentages of the eager peak, e.g. 63,55,50,45")
     a.scale = a.scale or ("small" if cpu else "full:n_layer=6")
+    a.compile_backend = a.compile_backend or ("aot_eager_decomp_partition" if cpu else "inductor")
     a.jobs = a.jobs or max(1, (os.cpu_count() or 1) - 2)
     a.lanes = not cpu if a.lanes is None else a.lanes
     a.argv = argv if argv is not None else sys.argv[1:]
@@ -284,7 +395,8 @@ def torch_rows(model: torch.nn.Module, inputs: tuple, dev: torch.device, a) -> t
             continue
         peak = got[k]["peak"] if dev.type == "cuda" else step_memory(steps[k], model.parameters()).peak  # type: ignore[arg-type]
         model.zero_grad(set_to_none=True)
-        rows.append({"plan": k, "time_s": statistics.median(got[k]["times"]), "peak": peak, "loss": got[k]["loss"]})
+        row = {"plan": k, "time_s": statistics.median(got[k]["times"]), "peak": peak, "loss": got[k]["loss"]}
+        rows.append({**row, "reserved": got[k]["reserved"]})
         log(f"{k}: {rows[-1]['time_s'] * 1e3:.1f} ms, step peak {mib(peak)}")
     return rows, backward_of(steps["eager PyTorch"], model), list(got["eager PyTorch"]["times"])
 
@@ -329,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     resident = sum(graph.value[v].nbytes for v in graph.inputs)
     log(f"{graph.name}: {len(graph.ops)} ops, {graph.fingerprint}, batch {a.batch}, on {device_name(dev)}")
     rows, eager_run, eager_times = torch_rows(model, inputs, dev, a)
+    torch_done = list(rows)
     eager, ckpt = rows[0], rows[1]
 
     t0 = time.perf_counter()
@@ -363,6 +476,10 @@ def main(argv: list[str] | None = None) -> int:
         if a.json:  # a run cut short keeps what it measured
             a.json.write_text(json.dumps({"facts": {"partial": True}, "rows": rows}, indent=1, default=str))
         log(f"{k}: {row['time_s'] * 1e3:.1f} ms ({row['time_s'] / row['eager_s']:.2f}x), peak {mib(row['peak'])}")
+    if a.compile:
+        compiled = compile_rows(model, inputs, dev, eager_run, a, t_start)
+        rows[len(torch_done) : len(torch_done)] = compiled
+        eager_times += [t for r in compiled for t in r.get("eager_times", [])]
     eager["time_s"] = statistics.median(eager_times)  # every eager step of the run
 
     total_s = time.perf_counter() - t_start
@@ -378,6 +495,13 @@ def main(argv: list[str] | None = None) -> int:
     text = render(
         f"GPU memory benchmark: {graph.name}, batch {a.batch}, {compute} + the {store} store", header, rows, notes
     )
+    plot = None
+    if a.out:
+        plot = frontier_plot(
+            rows, a.out.parent / f"{a.out.stem}_frontier.svg", f"{graph.name}, batch {a.batch}: {compute}"
+        )
+        if plot is not None:
+            text += f"\n\nFrontier (step time against measured peak, every row): {plot.name}"
     print(text, flush=True)
     if a.out:
         a.out.write_text(text + "\n")
