@@ -27,7 +27,9 @@ untimed rounds, the device synchronised around each; xsched rows run the plan th
 rows (torch rows); the eager row pools every eager step of the run. `step peak`: {peak_source}, above what is
 resident before the step (params, inputs, the ones). `step reserved`: CUDA max_memory_reserved less
 memory_reserved before the step, the cache emptied first (what the caching allocator took from the GPU: the step
-peak and its fragmentation; - on the CPU). torch.compile rows: `--compile-backend`, plain and with
+peak and its fragmentation; - on the CPU); for xsched rows, beside it, the reserved memory predicted by replaying
+the plan on a model of the caching allocator (xsched.explain.AllocatorModel, as `xsched plan --explain` says it)
+over the measured. torch.compile rows: `--compile-backend`, plain and with
 `torch._functorch.config.activation_memory_budget` = the xsched budget as a fraction (of the activations, not of the
 eager peak), each timed interleaved with eager PyTorch. Budgets: % of the simulated eager peak ({eager_peak}, of which
 {resident} resident); `at checkpoint's peak`: resident + the step peak measured for torch.utils.checkpoint.
@@ -80,7 +82,12 @@ def cells(row: dict, eager: dict) -> list[str]:
         ratio(row["time_s"], row.get("eager_s", eager["time_s"])),
         mib(row["peak"]),
         ratio(row["peak"], eager["peak"], pct=True),
-        mib(row.get("reserved")),
+        mib(row.get("reserved"))
+        + (
+            f" (predicted {ratio(row['predicted_reserved'], row['reserved'])})"
+            if row.get("reserved") and row.get("predicted_reserved") is not None
+            else ""
+        ),
         ratio(row.get("predicted_s"), row["time_s"]),
         ratio(row.get("predicted_peak"), row["peak"]),
         str(row.get("copies", "-")),
