@@ -356,12 +356,18 @@ def reserved_peaks(graph: Graph, plan: Plan, profile: Profile | None = None) -> 
     return _Allocations(graph, plan, profile).run()
 
 
+def _host(device: str, profile: Profile | None) -> bool:
+    """Host memory has no caching allocator of this kind in a plan's run."""
+    info = profile.devices.get(device) if profile is not None else None
+    return device.startswith("cpu") or (info is not None and info.kind == "cpu")
+
+
 def reserved_text(graph: Graph, plan: Plan, profile: Profile | None = None) -> str:
     """`--explain`'s line on fragmentation: per device, the reserved memory expected for the plan's peak."""
     parts = [
         f"{d}: {format_bytes(r.reserved)} reserved for a peak of {format_bytes(r.allocated)} ({r.fragmentation:+.1%})"
         for d, r in reserved_peaks(graph, plan, profile).items()
-        if r.allocated and not d.startswith("cpu")  # host memory has no such allocator in a plan's run
+        if r.allocated and not _host(d, profile)
     ]
     if not parts:
         return ""

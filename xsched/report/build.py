@@ -376,4 +376,8 @@ def _pictures_section(graph: Graph, profile: Profile, plan: Plan, why: str, out:
         f"{w.result.copies} copies. predicted-trace.json holds the same lanes as a Chrome trace (open it in "
         "ui.perfetto.dev); `xsched run MODEL plan.json --trace run.json` writes a measured one to compare."
     )
+    from xsched.explain import reserved_text
+
+    if text := reserved_text(graph, plan, profile):  # what runs out on a GPU is reserved memory, not the peak
+        intro += " Fragmentation: " + text
     return html.Section("pictures", "Plan pictures", intro, figs, (), ("plan.json", "predicted-trace.json"))
