@@ -35,6 +35,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from html import escape as html_escape
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Plan
 from xsched.contracts.profile import Profile
 from xsched.devices import get_device
-from xsched.errors import BudgetError
+from xsched.errors import BudgetError, XschedError
 from xsched.execute.executor import Executor
 from xsched.execute.live_bytes import measured_peaks
 from xsched.explain import reserved_peaks
@@ -149,42 +150,48 @@ def compile_rows(
     return rows
 
 
-def frontier_plot(rows: list[dict], path: Path, title: str) -> Path | None:
-    """Step time against measured step peak for every row that ran (SVG): torch's rows, torch.compile's and
-    xsched's; the lower-left is better. None without matplotlib."""
+def frontier_plot(rows: list[dict], path: Path, title: str) -> Path:
+    """Step time against measured step peak for every row that ran, as SVG: the figure `xsched report --measured`
+    shows, or without matplotlib (the GPU image lacks it) a plain one drawn here."""
     try:
-        import matplotlib
+        from xsched.report.plots import frontier_figure
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    groups = {"torch": ("o", "tab:blue"), "torch.compile": ("s", "tab:orange"), "xsched": ("^", "tab:green")}
-    fig, ax = plt.subplots(figsize=(8, 5.5))
-    for name, (marker, color) in groups.items():
-        ok = [r for r in rows if "error" not in r and _family(r["plan"]) == name]
-        if not ok:
-            continue
-        ax.scatter(
-            [r["peak"] / 2**20 for r in ok], [r["time_s"] * 1e3 for r in ok], marker=marker, color=color, label=name
-        )
-        for r in ok:
-            ax.annotate(
-                r["plan"], (r["peak"] / 2**20, r["time_s"] * 1e3), fontsize=6, xytext=(3, 3), textcoords="offset points"
-            )
-    ax.set_xlabel("measured step peak (MiB, above what is resident)")
-    ax.set_ylabel("step time (ms)")
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+        path.write_text(frontier_figure(rows, title))
+    except XschedError:  # matplotlib is not installed
+        path.write_text(plain_svg(rows, title))
     return path
 
 
-def _family(plan: str) -> str:
-    return "xsched" if plan.startswith("xsched") else "torch.compile" if plan.startswith("torch.compile") else "torch"
+def plain_svg(rows: list[dict], title: str, w: int = 720, h: int = 460) -> str:
+    """A scatter of step time (ms) against step peak (MiB) as hand-written SVG, one labelled mark per row."""
+    from xsched.report.plots import family
+
+    ok = [r for r in rows if "error" not in r and r.get("time_s") and r.get("peak") is not None]
+    xs, ys = [r["peak"] / 2**20 for r in ok], [r["time_s"] * 1e3 for r in ok]
+    x1, y1 = max(xs, default=1.0) * 1.1, max(ys, default=1.0) * 1.1
+    left, bottom = 60, 40
+
+    def px(x: float, y: float) -> tuple[float, float]:
+        return left + x / x1 * (w - left - 20), h - bottom - y / y1 * (h - bottom - 30)
+
+    color = {"torch": "#1f77b4", "torch.compile": "#ff7f0e", "xsched": "#2ca02c"}
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="9">']
+    out.append(f'<text x="{w / 2}" y="16" text-anchor="middle" font-size="11">{html_escape(title)}</text>')
+    out.append(f'<line x1="{left}" y1="{h - bottom}" x2="{w - 20}" y2="{h - bottom}" stroke="black"/>')
+    out.append(f'<line x1="{left}" y1="{h - bottom}" x2="{left}" y2="30" stroke="black"/>')
+    for k in range(1, 5):
+        gx, gy = px(x1 * k / 5, 0)[0], px(0, y1 * k / 5)[1]
+        out.append(f'<text x="{gx}" y="{h - bottom + 14}" text-anchor="middle">{x1 * k / 5:,.0f}</text>')
+        out.append(f'<text x="{left - 4}" y="{gy + 3}" text-anchor="end">{y1 * k / 5:.0f}</text>')
+    out.append(f'<text x="{w / 2}" y="{h - 6}" text-anchor="middle">measured step peak (MiB)</text>')
+    out.append(
+        f'<text x="14" y="{h / 2}" transform="rotate(-90 14 {h / 2})" text-anchor="middle">step time (ms)</text>'
+    )
+    for r, x, y in zip(ok, xs, ys):
+        cx, cy = px(x, y)
+        out.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="4" fill="{color[family(r["plan"])]}"/>')
+        out.append(f'<text x="{cx + 5:.1f}" y="{cy - 4:.1f}">{html_escape(r["plan"])}</text>')
+    return "\n".join([*out, "</svg>"])
 
 
 # ---- measuring ----
@@ -497,13 +504,11 @@ def main(argv: list[str] | None = None) -> int:
     text = render(
         f"GPU memory benchmark: {graph.name}, batch {a.batch}, {compute} + the {store} store", header, rows, notes
     )
-    plot = None
     if a.out:
         plot = frontier_plot(
             rows, a.out.parent / f"{a.out.stem}_frontier.svg", f"{graph.name}, batch {a.batch}: {compute}"
         )
-        if plot is not None:
-            text += f"\n\nFrontier (step time against measured peak, every row): {plot.name}"
+        text += f"\n\nFrontier (step time against measured peak, every row): {plot.name}"
     print(text, flush=True)
     if a.out:
         a.out.write_text(text + "\n")

@@ -122,3 +122,16 @@ def test_bad_arguments_are_one_line_errors(argv, match, capsys):
         bench.parse(argv)
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert match in err
+
+
+def test_the_plain_frontier_svg_without_matplotlib():
+    """The GPU image has no matplotlib: the frontier is then drawn by hand, one labelled mark per row that ran."""
+    import xml.dom.minidom
+
+    rows = [
+        {"plan": "eager PyTorch", "time_s": 0.13, "peak": 14e9},
+        {"plan": "xsched 45% <store>", "time_s": 0.16, "peak": 5e9},
+    ]
+    svg = bench.plain_svg([*rows, {"plan": "torchtune", "error": "skipped"}], "gpt2 & co")
+    doc = xml.dom.minidom.parseString(svg)  # well-formed, labels escaped
+    assert len(doc.getElementsByTagName("circle")) == 2 and "xsched 45% &lt;store&gt;" in svg

@@ -260,3 +260,27 @@ def test_tables_show_the_makespan_and_label_the_sequential_time():
 
     (row,) = machine_cells([Result()], ["auto", "checkpoint"])
     assert row[1:5] == ("152 ms", "164 ms", "optimal", "248 ms")
+
+
+def test_the_measured_frontier_section(tmp_path):
+    """`xsched report --measured` shows a memory benchmark's rows: a marker per row that ran, a table of all."""
+    from xsched.report.build import _frontier_section
+
+    rows = [
+        {"plan": "eager PyTorch", "time_s": 0.129, "peak": 14 << 30, "reserved": 15 << 30},
+        {"plan": "torch.compile, activation_memory_budget 0.5", "time_s": 0.15, "peak": 7 << 30},
+        {"plan": "torchtune OffloadActivations", "error": "skipped: torchtune does not import"},
+        {"plan": "xsched 45%, cpu store", "time_s": 0.16, "peak": 5 << 30, "reserved": 6 << 30},
+    ]
+    measured = tmp_path / "gpu_memory.json"
+    measured.write_text(json.dumps({"facts": {"device": "H100", "graph": "g"}, "rows": rows}))
+    (tmp_path / "out").mkdir()
+    sec = _frontier_section(measured, tmp_path / "out", {})
+    (fig,) = sec.figures
+    assert "eager PyTorch" in fig.svg and "xsched 45%, cpu store" in fig.svg and "torchtune" not in fig.svg
+    assert [r[0] for r in sec.tables[0].rows] == [r["plan"] for r in rows]
+    assert (tmp_path / "out" / "gpu_memory.json").is_file()
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(XschedError, match="not a bench_gpu_memory JSON"):
+        _frontier_section(bad, tmp_path / "out", {})

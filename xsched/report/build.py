@@ -16,7 +16,7 @@ from xsched.contracts.plan import Plan
 from xsched.contracts.profile import Profile
 from xsched.errors import XschedError
 from xsched.report import data, energy, html, plots
-from xsched.report.draw import require
+from xsched.report.draw import fmt_seconds, require
 from xsched.report.machines import (
     Machine,
     accelerators,
@@ -45,6 +45,7 @@ class ReportSettings:
     progress: bool = True
     alphas: tuple[float, ...] = energy.ALPHA_FACTORS
     caps: int = energy.CAPS
+    measured: str | None = None  # scripts/bench_gpu_memory.py's --json: a section of its measured frontier
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,8 @@ def build_report(
         if "pictures" in secs:
             plan, why = _picture_plan(graph, profile, first, peak, s, cache)
             sections.append(_pictures_section(graph, restrict(profile, first.devices), plan, why, out, files))
+        if settings.measured:
+            sections.append(_frontier_section(Path(settings.measured), out, files))
     files["profile.json"] = out / "profile.json"
     profile.save(files["profile.json"])
     built = f"Built by xsched in {time.perf_counter() - t0:.0f} s on {datetime.date.today().isoformat()}"
@@ -311,6 +314,48 @@ def _energy_section(studies: list[energy.EnergyStudy], out: Path, files: dict) -
         f"energy ({sources}: the profile's energy_source per device)."
     )
     return html.Section("energy", "Energy", intro, (fig,), tuple(tables), names)
+
+
+def _frontier_section(measured: Path, out: Path, files: dict) -> html.Section:
+    """The measured frontier of a memory benchmark run: every row's step time against its step peak."""
+    import json
+    import shutil
+
+    try:
+        got = json.loads(measured.read_text())
+        rows = got["rows"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise XschedError(f"--measured {measured}: not a bench_gpu_memory JSON ({e})", stage="report") from e
+    files[measured.name] = out / measured.name
+    if files[measured.name].resolve() != measured.resolve():
+        shutil.copyfile(measured, files[measured.name])
+    facts = got.get("facts", {})
+    where = f"{facts.get('device', '?')}, graph {facts.get('graph', '?')}"
+    fig = html.Figure(
+        "fig-frontier",
+        plots.frontier_figure(rows, where),
+        "Measured step time against measured step peak (above what is resident) of every row of the memory "
+        "benchmark: torch's own savers, torch.compile (plain and with activation_memory_budget) and xsched's plans.",
+    )
+    table = html.Table(
+        "The rows",
+        ("row", "step time", "step peak", "step reserved"),
+        tuple(
+            (
+                r["plan"],
+                r.get("error") or fmt_seconds(r.get("time_s")),
+                _bytes(r.get("peak")),
+                _bytes(r.get("reserved")),
+            )
+            for r in rows
+        ),
+    )
+    intro = f"Measured by scripts/bench_gpu_memory.py ({facts.get('command', 'command not recorded')})."
+    return html.Section("frontier", "Measured frontier", intro, (fig,), (table,), (measured.name,))
+
+
+def _bytes(n: int | None) -> str:
+    return "-" if n is None else format_bytes(n)
 
 
 def _step(plan: Plan) -> float:

@@ -183,3 +183,32 @@ def budget_note(points: Sequence[Point]) -> str:
     """'budgets 12 KiB to 1.2 MiB' for captions."""
     bs = [p.budget_bytes for p in points]
     return f"budgets {fmt_bytes(min(bs))} to {fmt_bytes(max(bs))}" if bs else "no budgets"
+
+
+def family(name: str) -> str:
+    """A measured row's kind, by its label: xsched's plans, torch.compile's, or torch's own savers."""
+    return "xsched" if name.startswith("xsched") else "torch.compile" if name.startswith("torch.compile") else "torch"
+
+
+def frontier_figure(rows: Sequence[dict], title: str) -> str:
+    """Measured step time against measured step peak, one marker per row that ran (scripts/bench_gpu_memory.py's
+    JSON rows: `plan`, `time_s`, `peak`), torch's savers, torch.compile's and xsched's apart; lower left is better."""
+    ok = [r for r in rows if "error" not in r and r.get("time_s") and r.get("peak") is not None]
+    fig = figure(7.5, 4.8)
+    ax = fig.subplots()
+    div, bunit = byte_unit([r["peak"] for r in ok])
+    scale, unit = time_unit([r["time_s"] for r in ok])
+    for k, (name, marker) in enumerate((("torch", "o"), ("torch.compile", "s"), ("xsched", "^"))):
+        mine = [r for r in ok if family(r["plan"]) == name]
+        if not mine:
+            continue
+        xs, ys = [r["peak"] / div for r in mine], [r["time_s"] * scale for r in mine]
+        ax.scatter(xs, ys, marker=marker, color=COLORS[k], label=name)
+        for r, x, y in zip(mine, xs, ys):
+            ax.annotate(r["plan"], (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel(f"measured step peak ({bunit}, above what is resident)")
+    ax.set_ylabel(f"measured step time ({unit})")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return to_svg(fig, "frontier")
