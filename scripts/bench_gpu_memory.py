@@ -485,38 +485,42 @@ def main(argv: list[str] | None = None) -> int:
         if a.json:  # a run cut short keeps what it measured
             a.json.write_text(json.dumps({"facts": {"partial": True}, "rows": rows}, indent=1, default=str))
         log(f"{k}: {row['time_s'] * 1e3:.1f} ms ({row['time_s'] / row['eager_s']:.2f}x), peak {mib(row['peak'])}")
+
+    def publish(partial: bool) -> None:
+        """The markdown, the frontier and the JSON of the rows so far (again after the compile rows: a run cut
+        short while compiling keeps the rest)."""
+        eager["time_s"] = statistics.median(eager_times)  # every eager step of the run
+        total_s = time.perf_counter() - t_start
+        cmd = " ".join(["python scripts/bench_gpu_memory.py", *a.argv])
+        header = [
+            f"Command: `{cmd}` ({total_s:.0f} s: profile {profile_s:.0f} s, solves {solve_s:.0f} s at {limit:.0f} s "
+            "each)" + (" (partial: the torch.compile rows follow)" if partial else "") + "  ",
+            f"Device: {device_name(dev)}; torch {torch.__version__}, Python {platform.python_version()}, TF32 matmul "
+            f"{torch.backends.cuda.matmul.allow_tf32}; graph {len(graph.ops)} ops ({graph.fingerprint}); links {links}",
+        ]
+        notes = {"cuda": dev.type == "cuda", "lanes": a.lanes, "iters": a.iters, "warmup": a.warmup}
+        notes |= {"eager_peak": mib(eager_peak(graph)), "resident": mib(resident)}
+        title = f"GPU memory benchmark: {graph.name}, batch {a.batch}, {compute} + the {store} store"
+        text = render(title, header, rows, notes)
+        if a.out:
+            plot = frontier_plot(rows, a.out.parent / f"{a.out.stem}_frontier.svg", f"{graph.name}: {compute}")
+            text += f"\n\nFrontier (step time against measured peak, every row): {plot.name}"
+            a.out.write_text(text + "\n")
+        if not partial:
+            print(text, flush=True)
+        if a.json:
+            facts = {"command": cmd, "device": device_name(dev), "torch": torch.__version__, "partial": partial}
+            facts |= {"graph": graph.fingerprint, "ops": len(graph.ops), "resident": resident, "profile_s": profile_s}
+            facts |= {"solve_s": solve_s, "time_limit_s": limit, "total_s": total_s}
+            facts |= {"links": {k: vars(v) for k, v in profile.copy.items()}}
+            a.json.write_text(json.dumps({"facts": facts, "rows": rows}, indent=1, default=str))
+
     if a.compile:
+        publish(partial=True)
         compiled = compile_rows(model, inputs, dev, eager_run, a, t_start)
         rows[len(torch_done) : len(torch_done)] = compiled
         eager_times += [t for r in compiled for t in r.get("eager_times", [])]
-    eager["time_s"] = statistics.median(eager_times)  # every eager step of the run
-
-    total_s = time.perf_counter() - t_start
-    cmd = " ".join(["python scripts/bench_gpu_memory.py", *a.argv])
-    header = [
-        f"Command: `{cmd}` ({total_s:.0f} s: profile {profile_s:.0f} s, solves {solve_s:.0f} s at {limit:.0f} s "
-        "each)  ",
-        f"Device: {device_name(dev)}; torch {torch.__version__}, Python {platform.python_version()}, TF32 matmul "
-        f"{torch.backends.cuda.matmul.allow_tf32}; graph {len(graph.ops)} ops ({graph.fingerprint}); links {links}",
-    ]
-    notes = {"cuda": dev.type == "cuda", "lanes": a.lanes, "iters": a.iters, "warmup": a.warmup}
-    notes |= {"eager_peak": mib(eager_peak(graph)), "resident": mib(resident)}
-    text = render(
-        f"GPU memory benchmark: {graph.name}, batch {a.batch}, {compute} + the {store} store", header, rows, notes
-    )
-    if a.out:
-        plot = frontier_plot(
-            rows, a.out.parent / f"{a.out.stem}_frontier.svg", f"{graph.name}, batch {a.batch}: {compute}"
-        )
-        text += f"\n\nFrontier (step time against measured peak, every row): {plot.name}"
-    print(text, flush=True)
-    if a.out:
-        a.out.write_text(text + "\n")
-    if a.json:
-        facts = {"command": cmd, "device": device_name(dev), "torch": torch.__version__, "graph": graph.fingerprint}
-        facts |= {"ops": len(graph.ops), "resident": resident, "profile_s": profile_s, "solve_s": solve_s}
-        facts |= {"time_limit_s": limit, "total_s": total_s, "links": {k: vars(v) for k, v in profile.copy.items()}}
-        a.json.write_text(json.dumps({"facts": facts, "rows": rows}, indent=1, default=str))
+    publish(partial=False)
     return 0
 
 
