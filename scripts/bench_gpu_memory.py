@@ -10,8 +10,11 @@ torch.autograd.graph.save_on_cpu(pin_memory=True); torchtune's OffloadActivation
 eager plan; xsched `auto` at each budget on the GPU alone and with the host as a store; xsched on the GPU alone at
 the step peak checkpoint measured. The graph is profiled once (time cap --profile-s) and every plan solved from that
 profile (--time-limit each, in parallel processes where there are cores to spare). `--device cpu`: cpu:0 computes,
-cpu:1 is the store (a copy is a clone), peaks from the CPU allocator's events (torch rows) and the executor's
-accounting of cpu:0 (xsched rows); OffloadActivations (CUDA streams) is skipped there. Setup in scripts/gpu/README.md.
+cpu:1 is the store (a copy is a clone), peaks from the CPU allocator's events (torch rows) and the live storages
+counted on cpu:0 (xsched rows, xsched.execute.live_bytes); OffloadActivations (CUDA streams) is skipped there. Every
+row also has torch.compile's (plain, and with activation_memory_budget at each budget as a fraction), CUDA's reserved
+memory beside the allocated, and (with --out) a plot of step time against measured peak for every row beside the
+markdown. Setup in scripts/gpu/README.md.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from html import escape as html_escape
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +51,10 @@ from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Plan
 from xsched.contracts.profile import Profile
 from xsched.devices import get_device
-from xsched.errors import BudgetError
+from xsched.errors import BudgetError, XschedError
 from xsched.execute.executor import Executor
+from xsched.execute.live_bytes import measured_peaks
+from xsched.explain import reserved_peaks
 from xsched.profiling.measure import profile_graph
 from xsched.simulate import simulate
 from xsched.solve.eager import eager_peak, eager_plan
@@ -95,12 +101,106 @@ def torchtune_offload() -> Callable[[], Any] | str:
     return OffloadActivations
 
 
+def compile_rows(
+    model: torch.nn.Module, inputs: tuple, dev: torch.device, eager: Callable[[], float], a, t_start: float
+) -> list[dict]:
+    """torch.compile, plain and with `torch._functorch.config.activation_memory_budget` at each xsched budget (as a
+    fraction: torch's min-cut partitioner saves that share of the activations and recomputes the rest), each timed
+    interleaved with eager PyTorch. Compiled one at a time (dynamo's cache does not key on the budget); a row is
+    skipped when less than 1.5x the last compile's time is left before --deadline."""
+    import torch._dynamo
+    import torch._functorch.config as functorch_config
+
+    ones = [torch.ones_like(o) for o in _tensor_leaves(model(*inputs)) if o.requires_grad]
+    model.zero_grad(set_to_none=True)
+    rows: list[dict] = []
+    took = 0.0
+    for pct in [None, *a.budgets]:
+        label = "torch.compile" if pct is None else f"torch.compile, activation_memory_budget {pct / 100:g}"
+        left = a.deadline - (time.perf_counter() - t_start)
+        if left < max(10.0 if dev.type == "cpu" else 45.0, 1.5 * took):  # inductor on GPT-2: tens of seconds
+            rows.append({"plan": label, "error": f"skipped: {left:.0f} s left of --deadline"})
+            continue
+        t0 = time.perf_counter()
+        try:
+            torch._dynamo.reset()
+            step = torch_step(torch.compile(model, backend=a.compile_backend), inputs, ones, contextlib.nullcontext)
+            run = backward_of(step, model)
+            with functorch_config.patch(activation_memory_budget=1.0 if pct is None else pct / 100):
+                run()  # forward and backward compiled now; the partition (what is saved) is chosen here
+            took = time.perf_counter() - t0
+            got = timed({"row": run, "eager": eager}, dev, a.iters, a.warmup)
+            peak = got["row"]["peak"] if dev.type == "cuda" else step_memory(step, model.parameters()).peak  # type: ignore[arg-type]
+        except Exception as e:  # a backend that does not build here must not lose the other rows
+            rows.append({"plan": label, "error": f"error: {one_line(e)}"})
+            continue
+        finally:
+            model.zero_grad(set_to_none=True)
+        row = {
+            "plan": label,
+            "time_s": statistics.median(got["row"]["times"]),
+            "peak": peak,
+            "loss": got["row"]["loss"],
+        }
+        row |= {"reserved": got["row"]["reserved"], "eager_s": statistics.median(got["eager"]["times"])}
+        row |= {"eager_times": got["eager"]["times"], "compile_s": took, "budget": None if pct is None else pct / 100}
+        rows.append(row)
+        log(f"{label}: {row['time_s'] * 1e3:.1f} ms, step peak {mib(peak)} (compiled in {took:.0f} s)")
+    torch._dynamo.reset()
+    return rows
+
+
+def frontier_plot(rows: list[dict], path: Path, title: str) -> Path:
+    """Step time against measured step peak for every row that ran, as SVG: the figure `xsched report --measured`
+    shows, or without matplotlib (the GPU image lacks it) a plain one drawn here."""
+    try:
+        from xsched.report.plots import frontier_figure
+
+        path.write_text(frontier_figure(rows, title))
+    except XschedError:  # matplotlib is not installed
+        path.write_text(plain_svg(rows, title))
+    return path
+
+
+def plain_svg(rows: list[dict], title: str, w: int = 720, h: int = 460) -> str:
+    """A scatter of step time (ms) against step peak (MiB) as hand-written SVG, one labelled mark per row."""
+    from xsched.report.plots import family
+
+    ok = [r for r in rows if "error" not in r and r.get("time_s") and r.get("peak") is not None]
+    xs, ys = [r["peak"] / 2**20 for r in ok], [r["time_s"] * 1e3 for r in ok]
+    x1, y1 = max(xs, default=1.0) * 1.1, max(ys, default=1.0) * 1.1
+    left, bottom = 60, 40
+
+    def px(x: float, y: float) -> tuple[float, float]:
+        return left + x / x1 * (w - left - 20), h - bottom - y / y1 * (h - bottom - 30)
+
+    color = {"torch": "#1f77b4", "torch.compile": "#ff7f0e", "xsched": "#2ca02c"}
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="9">']
+    out.append(f'<text x="{w / 2}" y="16" text-anchor="middle" font-size="11">{html_escape(title)}</text>')
+    out.append(f'<line x1="{left}" y1="{h - bottom}" x2="{w - 20}" y2="{h - bottom}" stroke="black"/>')
+    out.append(f'<line x1="{left}" y1="{h - bottom}" x2="{left}" y2="30" stroke="black"/>')
+    for k in range(1, 5):
+        gx, gy = px(x1 * k / 5, 0)[0], px(0, y1 * k / 5)[1]
+        out.append(f'<text x="{gx}" y="{h - bottom + 14}" text-anchor="middle">{x1 * k / 5:,.0f}</text>')
+        out.append(f'<text x="{left - 4}" y="{gy + 3}" text-anchor="end">{y1 * k / 5:.0f}</text>')
+    out.append(f'<text x="{w / 2}" y="{h - 6}" text-anchor="middle">measured step peak (MiB)</text>')
+    out.append(
+        f'<text x="14" y="{h / 2}" transform="rotate(-90 14 {h / 2})" text-anchor="middle">step time (ms)</text>'
+    )
+    for r, x, y in zip(ok, xs, ys):
+        cx, cy = px(x, y)
+        out.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="4" fill="{color[family(r["plan"])]}"/>')
+        out.append(f'<text x="{cx + 5:.1f}" y="{cy - 4:.1f}">{html_escape(r["plan"])}</text>')
+    return "\n".join([*out, "</svg>"])
+
+
 # ---- measuring ----
 def timed(runs: dict[str, Callable[[], float]], dev: torch.device, iters: int, warmup: int) -> dict[str, dict]:
     """Per run name: wall seconds of `iters` steps after `warmup` untimed rounds, the runs interleaved (drift and
     load spread over all of them); on CUDA the step peak above the resident state in the first timed round
-    (max_memory_allocated less memory_allocated before); the loss of the last step, every step seeded alike."""
-    out: dict[str, dict] = {k: {"times": [], "peak": None, "loss": None} for k in runs}
+    (max_memory_allocated less memory_allocated before) and the reserved memory's growth (max_memory_reserved less
+    memory_reserved before, the cache emptied first); the loss of the last step, every step seeded alike."""
+    out: dict[str, dict] = {k: {"times": [], "peak": None, "reserved": None, "loss": None} for k in runs}
     for r in range(warmup + iters):
         for k, run in runs.items():
             first = r == warmup
@@ -108,7 +208,9 @@ def timed(runs: dict[str, Callable[[], float]], dev: torch.device, iters: int, w
                 gc.collect()
             sync(dev)
             if first and dev.type == "cuda":
+                torch.cuda.empty_cache()  # the cached pool of earlier rows would hide this row's reserved growth
                 base = torch.cuda.memory_allocated(dev)
+                base_reserved = torch.cuda.memory_reserved(dev)
                 torch.cuda.reset_peak_memory_stats(dev)
             torch.manual_seed(SEED)
             t0 = time.perf_counter()
@@ -118,6 +220,7 @@ def timed(runs: dict[str, Callable[[], float]], dev: torch.device, iters: int, w
                 out[k]["times"].append(time.perf_counter() - t0)
             if first and dev.type == "cuda":
                 out[k]["peak"] = torch.cuda.max_memory_allocated(dev) - base
+                out[k]["reserved"] = torch.cuda.max_memory_reserved(dev) - base_reserved
     return out
 
 
@@ -169,7 +272,10 @@ def plan_row(label: str, graph: Graph, plan: Plan, profile: Profile, env: dict, 
         "time_s": med["default"],
         "eager_s": med["eager"],
         "eager_times": got["eager"]["times"],
-        "peak": mine["peak"] if mine["peak"] is not None else counted["default"],
+        "peak": mine["peak"] if mine["peak"] is not None else measured_peaks(graph, plan, env)[compute],
+        "counted_peak": counted["default"],
+        "reserved": mine["reserved"],
+        "predicted_reserved": reserved_peaks(graph, plan, profile)[compute].reserved,
         "loss": mine["loss"],
         "predicted_s": sim.makespan_s,
         "predicted_seq_s": sim.time_s,
@@ -239,7 +345,20 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--iters", type=int, default=10, help="timed steps per row")
     ap.add_argument("--warmup", type=int, default=3, help="untimed rounds before them")
     ap.add_argument("--jobs", type=int, help="solver processes (default: the cores less two, at most one per plan)")
-    ap.add_argument("--deadline", type=float, default=270.0, help="seconds from the start: solves shrink to fit it")
+    ap.add_argument(
+        "--deadline",
+        type=float,
+        default=220.0,
+        help="seconds from the start: solves shrink, compiles are skipped to fit",
+    )
+    ap.add_argument(
+        "--compile", action=argparse.BooleanOptionalAction, default=True, help="the torch.compile rows (default: on)"
+    )
+    ap.add_argument(
+        "--compile-backend",
+        help="torch.compile's backend (default inductor on CUDA; aot_eager_decomp_partition on the CPU: the same min-cut "
+        "partitioner and memory budget, without building C++ kernels)",
+    )
     ap.add_argument(
         "--lanes",
         action=argparse.BooleanOptionalAction,
@@ -259,6 +378,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     except ValueError:
         ap.error(f"--budgets {a.budgets!r}: give whole percentages of the eager peak, e.g. 63,55,50,45")
     a.scale = a.scale or ("small" if cpu else "full:n_layer=6")
+    a.compile_backend = a.compile_backend or ("aot_eager_decomp_partition" if cpu else "inductor")
     a.jobs = a.jobs or max(1, (os.cpu_count() or 1) - 2)
     a.lanes = not cpu if a.lanes is None else a.lanes
     a.argv = argv if argv is not None else sys.argv[1:]
@@ -284,7 +404,8 @@ def torch_rows(model: torch.nn.Module, inputs: tuple, dev: torch.device, a) -> t
             continue
         peak = got[k]["peak"] if dev.type == "cuda" else step_memory(steps[k], model.parameters()).peak  # type: ignore[arg-type]
         model.zero_grad(set_to_none=True)
-        rows.append({"plan": k, "time_s": statistics.median(got[k]["times"]), "peak": peak, "loss": got[k]["loss"]})
+        row = {"plan": k, "time_s": statistics.median(got[k]["times"]), "peak": peak, "loss": got[k]["loss"]}
+        rows.append({**row, "reserved": got[k]["reserved"]})
         log(f"{k}: {rows[-1]['time_s'] * 1e3:.1f} ms, step peak {mib(peak)}")
     return rows, backward_of(steps["eager PyTorch"], model), list(got["eager PyTorch"]["times"])
 
@@ -329,6 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     resident = sum(graph.value[v].nbytes for v in graph.inputs)
     log(f"{graph.name}: {len(graph.ops)} ops, {graph.fingerprint}, batch {a.batch}, on {device_name(dev)}")
     rows, eager_run, eager_times = torch_rows(model, inputs, dev, a)
+    torch_done = list(rows)
     eager, ckpt = rows[0], rows[1]
 
     t0 = time.perf_counter()
@@ -363,29 +485,42 @@ def main(argv: list[str] | None = None) -> int:
         if a.json:  # a run cut short keeps what it measured
             a.json.write_text(json.dumps({"facts": {"partial": True}, "rows": rows}, indent=1, default=str))
         log(f"{k}: {row['time_s'] * 1e3:.1f} ms ({row['time_s'] / row['eager_s']:.2f}x), peak {mib(row['peak'])}")
-    eager["time_s"] = statistics.median(eager_times)  # every eager step of the run
 
-    total_s = time.perf_counter() - t_start
-    cmd = " ".join(["python scripts/bench_gpu_memory.py", *a.argv])
-    header = [
-        f"Command: `{cmd}` ({total_s:.0f} s: profile {profile_s:.0f} s, solves {solve_s:.0f} s at {limit:.0f} s "
-        "each)  ",
-        f"Device: {device_name(dev)}; torch {torch.__version__}, Python {platform.python_version()}, TF32 matmul "
-        f"{torch.backends.cuda.matmul.allow_tf32}; graph {len(graph.ops)} ops ({graph.fingerprint}); links {links}",
-    ]
-    notes = {"cuda": dev.type == "cuda", "lanes": a.lanes, "iters": a.iters, "warmup": a.warmup}
-    notes |= {"eager_peak": mib(eager_peak(graph)), "resident": mib(resident)}
-    text = render(
-        f"GPU memory benchmark: {graph.name}, batch {a.batch}, {compute} + the {store} store", header, rows, notes
-    )
-    print(text, flush=True)
-    if a.out:
-        a.out.write_text(text + "\n")
-    if a.json:
-        facts = {"command": cmd, "device": device_name(dev), "torch": torch.__version__, "graph": graph.fingerprint}
-        facts |= {"ops": len(graph.ops), "resident": resident, "profile_s": profile_s, "solve_s": solve_s}
-        facts |= {"time_limit_s": limit, "total_s": total_s, "links": {k: vars(v) for k, v in profile.copy.items()}}
-        a.json.write_text(json.dumps({"facts": facts, "rows": rows}, indent=1, default=str))
+    def publish(partial: bool) -> None:
+        """The markdown, the frontier and the JSON of the rows so far (again after the compile rows: a run cut
+        short while compiling keeps the rest)."""
+        eager["time_s"] = statistics.median(eager_times)  # every eager step of the run
+        total_s = time.perf_counter() - t_start
+        cmd = " ".join(["python scripts/bench_gpu_memory.py", *a.argv])
+        header = [
+            f"Command: `{cmd}` ({total_s:.0f} s: profile {profile_s:.0f} s, solves {solve_s:.0f} s at {limit:.0f} s "
+            "each)" + (" (partial: the torch.compile rows follow)" if partial else "") + "  ",
+            f"Device: {device_name(dev)}; torch {torch.__version__}, Python {platform.python_version()}, TF32 matmul "
+            f"{torch.backends.cuda.matmul.allow_tf32}; graph {len(graph.ops)} ops ({graph.fingerprint}); links {links}",
+        ]
+        notes = {"cuda": dev.type == "cuda", "lanes": a.lanes, "iters": a.iters, "warmup": a.warmup}
+        notes |= {"eager_peak": mib(eager_peak(graph)), "resident": mib(resident)}
+        title = f"GPU memory benchmark: {graph.name}, batch {a.batch}, {compute} + the {store} store"
+        text = render(title, header, rows, notes)
+        if a.out:
+            plot = frontier_plot(rows, a.out.parent / f"{a.out.stem}_frontier.svg", f"{graph.name}: {compute}")
+            text += f"\n\nFrontier (step time against measured peak, every row): {plot.name}"
+            a.out.write_text(text + "\n")
+        if not partial:
+            print(text, flush=True)
+        if a.json:
+            facts = {"command": cmd, "device": device_name(dev), "torch": torch.__version__, "partial": partial}
+            facts |= {"graph": graph.fingerprint, "ops": len(graph.ops), "resident": resident, "profile_s": profile_s}
+            facts |= {"solve_s": solve_s, "time_limit_s": limit, "total_s": total_s}
+            facts |= {"links": {k: vars(v) for k, v in profile.copy.items()}}
+            a.json.write_text(json.dumps({"facts": facts, "rows": rows}, indent=1, default=str))
+
+    if a.compile:
+        publish(partial=True)
+        compiled = compile_rows(model, inputs, dev, eager_run, a, t_start)
+        rows[len(torch_done) : len(torch_done)] = compiled
+        eager_times += [t for r in compiled for t in r.get("eager_times", [])]
+    publish(partial=False)
     return 0
 
 

@@ -112,3 +112,27 @@ def test_overlapped_run_respects_waits_and_never_needs_more_memory_than_the_plan
     peaks = overlapped_peaks(g, plan, inline_spans)
     assert all(peaks[d] <= sim.peak_bytes[d] for d in plan.devices), (peaks, sim.peak_bytes)
     assert max(e for _, e in inline_spans) <= sim.makespan_s + 1e-9  # frees take no time: nothing waits longer
+
+
+@settings(max_examples=60, deadline=None)
+@given(random_dags(), st.data())
+def test_a_device_allocates_and_frees_in_plan_order_on_the_lanes(g, data) -> None:
+    """A free waits for the compute before it on its device, as each compute waits for the frees before it: the
+    lanes then hold at every compute what the plan counts there, not less (a free that ran ahead of the computes
+    before it made an H100 run peak 31-60% below the plan's count). With the frees the executor runs on the
+    compute lane too."""
+    where = {o.id: data.draw(st.sampled_from(["a", "b"])) for o in g.ops}
+    times = {o.id: data.draw(st.floats(0.0, 3.0)) for o in g.ops}
+    plan, profile = split_plan(g, where, times)
+    durations = [data.draw(st.floats(0.0, 2.0)) for _ in plan.steps]  # any lag, a copy's or a free's included
+    for lanes in (None, inline_free_lanes(g, plan.steps)):
+        spans = overlapped_spans(plan.steps, durations, step_waits(g, plan.steps, lanes=lanes), lanes)
+        for i, s in enumerate(plan.steps):
+            if not isinstance(s, Free):
+                continue
+            for j, t in enumerate(plan.steps):
+                if isinstance(t, Compute) and t.device == s.device:
+                    if j < i:
+                        assert spans[i][1] >= spans[j][1], f"free {i} ends before compute {j} before it ends"
+                    else:
+                        assert spans[j][0] >= spans[i][1], f"compute {j} starts before free {i} before it ends"

@@ -7,7 +7,10 @@ runs its steps in plan order. Across lanes a step waits for
   overlapped run never needs more memory than the plan frees);
 - a copy: the step that made the value on the source, the frees before it on the destination, and the compute
   before it there (the plan has that compute's workspace released by then; overlapping it would hold both);
-- a free: the step that made the value on its device and every read of it there;
+- a free: the step that made the value on its device, every read of it there, and the compute before it there
+  (so a device's allocations and frees happen in plan order, and the run holds at each compute what the plan
+  counts there: a free on its own lane would otherwise run as soon as its reads are done, before the computes
+  the plan has it follow, and the run's memory would depend on which thread runs first);
 - a random op's first run: the previous random op's first run, so draws happen in plan order, as eager
   PyTorch makes them (the RNG is shared by every lane).
 """
@@ -63,7 +66,7 @@ def step_waits(
             reads.setdefault((s.value, s.src), []).append(i)
             made[(s.value, s.dst)] = i
         else:
-            deps = [made.get((s.value, s.device)), *reads.pop((s.value, s.device), [])]
+            deps = [made.get((s.value, s.device)), computes.get(s.device), *reads.pop((s.value, s.device), [])]
             frees.setdefault(s.device, {})[lanes[i]] = i
         latest: dict[str, int] = {}
         for j in deps:

@@ -10,6 +10,7 @@ COLUMNS = (
     "vs eager",
     "step peak",
     "vs eager peak",
+    "step reserved",
     "predicted / measured time",
     "predicted / measured peak",
     "copies",
@@ -24,7 +25,13 @@ Step: forward, then backward of every differentiable output (logits and loss) wi
 untimed rounds, the device synchronised around each; xsched rows run the plan through the executor {mode}.
 `vs eager`: against the eager PyTorch steps interleaved with the row's own (xsched rows) or with the other torch
 rows (torch rows); the eager row pools every eager step of the run. `step peak`: {peak_source}, above what is
-resident before the step (params, inputs, the ones). Budgets: % of the simulated eager peak ({eager_peak}, of which
+resident before the step (params, inputs, the ones). `step reserved`: CUDA max_memory_reserved less
+memory_reserved before the step, the cache emptied first (what the caching allocator took from the GPU: the step
+peak and its fragmentation; - on the CPU); for xsched rows, beside it, the reserved memory predicted by replaying
+the plan on a model of the caching allocator (xsched.explain.AllocatorModel, as `xsched plan --explain` says it)
+over the measured. torch.compile rows: `--compile-backend`, plain and with
+`torch._functorch.config.activation_memory_budget` = the xsched budget as a fraction (of the activations, not of the
+eager peak), each timed interleaved with eager PyTorch. Budgets: % of the simulated eager peak ({eager_peak}, of which
 {resident} resident); `at checkpoint's peak`: resident + the step peak measured for torch.utils.checkpoint.
 `predicted`: the simulator on the one profile: the lanes model's makespan, and the compute device's peak less its
 resident inputs. `copy time hidden` = (the same plan with every step in plan order on the calling thread, copies on
@@ -38,7 +45,8 @@ MODES = {
 }
 PEAKS = {
     "cuda": "CUDA max_memory_allocated",
-    "cpu": "the CPU allocator's events of one step (torch rows), the executor's accounting of cpu:0 (xsched rows)",
+    "cpu": "the CPU allocator's events of one step (torch rows), live storages counted on cpu:0 (xsched rows, "
+    "xsched.execute.live_bytes)",
 }
 HIDDEN = {  # (device kind, measured on the lanes?)
     ("cuda", True): "the plan-order run also waits for the GPU after each copy to the host, as the executor does there",
@@ -74,6 +82,12 @@ def cells(row: dict, eager: dict) -> list[str]:
         ratio(row["time_s"], row.get("eager_s", eager["time_s"])),
         mib(row["peak"]),
         ratio(row["peak"], eager["peak"], pct=True),
+        mib(row.get("reserved"))
+        + (
+            f" (predicted {ratio(row['predicted_reserved'], row['reserved'])})"
+            if row.get("reserved") and row.get("predicted_reserved") is not None
+            else ""
+        ),
         ratio(row.get("predicted_s"), row["time_s"]),
         ratio(row.get("predicted_peak"), row["peak"]),
         str(row.get("copies", "-")),

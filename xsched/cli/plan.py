@@ -63,6 +63,9 @@ def cmd_plan(a: argparse.Namespace) -> int:
         if rows is not None:
             out["explain"] = [r.as_dict() for r in rows]
             out["makespan_bounds"] = [{"seconds": b.seconds, "by": b.by, "why": b.why} for b in bounds]
+            from xsched.explain import reserved_peaks
+
+            out["reserved"] = {d: vars(r) for d, r in reserved_peaks(graph, plan, profile).items()}
         print_json(out)
         return 0
     found = f", found by {s.found_by}" if s.found_by != s.method else ""
@@ -76,9 +79,11 @@ def cmd_plan(a: argparse.Namespace) -> int:
         b = bounds[0]
         print(f"no plan's makespan is below {b.seconds:.6g} s ({b.by}: {b.why})")
     if rows is not None:
-        from xsched.explain import explain_table
+        from xsched.explain import explain_table, reserved_text
 
         print(explain_table(rows))
+        if text := reserved_text(graph, plan, profile):
+            print(text)
     return 0
 
 

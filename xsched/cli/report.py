@@ -32,7 +32,10 @@ def cmd_report(a: argparse.Namespace) -> int:
     if a.time_limit <= 0:
         raise XschedError(f"--time-limit must be positive, got {a.time_limit}", stage="cli")
     settings = ReportSettings(
-        SweepSettings(a.method, a.time_limit, a.points, _csv(a.baselines)), _csv(a.sections), progress=not a.quiet
+        SweepSettings(a.method, a.time_limit, a.points, _csv(a.baselines)),
+        _csv(a.sections),
+        progress=not a.quiet,
+        measured=a.measured,
     )
     check_settings(settings)  # matplotlib, sections, methods: before capturing and profiling
     graph = load_graph(a.model, batch=a.batch, scale=a.scale)
@@ -94,6 +97,7 @@ def add(sub: argparse._SubParsersAction) -> None:
         default=30.0,
         help="profiling's time cap, seconds: ops it leaves unmeasured are modelled",
     )
+    r.add_argument("--measured", help="a scripts/bench_gpu_memory.py --json file: adds its measured time/peak frontier")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
     r.add_argument("--json", action="store_true", help="print the summary as JSON")
     r.set_defaults(run=cmd_report)

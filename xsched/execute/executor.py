@@ -6,7 +6,8 @@ device a free lane. A step waits for exactly what `xsched.simulate._Clock` makes
 - compute of op o on d: the steps that made o's inputs resident on d, and every earlier free on d;
 - copy of v from s to d: the step that made v resident on s, and every earlier free on d;
 - free of v on d: the step that made v resident on d and every read of it since (computes and copies
-  out), so no lane ever loses a tensor it still has to read (no use-after-free across streams).
+  out), so no lane ever loses a tensor it still has to read (no use-after-free across streams), and the
+  compute before it on d, so d allocates and frees in plan order and holds what the plan counts.
 Allocations waiting for every earlier free on their device is what keeps the overlapped run within
 the plan's memory; copies wait for nothing else, so they start as early as the plan allows (prefetch).
 Random ops additionally run their first computes in plan order (the CPU generator is shared by the

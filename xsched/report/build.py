@@ -16,7 +16,7 @@ from xsched.contracts.plan import Plan
 from xsched.contracts.profile import Profile
 from xsched.errors import XschedError
 from xsched.report import data, energy, html, plots
-from xsched.report.draw import require
+from xsched.report.draw import fmt_seconds, require
 from xsched.report.machines import (
     Machine,
     accelerators,
@@ -45,6 +45,7 @@ class ReportSettings:
     progress: bool = True
     alphas: tuple[float, ...] = energy.ALPHA_FACTORS
     caps: int = energy.CAPS
+    measured: str | None = None  # scripts/bench_gpu_memory.py's --json: a section of its measured frontier
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,8 @@ def build_report(
         if "pictures" in secs:
             plan, why = _picture_plan(graph, profile, first, peak, s, cache)
             sections.append(_pictures_section(graph, restrict(profile, first.devices), plan, why, out, files))
+        if settings.measured:
+            sections.append(_frontier_section(Path(settings.measured), out, files))
     files["profile.json"] = out / "profile.json"
     profile.save(files["profile.json"])
     built = f"Built by xsched in {time.perf_counter() - t0:.0f} s on {datetime.date.today().isoformat()}"
@@ -223,9 +226,9 @@ def _sweep_section(sweeps: list, s: SweepSettings, machine: Machine, out: Path, 
     m0 = s.methods[0]
     header = (
         "budget",
-        *(f"{m} time" for m in s.methods),
+        *(f"{m} makespan" for m in s.methods),
         f"{m0} status",
-        f"{m0} makespan",
+        f"{m0} sequential time",
         f"{m0} energy",
         *(f"{m0} peak {d}" for d in machine.devices),
     )
@@ -240,7 +243,7 @@ def _sweep_section(sweeps: list, s: SweepSettings, machine: Machine, out: Path, 
     fig = html.Figure(
         "fig-sweep",
         plots.sweep_figure(sweeps, s.methods),
-        f"Predicted time per training iteration against each device's budget on {machine.label} ({s.method} "
+        f"Predicted time per training iteration (the makespan: the devices' lanes overlapped, as the executor runs them) against each device's budget on {machine.label} ({s.method} "
         f"with {s.time_limit_s:g} s per plan, baselines {', '.join(s.baselines) or 'none'}); "
         "crosses on the axis: budgets where the solver found no plan. Dotted: the proven lower bound; dash-dotted: "
         "the peak of the plain eager schedule. eager: that schedule on the fastest single device it fits; greedy: "
@@ -259,9 +262,9 @@ def _whatif_section(results: list, s: SweepSettings, out: Path, files: dict) -> 
     m0 = s.methods[0]
     header = (
         "machine",
-        *(f"{m} time" for m in s.methods),
+        *(f"{m} makespan" for m in s.methods),
         f"{m0} status",
-        f"{m0} makespan",
+        f"{m0} sequential time",
         f"{m0} energy",
         f"{m0} peaks",
         "base budgets",
@@ -274,7 +277,7 @@ def _whatif_section(results: list, s: SweepSettings, out: Path, files: dict) -> 
     fig = html.Figure(
         "fig-whatif",
         plots.whatif_figure(results, s.method),
-        "Left: predicted time against the budget of each machine's accelerators (all set to it together; the other "
+        "Left: predicted time (makespan) against the budget of each machine's accelerators (all set to it together; the other "
         "devices at their base budgets). Right: the fastest plan of each machine at its base budgets, its energy.",
     )
     intro = (
@@ -302,7 +305,7 @@ def _energy_section(studies: list[energy.EnergyStudy], out: Path, files: dict) -
         tables.append(
             html.Table(
                 f"{x.machine} at {budgets} ({x.source}; {energy.tradeoff(x)})",
-                ("objective", "status", "time", "makespan", "energy"),
+                ("objective", "status", "makespan", "sequential time", "energy"),
                 data.energy_cells(x),
             )
         )
@@ -311,6 +314,54 @@ def _energy_section(studies: list[energy.EnergyStudy], out: Path, files: dict) -
         f"energy ({sources}: the profile's energy_source per device)."
     )
     return html.Section("energy", "Energy", intro, (fig,), tuple(tables), names)
+
+
+def _frontier_section(measured: Path, out: Path, files: dict) -> html.Section:
+    """The measured frontier of a memory benchmark run: every row's step time against its step peak."""
+    import json
+    import shutil
+
+    try:
+        got = json.loads(measured.read_text())
+        rows = got["rows"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise XschedError(f"--measured {measured}: not a bench_gpu_memory JSON ({e})", stage="report") from e
+    files[measured.name] = out / measured.name
+    if files[measured.name].resolve() != measured.resolve():
+        shutil.copyfile(measured, files[measured.name])
+    facts = got.get("facts", {})
+    where = f"{facts.get('device', '?')}, graph {facts.get('graph', '?')}"
+    fig = html.Figure(
+        "fig-frontier",
+        plots.frontier_figure(rows, where),
+        "Measured step time against measured step peak (above what is resident) of every row of the memory "
+        "benchmark: torch's own savers, torch.compile (plain and with activation_memory_budget) and xsched's plans.",
+    )
+    table = html.Table(
+        "The rows",
+        ("row", "step time", "step peak", "step reserved"),
+        tuple(
+            (
+                r["plan"],
+                r.get("error") or fmt_seconds(r.get("time_s")),
+                _bytes(r.get("peak")),
+                _bytes(r.get("reserved")),
+            )
+            for r in rows
+        ),
+    )
+    intro = f"Measured by scripts/bench_gpu_memory.py ({facts.get('command', 'command not recorded')})."
+    return html.Section("frontier", "Measured frontier", intro, (fig,), (table,), (measured.name,))
+
+
+def _bytes(n: int | None) -> str:
+    return "-" if n is None else format_bytes(n)
+
+
+def _step(plan: Plan) -> float:
+    """A plan's makespan (its sequential time where it has none)."""
+    p = plan.predicted
+    return (p.makespan_s if p.makespan_s is not None else p.time_s) or 0.0
 
 
 def _picture_plan(
@@ -323,8 +374,8 @@ def _picture_plan(
     acc = accelerators(sub, machine)
     sweep = cache.get((machine.label, acc))
     if sweep is not None and sweep.plans:
-        fastest = min(p.predicted.time_s or 0.0 for p in sweep.plans.values())
-        b = min(b for b, p in sweep.plans.items() if (p.predicted.time_s or 0.0) <= KNEE * fastest)
+        fastest = min(_step(p) for p in sweep.plans.values())
+        b = min(b for b, p in sweep.plans.items() if _step(p) <= KNEE * fastest)
         knee = f"the smallest budget swept within {KNEE - 1:.0%} of the fastest plan"
         return sweep.plans[b], f"{sweep.label} at {format_bytes(b)} ({knee})"
     base = base_budgets(machine, sub, peak)
@@ -370,4 +421,8 @@ def _pictures_section(graph: Graph, profile: Profile, plan: Plan, why: str, out:
         f"{w.result.copies} copies. predicted-trace.json holds the same lanes as a Chrome trace (open it in "
         "ui.perfetto.dev); `xsched run MODEL plan.json --trace run.json` writes a measured one to compare."
     )
+    from xsched.explain import reserved_text
+
+    if text := reserved_text(graph, plan, profile):  # what runs out on a GPU is reserved memory, not the peak
+        intro += " Fragmentation: " + text
     return html.Section("pictures", "Plan pictures", intro, figs, (), ("plan.json", "predicted-trace.json"))

@@ -66,13 +66,13 @@ def _status(p: Any) -> str:
 
 
 def sweep_cells(points: Sequence[Point], methods: Sequence[str], devices: Sequence[str]) -> tuple[tuple[str, ...], ...]:
-    """One row per budget: each method's time (or why it has no plan), then the first method's status, makespan,
+    """One row per budget: each method's makespan (or why it has no plan), then the first method's status, sequential time,
     energy and peak on each device."""
     by = {(p.budget_bytes, p.method): p for p in points}
     rows = []
     for b in sorted({p.budget_bytes for p in points}):
         times = [
-            fmt_seconds(p.time_s) if (p := by.get((b, m))) is not None and p.ok else p.status if p else "-"
+            fmt_seconds(p.step_s) if (p := by.get((b, m))) is not None and p.ok else p.status if p else "-"
             for m in methods
         ]
         main = by.get((b, methods[0]))
@@ -81,7 +81,7 @@ def sweep_cells(points: Sequence[Point], methods: Sequence[str], devices: Sequen
         else:
             rest = [
                 _status(main),
-                fmt_seconds(main.makespan_s),
+                fmt_seconds(main.time_s),
                 _energy(main.energy_j),
                 *(fmt_bytes(main.peak_bytes.get(d, 0)) for d in devices),
             ]
@@ -90,12 +90,12 @@ def sweep_cells(points: Sequence[Point], methods: Sequence[str], devices: Sequen
 
 
 def machine_cells(results: Sequence[MachineResult], methods: Sequence[str]) -> tuple[tuple[str, ...], ...]:
-    """One row per machine at its base budgets: each method's time, then the first method's status, makespan,
+    """One row per machine at its base budgets: each method's makespan, then the first method's status, sequential time,
     energy and peaks, and the budgets."""
     rows = []
     for r in results:
         by = {p.method: p for p in r.points}
-        times = [fmt_seconds(by[m].time_s) if by[m].ok else by[m].status for m in methods]
+        times = [fmt_seconds(by[m].step_s) if by[m].ok else by[m].status for m in methods]
         main = by[methods[0]]
         peaks = ", ".join(f"{d} {fmt_bytes(b)}" for d, b in main.peak_bytes.items()) or "-"
         budgets = ", ".join(f"{d} {fmt_bytes(b)}" for d, b in r.budgets.items())
@@ -104,7 +104,7 @@ def machine_cells(results: Sequence[MachineResult], methods: Sequence[str]) -> t
                 r.machine.label,
                 *times,
                 _status(main),
-                fmt_seconds(main.makespan_s),
+                fmt_seconds(main.time_s),
                 _energy(main.energy_j),
                 peaks,
                 budgets,
@@ -117,5 +117,5 @@ def energy_cells(study: EnergyStudy) -> tuple[tuple[str, ...], ...]:
     rows = []
     for p in study.points:
         what = f"alpha = {p.alpha:.3g} s/J" if p.kind == "alpha" else f"cap {p.cap_j:.4g} J"
-        rows.append((what, _status(p), fmt_seconds(p.time_s), fmt_seconds(p.makespan_s), _energy(p.energy_j)))
+        rows.append((what, _status(p), fmt_seconds(p.step_s), fmt_seconds(p.time_s), _energy(p.energy_j)))
     return tuple(rows)

@@ -44,7 +44,7 @@ def _method_lines(ax, points: Sequence[Point], methods: Sequence[str], scale: fl
         main = k == 0
         ax.plot(
             [p.budget_bytes / div for p in ok],
-            [p.time_s * scale for p in ok],
+            [p.step_s * scale for p in ok],
             marker="o" if main else MARKERS.get(m, "o"),
             color=COLORS[k % len(COLORS)],
             lw=2.2 if main else 1.2,
@@ -64,7 +64,7 @@ def sweep_figure(sweeps: Sequence[Sweep], methods: Sequence[str]) -> str:
     cols = min(n, 3)
     fig = figure(4.6 * cols, 3.6 * ((n + 2) // 3))
     axes = fig.subplots((n + 2) // 3, cols, squeeze=False).ravel()
-    scale, unit = time_unit([p.time_s for s in sweeps for p in s.points if p.ok])
+    scale, unit = time_unit([p.step_s for s in sweeps for p in s.points if p.ok])
     for ax, s in zip(axes, sweeps):
         div, bunit = byte_unit([p.budget_bytes for p in s.points])
         _method_lines(ax, s.points, methods, scale, div)
@@ -72,7 +72,7 @@ def sweep_figure(sweeps: Sequence[Sweep], methods: Sequence[str]) -> str:
             ax.axvline(x / div, color="0.4", ls=style, lw=1)
             ax.text(x / div, y, f" {name}", transform=ax.get_xaxis_transform(), va="top", fontsize=7, color="0.3")
         ax.set_xlabel(f"budget of {s.label} ({bunit})")
-        ax.set_ylabel(f"predicted time per iteration ({unit})")
+        ax.set_ylabel(f"predicted makespan per iteration ({unit})")
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.set_title(s.machine, fontsize=9)
@@ -87,7 +87,7 @@ def whatif_figure(results: Sequence[MachineResult], method: str) -> str:
     Right: the fastest plan of each machine at its base budgets, its time and energy."""
     fig = figure(12.5, 3.6 + 0.3 * len(results))
     left, mid, right = fig.subplots(1, 3, width_ratios=(1.6, 1, 1))
-    times = [p.time_s for r in results for p in (*r.sweep.points, *r.points) if p.ok]
+    times = [p.step_s for r in results for p in (*r.sweep.points, *r.points) if p.ok]
     scale, unit = time_unit(times)
     div, bunit = byte_unit([p.budget_bytes for r in results for p in r.sweep.points])
     for k, r in enumerate(results):
@@ -96,7 +96,7 @@ def whatif_figure(results: Sequence[MachineResult], method: str) -> str:
         color = COLORS[k % len(COLORS)]
         left.plot(
             [p.budget_bytes / div for p in ok],
-            [p.time_s * scale for p in ok],
+            [p.step_s * scale for p in ok],
             STYLES[k % len(STYLES)],
             color=color,
             label=r.machine.label,
@@ -104,7 +104,7 @@ def whatif_figure(results: Sequence[MachineResult], method: str) -> str:
         )
         _no_plan_marks(left, [p.budget_bytes / div for p in pts if not p.ok], color)
     left.set_xlabel(f"budget of each accelerator ({bunit})")
-    left.set_ylabel(f"predicted time per iteration ({unit})")
+    left.set_ylabel(f"predicted makespan per iteration ({unit})")
     left.set_ylim(bottom=0)
     left.grid(alpha=0.3)
     left.legend(fontsize=7)
@@ -113,7 +113,7 @@ def whatif_figure(results: Sequence[MachineResult], method: str) -> str:
     ys = list(range(len(results)))[::-1]
     colors = [COLORS[k % len(COLORS)] for k in range(len(results))]
     bars = (
-        (mid, [b.time_s * scale if b else None for b in best], f"time per iteration ({unit})", "fastest plan"),
+        (mid, [b.step_s * scale if b else None for b in best], f"makespan per iteration ({unit})", "fastest plan"),
         (right, [b.energy_j if b else None for b in best], "energy per iteration (J)", "its energy"),
     )
     for ax, vals, xlabel, title in bars:
@@ -134,13 +134,13 @@ def energy_figure(studies: Sequence[EnergyStudy]) -> str:
     fastest plan against the energy cap."""
     fig = figure(11.5, 4.0)
     left, right = fig.subplots(1, 2)
-    scale, unit = time_unit([p.time_s for x in studies for p in x.points if p.ok])
+    scale, unit = time_unit([p.step_s for x in studies for p in x.points if p.ok])
     for k, x in enumerate(studies):
         color, style = COLORS[k % len(COLORS)], STYLES[k % len(STYLES)]
         alphas = [p for p in x.points if p.kind == "alpha" and p.ok]
         left.plot(
             [p.energy_j for p in alphas],
-            [p.time_s * scale for p in alphas],
+            [p.step_s * scale for p in alphas],
             style,
             color=color,
             label=x.machine,
@@ -148,7 +148,7 @@ def energy_figure(studies: Sequence[EnergyStudy]) -> str:
         )
         groups: dict[tuple[float, float], list[float]] = {}  # one label per distinct plan: the alphas that chose it
         for p in alphas:
-            groups.setdefault((p.energy_j, p.time_s), []).append(p.alpha / (x.alpha_unit or 1))
+            groups.setdefault((p.energy_j, p.step_s), []).append(p.alpha / (x.alpha_unit or 1))
         for (e, t), fs in groups.items():
             tag = "α=" + (f"{fs[0]:.3g}" if len(fs) == 1 else f"{min(fs):.3g}…{max(fs):.3g}") + "u"
             left.annotate(
@@ -162,7 +162,7 @@ def energy_figure(studies: Sequence[EnergyStudy]) -> str:
         caps = sorted((p for p in x.points if p.kind == "cap"), key=lambda p: p.cap_j or 0.0)
         ok = [p for p in caps if p.ok]
         right.plot(
-            [p.cap_j for p in ok], [p.time_s * scale for p in ok], style, color=color, label=x.machine, **ring(k)
+            [p.cap_j for p in ok], [p.step_s * scale for p in ok], style, color=color, label=x.machine, **ring(k)
         )
         _no_plan_marks(right, [p.cap_j for p in caps if not p.ok], color)
     left.set_xlabel("energy per iteration (J)")
@@ -170,7 +170,7 @@ def energy_figure(studies: Sequence[EnergyStudy]) -> str:
     right.set_xlabel("energy cap (J per iteration)")
     right.set_title("fastest plan under an energy cap (× = none found)", fontsize=9)
     for ax in (left, right):
-        ax.set_ylabel(f"predicted time per iteration ({unit})")
+        ax.set_ylabel(f"predicted makespan per iteration ({unit})")
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0)
         ax.set_xlim(left=0)
@@ -183,3 +183,32 @@ def budget_note(points: Sequence[Point]) -> str:
     """'budgets 12 KiB to 1.2 MiB' for captions."""
     bs = [p.budget_bytes for p in points]
     return f"budgets {fmt_bytes(min(bs))} to {fmt_bytes(max(bs))}" if bs else "no budgets"
+
+
+def family(name: str) -> str:
+    """A measured row's kind, by its label: xsched's plans, torch.compile's, or torch's own savers."""
+    return "xsched" if name.startswith("xsched") else "torch.compile" if name.startswith("torch.compile") else "torch"
+
+
+def frontier_figure(rows: Sequence[dict], title: str) -> str:
+    """Measured step time against measured step peak, one marker per row that ran (scripts/bench_gpu_memory.py's
+    JSON rows: `plan`, `time_s`, `peak`), torch's savers, torch.compile's and xsched's apart; lower left is better."""
+    ok = [r for r in rows if "error" not in r and r.get("time_s") and r.get("peak") is not None]
+    fig = figure(7.5, 4.8)
+    ax = fig.subplots()
+    div, bunit = byte_unit([r["peak"] for r in ok])
+    scale, unit = time_unit([r["time_s"] for r in ok])
+    for k, (name, marker) in enumerate((("torch", "o"), ("torch.compile", "s"), ("xsched", "^"))):
+        mine = [r for r in ok if family(r["plan"]) == name]
+        if not mine:
+            continue
+        xs, ys = [r["peak"] / div for r in mine], [r["time_s"] * scale for r in mine]
+        ax.scatter(xs, ys, marker=marker, color=COLORS[k], label=name)
+        for r, x, y in zip(mine, xs, ys):
+            ax.annotate(r["plan"], (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel(f"measured step peak ({bunit}, above what is resident)")
+    ax.set_ylabel(f"measured step time ({unit})")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return to_svg(fig, "frontier")

@@ -61,6 +61,12 @@ class Point:
     def ok(self) -> bool:
         return self.time_s is not None
 
+    @property
+    def step_s(self) -> float | None:
+        """The time shown for the plan: its makespan (the overlapped run, what the executor does); the sequential
+        sum only where there is no makespan."""
+        return self.makespan_s if self.makespan_s is not None else self.time_s
+
 
 @dataclass(frozen=True)
 class Sweep:

@@ -29,7 +29,7 @@ class MachineResult:
     @property
     def best(self) -> Point | None:
         """The fastest plan at the base budgets, if any."""
-        return min((p for p in self.points if p.ok), key=lambda p: p.time_s or 0.0, default=None)
+        return min((p for p in self.points if p.ok), key=lambda p: p.step_s or 0.0, default=None)
 
 
 def machine_sweep(
