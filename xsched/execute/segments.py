@@ -30,6 +30,7 @@ from xsched.contracts.torch_ops import decode, random_ops, resolve
 from xsched.errors import XschedError
 from xsched.execute.compiled import _has_ref, _rng_lock
 from xsched.interpret import PlanInterpreter, at_step, wrong_size
+from xsched.profiling.fused import REGION_LABEL
 
 MIN_COMPUTES = 2  # a region of one op has nothing to fuse: it runs as a plain step
 
@@ -273,6 +274,7 @@ class Segments:
         lock = _rng_lock(dev) if r.random else None
         fallback = [self._step(i) for i in r.steps]
         n_out = len(r.outputs)
+        label = f"{REGION_LABEL}{r.steps[0]}-{r.steps[-1]}"  # profiling.fused.region_times reads its time
 
         def run(st: Any) -> None:
             nonlocal gm
@@ -306,7 +308,7 @@ class Segments:
             start = store.bytes
             for v in r.drops:  # the store lets go first: the compiled call frees them at their last use in it
                 store.drop(v)
-            with lock if lock is not None else _NoLock():
+            with lock if lock is not None else _NoLock(), torch.profiler.record_function(label):
                 if r.steps not in self.peaks:  # first run: measure what the fused region really allocates
                     dying = [a for v, a in zip(r.inputs, args) if v not in store.tensors]
                     outs, self.peaks[r.steps] = measured_peak(lambda: fn(args), dev, dying)
