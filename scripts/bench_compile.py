@@ -29,9 +29,13 @@ from pathlib import Path
 import torch
 
 from xsched import zoo
+from xsched.capture.torch import capture
+from xsched.contracts.plan import Compute
 from xsched.errors import BudgetError, XschedError
 from xsched.execute.segments import compiled_peaks
 from xsched.execute.wrap import wrap
+from xsched.profiling.fused import fused_profile
+from xsched.profiling.model import cost_profile
 
 _spec = importlib.util.spec_from_file_location("bench_executor", Path(__file__).resolve().parent / "bench_executor.py")
 bench = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
@@ -97,16 +101,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, help="batch (default the scale's; 8 on CUDA)")
     ap.add_argument("--budgets", default="0.5", help="fractions of torch.compile's measured peak, comma-separated")
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads on the CPU")
+    ap.add_argument("--smoke", action="store_true", help="a tiny gpt2 and 2 steps: checks the script runs (tests)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--time-limit", type=float, default=20.0, help="the solver's time limit per plan, seconds")
-    ap.add_argument("--profile", default="model", help="costs for the solver: model (bandwidth model) or measure")
+    ap.add_argument(
+        "--profile",
+        default="fused",
+        help="the solver's costs: fused (the bandwidth model priced as compiled: fusible ops free), model, measure",
+    )
     ap.add_argument("--out", type=Path, help="append the markdown table here")
     a = ap.parse_args(argv)
     device = torch.device(a.device)
     cuda = device.type == "cuda"
     if not cuda:
         torch.set_num_threads(a.threads)
-    scale = a.scale or ("full:n_layer=6" if cuda else "small")
+    scale = a.scale or ("full:n_layer=6" if cuda else "tiny" if a.smoke else "small")
     z = zoo.build("gpt2", batch=a.batch or (8 if cuda else None), scale=scale)
     inputs = tuple(x.to(device) for x in z.inputs)
     base = z.model.to(device)
@@ -131,6 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     ref = step_peak(fwds["torch.compile"], params("torch.compile"), device)
     before = sum(p.numel() * p.element_size() for p in base.parameters()) + sum(x.nbytes for x in inputs)
     predicted: dict[str, int] = {}
+    profile: object = a.profile
+    if a.profile in ("fused", "model"):
+        graph = capture(copy.deepcopy(base), inputs)
+        profile = cost_profile(graph, [plan_dev])
+        if a.profile == "fused":
+            profile = fused_profile(graph, profile, plan_dev)  # type: ignore[arg-type]
     for frac in [None, *fracs]:
         budget = "100%" if frac is None else before + int(frac * ref)
         label = "xsched compiled eager plan" if frac is None else f"xsched compiled, {frac:.0%} of torch.compile's peak"
@@ -142,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                 {plan_dev: budget},
                 method="eager" if frac is None else "auto",
                 time_limit=a.time_limit,
-                profile=a.profile,
+                profile=profile,  # type: ignore[arg-type]
                 compile=True,
             )
         except (BudgetError, XschedError) as e:
@@ -150,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         loss_of(w(*inputs)).backward()  # compiles and measures its regions
         c = w._first  # type: ignore[attr-defined]
+        notes.append(
+            f"{label}: plan by {c.plan.solver.method}, {sum(isinstance(s, Compute) for s in c.plan.steps) - len(c.graph.ops)} recomputes"
+        )
         predicted[label] = compiled_peaks(c.graph, c.plan, c.executor.segments.peaks)[plan_dev] - before
         failed = c.executor.segments.failed
         if failed:

@@ -69,16 +69,14 @@ def train(m: nn.Module, steps: int) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize(
     "budgets,method",
-    [({"cpu:0": "100%"}, "eager"), ({"cpu:0": "60%"}, "auto"), ({"cpu:0": "45%", "cpu:1": "100%"}, "greedy")],
-    ids=["cpu0-eager", "cpu0-recompute", "cpu0-cpu1"],
+    [({"cpu:0": "100%"}, "eager"), ({"cpu:0": "45%", "cpu:1": "100%"}, "greedy")],
+    ids=["cpu0", "cpu0-cpu1"],
 )
 def test_compiled_plans_train_like_eager(budgets: dict, method: str) -> None:
     eager = model()
     m = copy.deepcopy(eager)
     w = wrap(m, data(0)[:1], budgets, method=method, profile="model", time_limit=10, compile=True)
-    plan, graph = w.plan, w.graph
-    if method == "auto":
-        assert sum(isinstance(s, Compute) for s in plan.steps) > len(graph.ops)
+    plan = w.plan
     if method == "greedy":
         assert {s.device for s in plan.steps if isinstance(s, Compute)} == {"cpu:0", "cpu:1"}
         assert any(isinstance(s, Copy) for s in plan.steps)
@@ -222,18 +220,18 @@ def chain() -> nn.Module:
     )
 
 
-@pytest.mark.parametrize("budget", ["100%", "85%"])
-def test_predicted_peak_of_a_compiled_plan_is_the_allocators(budget: str) -> None:
-    """One step under the profiler, every CPU allocation and free replayed (bench_executor.step_memory), against
-    the plan's peak with each compiled region counted as its first run measured it. In-place reuse off: the
-    uncompiled steps then allocate as the plan counts. The loss and its gradient are the only allocations outside
-    the plan's values."""
+def test_a_compiled_recomputing_plan_trains_like_eager_and_peaks_where_the_allocator_does() -> None:
+    """At 85% of the eager peak (the plan recomputes): one step under the profiler, every CPU allocation and free
+    replayed (bench_executor.step_memory), against the plan's peak with each compiled region counted as its first
+    run measured it. In-place reuse off: the uncompiled steps then allocate as the plan counts. The loss and its
+    gradient are the only allocations outside the plan's values. Its gradients are eager PyTorch's."""
     x = data(0)[0]
+    eager = chain()
     w = wrap(
-        chain(),
+        copy.deepcopy(eager),
         (x,),
-        {"cpu": budget},
-        method="eager" if budget == "100%" else "auto",
+        {"cpu": "85%"},
+        method="auto",
         inplace=False,
         profile="model",
         time_limit=10,
@@ -250,3 +248,7 @@ def test_predicted_peak_of_a_compiled_plan_is_the_allocators(budget: str) -> Non
     assert 0 <= mem.peak - (peak - before) <= 2 * bench.LOSS_BYTES
     # fused intermediates never materialise: the compiled plan's peak is below the plan's per-op count
     assert peak < c.plan.predicted.peak_bytes["cpu"]
+    assert sum(isinstance(s, Compute) for s in c.plan.steps) > len(c.graph.ops)
+    bench.loss_of(eager(x)).backward()
+    for (n, p), q in zip(eager.named_parameters(), w.parameters()):
+        assert_close(q.grad, p.grad, **TOL, msg=lambda s, n=n: f"grad of {n}: {s}")
