@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
 
     m = copy.deepcopy(base)
     add("eager PyTorch", m, lambda m=m: loss_of(m(*inputs)))
-    for frac in [1.0, *fracs]:
+    for frac in dict.fromkeys([1.0, *fracs]):
         label = "torch.compile" if frac == 1.0 else f"torch.compile, activation_memory_budget={frac}"
         log(f"compiling {label}")
         m = copy.deepcopy(base)

@@ -145,3 +145,34 @@ def test_fused_cut_plans_a_captured_model_recomputing_only_fusible_ops() -> None
     sim = simulate(graph, plan, profile)
     assert sim.time_s == pytest.approx(simulate(graph, eager, profile).time_s)
     assert sim.peak_bytes["cpu"] < 0.9 * eager_peak(graph)
+
+
+def test_region_times_name_each_compiled_region_by_its_ops() -> None:
+    """Regions "compiled" by running their fx graph as it is (no inductor: fast), timed through their profiler
+    labels: one time per region, keyed by the ops it computes, in plan order."""
+    from xsched.capture.torch import bind_inputs
+    from xsched.execute.executor import Executor
+    from xsched.profiling.fused import region_times
+    from xsched.solve.eager import eager_plan
+
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8), nn.Tanh())
+    x = torch.randn(4, 8)
+    graph = capture(m, (x,))
+    env = bind_inputs(graph, m, (x,))
+    env.update({v: torch.ones(graph.value[v].shape) for v in graph.inputs if graph.value[v].kind == "tangent"})
+    plan = eager_plan(graph, "cpu")
+    ex = Executor(graph, plan, compile=True)
+
+    def as_is(gm: torch.fx.GraphModule, inputs: list) -> object:
+        def run(args: list) -> object:
+            out = gm(*args)
+            args.clear()
+            return out
+
+        return run
+
+    ex.segments.compile_fn = as_is
+    times = region_times(ex, env, runs=2)
+    assert list(times) == [tuple(s.op for s in plan.steps if isinstance(s, Compute))]
+    assert all(t > 0 for t in times.values())
