@@ -146,29 +146,46 @@ def main(argv: list[str] | None = None) -> int:
         profile = cost_profile(graph, [plan_dev])
         if a.profile == "fused":
             profile = fused_profile(graph, profile, plan_dev)  # type: ignore[arg-type]
+
+    def planned(budget: str | int, method: str) -> tuple[torch.nn.Module, int, int]:
+        """wrap(compile=True) run once: the module, its compiled plan's peak and its per-op plan peak (less before)."""
+        w = wrap(
+            copy.deepcopy(base),
+            inputs,
+            {plan_dev: budget},
+            method=method,
+            time_limit=a.time_limit,
+            profile=profile,  # type: ignore[arg-type]
+            compile=True,
+        )
+        loss_of(w(*inputs)).backward()  # compiles and measures its regions
+        c = w._first  # type: ignore[attr-defined]
+        peak = compiled_peaks(c.graph, c.plan, c.executor.segments.peaks)[plan_dev]
+        return w, peak - before, c.plan.predicted.peak_bytes[plan_dev] - before
+
     for frac in [None, *fracs]:
         budget = "100%" if frac is None else before + int(frac * ref)
         label = "xsched compiled eager plan" if frac is None else f"xsched compiled, {frac:.0%} of torch.compile's peak"
         log(f"planning and compiling {label} (budget {budget})")
         try:
-            w = wrap(
-                copy.deepcopy(base),
-                inputs,
-                {plan_dev: budget},
-                method="eager" if frac is None else "auto",
-                time_limit=a.time_limit,
-                profile=profile,  # type: ignore[arg-type]
-                compile=True,
-            )
+            w, peak, per_op = planned(budget, "eager" if frac is None else "auto")
+            if isinstance(budget, int) and peak + before > budget:
+                # the regions allocate otherwise than the per-op count the solver planned with: plan once more
+                # with the budget lowered by the measured excess
+                again = budget - (peak + before - budget)
+                notes.append(
+                    f"{label}: the plan within {budget - before:,} B (per-op count {per_op:,} B) measured "
+                    f"{peak:,} B compiled: re-planned within {again - before:,} B"
+                )
+                log(f"re-planning {label} (budget {again})")
+                w, peak, per_op = planned(again, "auto")
         except (BudgetError, XschedError) as e:
             notes.append(f"{label}: no plan ({str(e).splitlines()[0][:300]})")
             continue
-        loss_of(w(*inputs)).backward()  # compiles and measures its regions
         c = w._first  # type: ignore[attr-defined]
-        notes.append(
-            f"{label}: plan by {c.plan.solver.method}, {sum(isinstance(s, Compute) for s in c.plan.steps) - len(c.graph.ops)} recomputes"
-        )
-        predicted[label] = compiled_peaks(c.graph, c.plan, c.executor.segments.peaks)[plan_dev] - before
+        recomputes = sum(isinstance(s, Compute) for s in c.plan.steps) - len(c.graph.ops)
+        notes.append(f"{label}: plan by {c.plan.solver.method}, {recomputes} recomputes, per-op count {per_op:,} B")
+        predicted[label] = peak
         failed = c.executor.segments.failed
         if failed:
             notes.append(f"{label}: {len(failed)} region(s) ran uncompiled: {'; '.join(failed.values())}")
