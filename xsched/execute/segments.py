@@ -18,6 +18,7 @@ from __future__ import annotations
 import operator
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -308,7 +309,7 @@ class Segments:
             start = store.bytes
             for v in r.drops:  # the store lets go first: the compiled call frees them at their last use in it
                 store.drop(v)
-            with lock if lock is not None else _NoLock(), torch.profiler.record_function(label):
+            with lock if lock is not None else nullcontext(), torch.profiler.record_function(label):
                 if r.steps not in self.peaks:  # first run: measure what the fused region really allocates
                     dying = [a for v, a in zip(r.inputs, args) if v not in store.tensors]
                     outs, self.peaks[r.steps] = measured_peak(lambda: fn(args), dev, dying)
@@ -326,14 +327,6 @@ class Segments:
                 st.first.setdefault(v, t)
 
         return run
-
-
-class _NoLock:
-    def __enter__(self) -> None:
-        pass
-
-    def __exit__(self, *a: Any) -> None:
-        pass
 
 
 def _inductor(gm: fx.GraphModule, inputs: list[torch.Tensor]) -> Callable:
