@@ -37,7 +37,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:  # still predict a time, from the bytes each op touches, and say so
         profile, source = cost_profile(graph, plan.devices), "a bandwidth cost model (no --profile given)"
     env = bind_inputs(graph, model, inputs)
-    report = measure(graph, plan, env, profile, iters=args.iters, warmup=args.warmup, predicted_from=source)
+    report = measure(
+        graph, plan, env, profile, iters=args.iters, warmup=args.warmup, predicted_from=source, compile=args.compile
+    )
     traced = None
     if args.trace:  # one more run, every step timed, after the measured ones (their timings stay untraced)
         from xsched.report.trace import measured_trace, write_trace
@@ -95,5 +97,8 @@ def add(sub: argparse._SubParsersAction) -> None:
         "--trace", metavar="OUT.json", help="also write a Chrome trace of one run (Perfetto: ui.perfetto.dev)"
     )
     r.add_argument("--json", action="store_true")
+    r.add_argument(
+        "--compile", action="store_true", help="run each one-device run of steps as one compiled region (inductor)"
+    )
     add_shape_flag(r)
     r.set_defaults(run=cmd_run)

@@ -72,6 +72,7 @@ def cmd_train(a: argparse.Namespace) -> int:
         log_csv=a.log_csv,
         param_home=a.param_home,
         stores=tuple(split_device_list(",".join(a.store))) if a.store else (),
+        compile=a.compile,
     )
     if not a.json:
         train(config, Bar())
@@ -133,6 +134,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--checkpoint-every", type=int, help="checkpoint every K steps (default 100; always at the end)")
     t.add_argument("--resume", action="store_true", help="resume from the newest checkpoint in --checkpoint-dir")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--compile", action="store_true", help="run each one-device run of steps as one compiled region")
     t.add_argument("--json", action="store_true", help="one JSON object per line: start, step, checkpoint, end")
     t.add_argument("--log-csv", metavar="PATH", help="also write each step's fields (as --json's step lines) to a CSV")
     _add_training_flags(t)

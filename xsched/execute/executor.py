@@ -32,6 +32,7 @@ from xsched.errors import PlanError, XschedError
 from xsched.execute.compiled import RngLog, compile_inplace, compile_op, reusable_inputs, with_rng
 from xsched.execute.program import PreparedPlan, inline_program
 from xsched.execute.reference import RunTrace, torch_device
+from xsched.execute.segments import Segments
 from xsched.execute.stores import DeviceStore
 from xsched.execute.workers import Done, Lane, Task
 from xsched.interpret import PlanInterpreter, at_step, wrong_size
@@ -84,6 +85,7 @@ class Executor:
         watch: frozenset[str] = frozenset(),
         inplace: bool = True,
         overlap: bool | None = None,
+        compile: bool = False,
     ) -> None:
         if plan.graph != graph.fingerprint:
             raise PlanError(f"plan is for graph {plan.graph}, not {graph.fingerprint} ({graph.name})", stage="execute")
@@ -130,6 +132,7 @@ class Executor:
         self._programs: dict[tuple[int, int], StepFn] = {}
         self._groups: dict[tuple[int, int], list[tuple[int, ...]]] = {}
         self._cuts: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        self.segments = Segments(self) if compile and self._generate else None
 
     # ---- lanes ----
     def compute_stream(self, device: str) -> Any:
@@ -216,7 +219,9 @@ class Executor:
                     continue
                 program = self._programs.get((a, b))
                 if program is None:
-                    program = self._programs[(a, b)] = inline_program(self.prepared, a, b)
+                    program = self._programs[(a, b)] = (
+                        self.segments.program(range(a, b)) if self.segments else inline_program(self.prepared, a, b)
+                    )
                 program(st)
             return
         self._run_steps(st, start, stop, trace)
@@ -263,6 +268,8 @@ class Executor:
             done = dones[group[-1]] = Done()
             deps = [dones[j] for j in self.deps[i] if j >= start]
             fn = self.fns[i] if len(group) == 1 else self._run_group(group)
+            if self.segments and key.startswith("compute:") and len(group) > 1:
+                fn = self.segments.program(group)
             used[key].submit(Task(i, fn, st, deps, done, errors))
             last[key] = done
         for done in last.values():

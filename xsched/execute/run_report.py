@@ -18,6 +18,7 @@ from xsched.contracts.profile import Profile
 from xsched.devices.base import relative_spread
 from xsched.errors import XschedError
 from xsched.execute.executor import Executor
+from xsched.execute.segments import compiled_peaks
 from xsched.simulate import simulate
 
 
@@ -125,13 +126,14 @@ def measure(
     warmup: int | None = None,
     devices: Mapping[str, torch.device | str] | None = None,
     predicted_from: str | None = None,
+    compile: bool = False,
 ) -> RunReport:
     """Run the whole plan with inputs `env` until its time settles (or `warmup` times when given), then `iters` times
     measured; measured figures beside the predicted."""
     if iters < 1:
         raise XschedError(f"iters must be at least 1, got {iters}", stage="execute")
     sim = simulate(graph, plan, profile, check_budgets=False)
-    ex = Executor(graph, plan, devices, check=False)
+    ex = Executor(graph, plan, devices, check=False, compile=compile)
     try:
         warmed = warm_up(lambda: (ex(env), _sync(ex)), warmup)
         cuda = {d: ex.dev[d] for d in ex.names if ex.dev[d].type == "cuda"}
@@ -175,7 +177,8 @@ def measure(
         energy_source=how,
         predicted_time_s=sim.time_s,
         predicted_makespan_s=sim.makespan_s,
-        predicted_peak_bytes=dict(sim.peak_bytes),
+        # compiled regions: their fused allocations as measured on their first run, in place of the per-op counts
+        predicted_peak_bytes=compiled_peaks(graph, plan, ex.segments.peaks) if ex.segments else dict(sim.peak_bytes),
         predicted_energy_j=sim.energy_j,
         predicted_from=predicted_from or ("the profile" if profile is not None else "no profile"),
         warmup_iters=warmed,

@@ -233,8 +233,10 @@ class XschedModule(nn.Module):
         profile_dir: str | None = None,
         stores: Sequence[str] = (),
         param_home: str | None = None,
+        compile: bool = False,
     ) -> None:
         super().__init__()
+        self.compile = compile  # run one-device runs of steps as compiled regions (xsched.execute.segments)
         self.inplace = inplace  # Executor's in-place reuse of dying inputs (off: every op allocates, as captured)
         self.module = model
         self.budgets = dict(budgets)
@@ -330,7 +332,9 @@ class XschedModule(nn.Module):
         refs = [grads.get(n) for n in trained] + [input_grads.get(i) for i in tensors]
         watch = frozenset(r["ref"] for r in updates.values())
         points = ParamPoints(graph, plan, self._slot)
-        ex = Executor(graph, plan, watch=watch, inplace=self.inplace, table={Copy: points.copy_kind})
+        ex = Executor(
+            graph, plan, watch=watch, inplace=self.inplace, table={Copy: points.copy_kind}, compile=self.compile
+        )
         points.bind(ex)
         return Compiled(
             graph,
@@ -438,11 +442,13 @@ def wrap(
     store: str | None = None,
     stores: Sequence[str] = (),
     param_home: str | None = None,
+    compile: bool = False,
 ) -> XschedModule:
     """`model` as a module whose training steps run an xsched plan within `budgets` (see XschedModule): method
     "auto" by default, within `time_limit` seconds (default 60), on costs measured once and cached (`profile`).
     `store` (or several `stores`): a device that only holds values, e.g. `store="cpu"` beside `cuda:0`;
-    `param_home`: where the parameters, buffers and gradients live (default the first device), e.g. that store."""
+    `param_home`: where the parameters, buffers and gradients live (default the first device), e.g. that store;
+    `compile`: each one-device run of computes and frees runs as one inductor-compiled region."""
     if isinstance(stores, str):
         raise XschedError(f"stores must be a sequence of device names, got the string {stores!r}", stage="execute")
     both = (*([store] if store else []), *stores)
@@ -459,4 +465,5 @@ def wrap(
         profile_dir,
         both,
         param_home,
+        compile,
     )

@@ -114,6 +114,12 @@ def run_member(entry: SolverEntry, problem: Problem, options: SolverOptions, war
     return r if r.method else replace(r, method=entry.name)
 
 
+def _fused_cut(problem: Problem, options: SolverOptions, warm: Plan | None) -> Plan:
+    from xsched.solve.fused_cut import run
+
+    return run(problem, options, warm)
+
+
 # ---- the built-in solvers, one line each (sizes are ops x devices)
 for _name, _fn in HEURISTICS.items():
     register(heuristic(_name, _fn))
@@ -188,5 +194,16 @@ register(
         max_size=60,
         share=0.5,
         doc="the retention-interval model for one order, linearised, HiGHS",
+    )
+)
+register(
+    SolverEntry(
+        "fused-cut",
+        from_plan(lambda problem, options, warm: _fused_cut(problem, options, warm), proofs=False),
+        kind="search",
+        max_size=5000,
+        share=0.05,
+        one_device=True,
+        doc="fusion-aware min-cut checkpointing: save at the cut, recompute fusible chains inside their consumers",
     )
 )

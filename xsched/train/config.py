@@ -59,6 +59,7 @@ class TrainConfig:
     log_csv: str | None = None
     param_home: str | None = None  # where the parameters, gradients and optimizer state live (default: first device)
     stores: tuple[str, ...] = ()  # devices that hold values and run no op (only their copies are profiled)
+    compile: bool = False  # run one-device runs of steps as compiled regions (xsched.execute.segments)
 
     def check(self) -> None:
         """A one-line XschedError for each value that cannot work, before anything is loaded."""

@@ -227,7 +227,9 @@ def _plan_and_wrap(
     inputs = task.example_batch[0]
     graph = capture(task.model, inputs, name=graph_name(config.model))
     chosen = plan_for(graph, budgets)
-    wrapped = wrap(task.model, inputs, budgets, devices, plan=chosen.plan, stores=stores, param_home=home)
+    wrapped = wrap(
+        task.model, inputs, budgets, devices, plan=chosen.plan, stores=stores, param_home=home, compile=config.compile
+    )
     if evaluates:
         wrapped.eval()
         inference = capture(task.model, inputs, inference=True, name=graph.name)

@@ -1,0 +1,234 @@
+"""xsched compiled plans beside torch.compile on zoo gpt2: step time and measured peak in one run.
+
+    python scripts/bench_compile.py                      # CPU: gpt2 small, 2 threads
+    python scripts/bench_compile.py --device cuda:0      # GPT-2 6 layers, batch 8, T 1024 on one GPU
+
+Rows: eager PyTorch; torch.compile (default partitioner); torch.compile with activation_memory_budget at each
+fraction of --budgets; xsched compiled plans (wrap(..., compile=True)) with the same fraction of torch.compile's
+measured peak as their budget (plus the params and inputs, which the plan counts and the peak column does not);
+and the xsched compiled eager plan. Step = forward + loss + backward. Times are medians of interleaved steps, so
+ratios share the machine's load. Peak: the bytes a step allocates above what existed before it, from the CPU
+allocator's events (torch.profiler, bench_executor.step_memory) on the CPU, from max_memory_allocated on CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import importlib.util
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import types
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from xsched import zoo
+from xsched.capture.torch import capture
+from xsched.contracts.plan import Compute
+from xsched.errors import BudgetError, XschedError
+from xsched.execute.segments import compiled_peaks
+from xsched.execute.wrap import wrap
+from xsched.profiling.fused import fused_profile
+from xsched.profiling.model import cost_profile
+
+_spec = importlib.util.spec_from_file_location("bench_executor", Path(__file__).resolve().parent / "bench_executor.py")
+bench = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
+sys.modules["bench_executor"] = bench
+_spec.loader.exec_module(bench)  # type: ignore[union-attr]
+
+
+def loss_of(out: object) -> torch.Tensor:
+    return out[1] if isinstance(out, tuple) else out.float().square().mean()  # type: ignore[union-attr,index]
+
+
+def _call(m: torch.nn.Module, inputs: tuple) -> object:
+    return m(*inputs)
+
+
+def compiled(m: torch.nn.Module, inputs: tuple, frac: float) -> Callable[[], torch.Tensor]:
+    """torch.compile'd m, forward and backward partitioned under activation_memory_budget=frac (1.0: the default
+    min-cut partitioner). Dynamo caches per code object, so each budget gets its own copy of `_call`'s code."""
+    import torch._functorch.config as functorch_config
+
+    code = _call.__code__.replace(co_name=f"_call_{frac}", co_qualname=f"_call_{frac}")
+    fn = torch.compile(types.FunctionType(code, globals()))
+    with functorch_config.patch(activation_memory_budget=frac, enable_autograd_cache=False):
+        loss_of(fn(m, inputs)).backward()  # compiles forward and backward under this budget
+    return lambda: loss_of(fn(m, inputs))
+
+
+def step_peak(loss_fn: Callable[[], torch.Tensor], params: list[torch.Tensor], device: torch.device) -> int:
+    """Bytes one forward + backward allocates above what existed before it."""
+    if device.type != "cuda":
+        return bench.step_memory(loss_fn, params).peak
+    for p in params:
+        p.grad = None
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    loss_fn().backward()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - before
+
+
+def timed(fns: dict[str, Callable[[], torch.Tensor]], iters: int, device: torch.device) -> dict[str, float]:
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(iters):
+        for k, f in fns.items():
+            sync()
+            t0 = time.perf_counter()
+            f().backward()
+            sync()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda:N")
+    ap.add_argument("--scale", help="zoo gpt2 scale (default small on the CPU, full:n_layer=6 on CUDA)")
+    ap.add_argument("--batch", type=int, help="batch (default the scale's; 8 on CUDA)")
+    ap.add_argument("--budgets", default="0.5", help="fractions of torch.compile's measured peak, comma-separated")
+    ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads on the CPU")
+    ap.add_argument("--smoke", action="store_true", help="a tiny gpt2 and 2 steps: checks the script runs (tests)")
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--time-limit", type=float, help="the solver's time limit per plan, seconds (20 CPU, 5 CUDA)")
+    ap.add_argument(
+        "--eager-plan",
+        action=argparse.BooleanOptionalAction,
+        help="also the xsched compiled eager plan (default on the CPU; off on CUDA, to fit 2.5 minutes)",
+    )
+    ap.add_argument(
+        "--profile",
+        default="fused",
+        help="the solver's costs: fused (the bandwidth model priced as compiled: fusible ops free), model, measure",
+    )
+    ap.add_argument("--out", type=Path, help="append the markdown table here")
+    a = ap.parse_args(argv)
+    device = torch.device(a.device)
+    cuda = device.type == "cuda"
+    a.time_limit = a.time_limit or (5.0 if cuda else 20.0)
+    with_eager_plan = a.eager_plan if a.eager_plan is not None else not cuda
+    if not cuda:
+        torch.set_num_threads(a.threads)
+    scale = a.scale or ("full:n_layer=6" if cuda else "tiny" if a.smoke else "small")
+    z = zoo.build("gpt2", batch=a.batch or (8 if cuda else None), scale=scale)
+    inputs = tuple(x.to(device) for x in z.inputs)
+    base = z.model.to(device)
+    plan_dev = a.device if cuda else "cpu"
+    fracs = [float(f) for f in a.budgets.split(",") if f]
+    t_start = time.perf_counter()
+    models: dict[str, torch.nn.Module] = {}
+    fwds: dict[str, Callable[[], torch.Tensor]] = {}
+    notes: list[str] = []
+
+    def add(label: str, m: torch.nn.Module, fn: Callable[[], torch.Tensor]) -> None:
+        models[label], fwds[label] = m, fn
+
+    m = copy.deepcopy(base)
+    add("eager PyTorch", m, lambda m=m: loss_of(m(*inputs)))
+    for frac in dict.fromkeys([1.0, *fracs]):
+        label = "torch.compile" if frac == 1.0 else f"torch.compile, activation_memory_budget={frac}"
+        log(f"compiling {label}")
+        m = copy.deepcopy(base)
+        add(label, m, compiled(m, inputs, frac))
+    params = lambda k: [*models[k].parameters()]  # noqa: E731
+    ref = step_peak(fwds["torch.compile"], params("torch.compile"), device)
+    before = sum(p.numel() * p.element_size() for p in base.parameters()) + sum(x.nbytes for x in inputs)
+    predicted: dict[str, int] = {}
+    profile: object = a.profile
+    if a.profile in ("fused", "model"):
+        graph = capture(copy.deepcopy(base), inputs)
+        profile = cost_profile(graph, [plan_dev])
+        if a.profile == "fused":
+            profile = fused_profile(graph, profile, plan_dev)  # type: ignore[arg-type]
+
+    def planned(budget: str | int, method: str) -> tuple[torch.nn.Module, int, int]:
+        """wrap(compile=True) run once: the module, its compiled plan's peak and its per-op plan peak (less before)."""
+        w = wrap(
+            copy.deepcopy(base),
+            inputs,
+            {plan_dev: budget},
+            method=method,
+            time_limit=a.time_limit,
+            profile=profile,  # type: ignore[arg-type]
+            compile=True,
+        )
+        loss_of(w(*inputs)).backward()  # compiles and measures its regions
+        c = w._first  # type: ignore[attr-defined]
+        peak = compiled_peaks(c.graph, c.plan, c.executor.segments.peaks)[plan_dev]
+        return w, peak - before, c.plan.predicted.peak_bytes[plan_dev] - before
+
+    for frac in [None, *fracs] if with_eager_plan else fracs:
+        budget = "100%" if frac is None else before + int(frac * ref)
+        label = "xsched compiled eager plan" if frac is None else f"xsched compiled, {frac:.0%} of torch.compile's peak"
+        log(f"planning and compiling {label} (budget {budget})")
+        try:
+            w, peak, per_op = planned(budget, "eager" if frac is None else "auto")
+            if isinstance(budget, int) and peak + before > budget:
+                # the regions allocate otherwise than the per-op count the solver planned with: plan once more
+                # with the budget lowered by the measured excess
+                again = budget - (peak + before - budget)
+                notes.append(
+                    f"{label}: the plan within {budget - before:,} B (per-op count {per_op:,} B) measured "
+                    f"{peak:,} B compiled: re-planned within {again - before:,} B"
+                )
+                log(f"re-planning {label} (budget {again})")
+                w, peak, per_op = planned(again, "auto")
+        except (BudgetError, XschedError) as e:
+            notes.append(f"{label}: no plan ({str(e).splitlines()[0][:300]})")
+            continue
+        c = w._first  # type: ignore[attr-defined]
+        recomputes = sum(isinstance(s, Compute) for s in c.plan.steps) - len(c.graph.ops)
+        notes.append(f"{label}: plan by {c.plan.solver.method}, {recomputes} recomputes, per-op count {per_op:,} B")
+        predicted[label] = peak
+        failed = c.executor.segments.failed
+        if failed:
+            notes.append(f"{label}: {len(failed)} region(s) ran uncompiled: {'; '.join(failed.values())}")
+        add(label, w, lambda w=w: loss_of(w(*inputs)))
+    log("measuring")
+    for f in fwds.values():  # warm-up
+        f().backward()
+    peaks = {k: step_peak(f, params(k), device) for k, f in fwds.items()}
+    times = timed(fwds, a.iters, device)
+    tc, pc = times["torch.compile"], peaks["torch.compile"]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    where = (
+        torch.cuda.get_device_name(device) if cuda else f"{platform.machine()} CPU, {torch.get_num_threads()} threads"
+    )
+    lines = [
+        f"Command: `python scripts/bench_compile.py {' '.join(argv if argv is not None else sys.argv[1:])}`, commit "
+        f"{commit}, {datetime.date.today()}, {where}, torch {torch.__version__}; gpt2 {scale}, inputs "
+        f"{[tuple(x.shape) for x in inputs]}, {a.iters} interleaved steps (forward + loss + backward).",
+        "",
+        "| row | step time | vs torch.compile | measured peak | vs torch.compile | xsched predicted peak |",
+        "|---|---|---|---|---|---|",
+    ]
+    for k in fwds:
+        pred = f"{predicted[k] / 2**20:.2f} MiB" if k in predicted else "-"
+        lines.append(
+            f"| {k} | {times[k] * 1e3:.1f} ms | {times[k] / tc:.3f}x | {peaks[k] / 2**20:.2f} MiB | {peaks[k] / pc:.0%} "
+            f"| {pred} |"
+        )
+    lines += ["", *[f"- {n}" for n in notes], f"- wall time of the run: {time.perf_counter() - t_start:.0f} s"]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if a.out:
+        with a.out.open("a") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

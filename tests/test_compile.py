@@ -1,0 +1,254 @@
+"""Compiled segments (xsched.execute.segments) against eager PyTorch: training steps on cpu:0 and on cpu:0 + cpu:1,
+the fallback of a region the compiler refuses, and the compiled plan's predicted peak against the allocator."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.testing import assert_close
+
+from xsched.capture.torch import bind_inputs, capture
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Compute, Copy, Free, Plan
+from xsched.execute.executor import Executor
+from xsched.execute.segments import compiled_peaks, regions_of
+from xsched.execute.wrap import wrap
+from xsched.solve.eager import eager_plan
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# torch.compile's own tolerance against eager on float32 (fused kernels reassociate sums): torch's inductor tests
+TOL = {"rtol": 1e-4, "atol": 1e-5}
+
+
+def model() -> nn.Module:
+    """Pointwise chains (GELU, tanh, residual adds), layer and batch norm, and dropout: what inductor fuses, a
+    buffer update (watched) and random draws that must match eager's."""
+    torch.manual_seed(0)
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln, self.fc, self.bn, self.drop = (
+                nn.LayerNorm(32),
+                nn.Linear(32, 32),
+                nn.BatchNorm1d(32),
+                nn.Dropout(0.2),
+            )
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.drop(torch.tanh(self.bn(nn.functional.gelu(self.fc(self.ln(x))))))
+
+    return nn.Sequential(nn.Linear(16, 32), Block(), Block(), nn.Linear(32, 4)).train()
+
+
+def data(k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(k)
+    return torch.randn(64, 16, generator=g), torch.randint(0, 4, (64,), generator=g)
+
+
+def train(m: nn.Module, steps: int) -> list[torch.Tensor]:
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    torch.manual_seed(5)
+    losses = []
+    for k in range(steps):
+        x, y = data(k)
+        loss = nn.functional.cross_entropy(m(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return losses
+
+
+@pytest.mark.parametrize(
+    "budgets,method",
+    [({"cpu:0": "100%"}, "eager"), ({"cpu:0": "45%", "cpu:1": "100%"}, "greedy")],
+    ids=["cpu0", "cpu0-cpu1"],
+)
+def test_compiled_plans_train_like_eager(budgets: dict, method: str) -> None:
+    eager = model()
+    m = copy.deepcopy(eager)
+    w = wrap(m, data(0)[:1], budgets, method=method, profile="model", time_limit=10, compile=True)
+    plan = w.plan
+    if method == "greedy":
+        assert {s.device for s in plan.steps if isinstance(s, Compute)} == {"cpu:0", "cpu:1"}
+        assert any(isinstance(s, Copy) for s in plan.steps)
+    got, ref = train(w, 2), train(eager, 2)
+    segments = w._first.executor.segments
+    assert segments.peaks and not segments.failed  # regions ran compiled, and were measured on their first run
+    for a, b in zip(got, ref):
+        assert_close(a, b, **TOL)
+    for (n, p), (_, q) in zip(
+        [*m.named_parameters(), *m.named_buffers()], [*eager.named_parameters(), *eager.named_buffers()]
+    ):
+        assert_close(p, q, **TOL, msg=lambda s, n=n: f"{n}: {s}")
+
+
+def _mlp_graph() -> tuple[nn.Module, Graph, dict[str, torch.Tensor]]:
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8), nn.Tanh())
+    x = torch.randn(4, 8)
+    graph = capture(m, (x,))
+    env = bind_inputs(graph, m, (x,))
+    env.update({v: torch.ones(graph.value[v].shape) for v in graph.inputs if graph.value[v].kind == "tangent"})
+    return m, graph, env
+
+
+def test_a_region_the_compiler_refuses_runs_uncompiled_with_a_notice(capsys: pytest.CaptureFixture) -> None:
+    _, graph, env = _mlp_graph()
+    plan = eager_plan(graph, "cpu")
+    want = Executor(graph, plan)(env).outputs
+    ex = Executor(graph, plan, compile=True)
+
+    def refuse(gm: torch.fx.GraphModule, inputs: list) -> None:
+        raise RuntimeError("unsupported op\nmore detail")
+
+    ex.segments.compile_fn = refuse
+    for _ in range(2):
+        got = ex(env).outputs
+        assert set(got) == set(want)
+        for v in want:
+            assert torch.equal(got[v], want[v])
+    err = capsys.readouterr().err.splitlines()
+    notices = [line for line in err if "runs uncompiled" in line]
+    assert notices == [
+        f"xsched: region steps 0-{len(plan.steps) - 1} on cpu runs uncompiled (RuntimeError: unsupported op)"
+    ]
+    assert not ex.segments.peaks
+
+
+def test_regions_cut_at_recomputed_random_ops_and_keep_what_the_plan_keeps() -> None:
+    """Hand-checked on a 4-op chain: the region's inputs, kept outputs and drops are the plan's residency."""
+    _, graph, _ = _mlp_graph()
+    plan = eager_plan(graph, "cpu")
+    steps = plan.steps
+    parts = regions_of(graph, steps, range(len(steps)), frozenset(), frozenset())
+    assert len(parts) == 1
+    r = parts[0]
+    made = {v for s in steps if isinstance(s, Compute) for v in graph.op[s.op].outputs}
+    freed = {s.value for s in steps if isinstance(s, Free)}
+    assert set(r.outputs) == made - freed
+    assert set(r.drops) == freed - made
+    assert set(r.inputs) == {v for s in steps if isinstance(s, Compute) for v in graph.op[s.op].inputs} - made
+    # an op run uncompiled splits the run: the steps before and after it are regions of their own, or plain steps
+    op = next(s.op for s in steps if isinstance(s, Compute) and graph.op[s.op].target == "aten.gelu.default")
+    parts = regions_of(graph, steps, range(len(steps)), frozenset({op}), frozenset())
+    at = next(i for i, s in enumerate(steps) if isinstance(s, Compute) and s.op == op)
+    assert at in parts
+    flat = [j for p in parts for j in ((p,) if isinstance(p, int) else p.steps)]
+    assert flat == list(range(len(steps)))
+
+
+EXAMPLE_GRAPH = {  # docs/ARCHITECTURE.md's example, counted there by hand: CPU peak 300 B, GPU 550 B
+    "schema": "xsched.graph/1",
+    "name": "example",
+    "values": [
+        {"id": "x", "nbytes": 100, "kind": "input"},
+        {"id": "a", "nbytes": 200},
+        {"id": "b", "nbytes": 300},
+        {"id": "out", "nbytes": 10},
+        {"id": "y", "nbytes": 10},
+    ],
+    "ops": [
+        {"id": "op0", "target": "f", "inputs": ["x"], "outputs": ["a"]},
+        {"id": "op1", "target": "g", "inputs": ["a"], "outputs": ["b"], "workspace_bytes": 50},
+        {"id": "op2", "target": "h", "inputs": ["a", "b"], "outputs": ["out"]},
+        {"id": "op3", "target": "k", "inputs": ["x"], "outputs": ["y"]},
+    ],
+    "outputs": ["out", "y"],
+}
+EXAMPLE_STEPS = [
+    {"do": "compute", "op": "op0", "device": "cpu"},
+    {"do": "copy", "value": "a", "src": "cpu", "dst": "cuda:0"},
+    {"do": "free", "value": "a", "device": "cpu"},
+    {"do": "compute", "op": "op3", "device": "cpu"},
+    {"do": "compute", "op": "op1", "device": "cuda:0"},
+    {"do": "compute", "op": "op2", "device": "cuda:0"},
+    {"do": "free", "value": "a", "device": "cuda:0"},
+    {"do": "free", "value": "b", "device": "cuda:0"},
+]
+
+
+def test_compiled_peaks_count_a_region_as_measured() -> None:
+    """By hand: the GPU's run of steps 4-7 measured at 60 B above the 200 B resident when it starts peaks at 260 B
+    (the per-op count says 550 B). On the CPU, step 0 measured at 250 B peaks at 100 + 250 B, and steps 2-3 at
+    5 B above the 300 B resident when they start (x and a) count 305 B."""
+    graph = Graph.from_dict(EXAMPLE_GRAPH)
+    plan = Plan.from_dict(
+        {
+            "schema": "xsched.plan/1",
+            "graph": graph.fingerprint,
+            "budgets": {},
+            "homes": {"x": "cpu"},
+            "steps": EXAMPLE_STEPS,
+        }
+    )
+    assert compiled_peaks(graph, plan, {}) == {"cpu": 300, "cuda:0": 550}
+    assert compiled_peaks(graph, plan, {(4, 5, 6, 7): 60}) == {"cpu": 300, "cuda:0": 260}
+    # step 0 as a region measured at 250 B: 100 B resident + 250 B; step 3 alone would count 100 + 10
+    assert compiled_peaks(graph, plan, {(0,): 250, (2, 3): 5}) == {"cpu": 350, "cuda:0": 550}
+
+
+_spec = importlib.util.spec_from_file_location(
+    "bench_executor", Path(__file__).resolve().parents[1] / "scripts" / "bench_executor.py"
+)
+bench = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
+sys.modules["bench_executor"] = bench
+_spec.loader.exec_module(bench)  # type: ignore[union-attr]
+
+
+def chain() -> nn.Module:
+    """Linear, layer norm, GELU, tanh: no dropout or batch norm, whose uncompiled steps allocate beside the plan's
+    values (the executor's own count misses those bytes too), so the allocator's count is exact here."""
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(16, 32),
+        nn.LayerNorm(32),
+        nn.GELU(),
+        nn.Linear(32, 32),
+        nn.Tanh(),
+        nn.Linear(32, 32),
+        nn.GELU(),
+        nn.Linear(32, 4),
+    )
+
+
+def test_a_compiled_recomputing_plan_trains_like_eager_and_peaks_where_the_allocator_does() -> None:
+    """At 85% of the eager peak (the plan recomputes): one step under the profiler, every CPU allocation and free
+    replayed (bench_executor.step_memory), against the plan's peak with each compiled region counted as its first
+    run measured it. In-place reuse off: the uncompiled steps then allocate as the plan counts. The loss and its
+    gradient are the only allocations outside the plan's values. Its gradients are eager PyTorch's."""
+    x = data(0)[0]
+    eager = chain()
+    w = wrap(
+        copy.deepcopy(eager),
+        (x,),
+        {"cpu": "85%"},
+        method="auto",
+        inplace=False,
+        profile="model",
+        time_limit=10,
+        compile=True,
+    )
+    fwd = lambda: bench.loss_of(w(x))  # noqa: E731
+    fwd().backward()  # compiles and measures the regions
+    c = w._first
+    segments = c.executor.segments
+    assert segments.peaks and not segments.failed
+    peak = compiled_peaks(c.graph, c.plan, segments.peaks)["cpu"]
+    before = sum(c.graph.value[v].nbytes for v in c.graph.inputs if c.graph.value[v].kind != "tangent")
+    mem = bench.step_memory(fwd, [*w.parameters(), x])
+    assert 0 <= mem.peak - (peak - before) <= 2 * bench.LOSS_BYTES
+    # fused intermediates never materialise: the compiled plan's peak is below the plan's per-op count
+    assert peak < c.plan.predicted.peak_bytes["cpu"]
+    assert sum(isinstance(s, Compute) for s in c.plan.steps) > len(c.graph.ops)
+    bench.loss_of(eager(x)).backward()
+    for (n, p), q in zip(eager.named_parameters(), w.parameters()):
+        assert_close(q.grad, p.grad, **TOL, msg=lambda s, n=n: f"grad of {n}: {s}")

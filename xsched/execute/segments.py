@@ -1,0 +1,369 @@
+"""Compiled segments: a one-device run of compute and free steps as one inductor-compiled region, its peak measured.
+
+A region's computes become one torch.fx graph of the captured aten calls; inductor fuses it, so values the plan
+makes and frees inside the region (fused intermediates) never materialise. What the plan keeps after the region
+comes back as the graph's outputs, and what it frees is dropped from the store when the region ends, so the
+residency after the region is the plan's. The bytes a fused region allocates are not the plan's per-op count:
+its first run is measured through the allocator's events (torch.profiler, any device) and kept as the region's
+peak above what was resident when it started; `compiled_peaks` walks the plan with those figures in place of the
+per-op counts of the region's steps.
+
+Random ops the plan recomputes replay a saved generator state around their call, which a fused kernel cannot:
+they run uncompiled between regions. Other random ops stay inside, drawing through ATen in graph order
+(inductor's fallback_random), so their numbers are eager PyTorch's.
+"""
+
+from __future__ import annotations
+
+import operator
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+
+from xsched.contracts.graph import Graph, Op
+from xsched.contracts.plan import Compute, Free, Plan, Step
+from xsched.contracts.torch_ops import decode, random_ops, resolve
+from xsched.errors import XschedError
+from xsched.execute.compiled import _has_ref, _rng_lock
+from xsched.interpret import PlanInterpreter, at_step, wrong_size
+from xsched.profiling.fused import REGION_LABEL
+
+MIN_COMPUTES = 2  # a region of one op has nothing to fuse: it runs as a plain step
+
+
+@dataclass(frozen=True)
+class Region:
+    """Plan steps (computes and frees on one device) run as one compiled call."""
+
+    steps: tuple[int, ...]
+    device: str
+    inputs: tuple[str, ...]  # values read from the store, resident when the region starts
+    outputs: tuple[str, ...]  # values the region leaves resident (computed in it, not freed after)
+    drops: tuple[str, ...]  # values resident before the region that it frees
+    watched: tuple[str, ...]  # watched values computed in it: their first tensors are returned too
+    random: bool  # draws from an RNG: holds the device's generator lock while it runs
+
+    @property
+    def name(self) -> str:
+        return f"steps {self.steps[0]}-{self.steps[-1]} on {self.device}"
+
+
+def regions_of(
+    graph: Graph, steps: Sequence[Step], idx: Sequence[int], eager_ops: frozenset[str], watch: frozenset[str]
+) -> list[Region | int]:
+    """Steps `idx` (computes and frees on one device, run in this order) cut into regions and single steps that
+    run uncompiled: computes of `eager_ops`, and regions of fewer than MIN_COMPUTES computes."""
+    out: list[Region | int] = []
+    piece: list[int] = []
+    rnd = random_ops(graph)
+
+    def flush() -> None:
+        if sum(isinstance(steps[i], Compute) for i in piece) >= MIN_COMPUTES:
+            out.append(_region(graph, steps, tuple(piece), watch, rnd))
+        else:
+            out.extend(piece)
+        piece.clear()
+
+    for i in idx:
+        s = steps[i]
+        if isinstance(s, Compute) and s.op in eager_ops:
+            flush()
+            out.append(i)
+        else:
+            piece.append(i)
+    flush()
+    return out
+
+
+def _region(
+    graph: Graph, steps: Sequence[Step], idx: tuple[int, ...], watch: frozenset[str], rnd: frozenset[str]
+) -> Region:
+    made: set[str] = set()  # computed in the region and still resident
+    inputs: dict[str, None] = {}
+    drops: dict[str, None] = {}
+    watched: dict[str, None] = {}
+    random = False
+    for i in idx:
+        s = steps[i]
+        if isinstance(s, Compute):
+            op = graph.op[s.op]
+            random |= op.id in rnd
+            for v in op.inputs:
+                if v not in made and v not in drops:
+                    inputs.setdefault(v)
+            made.update(op.outputs)
+            watched.update((v, None) for v in op.outputs if v in watch)
+        elif isinstance(s, Free):
+            if s.value in made:
+                made.discard(s.value)
+            else:
+                drops.setdefault(s.value)
+    outputs = tuple(v for v in _made_order(graph, steps, idx) if v in made)
+    return Region(idx, steps[idx[0]].device, tuple(inputs), outputs, tuple(drops), tuple(watched), random)  # type: ignore[union-attr]
+
+
+def _made_order(graph: Graph, steps: Sequence[Step], idx: Sequence[int]) -> list[str]:
+    seen: dict[str, None] = {}
+    for i in idx:
+        s = steps[i]
+        if isinstance(s, Compute):
+            seen.update((v, None) for v in graph.op[s.op].outputs)
+    return list(seen)
+
+
+def region_graph(graph: Graph, steps: Sequence[Step], r: Region, device: torch.device) -> fx.GraphModule:
+    """The region's computes as an fx graph: placeholders for its inputs, outputs (its kept values, then the
+    first tensors of its watched values) as a tuple."""
+    g = fx.Graph()
+    env: dict[str, fx.Node] = {v: g.placeholder(f"in{k}") for k, v in enumerate(r.inputs)}
+    first: dict[str, fx.Node] = {}
+    for i in r.steps:
+        s = steps[i]
+        if not isinstance(s, Compute):
+            continue
+        op = graph.op[s.op]
+        call = op.call or {}
+        args = tuple(_fx_arg(g, env, a, device) for a in call.get("args", []))
+        kwargs = {k: _fx_arg(g, env, v, device) for k, v in call.get("kwargs", {}).items()}
+        node = g.call_function(_target(op), args, kwargs)
+        for v, path in zip(op.outputs, call["outs"]):
+            out = node
+            for k in path:
+                out = g.call_function(operator.getitem, (out, k))
+            env[v] = out
+            if v in r.watched:
+                first.setdefault(v, out)
+    g.output(tuple([env[v] for v in r.outputs] + [first[v] for v in r.watched]))
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+def _target(op: Op) -> Callable[..., Any]:
+    if op.target == "getitem":
+        return operator.getitem
+    fn = resolve(op.target)
+    return getattr(fn, "functional", fn)  # a random op as its functional overload (resolve runs it in place)
+
+
+def _fx_arg(g: fx.Graph, env: Mapping[str, fx.Node], x: Any, device: torch.device) -> Any:
+    if not _has_ref(x):
+        const = decode(x, {}, device)
+        if isinstance(const, torch.Tensor):
+            raise XschedError("a tensor constant in an op's call cannot go into a compiled graph", stage="execute")
+        return const
+    if isinstance(x, dict) and "ref" in x:
+        node = env[x["ref"]]
+        for target, args in x.get("view", ()):
+            node = g.call_function(resolve(target), (node, *decode(list(args), {}, device)))
+        return node
+    if isinstance(x, list):
+        return [_fx_arg(g, env, y, device) for y in x]
+    raise XschedError(f"cannot decode argument {x!r}", stage="execute")
+
+
+def measured_peak(
+    fn: Callable[[], Any], device: torch.device, watch: list[torch.Tensor] | None = None
+) -> tuple[Any, int]:
+    """fn() and the most bytes live on `device` during it above what was live when it began (frees of earlier
+    blocks lower it), from the allocator's events: the CPU allocator and CUDA's caching allocator both report
+    each allocation and free to the profiler. It reports nothing for the free of a block allocated before it
+    started, so each tensor of `watch` (inputs fn may free; the list is emptied, leaving fn the only holder) marks
+    its own death in the trace, with its bytes."""
+    import weakref
+
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts, profile_memory=True) as prof:
+        for t in watch or ():
+            weakref.finalize(t, _mark, f"{_DIED}{t.untyped_storage().nbytes()}")
+        if watch:
+            watch.clear()
+        t = None
+        result = fn()
+    nodes, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        n = stack.pop()
+        nodes.append(n)
+        stack.extend(n.children)
+    index = device.index if device.type == "cuda" else None
+    allocs = sorted(
+        (
+            n
+            for n in nodes
+            if n.tag == _EventType.Allocation
+            and n.extra_fields.device.type == device.type
+            and (index is None or n.extra_fields.device.index in (index, None))
+        ),
+        key=lambda n: n.start_time_ns,
+    )
+    died = [n for n in nodes if n.name.startswith(_DIED)]
+    live: dict[int, int] = {}
+    now = peak = 0
+    for n in sorted(allocs + died, key=lambda n: n.start_time_ns):
+        if n.name.startswith(_DIED):  # an input fn let go of, at its last use
+            now -= int(n.name[len(_DIED) :])
+            continue
+        ptr, size = n.extra_fields.ptr, n.extra_fields.alloc_size
+        if size > 0:
+            live[ptr] = size
+            now += size
+        elif ptr in live:
+            now -= live.pop(ptr)
+        peak = max(peak, now)
+    return result, peak
+
+
+_DIED = "xsched::died:"
+
+
+def _mark(name: str) -> None:
+    with torch.profiler.record_function(name):
+        pass
+
+
+class Segments:
+    """The executor's compiled regions: built, compiled (per input shapes) and measured on their first run.
+    `ex` is the Executor (this module sits beside it, so it takes it untyped); `compile_fn(gm, inputs)` compiles
+    one region (default inductor) into a boxed callable: it takes the list of inputs, may empty it, and returns
+    the outputs."""
+
+    def __init__(self, ex: Any, compile_fn: Callable[[fx.GraphModule, list[torch.Tensor]], Callable] | None = None):
+        self.ex = ex
+        self.compile_fn = compile_fn or _inductor
+        self.peaks: dict[tuple[int, ...], int] = {}  # region steps -> its measured peak above its start
+        self.failed: dict[tuple[int, ...], str] = {}  # region steps -> why it runs uncompiled
+        self._fns: dict[tuple, Callable] = {}
+        self._plans: dict[tuple[int, ...], Callable] = {}
+        self.eager_ops = frozenset(ex.recomputed_random)
+
+    def program(self, idx: Sequence[int]) -> Callable[[Any], None]:
+        """A step function running steps `idx` (computes and frees on one device, in order) as compiled regions."""
+        key = tuple(idx)
+        if key not in self._plans:
+            ex = self.ex
+            parts = regions_of(ex.graph, ex.plan.steps, key, self.eager_ops, ex.watch)
+            runs = [self._runner(p) if isinstance(p, Region) else self._step(p) for p in parts]
+
+            def program(st: Any) -> None:
+                for run in runs:
+                    run(st)
+
+            self._plans[key] = program
+        return self._plans[key]
+
+    def _step(self, i: int) -> Callable[[Any], None]:
+        fn, s = self.ex.fns[i], self.ex.plan.steps[i]
+
+        def step(st: Any) -> None:
+            try:
+                fn(st)
+            except XschedError as e:
+                raise at_step(e, i, s) from e
+
+        return step
+
+    def _runner(self, r: Region) -> Callable[[Any], None]:
+        ex = self.ex
+        dev = ex.dev[r.device]
+        gm: fx.GraphModule | None = None
+        lock = _rng_lock(dev) if r.random else None
+        fallback = [self._step(i) for i in r.steps]
+        n_out = len(r.outputs)
+        label = f"{REGION_LABEL}{r.steps[0]}-{r.steps[-1]}"  # profiling.fused.region_times reads its time
+
+        def run(st: Any) -> None:
+            nonlocal gm
+            if r.steps in self.failed:
+                for f in fallback:
+                    f(st)
+                return
+            store = st.stores[r.device]
+            try:
+                args = [store.tensors[v] for v in r.inputs]
+            except KeyError as e:
+                raise XschedError(
+                    "input value is not available",
+                    stage="execute",
+                    value=str(e.args[0]),
+                    device=r.device,
+                    step=r.steps[0],
+                ) from e
+            key = (r.steps, *((tuple(a.shape), a.stride(), a.dtype) for a in args))
+            fn = self._fns.get(key)
+            if fn is None:
+                try:
+                    gm = gm or region_graph(ex.graph, ex.plan.steps, r, dev)
+                    fn = self._fns[key] = self.compile_fn(gm, args)
+                except Exception as e:  # the compiler cannot handle it: this region runs uncompiled
+                    self.failed[r.steps] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                    print(f"xsched: region {r.name} runs uncompiled ({self.failed[r.steps]})", file=sys.stderr)
+                    for f in fallback:
+                        f(st)
+                    return
+            start = store.bytes
+            for v in r.drops:  # the store lets go first: the compiled call frees them at their last use in it
+                store.drop(v)
+            with lock if lock is not None else nullcontext(), torch.profiler.record_function(label):
+                if r.steps not in self.peaks:  # first run: measure what the fused region really allocates
+                    dying = [a for v, a in zip(r.inputs, args) if v not in store.tensors]
+                    outs, self.peaks[r.steps] = measured_peak(lambda: fn(args), dev, dying)
+                else:
+                    outs = fn(args)  # boxed: it empties `args`, so each input dies at its last use
+            peak = start + self.peaks[r.steps]
+            if peak > store.peak:
+                store.peak = peak
+            for v, t in zip(r.outputs, outs):
+                if t.nbytes != ex.nbytes[v]:
+                    op = ex.graph.op[ex.graph.producer[v]]
+                    raise wrong_size(op, v, t.nbytes, ex.nbytes[v], r.device)
+                store.put(v, t)
+            for v, t in zip(r.watched, outs[n_out:]):
+                st.first.setdefault(v, t)
+
+        return run
+
+
+def _inductor(gm: fx.GraphModule, inputs: list[torch.Tensor]) -> Callable:
+    """Inductor on the region's aten graph, called boxed (a list it empties, so the compiled code drops each
+    input after its last use, as the plan's frees inside the region do); random ops draw through ATen in graph
+    order (fallback_random), as eager PyTorch does."""
+    from torch._dynamo.utils import GmWrapper
+    from torch._inductor.compile_fx import compile_fx
+
+    return compile_fx(GmWrapper(gm, tuple), inputs, config_patches={"fallback_random": True})
+
+
+def compiled_peaks(graph: Graph, plan: Plan, peaks: Mapping[tuple[int, ...], int]) -> dict[str, int]:
+    """The plan's peak per device with each measured region (its steps -> the most bytes it allocated above what
+    was resident when it began) counted as measured instead of by its steps' per-op counts."""
+    return _CompiledPeaks(graph, plan, peaks).run()
+
+
+class _CompiledPeaks(PlanInterpreter):
+    def __init__(self, graph: Graph, plan: Plan, peaks: Mapping[tuple[int, ...], int]) -> None:
+        super().__init__(graph, plan)
+        self.inside = {i: steps for steps in peaks for i in steps}
+        self.first = {steps[0]: extra for steps, extra in peaks.items()}
+
+    def bump(self, i: int, device: str, during: int, **where: str) -> None:
+        if i not in self.inside:
+            super().bump(i, device, during, **where)
+
+    def on_compute(self, i: int, s: Compute, op: Op) -> None:
+        self._enter(i, s.device)
+
+    def on_free(self, i: int, s: Free) -> None:
+        self._enter(i, s.device)
+
+    def _enter(self, i: int, device: str) -> None:
+        if i in self.first:  # a region begins: what is resident now plus what it allocated, at most
+            super().bump(i, device, self.used[device] + self.first[i])
+
+    def end(self) -> dict[str, int]:
+        return dict(self.peak)
