@@ -71,6 +71,8 @@ def cmd_train(a: argparse.Namespace) -> int:
         log_csv=a.log_csv,
         param_home=a.param_home,
         stores=tuple(split_device_list(",".join(a.store))) if a.store else (),
+        delayed_update=a.delayed_update,
+        trace=a.trace,
     )
     if not a.json:
         train(config, Bar())
@@ -136,7 +138,23 @@ def add(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--log-csv", metavar="PATH", help="also write each step's fields (as --json's step lines) to a CSV")
     _add_training_flags(t)
     _add_data_flags(t)
+    _add_offload_flags(t)
     t.set_defaults(run=cmd_train)
+
+
+def _add_offload_flags(t: argparse.ArgumentParser) -> None:
+    t.add_argument(
+        "--delayed-update",
+        action="store_true",
+        help="with --param-home: apply each AdamW update one step late (ZeRO-Offload's delayed parameter update), "
+        "so the next step never waits for the host optimizer; every gradient is then one update stale",
+    )
+    t.add_argument(
+        "--trace",
+        metavar="PATH",
+        help="write a Chrome trace of the last step: the plan's lanes (GPU time on CUDA streams), the runs, the "
+        "host optimizer's buckets and the waits for them",
+    )
 
 
 def _add_training_flags(t: argparse.ArgumentParser) -> None:

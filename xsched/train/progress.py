@@ -170,6 +170,8 @@ class JsonLines:
 
     def step(self, r: StepRecord) -> None:
         fields = step_fields(r)  # strict JSON: an fp16 overflow's inf or nan norm is null (its loss scale drops)
+        if r.breakdown is not None:  # where the step's time went (xsched.execute.step_clock)
+            fields["breakdown"] = dict(r.breakdown)
         self.emit(
             "step", **{k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in fields.items()}
         )
