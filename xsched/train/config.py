@@ -100,7 +100,9 @@ class TrainConfig:
         if self.param_home is None:
             _fail("--delayed-update needs --param-home (the host optimizer it delays)")
         if self.clip_grad is not None:
-            _fail("--delayed-update cannot clip (--clip-grad): the host AdamW steps each bucket before the norm is known")
+            _fail(
+                "--delayed-update cannot clip (--clip-grad): the host AdamW steps each bucket before the norm is known"
+            )
         if self.precision == "fp16":
             _fail("--delayed-update cannot skip overflowed steps (--precision fp16): use bf16 or fp32")
 

@@ -128,9 +128,7 @@ def export_state(segments: Iterable[Segment], facade: torch.optim.Optimizer) -> 
             }
 
 
-def import_state(
-    segments: Iterable[Segment], facade: torch.optim.Optimizer, names: Mapping[nn.Parameter, str]
-) -> None:
+def import_state(segments: Iterable[Segment], facade: torch.optim.Optimizer, names: Mapping[nn.Parameter, str]) -> None:
     """Take the state `facade` loaded (a torch AdamW state dict) into the flat buffers, and empty it."""
     group_of = {p: g for g in facade.param_groups for p in g["params"]}
     for seg in segments:

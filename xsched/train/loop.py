@@ -19,8 +19,8 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
 from xsched.errors import XschedError
-from xsched.report.trace import write_trace
 from xsched.loaders import TrainingTask
+from xsched.report.trace import write_trace
 from xsched.train import dist
 from xsched.train.checkpoint import rng_state, save_checkpoint
 from xsched.train.config import DEFAULT_CHECKPOINT_EVERY, DEFAULT_EVAL_BATCHES, DEFAULT_EVAL_EVERY, TrainConfig

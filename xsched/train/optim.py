@@ -117,9 +117,7 @@ class HostUpdater(Updater):
     are in, and the next step's reads of a parameter wait for its own bucket. The state dict is the plain
     Updater's (torch AdamW's over the parameters)."""
 
-    def __init__(
-        self, config: TrainConfig, wrapped: Any, device_types: Iterable[str], clock: Any = None
-    ) -> None:
+    def __init__(self, config: TrainConfig, wrapped: Any, device_types: Iterable[str], clock: Any = None) -> None:
         super().__init__(config, wrapped.parameters(), device_types)
         named = dict(wrapped.module.named_parameters())
         self.names = {p: n for n, p in named.items()}
