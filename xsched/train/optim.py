@@ -126,7 +126,8 @@ class HostUpdater(Updater):
         self.host = HostAdamW(order, decay, config.lr, delayed=config.delayed_update, clock=clock)
         for n, p in order:  # .grad shows the step's gradient (autograd leaves it alone: the listener takes them)
             seg, off, k = self.host.of[n].slots[n]
-            p.grad = seg.grad[off : off + k].view(p.shape)
+            if seg.grad.dtype == p.dtype:  # a bf16 parameter's fp32 gradient is the host optimizer's alone
+                p.grad = seg.grad[off : off + k].view(p.shape)
         self.wrapped = wrapped
         self.lr = config.lr
         wrapped.listen(self.host)
@@ -168,6 +169,11 @@ class HostUpdater(Updater):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
+        raw = state["optimizer"]  # as saved: torch's load casts the moments to a bf16 parameter's dtype
+        ids = [i for g in raw["param_groups"] for i in g["params"]]
+        for i, p in zip(ids, [p for g in self.opt.param_groups for p in g["params"]]):
+            if i in raw["state"]:
+                self.opt.state[p] = dict(raw["state"][i])
         self.host.import_state(self.opt, self.names)
         self.host.load_master(self.names, state.get("host_master"))
 

@@ -165,6 +165,8 @@ class JsonLines:
             schedule=info["schedule"],
             param_home=info.get("param_home"),
             optimizer_overlap=info.get("optimizer_overlap", False),
+            delayed_update=info.get("delayed_update", False),
+            master_weights=info.get("master_weights"),
             predicted={"time_s": p.time_s, "peak_bytes": dict(p.peak_bytes), "energy_j": p.energy_j} if p else None,
         )
 
