@@ -196,3 +196,28 @@ def test_bad_flags_are_one_line_and_exit_2(mlp, tmp_path, capsys, extra, message
     assert main(["train", *args, *extra]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and __import__("re").search(message, err[0]), err
+
+
+def test_the_optimizer_split_homes_the_last_released_parameters_on_the_computing_device(mlp, tmp_path) -> None:
+    """--optimizer-split 0.6: the first layers (their gradients come last in the backward, their weights are read
+    first) live on cpu:0 with their AdamW, the rest on cpu:1; training equals eager AdamW and resumes bit for bit."""
+    config = offloaded(mlp, tmp_path, steps=4, optimizer_split=0.6, checkpoint_dir=str(tmp_path / "a"))
+    config = dataclasses.replace(config, budgets={"cpu:0": "1MiB", "cpu:1": "1GiB"})  # 614 KiB: two layers
+    whole = train(config)
+    plan = Plan.load(whole.plan_path)
+    on0 = sorted(v for v, d in plan.homes.items() if v.startswith("param:") and d == "cpu:0")
+    on1 = sorted(v for v, d in plan.homes.items() if v.startswith("param:") and d == "cpu:1")
+    assert on0 and on1
+    assert {"param:0.weight", "param:0.bias", "param:2.weight"} <= set(on0), on0  # the first layers moved
+    assert {"param:8.weight", "param:6.weight"} <= set(on1), on1  # the last stayed home
+    want, model, _ = eager(4, bf16=False, delayed=False)
+    assert_close(whole.losses, want, rtol=1e-5, atol=1e-6)
+    ck = read_checkpoint(tmp_path / "a", 4)
+    for n, p in model.named_parameters():
+        assert_close(ck["model"][n], p.detach(), rtol=1e-4, atol=1e-5)
+    split = dataclasses.replace(config, checkpoint_dir=str(tmp_path / "b"), checkpoint_every=2)
+    first = train(dataclasses.replace(split, steps=2))
+    second = train(dataclasses.replace(split, steps=4, resume=True))
+    assert first.losses + second.losses == whole.losses
+    for name, t in ck["model"].items():
+        assert torch.equal(t, read_checkpoint(tmp_path / "b", 4)["model"][name]), name

@@ -72,6 +72,7 @@ def cmd_train(a: argparse.Namespace) -> int:
         param_home=a.param_home,
         stores=tuple(split_device_list(",".join(a.store))) if a.store else (),
         delayed_update=a.delayed_update,
+        optimizer_split=a.optimizer_split,
         trace=a.trace,
     )
     if not a.json:
@@ -148,6 +149,13 @@ def _add_offload_flags(t: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --param-home: apply each AdamW update one step late (ZeRO-Offload's delayed parameter update), "
         "so the next step never waits for the host optimizer; every gradient is then one update stale",
+    )
+    t.add_argument(
+        "--optimizer-split",
+        type=float,
+        metavar="SHARE",
+        help="with --param-home: home the parameters the backward finishes last on the computing device, with "
+        "their AdamW state, within SHARE (0-1) of its budget (ZeRO-Offload++'s Twin-Flow); the rest stay home",
     )
     t.add_argument(
         "--trace",

@@ -59,6 +59,7 @@ class TrainConfig:
     param_home: str | None = None  # where the parameters, gradients and optimizer state live (default: first device)
     stores: tuple[str, ...] = ()  # devices that hold values and run no op (only their copies are profiled)
     delayed_update: bool = False  # --param-home's AdamW one step late (ZeRO-Offload's DPU; see train.host_adamw)
+    optimizer_split: float | None = None  # Twin-Flow: this share of the compute budget holds optimizer-placed params
     trace: str | None = None  # a Chrome trace of the last step's lanes and optimizer buckets, written here
 
     def check(self) -> None:
@@ -93,6 +94,11 @@ class TrainConfig:
         self._check_delayed()
 
     def _check_delayed(self) -> None:
+        if self.optimizer_split is not None:
+            if self.param_home is None:
+                _fail("--optimizer-split needs --param-home (it moves some parameters' optimizer off that home)")
+            if not 0 < self.optimizer_split < 1:
+                _fail(f"--optimizer-split must be a share of the compute budget in (0, 1), got {self.optimizer_split}")
         if not self.delayed_update:
             return
         if self.optimizer != "adamw":

@@ -74,13 +74,14 @@ def chunks(named: Sequence[tuple[str, nn.Parameter]], limit: int) -> list[list[t
 def make_bucket(
     index: int, chunk: Sequence[tuple[str, nn.Parameter]], decay: Mapping[str, float], lr: float, separate: bool
 ) -> Bucket:
-    """Pack the chunk's parameters into one flat buffer per (weight decay, dtype): each parameter becomes a view.
+    """Pack the chunk's parameters into one flat buffer per (weight decay, dtype, device): each parameter becomes a
+    view (a parameter homed on the computing device, Twin-Flow's split, is updated there).
     Master weights of their own (fp32) where `separate` or the parameters are not fp32."""
-    keys: dict[tuple[float, torch.dtype], list[tuple[str, nn.Parameter]]] = {}
+    keys: dict[tuple[float, torch.dtype, torch.device], list[tuple[str, nn.Parameter]]] = {}
     for n, p in chunk:
-        keys.setdefault((decay[n], p.dtype), []).append((n, p))
+        keys.setdefault((decay[n], p.dtype, p.device), []).append((n, p))
     segments, slots = [], {}
-    for (wd, dtype), members in keys.items():
+    for (wd, dtype, _), members in keys.items():
         device = members[0][1].device
         pinned = members[0][1].is_pinned()  # the run's copies to a GPU read these asynchronously
         total = sum(p.numel() for _, p in members)

@@ -218,8 +218,9 @@ def _plan_and_wrap(
     home = _local(config.param_home, dist.local_rank()) if config.param_home else None
     stores = [_local(d, dist.local_rank()) for d in config.stores]
 
-    def plan_for(graph: Graph, limits: Mapping[str, str | int]) -> CachedPlan:
-        homes = param_homes(graph, home) if home is not None else None
+    def plan_for(graph: Graph, limits: Mapping[str, str | int], homes: Mapping[str, str] | None = None) -> CachedPlan:
+        if homes is None and home is not None:
+            homes = param_homes(graph, home)
         return dist.main_first(
             world,
             lambda: cached_plan(
@@ -239,6 +240,8 @@ def _plan_and_wrap(
     inputs = task.example_batch[0]
     graph = capture(task.model, inputs, name=graph_name(config.model))
     chosen = plan_for(graph, budgets)
+    if config.optimizer_split is not None and home is not None:
+        chosen, budgets = _split(config, graph, chosen, budgets, devices, stores, home, plan_for, rep)
     wrapped = wrap(task.model, inputs, budgets, devices, plan=chosen.plan, stores=stores, param_home=home)
     if evaluates:
         wrapped.eval()
@@ -246,6 +249,37 @@ def _plan_and_wrap(
         wrapped.use_plan(plan_for(inference, chosen.plan.budgets).plan, inputs)
         wrapped.train()
     return graph, chosen, wrapped
+
+
+def _split(
+    config: TrainConfig,
+    graph: Graph,
+    chosen: CachedPlan,
+    budgets: dict[str, str],
+    devices: Sequence[str],
+    stores: Sequence[str],
+    home: str,
+    plan_for: Callable[..., CachedPlan],
+    rep: Reporter,
+) -> tuple[CachedPlan, dict[str, Any]]:
+    """Twin-Flow's split (xsched.train.placement): the parameters the all-home plan releases last move, with their
+    optimizer, to the computing device within `--optimizer-split` of its budget, and the plan is solved again."""
+    from xsched.budgets import format_bytes
+    from xsched.execute.param_home import ListenerSlot, ParamPoints, param_homes
+    from xsched.train.placement import split_plan
+
+    device = next(d for d in devices if d not in stores and d != home)
+    order = ParamPoints(graph, chosen.plan, ListenerSlot()).order
+    homes = param_homes(graph, home)
+    assert config.optimizer_split is not None
+    split, plan = split_plan(
+        graph, order, device, budgets, config.optimizer_split, lambda b, h: plan_for(graph, b, h), homes
+    )
+    rep.notice(
+        f"optimizer split: {len(split.params)} of {len(order)} parameters and their AdamW on {device} "
+        f"({format_bytes(split.bytes)} with their state), the rest on {home}"
+    )
+    return plan, dict(split.budgets)  # type: ignore[return-value]
 
 
 def prepare(
