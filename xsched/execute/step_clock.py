@@ -89,7 +89,7 @@ class StepClock:
         gpu = {(lane, a): (ev0, ev1) for lane, _, ev0, ev1, a in s.cuda}
         out: dict[str, Any] = {"wall_s": t1 - t0}
         for label in ("forward", "backward"):
-            out[f"{label}_s"] = sum(b - a for x, a, b in s.runs if x == label)
+            out[f"{label}_s"] = float(sum(b - a for x, a, b in s.runs if x == label))
         runs = out["forward_s"] + out["backward_s"]
         busy = dict.fromkeys(KINDS, 0.0)
         issue = dict.fromkeys(KINDS, 0.0)
@@ -109,10 +109,10 @@ class StepClock:
             out[f"{kind}_issue_s"] = issue[kind]
         out["compute_idle_s"] = max(0.0, runs - busy["compute"])
         out["outside_runs_s"] = max(0.0, out["wall_s"] - runs)
-        out["optimizer_s"] = sum(buckets.values())
+        out["optimizer_s"] = float(sum(buckets.values()))
         out["optimizer_buckets_s"] = [buckets[k] for k in sorted(buckets, key=_bucket_index)]
         for what in ("read", "step"):
-            out[f"optimizer_wait_{what}_s"] = sum(b - a for x, a, b in s.waits if x == what)
+            out[f"optimizer_wait_{what}_s"] = float(sum(b - a for x, a, b in s.waits if x == what))
         return out
 
     def trace(self, name: str = "step") -> dict[str, Any]:
