@@ -186,6 +186,9 @@ def test_bf16_sends_bf16_gradients_home_and_the_breakdown_and_trace_are_reported
         (["--delayed-update", "--optimizer", "sgd"], "--delayed-update applies to the host AdamW"),
         (["--delayed-update", "--clip-grad", "1"], "--delayed-update cannot clip"),
         (["--param-home", "cuda:0"], r"--param-home cuda:0 is not among the devices \['cpu:0', 'cpu:1'\]"),
+        # one Linear's streamed weight (64 KiB) with its input and output cannot fit 40 KiB: proven, by any method
+        (["--budget", "cpu:0=40KiB", "--method", "park"], r"proven.*below the lower bound .* for op op\d+"),
+        (["--budget", "cpu:0=40KiB", "--method", "auto"], r"proven infeasible \(budget 40.00 KiB on cpu:0 is below"),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_2(mlp, tmp_path, capsys, extra, message) -> None:
