@@ -80,6 +80,7 @@ class HostAdamW:
             bucket_bytes = max(1, min(MAX_BUCKET_BYTES, total // MIN_BUCKETS))
         self.delayed = delayed
         self.clock = clock
+        self.direct = 0  # gradients the run copied home straight into their buffers
         self.buckets: list[Bucket] = []
         self.of: dict[str, Bucket] = {}
         for k, chunk in enumerate(chunks(named, bucket_bytes)):
@@ -110,6 +111,15 @@ class HostAdamW:
         ready.wait()
         self._waited("read", t0)
         self._check()
+
+    def grad_buffer(self, name: str) -> torch.Tensor | None:
+        """Where the run may copy `name`'s gradient home (then handed to `released` as it is): its slice of the
+        bucket's gradient buffer, on a step's first micro-batch while no update of the bucket is under way."""
+        b = self.of.get(name)
+        if b is None or not self._flags[0] or not b.idle.is_set():
+            return None
+        seg, off, n = b.slots[name]
+        return seg.grad[off : off + n]
 
     def released(self, name: str, grad: torch.Tensor | None, events: Sequence[Any]) -> None:
         b = self.of.get(name)
@@ -237,7 +247,9 @@ class HostAdamW:
         for name, (grad, _) in items.items():
             seg, off, n = b.slots[name]
             dst = seg.grad[off : off + n]
-            if first:
+            if first and grad.data_ptr() == dst.data_ptr():
+                self.direct += 1  # the run copied it home into place
+            elif first:
                 dst.copy_(grad.reshape(-1))
             else:
                 dst.add_(grad.reshape(-1))

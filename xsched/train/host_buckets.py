@@ -95,7 +95,8 @@ def make_bucket(
                 off += p.numel()
         own = separate or dtype != torch.float32
         flat = compute.to(torch.float32, copy=True) if own else compute
-        grad = torch.zeros_like(flat)
+        # pinned beside a GPU: gradients are copied home straight into it (ParamPoints' grad_into)
+        grad = torch.zeros(flat.shape, dtype=flat.dtype, device=flat.device, pin_memory=pinned)
         seg = Segment([p for _, p in members], compute, flat, grad, _adamw(flat, lr, wd), spans)
         flat.grad = grad
         segments.append(seg)
