@@ -96,7 +96,8 @@ def make_bucket(
         own = separate or dtype != torch.float32
         flat = compute.to(torch.float32, copy=True) if own else compute
         # pinned beside a GPU: gradients are copied home straight into it (ParamPoints' grad_into)
-        grad = torch.zeros(flat.shape, dtype=flat.dtype, device=flat.device, pin_memory=pinned)
+        pin = pinned and dtype == flat.dtype  # bf16 gradients are cast into it by the worker: nothing lands there
+        grad = torch.zeros(flat.shape, dtype=flat.dtype, device=flat.device, pin_memory=pin)
         seg = Segment([p for _, p in members], compute, flat, grad, _adamw(flat, lr, wd), spans)
         flat.grad = grad
         segments.append(seg)
