@@ -1,14 +1,18 @@
-"""Training what does not fit one GPU (issue 25): GPT-2 whose parameters, gradients and AdamW states exceed the GPU
-budget, 10 steps each by xsched (`xsched train --param-home cpu --store cpu`: all three on the host, AdamW there,
-overlapped with the backward), FSDP2 with CPUOffloadPolicy (torch's own, one process), DeepSpeed ZeRO-Offload where
-it is installed, and plain PyTorch on the GPU with no budget (the reference).
+"""Training what does not fit one GPU (issues 25 and 30): GPT-2 1.56B whose parameters, gradients and AdamW states
+exceed the GPU budget, trained by plain PyTorch on the GPU with no budget (the reference), by xsched (`xsched train
+--param-home cpu --store cpu`: all three on the host, AdamW there overlapped with the run; fp32 exactly, and bf16
+with fp32 master weights, the delayed update and the optimizer split), by FSDP2 with CPUOffloadPolicy, by DeepSpeed
+ZeRO-Offload and torchao's CPUOffloadOptimizer where they import, and xsched alone on a 3.2B Llama in bf16.
 
-python scripts/bench_gpu_param_offload.py --out docs/bench/gpu_param_offload.md   # an H100/H200: under 5 minutes
-python scripts/bench_gpu_param_offload.py --cpu --steps 3                         # reduced: cpu:0 computes, cpu:1 stores
+python scripts/bench_gpu_param_offload.py --deadline 320 --json param_offload.json --out param_offload.md  # H100
+python scripts/bench_gpu_param_offload.py --cpu --steps 3                  # reduced: cpu:0 computes, cpu:1 stores
 
-Each row runs in a process of its own (its peak RSS is the row's host memory, its GPU memory its own); the rows
-train the same initial weights on the same batches with the same AdamW (lr 1e-3, weight decay 0.01 on 2+-D
-weights), and every loss is compared with the reference's.
+Each row runs in a process of its own (its peak RSS is the row's host memory, its GPU memory its own); the GPT-2
+rows train the same initial weights on the same batches with the same AdamW (lr 1e-3, weight decay 0.01 on 2+-D
+weights), and every loss is compared with the reference's. xsched rows add the per-step breakdown (medians over the
+steps after the warm-up): compute, copies in and out (GPU time), the compute lane's idle time, the host time spent
+issuing the GPU work, the optimizer's time and the waits for it. `--deadline` shortens the row limits (and skips
+rows) so the whole run ends within it; `--json` is rewritten after every row.
 """
 
 from __future__ import annotations
@@ -31,9 +35,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_param_offload_rows import (
+    row_llama,
+    row_reference_bf16,
+    row_xsched,
+    row_xsched_fast,
+    table,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
-ROWS = ("reference", "xsched", "fsdp2", "deepspeed")
+ROWS = ("reference", "xsched", "fsdp2", "reference_bf16", "xsched_fast", "llama", "deepspeed", "torchao")
 LR, WEIGHT_DECAY = 1e-3, 0.01
 GPU = {  # GPT-2 XL's shape (1.56B parameters: 5.8 GiB, 23 GiB with gradients and AdamW's two states)
     "scale": "full:n_layer=48,n_head=25,n_embd=1600,seq=512,batch=2,dropout=0.0",
@@ -41,7 +52,11 @@ GPU = {  # GPT-2 XL's shape (1.56B parameters: 5.8 GiB, 23 GiB with gradients an
     "budget": "16GiB",
     "store": "cpu",
     "host_budget": "100GiB",
-    "method": "park",  # weights fetched ahead of their readers, parked again between reads (25 s to plan on 2 cores)
+    "method": "park",  # weights fetched ahead of their readers, parked again between reads
+    "split": 0.25,  # the fast row's --optimizer-split: a quarter of the budget for the first layers' AdamW
+    "llama_scale": "full:seq=1024,batch=4",  # Llama 3.2 3B's shape, 4096 tokens a step
+    "llama_budget": "70GiB",
+    "llama_split": 0.2,
 }
 CPU = {  # the reduced mode: GPT-2 small, 8 layers; cpu:0 at the lowest budget today's solvers plan
     "scale": "small:n_layer=8,dropout=0.0",
@@ -50,7 +65,12 @@ CPU = {  # the reduced mode: GPT-2 small, 8 layers; cpu:0 at the lowest budget t
     "store": "cpu:1",
     "host_budget": "1GiB",
     "method": "offload",  # 1 s to plan; park reaches 1.4 MiB, below the 1.6 MiB of parameters, in 16 s
+    "split": 0.3,
+    "llama_scale": "tiny",
+    "llama_budget": "2MiB",
+    "llama_split": None,
 }
+MIN_ROW_S = 25.0  # a row given less than this before the deadline is skipped
 
 
 # ---- the rows (each in a child process) ----
@@ -123,60 +143,6 @@ def row_reference(setup: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def row_xsched(setup: dict[str, Any]) -> dict[str, Any]:
-    """`xsched train` with --param-home and --store on the host: the plan streams weights in and gradients out,
-    HostAdamW steps each bucket as its gradients arrive."""
-    from xsched.contracts.plan import Plan
-    from xsched.train import TrainConfig, train
-    from xsched.train.records import Quiet
-
-    device, store = setup["device"], setup["store"]
-    cache = setup["cache_dir"]
-    if not setup["cpu"]:
-        _profile_capped(setup, cache)
-    config = TrainConfig(
-        "zoo:gpt2",
-        {device: setup["budget"], store: setup["host_budget"]},
-        steps=setup["steps"],
-        lr=LR,
-        scale=setup["scale"],
-        method=setup["method"],
-        time_limit=setup["time_limit"],
-        profile="model" if setup["cpu"] else "measure",
-        cache_dir=cache,
-        param_home=store,
-        stores=(store,),
-    )
-    r = train(config, Quiet())
-    plan = Plan.load(r.plan_path)
-    o = r.optimizer
-    cuda = not setup["cpu"]
-    return {
-        "losses": r.losses,
-        "step_s": [x.step_s for x in r.records],
-        "optimizer_s": o.optimizer_s if o else None,
-        "hidden_s": o.hidden_s if o else None,
-        "gpu_peak": max(x.peak_bytes[device] for x in r.records) if cuda else None,
-        "note": f"plan {plan.solver.found_by} at {setup['budget']} on {device} (predicted peak "
-        f"{gib(plan.predicted.peak_bytes[device])}), setup {r.setup_s:.0f} s, "
-        f"{o.waited_s if o else 0:.2f} s waited for the optimizer",
-    }
-
-
-def _profile_capped(setup: dict[str, Any], cache: str) -> None:
-    """Measure the GPU profile within --profile-s and store it where `xsched train` looks for it."""
-    from xsched.capture.torch import capture
-    from xsched.pipeline import profile_path
-    from xsched.profiling.measure import profile_graph
-    from xsched.profiling.store import save_profile
-
-    task = task_of(setup)
-    graph = capture(task.model, task.example_batch[0])
-    device, store = setup["device"], setup["store"]
-    p = profile_graph(graph, [device], stores=[store], max_total_s=setup["profile_s"], progress=False)
-    save_profile(p, profile_path(graph, [device], cache, [store]))
-
-
 def _one_rank(backend: str) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -244,12 +210,30 @@ def row_deepspeed(setup: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def row_torchao(setup: dict[str, Any]) -> dict[str, Any]:
+    """torchao's CPUOffloadOptimizer (AdamW state and step on the host, gradients offloaded as the backward makes
+    them, parameters on the GPU), fp32."""
+    if setup["cpu"]:
+        return {"skipped": "CPUOffloadOptimizer needs a CUDA GPU"}
+    try:
+        from torchao.optim import CPUOffloadOptimizer
+    except ImportError as e:
+        return {"skipped": f"torchao's CPUOffloadOptimizer does not import ({e})"}
+    dev = torch.device(setup["device"])
+    task = task_of(setup)
+    model = task.model.to(dev)
+    opt = CPUOffloadOptimizer(groups(model.parameters()), torch.optim.AdamW, lr=LR, fused=True)
+    out = train_loop(setup, task, dev, model, backward_with(opt), opt.step)
+    out["note"] = "torchao CPUOffloadOptimizer, fused CPU AdamW, parameters resident on the GPU"
+    return out
+
+
 def run_child(row: str, setup: dict[str, Any], result: Path, rows: dict[str, Callable] | None = None) -> int:
     """Run row `row` (`rows[row]`, else this script's row_<row>) and write its result, or its error, as JSON."""
     if setup["cpu"]:
         torch.set_num_threads(1)
     try:
-        out = (rows[row] if rows else globals()[f"row_{row}"])(setup)
+        out = (rows[row] if rows else _ROWS[row])(setup)
     except Exception as e:  # the row's error is its result; the other rows go on
         traceback.print_exc()
         out = {"error": f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"}
@@ -300,55 +284,21 @@ def same_losses(got: list[float], want: list[float] | None, rtol: float) -> str:
     return f"{'yes' if ok else 'NO'} (max diff {diff:.1e})"
 
 
-HEADER = (
-    "| row | step time | vs reference | GPU peak | host memory (peak RSS) | loss = reference | optimizer time "
-    "| hidden behind the backward | note |"
-)
-
-
-def table(results: dict[str, dict[str, Any]], rtol: float, steps: int) -> list[str]:
-    ref = results.get("reference", {})
-    want = ref.get("losses")
-    ref_step = steady(ref["step_s"]) if "step_s" in ref else None
-    lines = [HEADER, "|---|---|---|---|---|---|---|---|---|"]
-    for row, r in results.items():
-        if "skipped" in r or "error" in r:
-            why = (r.get("skipped") or f"error: {r['error']}").replace("|", "/")
-            lines.append(f"| {row} | {why} | | | | | | | |")
-            continue
-        step = steady(r["step_s"])
-        vs = f"{step / ref_step:.2f}x" if ref_step else "-"
-        opt = r.get("optimizer_s")
-        hidden = "-" if not opt or r.get("hidden_s") is None else f"{r['hidden_s'] / opt:.0%}"
-        same = "reference" if row == "reference" else same_losses(r["losses"], want, rtol)
-        lines.append(
-            f"| {row} | {step * 1e3:.1f} ms | {vs} | {gib(r.get('gpu_peak'))} | {gib(r.get('host_peak'))} | {same} "
-            f"| {'-' if opt is None else f'{opt:.2f} s'} | {hidden} | {r.get('note', '')} |"
-        )
-    lines.append("")
-    lines.append(
-        f"{steps} steps per row. Step time: median after two warm-up steps (forward, backward, optimizer; xsched's "
-        "step ends when its gradients are in, its updates finish while the next forward waits only for the weights "
-        "it reads). GPU peak: max_memory_allocated over the steps. Loss = reference: every step's loss within "
-        f"rtol {rtol:g}. Optimizer time: all steps; hidden: the part inside backward passes (HostAdamW's worker, "
-        "measured), 0% where the step runs after the backward."
-    )
-    return lines
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu", action="store_true", help="the reduced mode: small GPT-2 on cpu:0 with cpu:1 as store")
     ap.add_argument("--scale", help="zoo gpt2 scale (default: 1.5B parameters on a GPU, small:n_layer=8 with --cpu)")
     ap.add_argument("--budget", help="the compute device's budget (default 16GiB on cuda:0, 3MiB on cpu:0)")
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of {', '.join(ROWS)}")
     ap.add_argument("--method", help="xsched's solver method (default park on a GPU, offload with --cpu)")
-    ap.add_argument("--time-limit", type=float, default=60.0, help="xsched's solver time limit, seconds")
-    ap.add_argument("--profile-s", type=float, default=60.0, help="cap on xsched's GPU profiling, seconds")
-    ap.add_argument("--row-timeout", type=float, default=280.0, help="seconds per row before it is stopped")
+    ap.add_argument("--time-limit", type=float, default=30.0, help="xsched's solver time limit, seconds")
+    ap.add_argument("--profile", default="model", choices=("model", "measure"), help="xsched's costs (default model)")
+    ap.add_argument("--row-timeout", type=float, default=200.0, help="seconds per row before it is stopped")
+    ap.add_argument("--deadline", type=float, help="seconds for the whole run: rows are shortened or skipped")
     ap.add_argument("--loss-rtol", type=float, default=1e-4)
     ap.add_argument("--out", help="also write the markdown table here")
+    ap.add_argument("--json", help="write every row's figures here as JSON, after each row")
     ap.add_argument("--child", choices=ROWS, help=argparse.SUPPRESS)
     ap.add_argument("--setup", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
@@ -359,9 +309,13 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA GPU: run with --cpu for the reduced mode", file=sys.stderr)
         return 2
     setup = {**(CPU if a.cpu else GPU), "cpu": a.cpu, "steps": a.steps, "time_limit": a.time_limit}
-    setup["profile_s"] = a.profile_s
+    setup["profile"] = a.profile
     setup.update({k: v for k, v in (("scale", a.scale), ("budget", a.budget), ("method", a.method)) if v})
     t0 = time.perf_counter()
+    if a.deadline is not None:
+        setup["deadline"] = time.time() + a.deadline - 3  # the report's own seconds
+    if a.json:
+        setup["json_out"] = a.json
     results = run_rows(a.rows.split(","), setup, a.row_timeout)
     title = f"Parameters, gradients and AdamW on the host: GPT-2 {setup['scale']}"
     where = f"{setup['device']} budget {setup['budget']} for xsched, store {setup['store']}"
@@ -372,17 +326,26 @@ def run_rows(
     rows: list[str], setup: dict[str, Any], timeout: float, script: str = __file__, before: Callable | None = None
 ) -> dict[str, dict[str, Any]]:
     """Each row in a child process of `script`, in order, sharing one temporary cache directory; `before(row, setup,
-    results)` may prepare `setup` for a row or return why it cannot run (its result, `{"skipped": why}`)."""
+    results)` may prepare `setup` for a row or return why it cannot run (its result, `{"skipped": why}`). With
+    setup["deadline"] (a time.time()), each row's limit ends by then and a row with under MIN_ROW_S left is
+    skipped; with setup["json_out"], every result so far is written there after each row."""
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as cache:
         setup["cache_dir"] = cache
         for row in rows:
-            if before is not None and (why := before(row, setup, results)) is not None:
+            limit = timeout
+            if setup.get("deadline") is not None:
+                limit = min(timeout, setup["deadline"] - time.time())
+            if limit < MIN_ROW_S:
+                results[row] = {"skipped": f"skipped: {max(limit, 0):.0f} s left before --deadline"}
+            elif before is not None and (why := before(row, setup, results)) is not None:
                 results[row] = {"skipped": why}
-                continue
-            log(f"{row}: running")
-            results[row] = run_row(row, setup, timeout, script)
-            log(f"{row}: {'done' if 'losses' in results[row] else results[row]}")
+            else:
+                log(f"{row}: running (limit {limit:.0f} s)")
+                results[row] = run_row(row, setup, limit, script)
+                log(f"{row}: {'done' if 'losses' in results[row] else results[row]}")
+            if setup.get("json_out"):
+                Path(setup["json_out"]).write_text(json.dumps({"setup": setup, "rows": results}, indent=1) + "\n")
     return results
 
 
@@ -415,6 +378,17 @@ def publish(
         Path(a.out).write_text(text)
     return 0 if all("error" not in r for r in results.values()) else 1
 
+
+_ROWS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "reference": row_reference,
+    "xsched": row_xsched,
+    "fsdp2": row_fsdp2,
+    "reference_bf16": row_reference_bf16,
+    "xsched_fast": row_xsched_fast,
+    "llama": row_llama,
+    "deepspeed": row_deepspeed,
+    "torchao": row_torchao,
+}
 
 if __name__ == "__main__":
     with contextlib.suppress(BrokenPipeError):

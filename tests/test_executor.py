@@ -46,6 +46,7 @@ def unit_profile(graph: Graph, devices: tuple[str, ...]) -> Profile:
 # outweigh params, grads and the input, and a 25% budget means recomputing most of the forward.
 ZOO = {
     "gpt2": (16, "tiny:n_layer=6", 25, 25),
+    "llama": (8, "tiny", 50, 50),
     "transformer": (16, "tiny", 25, 25),
     "mlp_mixer": (16, "tiny:layers=12,hidden=64,channels_mlp=128", 30, 30),
     "unet": (16, "tiny", 35, 30),

@@ -12,7 +12,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from xsched import zoo
 from xsched.errors import XschedError
 
-ALL = ["gpt2", "mlp_mixer", "resnet18", "resnet34", "resnet50", "transformer", "unet", "vgg16", "vgg19"]
+ALL = ["gpt2", "llama", "mlp_mixer", "resnet18", "resnet34", "resnet50", "transformer", "unet", "vgg16", "vgg19"]
 
 # published parameter counts: torchvision (ResNet, VGG), HF/OpenAI GPT-2 small, timm mixer_b16_224
 PUBLISHED = {

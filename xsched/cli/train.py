@@ -73,6 +73,9 @@ def cmd_train(a: argparse.Namespace) -> int:
         param_home=a.param_home,
         stores=tuple(split_device_list(",".join(a.store))) if a.store else (),
         compile=a.compile,
+        delayed_update=a.delayed_update,
+        optimizer_split=a.optimizer_split,
+        trace=a.trace,
     )
     if not a.json:
         train(config, Bar())
@@ -140,6 +143,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     _add_training_flags(t)
     _add_data_flags(t)
     _add_lora_flags(t)
+    _add_offload_flags(t)
     t.set_defaults(run=cmd_train)
 
 
@@ -150,6 +154,28 @@ def _add_lora_flags(t: argparse.ArgumentParser) -> None:
         help="hf: models: train LoRA adapters on the frozen model (e.g. r=8,alpha=16,targets=q_proj,v_proj, or a "
         "folder of saved adapters to train further); they are saved under --checkpoint-dir/adapter as "
         "PeftModel.from_pretrained loads them. Needs peft: pip install 'xsched[lora]'",
+    )
+
+
+def _add_offload_flags(t: argparse.ArgumentParser) -> None:
+    t.add_argument(
+        "--delayed-update",
+        action="store_true",
+        help="with --param-home: apply each AdamW update one step late (ZeRO-Offload's delayed parameter update), "
+        "so the next step never waits for the host optimizer; every gradient is then one update stale",
+    )
+    t.add_argument(
+        "--optimizer-split",
+        type=float,
+        metavar="SHARE",
+        help="with --param-home: home the parameters the backward finishes last on the computing device, with "
+        "their AdamW state, within SHARE (0-1) of its budget (ZeRO-Offload++'s Twin-Flow); the rest stay home",
+    )
+    t.add_argument(
+        "--trace",
+        metavar="PATH",
+        help="write a Chrome trace of the last step: the plan's lanes (GPU time on CUDA streams), the runs, the "
+        "host optimizer's buckets and the waits for them",
     )
 
 

@@ -18,6 +18,7 @@ calling thread as one generated function (xsched.execute.program), about a call 
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -133,6 +134,7 @@ class Executor:
         self._groups: dict[tuple[int, int], list[tuple[int, ...]]] = {}
         self._cuts: dict[tuple[int, int], list[tuple[int, int]]] = {}
         self.segments = Segments(self) if compile and self._generate else None
+        self.clock: Any = None  # a StepClock (xsched.execute.step_clock) that times the lanes' tasks, when set
 
     # ---- lanes ----
     def compute_stream(self, device: str) -> Any:
@@ -199,12 +201,16 @@ class Executor:
                 stage="execute",
                 step=start,
             )
+        t0 = time.perf_counter()
         with torch.no_grad():
             if trace or not self.overlap or self._one_device(start, stop):
                 self._run_inline(st, start, stop, trace)
             else:
                 self._run_lanes(st, start, stop)
         st.next_step = stop
+        if self.clock is not None:
+            forward = self.plan.boundary is None or stop <= self.plan.boundary
+            self.clock.run("forward" if forward else "backward", t0, time.perf_counter())
 
     def _one_device(self, start: int, stop: int) -> bool:
         """True when steps [start, stop) are computes and frees on one device: nothing to overlap."""
@@ -215,16 +221,28 @@ class Executor:
         if not trace and self._generate:
             for a, b in self._runs(start, stop):  # one-device runs of computes and frees as programs, copies between
                 if b - a == 1 and isinstance(self.plan.steps[a], Copy):
-                    self._run_steps(st, a, b, trace=False)
-                    continue
-                program = self._programs.get((a, b))
-                if program is None:
-                    program = self._programs[(a, b)] = (
-                        self.segments.program(range(a, b)) if self.segments else inline_program(self.prepared, a, b)
-                    )
+                    program = self._timed(a, b, lambda st, a=a, b=b: self._run_steps(st, a, b, trace=False))
+                else:
+                    program = self._programs.get((a, b))
+                    if program is None:
+                        inner = (
+                            self.segments.program(range(a, b)) if self.segments else inline_program(self.prepared, a, b)
+                        )
+                        program = self._programs[(a, b)] = self._timed(a, b, inner)
                 program(st)
             return
         self._run_steps(st, start, stop, trace)
+
+    def _timed(self, a: int, b: int, fn: StepFn) -> StepFn:
+        """Steps [a, b) run inline, timed by the clock when one is set (looked up per call: it may come later)."""
+        key = self.lane_of[a]
+
+        def run(st: RunState) -> None:
+            if self.clock is None:
+                return fn(st)
+            self.clock.timed(key, f"steps {a}-{b - 1}", fn, self.lanes[key].stream)(st)
+
+        return run
 
     def _runs(self, start: int, stop: int) -> list[tuple[int, int]]:
         """[start, stop) cut into maximal runs of computes and frees on one device, and single copies."""
@@ -270,6 +288,8 @@ class Executor:
             fn = self.fns[i] if len(group) == 1 else self._run_group(group)
             if self.segments and key.startswith("compute:") and len(group) > 1:
                 fn = self.segments.program(group)
+            if self.clock is not None:
+                fn = self.clock.timed(key, f"steps {i}-{group[-1]}", fn, used[key].stream)
             used[key].submit(Task(i, fn, st, deps, done, errors))
             last[key] = done
         for done in last.values():

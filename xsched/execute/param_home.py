@@ -17,6 +17,7 @@ from xsched.contracts.plan import Compute, Copy, Plan
 from xsched.errors import XschedError
 from xsched.execute.compiled import getter
 from xsched.execute.executor import Executor, RunState, StepFn, prepare_copy
+from xsched.lanes import lane_of
 
 
 def param_homes(graph: Graph, device: str) -> dict[str, str]:
@@ -25,8 +26,17 @@ def param_homes(graph: Graph, device: str) -> dict[str, str]:
 
 
 def check_homes(graph: Graph, plan: Plan, device: str) -> None:
-    """A given plan must home every param and buffer on `device`."""
-    wrong = next((v for v, d in param_homes(graph, device).items() if plan.homes.get(v) != d), None)
+    """A given plan must home every param and buffer on `device`, except, in a plan that homes some params there,
+    params homed on a device that computes (their optimizer runs there: train.placement's split)."""
+    computes = {s.device for s in plan.steps if isinstance(s, Compute)}
+    wanted = param_homes(graph, device)
+    split = any(plan.homes.get(v) == device for v in wanted if graph.value[v].kind == "param")
+
+    def fits(v: str, d: str) -> bool:
+        home = plan.homes.get(v)
+        return home == d or (split and graph.value[v].kind == "param" and home in computes)
+
+    wrong = next((v for v, d in wanted.items() if not fits(v, d)), None)
     if wrong is not None:
         raise XschedError(
             f"the given plan homes {graph.value[wrong].name} on {plan.homes.get(wrong)}, not on param_home {device}",
@@ -104,6 +114,12 @@ class ParamPoints:
         for n in self.count:
             for i in marks[n]:
                 self.marks.setdefault(i, []).append(n)
+        # the copies that bring a gradient home as the very value the listener is handed: they may land in it
+        self.grad_into = {
+            i: n
+            for n, i in final.items()
+            if n in self.count and isinstance(plan.steps[i], Copy) and plan.steps[i].value == grads[n]["ref"]
+        }
         self.reads = {
             i: n
             for n in self.count
@@ -176,6 +192,9 @@ class ParamPoints:
             return fn
         gpu = next((ex.dev[d] for d in (s.src, s.dst) if ex.dev[d].type == "cuda"), None)
         slot = self.slot
+        into = self.grad_into.get(i)
+        if into is not None and ex.dev[s.dst].type == "cpu":
+            fn = _into_buffer(ex, s, into, slot, fn)
 
         def copy(st: RunState) -> None:
             listener = slot.listener
@@ -189,6 +208,31 @@ class ParamPoints:
                 self.mark(st, names, _event(gpu) if gpu is not None else None)
 
         return copy
+
+
+def _into_buffer(ex: Executor, s: Copy, name: str, slot: ListenerSlot, fn: StepFn) -> StepFn:
+    """A gradient's copy home straight into the buffer the listener offers for it (`grad_buffer(name)`: its
+    optimizer's own, pinned beside a GPU), sparing the optimizer a host copy; the plain copy when it offers none."""
+    cuda = ex.dev[s.src].type == "cuda"
+    side = ex.lanes[lane_of(s)].stream if cuda else None
+    v, src, dst = s.value, s.src, s.dst
+
+    def copy(st: RunState) -> None:
+        offer = getattr(slot.listener, "grad_buffer", None)
+        buf = offer(name) if offer is not None else None
+        t = st.stores[src].tensors[v]
+        if buf is None or buf.dtype != t.dtype or buf.numel() != t.numel() or (cuda and not buf.is_pinned()):
+            fn(st)
+            return
+        out = buf.view(t.shape)
+        if cuda:
+            t.record_stream(side)  # the caching allocator keeps t until this stream's copy is done
+            out.copy_(t, non_blocking=True)
+        else:
+            out.copy_(t)
+        st.stores[dst].put(v, out)
+
+    return copy
 
 
 def _makes(graph: Graph, s: Any, value: str, device: str) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -57,6 +57,12 @@ class Lane:
     whose start it must be done by), sorted by emit position, equal ones in the order they were added."""
 
     items: list[tuple[int, int, float, int]]
+    emits: list[int] = field(default_factory=list)  # the items' emit positions, kept beside them for bisect
+
+    def add(self, item: tuple[int, int, float, int]) -> None:
+        at = self.slot(item[0])
+        self.items.insert(at, item)
+        self.emits.insert(at, item[0])
 
     def finishes(self, start: np.ndarray) -> list[float]:
         out, prev = [], 0.0
@@ -67,7 +73,7 @@ class Lane:
 
     def slot(self, emit: int) -> int:
         """Where a copy emitted at `emit` goes: after every copy emitted at or before it."""
-        return bisect.bisect_right([it[0] for it in self.items], emit)
+        return bisect.bisect_right(self.emits, emit)
 
     def delay(self, start: np.ndarray, done: Sequence[float], at: int, first_done: float) -> float:
         """The lateness a copy inserted at index `at`, done at `first_done`, adds to the copies after it."""
@@ -125,12 +131,12 @@ class ParkTimeline(_Timeline):
             first, last = self.uses[v][0], (n - 1 if v in self.graph.outputs else self.uses[v][-1])
             secs = self.seconds("in", self.nbytes[v])
             p, _, _, _ = self._back(-1, first, secs)
-            self.lanes["in"].items.insert(self.lanes["in"].slot(p), (p, p, secs, first))
+            self.lanes["in"].add((p, p, secs, first))
             self.spans[v] = [[p, last]]
             self.mem[:p] -= self.nbytes[v]
             self.mem[last + 1 :] -= self.nbytes[v]
             fetch[v] = p
-            self.refresh()
+            self.done["in"] = self.lanes["in"].finishes(self.start)  # a fetch moves no compute: only its lane
         return fetch
 
     def refresh(self) -> None:
@@ -182,7 +188,7 @@ class ParkTimeline(_Timeline):
         """The copy back's position p in (t, b): the latest whose start lets it be done by b's (t + 1 when none
         does), its lateness, its index on the in lane, and when it is done."""
         lane, done, start = self.lanes["in"], self.done["in"], self.start
-        emits = [it[0] for it in lane.items]
+        emits = lane.emits
 
         def finish(p: int) -> tuple[int, float]:
             at = bisect.bisect_right(emits, p)
@@ -206,10 +212,10 @@ class ParkTimeline(_Timeline):
         n = self.nbytes[pk.value]
         if pk.out:
             lane = self.lanes["out"]
-            lane.items.insert(lane.slot(pk.a), (pk.a, pk.a + 1, self.seconds("out", n), pk.q))
+            lane.add((pk.a, pk.a + 1, self.seconds("out", n), pk.q))
         if pk.b is not None:
             lane = self.lanes["in"]
-            lane.items.insert(lane.slot(pk.p), (pk.p, pk.p, self.seconds("in", n), pk.b))
+            lane.add((pk.p, pk.p, self.seconds("in", n), pk.b))
         self.on_store.add(pk.value)
         self.parks.append(pk)
         if pk.b is None:

@@ -60,6 +60,9 @@ class TrainConfig:
     param_home: str | None = None  # where the parameters, gradients and optimizer state live (default: first device)
     stores: tuple[str, ...] = ()  # devices that hold values and run no op (only their copies are profiled)
     compile: bool = False  # run one-device runs of steps as compiled regions (xsched.execute.segments)
+    delayed_update: bool = False  # --param-home's AdamW one step late (ZeRO-Offload's DPU; see train.host_adamw)
+    optimizer_split: float | None = None  # Twin-Flow: this share of the compute budget holds optimizer-placed params
+    trace: str | None = None  # a Chrome trace of the last step's lanes and optimizer buckets, written here
 
     def check(self) -> None:
         """A one-line XschedError for each value that cannot work, before anything is loaded."""
@@ -90,6 +93,26 @@ class TrainConfig:
             _fail(f"--min-lr must be between 0 and --lr ({self.lr}), got {self.min_lr}")
         self._check_files_and_evals()
         self._check_homes()
+        self._check_delayed()
+
+    def _check_delayed(self) -> None:
+        if self.optimizer_split is not None:
+            if self.param_home is None:
+                _fail("--optimizer-split needs --param-home (it moves some parameters' optimizer off that home)")
+            if not 0 < self.optimizer_split < 1:
+                _fail(f"--optimizer-split must be a share of the compute budget in (0, 1), got {self.optimizer_split}")
+        if not self.delayed_update:
+            return
+        if self.optimizer != "adamw":
+            _fail(f"--delayed-update applies to the host AdamW (--optimizer adamw), not --optimizer {self.optimizer}")
+        if self.param_home is None:
+            _fail("--delayed-update needs --param-home (the host optimizer it delays)")
+        if self.clip_grad is not None:
+            _fail(
+                "--delayed-update cannot clip (--clip-grad): the host AdamW steps each bucket before the norm is known"
+            )
+        if self.precision == "fp16":
+            _fail("--delayed-update cannot skip overflowed steps (--precision fp16): use bf16 or fp32")
 
     def _check_homes(self) -> None:
         devices = list(self.devices or self.budgets)

@@ -20,6 +20,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from xsched.errors import XschedError
 from xsched.loaders import TrainingTask
+from xsched.report.trace import write_trace
 from xsched.train import dist
 from xsched.train.checkpoint import rng_state, save_checkpoint
 from xsched.train.config import DEFAULT_CHECKPOINT_EVERY, DEFAULT_EVAL_BATCHES, DEFAULT_EVAL_EVERY, TrainConfig
@@ -73,6 +74,8 @@ def _step(s: Session, step: int, world: dist.World, k: int) -> StepRecord:
     """One optimizer step on this rank's k micro-batches of `step`; the loss is averaged over them and the ranks."""
     s.peaks.start()
     s.energy.start()
+    if s.clock is not None:
+        s.clock.start()
     t0 = time.perf_counter()
     s.updater.start(step)
     losses = []
@@ -87,6 +90,7 @@ def _step(s: Session, step: int, world: dist.World, k: int) -> StepRecord:
     lr, grad_norm = s.updater.step(step)
     s.peaks.sync()
     dt = time.perf_counter() - t0
+    breakdown = s.clock.read() if s.clock is not None else None
     return StepRecord(
         step=step,
         loss=dist.mean(torch.stack(losses).mean(), world),
@@ -99,6 +103,7 @@ def _step(s: Session, step: int, world: dist.World, k: int) -> StepRecord:
         energy_j=s.energy.read(),
         energy_source=s.energy.source,
         loss_scale=s.updater.loss_scale,
+        breakdown=breakdown,
     )
 
 
@@ -160,6 +165,8 @@ def _loop(config: TrainConfig, s: Session, world: dist.World, rep: Reporter, sta
                 rep.checkpoint(done, last)
     s.updater.settle()
     t1 = time.perf_counter()
+    if config.trace is not None and s.clock is not None and records:
+        write_trace(s.clock.trace(f"{config.model}: step {records[-1].step}"), config.trace)
     result = TrainResult(
         start, tuple(records), s.chosen.path, s.chosen.reused, last, world.size, t1 - t0, setup_s, s.updater.overlap
     )

@@ -2,7 +2,9 @@
 scaling for fp16 (torch.amp.GradScaler: a step with an inf or nan gradient is skipped and the scale lowered), the
 learning-rate schedule, clipping by total norm (torch.nn.utils.clip_grad_norm_, after unscaling), and AdamW or SGD
 with weight decay on the weights only (parameters of two or more dimensions; biases and norms are not decayed); with
-the parameters on a home of their own (`--param-home`), AdamW there, overlapped with the backward (HostUpdater)."""
+the parameters on a home of their own (`--param-home`), AdamW there, overlapped with the run (HostUpdater): in bf16
+the parameters are bf16 and the host keeps fp32 master weights; `--delayed-update` applies each update one step late
+(xsched.train.host_adamw says exactly how)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from xsched.errors import XschedError
 from xsched.train.config import TrainConfig
 from xsched.train.host_adamw import HostAdamW, OverlapStats
 from xsched.train.schedule import Schedule
@@ -114,16 +117,17 @@ class HostUpdater(Updater):
     are in, and the next step's reads of a parameter wait for its own bucket. The state dict is the plain
     Updater's (torch AdamW's over the parameters)."""
 
-    def __init__(self, config: TrainConfig, wrapped: Any, device_types: Iterable[str]) -> None:
+    def __init__(self, config: TrainConfig, wrapped: Any, device_types: Iterable[str], clock: Any = None) -> None:
         super().__init__(config, wrapped.parameters(), device_types)
         named = dict(wrapped.module.named_parameters())
         self.names = {p: n for n, p in named.items()}
         decay = {self.names[p]: g["weight_decay"] for g in self.opt.param_groups for p in g["params"]}
         order = [(n, named[n]) for n in wrapped.release_order if n in decay]
-        self.host = HostAdamW(order, decay, config.lr)
+        self.host = HostAdamW(order, decay, config.lr, delayed=config.delayed_update, clock=clock)
         for n, p in order:  # .grad shows the step's gradient (autograd leaves it alone: the listener takes them)
             seg, off, k = self.host.of[n].slots[n]
-            p.grad = seg.grad[off : off + k].view(p.shape)
+            if seg.grad.dtype == p.dtype:  # a bf16 parameter's fp32 gradient is the host optimizer's alone
+                p.grad = seg.grad[off : off + k].view(p.shape)
         self.wrapped = wrapped
         self.lr = config.lr
         wrapped.listen(self.host)
@@ -132,6 +136,7 @@ class HostUpdater(Updater):
         self.lr = self.schedule.lr_at(step)
         for group in self.opt.param_groups:
             group["lr"] = self.lr
+        self.host.start_step()
 
     def backward(self, loss: torch.Tensor, micro: int = 0, micro_batches: int = 1) -> None:
         self.host.begin(first=micro == 0, last=micro == micro_batches - 1, lr=self.lr)
@@ -146,7 +151,10 @@ class HostUpdater(Updater):
 
     def close(self) -> None:
         self.wrapped.listen(None)
-        self.host.close()
+        try:
+            self.host.flush()  # a delayed update's last step reaches the parameters
+        finally:
+            self.host.close()
 
     @property
     def overlap(self) -> OverlapStats | None:
@@ -155,22 +163,39 @@ class HostUpdater(Updater):
     def state_dict(self) -> dict[str, Any]:
         self.host.export_state(self.opt)
         try:
-            return super().state_dict()
+            return {**super().state_dict(), "host_master": self.host.master(self.names)}
         finally:
             self.opt.state.clear()  # the views stay with the returned dict only
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
+        raw = state["optimizer"]  # as saved: torch's load casts the moments to a bf16 parameter's dtype
+        ids = [i for g in raw["param_groups"] for i in g["params"]]
+        for i, p in zip(ids, [p for g in self.opt.param_groups for p in g["params"]]):
+            if i in raw["state"]:
+                self.opt.state[p] = dict(raw["state"][i])
         self.host.import_state(self.opt, self.names)
+        self.host.load_master(self.names, state.get("host_master"))
 
 
-def make_updater(config: TrainConfig, wrapped: Any, device_types: Iterable[str], world_size: int) -> Updater:
+def make_updater(
+    config: TrainConfig, wrapped: Any, device_types: Iterable[str], world_size: int, clock: Any = None
+) -> Updater:
     """The HostUpdater where the parameters have a home of their own and nothing needs every gradient before the
     first update (AdamW, no clipping, no fp16 loss scaling, one process); else the Updater, stepping after the
     backward where the parameters live."""
-    if host_optimizer_blocker(config, world_size) is None:
-        return HostUpdater(config, wrapped, device_types)
+    blocker = host_optimizer_blocker(config, world_size)
+    if blocker is None:
+        return HostUpdater(config, wrapped, device_types, clock)
+    if config.delayed_update:
+        raise XschedError(f"--delayed-update needs the overlapped host optimizer, and {blocker}", stage="train")
     return Updater(config, wrapped.parameters(), device_types)
+
+
+def master_on_host(config: TrainConfig, world_size: int) -> bool:
+    """bf16 with the parameters on a home of their own and the host optimizer: the module's weights are bf16 (the
+    run computes, copies and sends gradients in bf16) and the host keeps their fp32 master weights."""
+    return config.precision == "bf16" and host_optimizer_blocker(config, world_size) is None
 
 
 def host_optimizer_blocker(config: TrainConfig, world_size: int) -> str | None:

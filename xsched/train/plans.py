@@ -17,7 +17,7 @@ from pathlib import Path
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Plan
 from xsched.contracts.profile import Profile
-from xsched.errors import PlanError, XschedError
+from xsched.errors import BudgetError, PlanError, XschedError
 from xsched.files import atomic_write
 from xsched.pipeline import DEFAULT_TIME_LIMIT_S, plan_profile, profile_path
 from xsched.simulate import simulate
@@ -109,7 +109,13 @@ def cached_plan(
         except XschedError as e:
             notice(f"plan cache {path} is stale or unreadable: {e.detail[:160]}; planning again")
     options = SolverOptions(time_limit_s=time_limit if time_limit is not None else DEFAULT_TIME_LIMIT_S)
-    plan = solve(graph, costs, budgets, devices, method=method, options=options, homes=homes)
+    try:
+        plan = solve(graph, costs, budgets, devices, method=method, options=options, homes=homes)
+    except BudgetError as e:
+        if "below the lower bound" in e.detail and "proven" not in e.detail:  # say it: no method can plan this
+            where = {"op": e.op, "value": e.value, "device": e.device}
+            raise BudgetError(f"no plan can exist, proven: {e.detail}", stage=e.stage, **where) from e
+        raise
     plan = dataclasses.replace(plan, extra={**plan.extra, KEY_FIELD: key})
     text = json.dumps(plan.to_dict(), indent=1) + "\n"
     atomic_write(path, lambda f: f.write(text.encode()))

@@ -165,11 +165,15 @@ class JsonLines:
             schedule=info["schedule"],
             param_home=info.get("param_home"),
             optimizer_overlap=info.get("optimizer_overlap", False),
+            delayed_update=info.get("delayed_update", False),
+            master_weights=info.get("master_weights"),
             predicted={"time_s": p.time_s, "peak_bytes": dict(p.peak_bytes), "energy_j": p.energy_j} if p else None,
         )
 
     def step(self, r: StepRecord) -> None:
         fields = step_fields(r)  # strict JSON: an fp16 overflow's inf or nan norm is null (its loss scale drops)
+        if r.breakdown is not None:  # where the step's time went (xsched.execute.step_clock)
+            fields["breakdown"] = dict(r.breakdown)
         self.emit(
             "step", **{k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in fields.items()}
         )

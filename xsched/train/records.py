@@ -15,10 +15,11 @@ from xsched.train.host_adamw import OverlapStats
 @dataclass(frozen=True)
 class StepRecord:
     """One optimizer step: its 0-based index, the training loss averaged over the ranks and micro-batches (the
-    combined batch's loss), the learning rate it used, the total gradient norm before clipping, rank 0's wall
-    time, the token ids per second over all ranks (None when the inputs are not token ids), peak bytes per device
-    and energy (each with its source), the fp16 loss scale after the step (None otherwise), and the validation
-    loss when the run evaluated after this step."""
+        combined batch's loss), the learning rate it used, the total gradient norm before clipping, rank 0's wall
+        time, the token ids per second over all ranks (None when the inputs are not token ids), peak bytes per device
+        and energy (each with its source), the fp16 loss scale after the step (None otherwise), and the validation
+        loss when the run evaluated after this step, and where its time went (the executor's lanes and runs, the host
+    optimizer's buckets and the waits for them)."""
 
     step: int
     loss: float
@@ -32,6 +33,7 @@ class StepRecord:
     energy_source: str
     loss_scale: float | None = None
     val_loss: float | None = None
+    breakdown: Mapping[str, Any] | None = None  # where the step's time went (xsched.execute.step_clock), seconds
 
 
 @dataclass(frozen=True)

@@ -16,15 +16,16 @@ from typing import Any
 import torch
 
 from xsched.contracts.graph import Graph
-from xsched.contracts.plan import Plan
+from xsched.contracts.plan import Compute, Plan
 from xsched.errors import XschedError
+from xsched.execute.step_clock import StepClock, lane_kinds
 from xsched.loaders import Batch, TrainingTask, load_training_task
 from xsched.train import dist
 from xsched.train.checkpoint import newest_checkpoint, set_rng_state
 from xsched.train.config import TrainConfig
 from xsched.train.data import token_data
 from xsched.train.meters import EnergyMeter, PeakMeter
-from xsched.train.optim import Updater, autocast, host_optimizer_blocker, make_updater
+from xsched.train.optim import Updater, autocast, host_optimizer_blocker, make_updater, master_on_host
 from xsched.train.plans import CachedPlan, cached_plan
 from xsched.train.records import Reporter
 
@@ -41,6 +42,7 @@ RESUME_KEYS = (
     "clip_grad",
     "weight_decay",
     "schedule",
+    "delayed_update",
 )
 
 
@@ -62,6 +64,7 @@ class Session:
     val: Callable[[int, int, int], Batch] | None
     tokens: int | None
     signature: Mapping[str, Any]
+    clock: StepClock | None = None  # the per-step breakdown of the training plan's runs and the host optimizer
 
     def sync(self, last: bool) -> contextlib.AbstractContextManager:
         """DDP's gradient all-reduce only on a step's last micro-batch (no_sync on the others)."""
@@ -132,6 +135,7 @@ def run_signature(config: TrainConfig, task: TrainingTask, updater: Updater, wor
         "clip_grad": config.clip_grad,
         "weight_decay": updater.weight_decay,
         "schedule": updater.schedule.describe(),
+        "delayed_update": True if config.delayed_update else None,  # None: as checkpoints from before the flag
         "seed": config.seed,
         "world": world.size,
     }
@@ -182,6 +186,16 @@ def restore(
         torch.manual_seed(signature["seed"] + world.rank + 7919 * int(state["step"]))  # fresh, per rank and step
 
 
+def step_clock(wrapped: Any) -> StepClock:
+    """A clock on the training plan's executor: its lanes by kind (a copy into a computing device is in)."""
+    ex = wrapped._first.executor
+    clock = StepClock()
+    computes = {s.device for s in ex.plan.steps if isinstance(s, Compute)}
+    clock.kind_of = lane_kinds(ex.lane_of, computes)
+    ex.clock = clock
+    return clock
+
+
 def _token_count(task: TrainingTask) -> int | None:
     first = next((x for x in task.example_batch[0] if isinstance(x, torch.Tensor)), None)
     return first.numel() if first is not None and not first.is_floating_point() else None
@@ -206,8 +220,9 @@ def _plan_and_wrap(
     home = _local(config.param_home, dist.local_rank()) if config.param_home else None
     stores = [_local(d, dist.local_rank()) for d in config.stores]
 
-    def plan_for(graph: Graph, limits: Mapping[str, str | int]) -> CachedPlan:
-        homes = param_homes(graph, home) if home is not None else None
+    def plan_for(graph: Graph, limits: Mapping[str, str | int], homes: Mapping[str, str] | None = None) -> CachedPlan:
+        if homes is None and home is not None:
+            homes = param_homes(graph, home)
         return dist.main_first(
             world,
             lambda: cached_plan(
@@ -227,6 +242,8 @@ def _plan_and_wrap(
     inputs = task.example_batch[0]
     graph = capture(task.model, inputs, name=graph_name(config.model))
     chosen = plan_for(graph, budgets)
+    if config.optimizer_split is not None and home is not None:
+        chosen, budgets = _split(config, graph, chosen, budgets, devices, stores, home, plan_for, rep)
     wrapped = wrap(
         task.model, inputs, budgets, devices, plan=chosen.plan, stores=stores, param_home=home, compile=config.compile
     )
@@ -238,6 +255,37 @@ def _plan_and_wrap(
     return graph, chosen, wrapped
 
 
+def _split(
+    config: TrainConfig,
+    graph: Graph,
+    chosen: CachedPlan,
+    budgets: dict[str, str],
+    devices: Sequence[str],
+    stores: Sequence[str],
+    home: str,
+    plan_for: Callable[..., CachedPlan],
+    rep: Reporter,
+) -> tuple[CachedPlan, dict[str, Any]]:
+    """Twin-Flow's split (xsched.train.placement): the parameters the all-home plan releases last move, with their
+    optimizer, to the computing device within `--optimizer-split` of its budget, and the plan is solved again."""
+    from xsched.budgets import format_bytes
+    from xsched.execute.param_home import ListenerSlot, ParamPoints, param_homes
+    from xsched.train.placement import split_plan
+
+    device = next(d for d in devices if d not in stores and d != home)
+    order = ParamPoints(graph, chosen.plan, ListenerSlot()).order
+    homes = param_homes(graph, home)
+    assert config.optimizer_split is not None
+    split, plan = split_plan(
+        graph, order, device, budgets, config.optimizer_split, lambda b, h: plan_for(graph, b, h), homes
+    )
+    rep.notice(
+        f"optimizer split: {len(split.params)} of {len(order)} parameters and their AdamW on {device} "
+        f"({format_bytes(split.bytes)} with their state), the rest on {home}"
+    )
+    return plan, dict(split.budgets)  # type: ignore[return-value]
+
+
 def prepare(
     config: TrainConfig, budgets: dict[str, str], devices: Sequence[str], world: dist.World, rep: Reporter
 ) -> tuple[Session, int]:
@@ -247,6 +295,8 @@ def prepare(
 
     torch.manual_seed(config.seed)  # the factory's initial weights: the same on every rank
     task = load_task(config)
+    if master_on_host(config, world.size):  # bf16 weights for the run; their fp32 masters go to the host optimizer
+        task.model.to(torch.bfloat16)
     val = token_data(task, config.val_data, config.seed, "val") if config.val_data else None
     task.model.train()  # a factory may hand over a model in eval mode: training captures the training graph
     start, state = resume(config, world, rep.notice)
@@ -254,7 +304,8 @@ def prepare(
     amp = partial(autocast, config.precision, kinds)
     with amp():
         graph, chosen, wrapped = _plan_and_wrap(config, task, budgets, devices, world, rep, val is not None)
-    updater = make_updater(config, wrapped, kinds, world.size)
+    clock = step_clock(wrapped)
+    updater = make_updater(config, wrapped, kinds, world.size, clock)
     blocker = host_optimizer_blocker(config, world.size)
     if config.param_home is not None and blocker is not None and world.main:
         rep.notice(f"the optimizer steps on {config.param_home} after the backward, not overlapped: {blocker}")
@@ -279,6 +330,7 @@ def prepare(
         val,
         _token_count(task),
         signature,
+        clock,
     )
     rep.start(
         {
@@ -300,6 +352,8 @@ def prepare(
             "schedule": updater.schedule.describe(),
             "param_home": config.param_home,
             "optimizer_overlap": updater.overlap is not None,
+            "delayed_update": config.delayed_update,
+            "master_weights": "fp32 on the host" if master_on_host(config, world.size) else None,
         }
     )
     return session, start

@@ -10,10 +10,11 @@
 | gpt2        | b2, T16, 2L 2H 32d V64    | b4, T64, 4L 4H 64d V256   | b8, T128, 6L 6H 192d V1024   | b8, T1024, GPT-2 124M      |
 | transformer | b2, 16->16, d32 2+2L V64  | b4, 32->32, d64 2+2L V256 | b8, 64->64, d256 3+3L V1024  | b16, 128->128, base 6+6L   |
 | mlp_mixer   | b2, 3x32x32, p8 d16 2L    | b4, 3x64x64, p8 d64 4L    | b16, 3x64x64, p8 d256 8L     | b32, 3x224x224, Mixer-B/16 |
+| llama       | b2, T16, 2L 4H/2KV 32d    | b4, T64, 4L 4H/2KV 64d    | b8, T128, 6L 6H/2KV 192d     | b2, T1024, Llama 3.2 3B    |
 
 Every scale keeps the architecture's block types and topology; ResNet, VGG and UNet keep their full depth at
 every scale. Inputs: images (float32, N(0,1)) for the vision models; (idx, targets) int64 for gpt2, whose forward
-returns (logits, loss); (src, tgt) int64 for transformer. Other models return logits (unet: per-pixel logits).
+returns (logits, loss), as llama's; (src, tgt) int64 for transformer. Other models return logits (unet: per-pixel logits).
 
 `scale` may carry config overrides after a colon, e.g. "tiny:n_layer=4" or "default:image=96,width=16"; the
 fields are those of each family's config dataclass.
@@ -31,7 +32,7 @@ import torch
 from torch import nn
 
 from xsched.errors import XschedError
-from xsched.zoo import gpt, mixer, resnet, transformer, unet, vgg
+from xsched.zoo import gpt, llama, mixer, resnet, transformer, unet, vgg
 from xsched.zoo.gpt import GPT
 
 SCALES = ("tiny", "small", "default", "full")
@@ -45,6 +46,7 @@ _FAMILIES: dict[str, ModuleType] = {
     "gpt2": gpt,
     "transformer": transformer,
     "mlp_mixer": mixer,
+    "llama": llama,
 }
 
 __all__ = ["GPT", "SCALES", "ZooError", "ZooModel", "build", "build_module", "config", "names"]

@@ -6,7 +6,7 @@ The targets come from a fixed random teacher, so a model can learn them and a tr
 |-----------------------------------|----------------------------------------------|-------------------------------|
 | resnet*, vgg*, mlp_mixer          | (images,), class = argmax(channel means @ T) | cross entropy of the logits   |
 | unet                              | (images,), pixel class = argmax(pixel @ T)   | per-pixel cross entropy       |
-| gpt2                              | (idx, targets), None: arithmetic sequences   | the model's own (logits, loss) |
+| gpt2, llama                       | (idx, targets), None: arithmetic sequences   | the model's own (logits, loss) |
 | transformer                       | (src, tgt_in), tgt: the source reversed      | cross entropy per target token |
 
 A step's data is a pure function of (seed, step): the global batch of `world * batch` rows is drawn from a
@@ -36,6 +36,7 @@ _KIND = {
     "mlp_mixer": "classify",
     "unet": "segment",
     "gpt2": "next_token",
+    "llama": "next_token",
     "transformer": "reverse",
 }
 

@@ -1,0 +1,223 @@
+"""The xsched rows of scripts/bench_gpu_param_offload.py and their per-step breakdown: `xsched train` with the
+parameters on the host in fp32 (exactly the reference's arithmetic), in bf16 with fp32 master weights, the delayed
+update and the optimizer split (the fast row), the eager bf16 reference that applies the same rules, and xsched alone
+on a Llama of 3.2B parameters (tokens/s and the share of the GPU's bf16 dense rate); and the table of all rows."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import torch
+
+BF16_DENSE_FLOPS = 790e12  # H100 SXM's measured bf16 dense matmul rate (the issue's figure)
+BREAKDOWN = (  # (key in the step's breakdown, column)
+    ("compute_s", "compute"),
+    ("copy_in_s", "copies in"),
+    ("copy_out_s", "copies out"),
+    ("compute_idle_s", "compute idle"),
+    ("compute_issue_s", "issue (host)"),
+    ("optimizer_s", "optimizer"),
+    ("optimizer_wait_read_s", "wait opt (reads)"),
+    ("optimizer_wait_step_s", "wait opt (loop)"),
+)
+
+
+def breakdown(records: list[Any]) -> dict[str, float]:
+    """The median of each scalar of the steps' breakdowns, after two warm-up steps where there are four or more."""
+    rows = [r.breakdown for r in records if r.breakdown is not None]
+    rows = rows[2:] if len(rows) >= 4 else rows
+    keys = [k for k, v in (rows[0].items() if rows else ()) if isinstance(v, float)]
+    return {k: statistics.median(r[k] for r in rows) for k in keys}
+
+
+def xsched_run(
+    setup: dict[str, Any], model: str, scale: str, budget: str, **options: Any
+) -> tuple[Any, dict[str, Any]]:
+    """`xsched train` of zoo `model` at `scale` with the parameters on the store, `budget` on the device; the
+    result and the row's common fields."""
+    from bench_gpu_param_offload import gib
+
+    from xsched.contracts.plan import Plan
+    from xsched.train import TrainConfig, train
+    from xsched.train.records import Quiet
+
+    device, store = setup["device"], setup["store"]
+    config = TrainConfig(
+        f"zoo:{model}",
+        {device: budget, store: setup["host_budget"]},
+        steps=setup["steps"],
+        lr=1e-3,
+        scale=scale,
+        method=setup["method"],
+        time_limit=setup["time_limit"],
+        profile=setup["profile"],
+        cache_dir=setup["cache_dir"],
+        param_home=store,
+        stores=(store,),
+        **options,
+    )
+    t0 = time.perf_counter()
+    r = train(config, Quiet())
+    plan = Plan.load(r.plan_path)
+    o = r.optimizer
+    cuda = not setup["cpu"]
+    steps = len(r.records)
+    out = {
+        "losses": r.losses,
+        "step_s": [x.step_s for x in r.records],
+        "optimizer_s": o.optimizer_s if o else None,
+        "hidden_s": o.hidden_s if o else None,
+        "gpu_peak": max(x.peak_bytes[device] for x in r.records) if cuda else None,
+        "setup_s": r.setup_s,
+        "breakdown": breakdown(list(r.records)),
+        "note": f"plan {plan.solver.found_by} at {budget} on {device} (predicted peak "
+        f"{gib(plan.predicted.peak_bytes[device])}), setup {r.setup_s:.0f} s, "
+        f"{(o.waited_s if o else 0) / max(steps, 1):.3f} s/step waited for the optimizer, "
+        f"{time.perf_counter() - t0:.0f} s in all",
+    }
+    return r, out
+
+
+def row_xsched(setup: dict[str, Any]) -> dict[str, Any]:
+    """fp32, the parameters, gradients and AdamW on the host: the reference's arithmetic (losses compared)."""
+    _, out = xsched_run(setup, "gpt2", setup["scale"], setup["budget"])
+    return out
+
+
+def row_xsched_fast(setup: dict[str, Any]) -> dict[str, Any]:
+    """bf16 weights (fp32 master weights and AdamW state on the host, bf16 gradients over the link), the delayed
+    update, and the optimizer of the first layers on the GPU (--optimizer-split)."""
+    options = {"precision": "bf16", "delayed_update": True, "optimizer_split": setup["split"]}
+    _, out = xsched_run(setup, "gpt2", setup["scale"], setup["budget"], **options)
+    out["note"] = f"bf16 + fp32 master, delayed update, split {setup['split']:g}; " + out["note"]
+    out["compare"] = "reference_bf16"
+    return out
+
+
+def row_reference_bf16(setup: dict[str, Any]) -> dict[str, Any]:
+    """Eager PyTorch on the compute device: bf16 weights under autocast, fp32 master weights and fused AdamW there,
+    each update written into the weights one step late (the delayed rule): what xsched_fast computes."""
+    from bench_gpu_param_offload import LR, WEIGHT_DECAY, task_of, train_loop
+
+    dev = torch.device("cpu" if setup["cpu"] else setup["device"])
+    task = task_of(setup)
+    model = task.model.to(dev).to(torch.bfloat16)
+    params = list(model.parameters())
+    master = [torch.nn.Parameter(p.detach().float().clone()) for p in params]
+    groups = [
+        {"params": [m for m in master if m.dim() >= 2], "weight_decay": WEIGHT_DECAY},
+        {"params": [m for m in master if m.dim() < 2], "weight_decay": 0.0},
+    ]
+    opt = torch.optim.AdamW(groups, lr=LR, fused=True)
+    state = {"step": 0}
+
+    def forward(*inputs: Any) -> Any:
+        with torch.autocast(dev.type, dtype=torch.bfloat16):
+            return model(*inputs)
+
+    def backward(loss: torch.Tensor) -> None:
+        model.zero_grad(set_to_none=True)
+        loss.backward()
+
+    @torch.no_grad()
+    def step() -> None:
+        if state["step"] > 0:
+            torch._foreach_copy_(params, master)
+        for p, m in zip(params, master):
+            m.grad = p.grad.float()
+        opt.step()
+        state["step"] += 1
+
+    out = train_loop(setup, task, dev, forward, backward, step)
+    out["note"] = f"{dev.type}, bf16 weights, fp32 master + fused AdamW there, the delayed rule"
+    out["compare"] = None  # bf16 and a step late: not the fp32 reference's losses, by design
+    return out
+
+
+def row_llama(setup: dict[str, Any]) -> dict[str, Any]:
+    """xsched alone on a Llama of 3.2B parameters in bf16, master weights and AdamW on the host, delayed update:
+    tokens/s and the share of the bf16 dense rate (6·N·tokens + 12·layers·width·seq·tokens FLOPs)."""
+    from xsched import zoo
+
+    scale = setup["llama_scale"]
+    options = {"precision": "bf16", "delayed_update": True}
+    if setup.get("llama_split"):
+        options["optimizer_split"] = setup["llama_split"]
+    r, out = xsched_run(setup, "llama", scale, setup["llama_budget"], **options)
+    cfg = zoo.config("llama", scale)
+    n = sum(p.numel() for p in zoo.build_module("llama", scale, device="meta").parameters())
+    tokens = cfg.batch * cfg.seq
+    flops = (6 * n + 12 * cfg.n_layer * cfg.n_embd * cfg.seq) * tokens
+    steps = out["step_s"][2:] if len(out["step_s"]) >= 4 else out["step_s"]
+    step = statistics.median(steps)
+    out["tokens_per_s"] = tokens / step
+    out["mfu"] = flops / step / BF16_DENSE_FLOPS
+    out["params"] = n
+    out["note"] = f"{n / 1e9:.2f}B parameters, {tokens} tokens/step, bf16 + fp32 master, delayed; " + out["note"]
+    out["compare"] = None
+    return out
+
+
+def breakdown_cells(r: dict[str, Any]) -> list[str]:
+    b = r.get("breakdown") or {}
+    return [f"{b[k] * 1e3:.0f} ms" if k in b else "-" for k, _ in BREAKDOWN]
+
+
+HEADER = (
+    "| row | step time | vs reference | GPU peak | host memory (peak RSS) | loss = reference | optimizer time "
+    "| hidden behind the run | " + " | ".join(c for _, c in BREAKDOWN) + " | tokens/s | bf16 rate share | note |"
+)
+BF16_RTOL = 2e-2  # bf16: about 3 significant digits
+
+
+def table(results: dict[str, dict[str, Any]], rtol: float, steps: int) -> list[str]:
+    """The markdown table of every row (the reference's step time and losses are the yardstick)."""
+    from bench_gpu_param_offload import gib, same_losses, steady
+
+    ref = results.get("reference", {})
+    ref_step = steady(ref["step_s"]) if "step_s" in ref else None
+    width = HEADER.count("|") - 1
+    lines = [HEADER, "|" + "---|" * width]
+    for row, r in results.items():
+        if "skipped" in r or "error" in r:
+            why = (r.get("skipped") or f"error: {r['error']}").replace("|", "/")
+            lines.append(f"| {row} | {why} |" + " |" * (width - 2))
+            continue
+        step = steady(r["step_s"])
+        vs = f"{step / ref_step:.2f}x" if ref_step and row != "llama" else "-"
+        opt = r.get("optimizer_s")
+        hidden = "-" if not opt or r.get("hidden_s") is None else f"{r['hidden_s'] / opt:.0%}"
+        against = r.get("compare", "reference")
+        if row == "reference":
+            same = "reference"
+        elif against is None:
+            same = "-"
+        else:
+            want = results.get(against, {}).get("losses")
+            tol = BF16_RTOL if against == "reference_bf16" else rtol
+            same = f"{against}: {same_losses(r['losses'], want, tol)}" if against != "reference" else None
+            same = same or same_losses(r["losses"], want, tol)
+        tps = f"{r['tokens_per_s']:.0f}" if r.get("tokens_per_s") else "-"
+        mfu = f"{r['mfu']:.1%}" if r.get("mfu") else "-"
+        cells = " | ".join(breakdown_cells(r))
+        lines.append(
+            f"| {row} | {step * 1e3:.1f} ms | {vs} | {gib(r.get('gpu_peak'))} | {gib(r.get('host_peak'))} | {same} "
+            f"| {'-' if opt is None else f'{opt:.2f} s'} | {hidden} | {cells} | {tps} | {mfu} "
+            f"| {r.get('note', '')} |"
+        )
+    lines.append("")
+    lines.append(
+        f"{steps} steps per row. Step time: median after two warm-up steps (forward, backward, optimizer; xsched's "
+        "step ends when its gradients are in, its updates finish while the next forward waits only for the weights "
+        "it reads). GPU peak: max_memory_allocated over the steps. Loss = reference: every step's loss within "
+        f"rtol {rtol:g} (bf16 rows: of reference_bf16, eager bf16 with fp32 master weights and the same delayed "
+        f"rule, within {BF16_RTOL:g}). Optimizer time: all steps; hidden: the part inside the steps' forward and "
+        "backward passes (HostAdamW's worker, measured), 0% where the step runs after the backward. Breakdown "
+        "(xsched rows, median per step): compute, copies in and out (GPU time from CUDA events; host time on the "
+        "CPU), the compute lanes' idle time inside the runs, the host time spent issuing the compute, the "
+        "optimizer's busy time, and the time the reads and the loop waited for it. bf16 rate share: (6·N + "
+        "12·layers·width·seq)·tokens FLOPs per second over 790 TFLOP/s."
+    )
+    return lines

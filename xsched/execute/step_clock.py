@@ -1,0 +1,162 @@
+"""Where a training step's time goes: the executor's lanes (compute, copies in, copies out; GPU time from CUDA events
+where a lane issues onto a stream, host time otherwise), its runs (forward, backward), the host optimizer's buckets
+and the waits for them, as one breakdown per step and as Chrome-trace spans of the latest step."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+KINDS = ("compute", "copy_in", "copy_out", "free")
+
+
+@dataclass
+class _Spans:
+    host: list[tuple[str, str, float, float]] = field(default_factory=list)  # (lane, label, start, end), seconds
+    cuda: list[tuple[str, str, Any, Any, float]] = field(default_factory=list)  # (lane, label, ev0, ev1, host t0)
+    runs: list[tuple[str, float, float]] = field(default_factory=list)  # executor runs: (forward|backward, t0, t1)
+    waits: list[tuple[str, float, float]] = field(default_factory=list)  # the lanes' and loop's waits for updates
+
+
+class StepClock:
+    """Timers an executor and a host optimizer report to (from any thread). `kind_of(lane)` names a lane's kind
+    (compute, copy_in, copy_out, free); `start()` opens a step, `read()` closes it and returns its breakdown in
+    seconds: wall, forward/backward (the executor's runs), per kind the busy time (GPU time on a CUDA stream) and
+    the host time spent issuing it, the compute lanes' idle time inside the runs (waiting for copies or for
+    Python), the optimizer's busy time per bucket, the time reads and the loop waited for it, and what is outside
+    the runs (autograd, the loss, the loop's Python)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._s = _Spans()
+        self._t0 = time.perf_counter()
+        self.kind_of: dict[str, str] = {}
+        self.last: _Spans = _Spans()
+        self.last_t0 = self._t0
+
+    # ---- recording ----
+    def start(self) -> None:
+        with self._lock:
+            self._s, self._t0 = _Spans(), time.perf_counter()
+
+    def timed(self, lane: str, label: str, fn: Callable[[Any], None], stream: Any = None) -> Callable[[Any], None]:
+        """`fn` timed on `lane`: host start and end, and CUDA events around it on `stream` when given."""
+        spans = self
+
+        def run(arg: Any) -> None:
+            t0 = time.perf_counter()
+            ev0 = ev1 = None
+            if stream is not None:
+                ev0 = torch.cuda.Event(enable_timing=True)
+                ev0.record(stream)
+            try:
+                fn(arg)
+            finally:
+                if stream is not None:
+                    ev1 = torch.cuda.Event(enable_timing=True)
+                    ev1.record(stream)
+                spans.span(lane, label, t0, time.perf_counter(), (ev0, ev1) if ev0 is not None else None)
+
+        return run
+
+    def span(self, lane: str, label: str, t0: float, t1: float, cuda: tuple[Any, Any] | None = None) -> None:
+        with self._lock:
+            self._s.host.append((lane, label, t0, t1))
+            if cuda is not None:
+                self._s.cuda.append((lane, label, cuda[0], cuda[1], t0))
+
+    def run(self, label: str, t0: float, t1: float) -> None:
+        with self._lock:
+            self._s.runs.append((label, t0, t1))
+
+    def waited(self, what: str, t0: float, t1: float) -> None:
+        with self._lock:
+            self._s.waits.append((what, t0, t1))
+
+    # ---- reading ----
+    def read(self) -> dict[str, Any]:
+        """Close the step: its breakdown (the CUDA events it recorded must be complete: synchronise first)."""
+        t1 = time.perf_counter()
+        with self._lock:
+            s, t0 = self._s, self._t0
+            self._s, self._t0 = _Spans(), t1
+        self.last, self.last_t0 = s, t0
+        gpu = {(lane, a): (ev0, ev1) for lane, _, ev0, ev1, a in s.cuda}
+        out: dict[str, Any] = {"wall_s": t1 - t0}
+        for label in ("forward", "backward"):
+            out[f"{label}_s"] = float(sum(b - a for x, a, b in s.runs if x == label))
+        runs = out["forward_s"] + out["backward_s"]
+        busy = dict.fromkeys(KINDS, 0.0)
+        issue = dict.fromkeys(KINDS, 0.0)
+        buckets: dict[str, float] = {}
+        for lane, label, a, b in s.host:
+            kind = self.kind_of.get(lane)
+            if lane == "optimizer":
+                buckets[label] = buckets.get(label, 0.0) + b - a
+                continue
+            if kind is None:
+                continue
+            issue[kind] += b - a
+            ev = gpu.get((lane, a))
+            busy[kind] += ev[0].elapsed_time(ev[1]) / 1e3 if ev is not None else b - a
+        for kind in KINDS:
+            out[f"{kind}_s"] = busy[kind]
+            out[f"{kind}_issue_s"] = issue[kind]
+        out["compute_idle_s"] = max(0.0, runs - busy["compute"])
+        out["outside_runs_s"] = max(0.0, out["wall_s"] - runs)
+        out["optimizer_s"] = float(sum(buckets.values()))
+        out["optimizer_buckets_s"] = [buckets[k] for k in sorted(buckets, key=_bucket_index)]
+        for what in ("read", "step"):
+            out[f"optimizer_wait_{what}_s"] = float(sum(b - a for x, a, b in s.waits if x == what))
+        return out
+
+    def trace(self, name: str = "step") -> dict[str, Any]:
+        """The latest closed step as a Chrome trace: one thread per lane (host spans; GPU spans on their own
+        threads, placed by their host start), the optimizer's buckets, the runs and the waits."""
+        s, t0 = self.last, self.last_t0
+        tids: dict[str, int] = {}
+        events: list[dict[str, Any]] = []
+
+        def add(thread: str, label: str, a: float, dur: float, args: Mapping[str, Any] | None = None) -> None:
+            tid = tids.setdefault(thread, len(tids) + 1)
+            ev = {"name": label, "ph": "X", "pid": 1, "tid": tid, "ts": a * 1e6, "dur": max(dur, 0.0) * 1e6}
+            events.append({**ev, "args": dict(args or {})})
+
+        for label, a, b in s.runs:
+            add("runs", label, a - t0, b - a)
+        gpu = {(lane, a): (ev0, ev1) for lane, _, ev0, ev1, a in s.cuda}
+        for lane, label, a, b in s.host:
+            add(f"{lane} (host)" if (lane, a) in gpu else lane, label, a - t0, b - a)
+        ref = min(s.cuda, key=lambda c: c[4], default=None)
+        for lane, label, ev0, ev1, _ in s.cuda:
+            assert ref is not None
+            start = ref[4] - t0 + ref[2].elapsed_time(ev0) / 1e3
+            add(f"{lane} (GPU)", label, start, ev0.elapsed_time(ev1) / 1e3)
+        for what, a, b in s.waits:
+            add(f"wait for optimizer ({what})", what, a - t0, b - a)
+        names = [
+            {"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": n}} for n, tid in tids.items()
+        ]
+        return {"traceEvents": names + events, "displayTimeUnit": "ms", "otherData": {"name": name}}
+
+
+def _bucket_index(label: str) -> int:
+    tail = label.rsplit(" ", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
+
+def lane_kinds(lanes: Iterable[str], computes: set[str]) -> dict[str, str]:
+    """Each lane name of xsched.lanes ("compute:<d>", "copy:<src>-><dst>", "free:<d>") -> its kind: a copy is in
+    when its destination computes, out otherwise."""
+    out = {}
+    for key in set(lanes):
+        kind, where = key.split(":", 1)
+        if kind == "copy":
+            kind = "copy_in" if where.split("->")[1] in computes else "copy_out"
+        out[key] = kind
+    return out

@@ -1,0 +1,178 @@
+"""The host optimizer's buckets: the trained parameters packed into flat buffers (the weights the run reads, and,
+where they differ, fp32 master weights the update steps), fp32 gradients and one fused AdamW per segment; and their
+state as torch.optim.AdamW's state dict over the parameters, plus the master weights where they are kept apart."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from xsched.errors import XschedError
+
+
+@dataclass
+class Segment:
+    """Parameters of one bucket that share a weight decay and dtype. `compute`: the flat buffer the parameters are
+    views of (what the run reads); `flat`: the master weights AdamW steps (fp32; the same tensor as `compute` unless
+    the weights are low precision or the update is delayed); `grad`: the fp32 gradients."""
+
+    params: list[nn.Parameter]
+    compute: torch.Tensor
+    flat: torch.Tensor
+    grad: torch.Tensor
+    opt: torch.optim.AdamW
+    spans: list[tuple[int, int]]  # (offset, numel) of each param in the flat buffers
+
+    @property
+    def separate(self) -> bool:
+        return self.flat is not self.compute
+
+    def write_back(self) -> None:
+        """The master weights into the weights the run reads (rounded to their dtype)."""
+        if self.separate:
+            self.compute.copy_(self.flat)
+
+
+@dataclass
+class Bucket:
+    index: int
+    segments: list[Segment]
+    slots: dict[str, tuple[Segment, int, int]]  # param name -> its segment, offset, numel
+    arrived: dict[str, tuple[torch.Tensor, Sequence[Any]]] = field(default_factory=dict)
+    done_this_backward: bool = False
+    idle: threading.Event = field(default_factory=threading.Event)  # set: no update of it under way
+    grads_in: threading.Event = field(default_factory=threading.Event)  # set: this step's gradients are in
+    readable: threading.Event = field(default_factory=threading.Event)  # set: no write-back of it under way or due
+    pending: bool = False  # the master weights hold an update the run's weights do not have yet (delayed update)
+    write_after_step: bool = False  # the write-back is due as soon as the update under way ends
+    norm_sq: float = 0.0
+
+    def write_back(self) -> None:
+        for seg in self.segments:
+            seg.write_back()
+        self.pending = False
+
+
+def chunks(named: Sequence[tuple[str, nn.Parameter]], limit: int) -> list[list[tuple[str, nn.Parameter]]]:
+    """Consecutive runs of `named` of at least `limit` bytes each (the last may be smaller)."""
+    out: list[list[tuple[str, nn.Parameter]]] = []
+    size = limit
+    for n, p in named:
+        if size >= limit:
+            out.append([])
+            size = 0
+        out[-1].append((n, p))
+        size += p.numel() * p.element_size()
+    return out
+
+
+def make_bucket(
+    index: int, chunk: Sequence[tuple[str, nn.Parameter]], decay: Mapping[str, float], lr: float, separate: bool
+) -> Bucket:
+    """Pack the chunk's parameters into one flat buffer per (weight decay, dtype, device): each parameter becomes a
+    view (a parameter homed on the computing device, Twin-Flow's split, is updated there).
+    Master weights of their own (fp32) where `separate` or the parameters are not fp32."""
+    keys: dict[tuple[float, torch.dtype, torch.device], list[tuple[str, nn.Parameter]]] = {}
+    for n, p in chunk:
+        keys.setdefault((decay[n], p.dtype, p.device), []).append((n, p))
+    segments, slots = [], {}
+    for (wd, dtype, _), members in keys.items():
+        device = members[0][1].device
+        pinned = members[0][1].is_pinned()  # the run's copies to a GPU read these asynchronously
+        total = sum(p.numel() for _, p in members)
+        compute = torch.empty(total, dtype=dtype, device=device, pin_memory=pinned)
+        spans, off = [], 0
+        with torch.no_grad():
+            for _, p in members:
+                compute[off : off + p.numel()].copy_(p.detach().reshape(-1))
+                p.data = compute[off : off + p.numel()].view(p.shape)
+                spans.append((off, p.numel()))
+                off += p.numel()
+        own = separate or dtype != torch.float32
+        flat = compute.to(torch.float32, copy=True) if own else compute
+        # pinned beside a GPU: gradients are copied home straight into it (ParamPoints' grad_into)
+        pin = pinned and dtype == flat.dtype  # bf16 gradients are cast into it by the worker: nothing lands there
+        grad = torch.zeros(flat.shape, dtype=flat.dtype, device=flat.device, pin_memory=pin)
+        seg = Segment([p for _, p in members], compute, flat, grad, _adamw(flat, lr, wd), spans)
+        flat.grad = grad
+        segments.append(seg)
+        slots.update({n: (seg, o, k) for (n, _), (o, k) in zip(members, spans)})
+    b = Bucket(index, segments, slots)
+    for ev in (b.idle, b.grads_in, b.readable):
+        ev.set()
+    return b
+
+
+def _adamw(flat: torch.Tensor, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """torch's fused AdamW over one flat buffer (one kernel per step), foreach where fused is not built."""
+    try:
+        return torch.optim.AdamW([flat], lr=lr, weight_decay=weight_decay, fused=True)
+    except RuntimeError:
+        return torch.optim.AdamW([flat], lr=lr, weight_decay=weight_decay, foreach=True)
+
+
+def export_state(segments: Iterable[Segment], facade: torch.optim.Optimizer) -> None:
+    """Point `facade` (an AdamW over the same parameters, never stepped) at the segments' state: views into the
+    flat buffers, saved by torch.save as one storage per buffer."""
+    for seg in segments:
+        st = seg.opt.state.get(seg.flat)
+        if not st:
+            continue
+        for p, (off, n) in zip(seg.params, seg.spans):
+            facade.state[p] = {
+                "step": st["step"].clone(),  # its own: torch's for-loop AdamW steps a loaded "step" in place
+                "exp_avg": st["exp_avg"][off : off + n].view(p.shape),
+                "exp_avg_sq": st["exp_avg_sq"][off : off + n].view(p.shape),
+            }
+
+
+def import_state(segments: Iterable[Segment], facade: torch.optim.Optimizer, names: Mapping[nn.Parameter, str]) -> None:
+    """Take the state `facade` loaded (a torch AdamW state dict) into the flat buffers, and empty it."""
+    group_of = {p: g for g in facade.param_groups for p in g["params"]}
+    for seg in segments:
+        states = [facade.state.get(p) for p in seg.params]
+        seg.opt.state.clear()
+        if all(not s for s in states):
+            continue
+        steps = {float(s["step"]) if s else None for s in states}
+        if len(steps) != 1:
+            raise XschedError(
+                f"the optimizer state gives the parameters {', '.join(names[p] for p in seg.params)} different "
+                f"step counts {sorted(steps, key=str)}; the host optimizer steps them together",
+                stage="train",
+            )
+        exp_avg, exp_avg_sq = torch.empty_like(seg.flat), torch.empty_like(seg.flat)
+        for s, (off, n) in zip(states, seg.spans):
+            exp_avg[off : off + n].copy_(s["exp_avg"].reshape(-1))
+            exp_avg_sq[off : off + n].copy_(s["exp_avg_sq"].reshape(-1))
+        step = torch.tensor(steps.pop(), dtype=torch.float32, device=seg.flat.device)
+        seg.opt.state[seg.flat] = {"step": step, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
+        group = group_of[seg.params[0]]
+        for key in ("betas", "eps", "weight_decay"):
+            seg.opt.param_groups[0][key] = group[key]
+    facade.state.clear()
+
+
+def master_state(segments: Iterable[Segment], names: Mapping[nn.Parameter, str]) -> dict[str, torch.Tensor]:
+    """The fp32 master weights kept apart from the parameters, by parameter name (views into the buffers)."""
+    return {
+        names[p]: seg.flat[off : off + n].view(p.shape)
+        for seg in segments
+        if seg.separate
+        for p, (off, n) in zip(seg.params, seg.spans)
+    }
+
+
+def load_master(segments: Iterable[Segment], names: Mapping[nn.Parameter, str], saved: Mapping[str, Any]) -> None:
+    """Master weights from a checkpoint; a parameter it has none for starts from its own weights (fp32)."""
+    for seg in segments:
+        if not seg.separate:
+            continue
+        for p, (off, n) in zip(seg.params, seg.spans):
+            src = saved.get(names[p])
+            seg.flat[off : off + n].copy_((src if src is not None else p.detach()).reshape(-1))
