@@ -51,7 +51,7 @@ from xsched.errors import BudgetError
 from xsched.execute.executor import Executor
 from xsched.profiling.measure import profile_graph
 from xsched.simulate import simulate
-from xsched.solve.eager import eager_peak, eager_plan
+from xsched.solve.reference import eager_peak, eager_plan
 
 SEED = 1234
 

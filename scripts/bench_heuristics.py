@@ -31,10 +31,10 @@ from xsched.errors import BudgetError
 from xsched.importers import BENCH_DEVICE
 from xsched.profiling.model import cost_profile
 from xsched.simulate import simulate
-from xsched.solve.eager import eager_peak, eager_plan
-from xsched.solve.gap_remat import gap_remat
-from xsched.solve.remat import checkpoint_search, evict_computes
-from xsched.solve.routing import route_and_finish
+from xsched.solve.heuristics.checkpoint import checkpoint_search, evict_computes
+from xsched.solve.heuristics.gaps import gap_remat
+from xsched.solve.heuristics.routing import route_and_finish
+from xsched.solve.reference import eager_peak, eager_plan
 
 GRAPHS = "random_layered:100:0,random_layered:500:0,random_layered:1000:0,gpt2:default,transformer:default,"
 GRAPHS += "mlp_mixer:default,unet:default,resnet18:default,gpt2:small:n_layer=24"

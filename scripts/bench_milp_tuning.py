@@ -23,10 +23,10 @@ import xsched
 from xsched.errors import NoIncumbent
 from xsched.importers import BENCH_DEVICE, import_networkx
 from xsched.simulate import simulate
-from xsched.solve.eager import eager_peak, eager_plan
-from xsched.solve.heuristics import best_heuristic
-from xsched.solve.milp import solve_milp
+from xsched.solve.heuristics.greedy import best_heuristic
+from xsched.solve.milp.milp import solve_milp
 from xsched.solve.options import SolverOptions
+from xsched.solve.reference import eager_peak, eager_plan
 
 BENCH_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "graphs"
 CASES = (

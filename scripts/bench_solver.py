@@ -27,8 +27,8 @@ from xsched.errors import BudgetError, XschedError
 from xsched.importers import BENCH_DEVICE, import_networkx
 from xsched.simulate import simulate
 from xsched.solve.api import METHODS, solve
-from xsched.solve.eager import eager_peak, eager_plan
 from xsched.solve.options import SolverOptions
+from xsched.solve.reference import eager_peak, eager_plan
 
 BENCH_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "graphs"
 

@@ -22,11 +22,11 @@ from xsched.errors import XschedError
 from xsched.importers import BENCH_DEVICE, import_networkx
 from xsched.simulate import simulate
 from xsched.solve.api import solve
-from xsched.solve.eager import eager_peak, eager_plan
-from xsched.solve.heuristics import best_heuristic
+from xsched.solve.heuristics.greedy import best_heuristic
 from xsched.solve.intervals import solve_intervals
 from xsched.solve.options import SolverOptions
-from xsched.solve.order import search_order
+from xsched.solve.order.order import search_order
+from xsched.solve.reference import eager_peak, eager_plan
 
 BENCH_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "graphs"
 DEV = BENCH_DEVICE

@@ -24,8 +24,8 @@ from xsched.errors import BudgetError, XschedError
 from xsched.simulate import simulate
 from xsched.solve import METHODS, SOLVERS, Problem, SolverEntry, SolveResult
 from xsched.solve.api import solve
-from xsched.solve.eager import eager_peak, eager_plan
 from xsched.solve.options import SolverOptions
+from xsched.solve.reference import eager_peak, eager_plan
 from xsched.solve.registry import run_member
 
 
@@ -220,8 +220,8 @@ def test_a_forward_output_computed_after_backward_starts_is_moved_before_it() ->
     from xsched.contracts.plan import Compute, place_frees
     from xsched.profiling.model import cost_profile
     from xsched.solve.autograd_boundary import keep_forward_outputs, missing_at_boundary
-    from xsched.solve.eager import eager_plan
     from xsched.solve.problem import validated
+    from xsched.solve.reference import eager_plan
 
     g = capture(Shared(), (torch.randn(32, 64),), name="Shared")
     prof = cost_profile(g, ["cpu"])

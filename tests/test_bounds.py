@@ -16,9 +16,9 @@ from xsched.contracts.graph import Graph, Op, Value
 from xsched.errors import BudgetError, ProfileError
 from xsched.importers import import_networkx
 from xsched.simulate import simulate
-from xsched.solve import heuristics as H
-from xsched.solve.eager import eager_peak
-from xsched.solve.memory_bounds import check_budgets, lower_bounds
+from xsched.solve.bounds.memory import check_budgets, lower_bounds
+from xsched.solve.heuristics import greedy as H
+from xsched.solve.reference import eager_peak
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -177,7 +177,7 @@ def test_time_bounds_by_hand() -> None:
     2 s, the CPU 1 s, the work spread over both is 2 s, and x must cross the link: 10.5 s."""
     from xsched.contracts.graph import Graph, Op, Value
     from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
-    from xsched.solve.time_bound import time_bound, time_bounds
+    from xsched.solve.bounds.time import time_bound, time_bounds
 
     g = Graph(
         "bounds",

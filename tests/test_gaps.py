@@ -15,9 +15,9 @@ from xsched.contracts.profile import DeviceInfo, OpCost, Profile
 from xsched.errors import BudgetError
 from xsched.importers import import_networkx
 from xsched.simulate import simulate
-from xsched.solve.eager import eager_peak, eager_plan
-from xsched.solve.gap_remat import gap_computes, gap_remat, order_scorer
-from xsched.solve.remat import evict_computes
+from xsched.solve.heuristics.checkpoint import evict_computes
+from xsched.solve.heuristics.gaps import gap_computes, gap_remat, order_scorer
+from xsched.solve.reference import eager_peak, eager_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from random_layered import random_layered  # noqa: E402
@@ -108,7 +108,7 @@ def test_the_order_search_scored_by_gaps_runs_each_order_it_scores() -> None:
     order it was given and fits; the gaps-scored search's plan is no slower than gaps' own."""
     from conftest import BENCH
 
-    from xsched.solve.order import first_compute_indices, search_order, starting_orders
+    from xsched.solve.order.order import first_compute_indices, search_order, starting_orders
 
     g, prof = import_networkx(BENCH / "random_layered_n100.json")
     budgets = {"bench": 37055}
@@ -142,7 +142,7 @@ def test_best_heuristic_returns_only_plans_wrap_can_run() -> None:
     from xsched.execute.wrap import wrap
     from xsched.profiling.model import cost_profile
     from xsched.solve.autograd_boundary import missing_at_boundary
-    from xsched.solve.heuristics import best_heuristic
+    from xsched.solve.heuristics.greedy import best_heuristic
     from xsched.zoo import build
 
     z = build("mlp_mixer", scale="tiny")

@@ -16,10 +16,10 @@ from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
 from xsched.errors import BudgetError
 from xsched.importers import import_networkx
 from xsched.simulate import simulate
-from xsched.solve import heuristics as H
-from xsched.solve import remat as RM
-from xsched.solve import routing as RT
-from xsched.solve.eager import eager_peak, eager_plan
+from xsched.solve.heuristics import checkpoint as RM
+from xsched.solve.heuristics import greedy as H
+from xsched.solve.heuristics import routing as RT
+from xsched.solve.reference import eager_peak, eager_plan
 
 DEVICES = ("a", "b")
 

@@ -27,10 +27,10 @@ from xsched.contracts.profile import Profile
 from xsched.errors import XschedError
 from xsched.profiling.model import cost_profile
 from xsched.solve.api import solve
-from xsched.solve.eager import eager_peak
 from xsched.solve.hier import HierSettings, solve_hier
 from xsched.solve.hier import solver as hier_solver
 from xsched.solve.options import SolverOptions
+from xsched.solve.reference import eager_peak
 from xsched.zoo import build
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -156,7 +156,7 @@ def test_the_refinement_never_slows_hiers_plan_and_says_what_it_started_from() -
     """At 90% of GPT's eager peak the H-ILP has a plan; CP-SAT's interval model, started from it (or from a faster
     warm start), returns a valid plan no slower than its start, and the log names that start."""
     pytest.importorskip("ortools")
-    from xsched.solve.heuristics import best_heuristic
+    from xsched.solve.heuristics.greedy import best_heuristic
 
     g, prof = gpt()
     homes = {v: "cpu" for v in g.inputs}

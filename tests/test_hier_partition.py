@@ -15,13 +15,13 @@ from xsched.capture.torch import capture
 from xsched.contracts.graph import Graph
 from xsched.profiling.model import cost_profile
 from xsched.simulate import simulate
-from xsched.solve.eager import eager_peak
 from xsched.solve.hier import HierSettings, leaf, solve_hier
 from xsched.solve.hier.canon import canon
 from xsched.solve.hier.hierarchy import build_hierarchy
 from xsched.solve.hier.partition import Dag, group_level, is_convex
 from xsched.solve.hier.region import make_region, plain, region_homes
 from xsched.solve.options import SolverOptions
+from xsched.solve.reference import eager_peak
 from xsched.zoo import build
 
 

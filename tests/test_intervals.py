@@ -17,12 +17,12 @@ from xsched.contracts.profile import LinkCost, Profile
 from xsched.contracts.result import SolveResult
 from xsched.errors import BudgetError, PlanError
 from xsched.simulate import simulate
-from xsched.solve.eager import eager_peak
-from xsched.solve.heuristics import best_heuristic
+from xsched.solve.heuristics.greedy import best_heuristic
 from xsched.solve.intervals import solve_intervals
 from xsched.solve.intervals.data import build_data
 from xsched.solve.options import SolverOptions
-from xsched.solve.order import topological
+from xsched.solve.order.order import topological
+from xsched.solve.reference import eager_peak
 
 EXACT = SolverOptions(time_limit_s=20.0, mip_gap=0.0)
 BACKENDS = [
@@ -164,7 +164,7 @@ def test_soft_budgets_find_a_first_plan_from_an_over_budget_hint() -> None:
     pytest.importorskip("ortools")
     from xsched.solve.intervals.cpsat import solve_cpsat
     from xsched.solve.intervals.extract import hint_from_plan, to_plan
-    from xsched.solve.order import unbudgeted_plan
+    from xsched.solve.order.order import unbudgeted_plan
 
     g = GRAPHS["chain3_train"]
     prof = profile_for(g, {"cpu": times_of(g)})
@@ -191,9 +191,9 @@ def test_a_warm_start_running_an_op_more_than_c_times_is_a_complete_hint(tmp_pat
 
     from xsched.contracts.plan import Compute
     from xsched.importers import import_networkx
-    from xsched.solve.gap_remat import gap_remat
+    from xsched.solve.heuristics.gaps import gap_remat
     from xsched.solve.intervals.extract import hint_from_plan, step_counts
-    from xsched.solve.order import first_compute_indices
+    from xsched.solve.order.order import first_compute_indices
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
     from random_layered import random_layered

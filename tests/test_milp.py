@@ -17,9 +17,9 @@ from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
 from xsched.errors import BudgetError
 from xsched.importers import import_networkx
 from xsched.simulate import simulate
-from xsched.solve.eager import eager_peak
-from xsched.solve.milp import solve_milp
+from xsched.solve.milp.milp import solve_milp
 from xsched.solve.options import SolverOptions
+from xsched.solve.reference import eager_peak
 
 FAST = SolverOptions(time_limit_s=20.0, mip_gap=0.0)
 
@@ -382,7 +382,7 @@ def test_warm_start_is_an_incumbent_and_other_pyomo_solvers_run() -> None:
 def test_a_time_limited_solve_from_a_warm_start_returns_a_plan_no_worse() -> None:
     """Stopped by its limit, the MILP still returns its best incumbent: warm-started from the checkpoint
     heuristic's plan (in graph order, so it maps onto the stages), that is a plan at least as fast."""
-    from xsched.solve.remat import checkpoint_search
+    from xsched.solve.heuristics.checkpoint import checkpoint_search
 
     g, prof = import_networkx(BENCH / "random_layered_n100.json")
     budgets = {"bench": int(eager_peak(g) * 0.8)}

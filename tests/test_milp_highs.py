@@ -21,9 +21,9 @@ from test_milp import (
 
 from xsched.errors import NoIncumbent
 from xsched.importers import import_networkx
-from xsched.solve.eager import eager_peak
-from xsched.solve.milp import solve_milp
+from xsched.solve.milp.milp import solve_milp
 from xsched.solve.options import SolverOptions
+from xsched.solve.reference import eager_peak
 
 
 def test_highs_matrix_is_the_pyomo_model() -> None:
@@ -32,10 +32,10 @@ def test_highs_matrix_is_the_pyomo_model() -> None:
     import numpy as np
     import pyomo.environ as pyo
 
-    from xsched.solve.backends import to_highs
-    from xsched.solve.extract import plan_to_solution
-    from xsched.solve.milp import build_model, set_start
-    from xsched.solve.stages import index_stages
+    from xsched.solve.milp.backends import to_highs
+    from xsched.solve.milp.extract import plan_to_solution
+    from xsched.solve.milp.milp import build_model, set_start
+    from xsched.solve.milp.stages import index_stages
 
     g = GRAPHS["diamond_train"]
     prof = profile_for(g, {"cpu": times_of(g)})
@@ -81,10 +81,10 @@ def test_heuristic_plan_is_a_feasible_start_of_the_lean_model() -> None:
     heuristic's plan on random_layered_n100 at 80%, mapped to stage variables, satisfies every constraint."""
     import pyomo.environ as pyo
 
-    from xsched.solve.extract import plan_to_solution
-    from xsched.solve.milp import build_model, set_start
-    from xsched.solve.remat import checkpoint_search
-    from xsched.solve.stages import index_stages
+    from xsched.solve.heuristics.checkpoint import checkpoint_search
+    from xsched.solve.milp.extract import plan_to_solution
+    from xsched.solve.milp.milp import build_model, set_start
+    from xsched.solve.milp.stages import index_stages
 
     g, prof = import_networkx(BENCH / "random_layered_n100.json")
     budgets = {"bench": int(eager_peak(g) * 0.8)}

@@ -1,4 +1,4 @@
-"""Offloading (xsched.solve.offload): gaps by hand, parking plans within both budgets and checked by the
+"""Offloading (xsched.solve.heuristics.offload): gaps by hand, parking plans within both budgets and checked by the
 simulator, prefetch that hides copies, clear failures, and the executor against eager PyTorch on a parked plan."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
 from xsched.errors import BudgetError
 from xsched.simulate import simulate
 from xsched.solve import solve
-from xsched.solve.eager import eager_peak
-from xsched.solve.offload import offload_search, widest_gaps
+from xsched.solve.heuristics.offload import offload_search, widest_gaps
+from xsched.solve.reference import eager_peak
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -17,10 +17,9 @@ from xsched.errors import XschedError
 from xsched.importers import import_networkx
 from xsched.simulate import simulate
 from xsched.solve.api import solve
-from xsched.solve.eager import eager_peak, eager_plan
 from xsched.solve.intervals import solve_intervals
 from xsched.solve.options import SolverOptions
-from xsched.solve.order import (
+from xsched.solve.order.order import (
     depth_first_order,
     eager_peak_of,
     greedy_order,
@@ -29,6 +28,7 @@ from xsched.solve.order import (
     starting_orders,
     topological,
 )
+from xsched.solve.reference import eager_peak, eager_plan
 from xsched.solve.registry import SOLVERS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
@@ -68,7 +68,7 @@ def test_a_search_that_gives_up_after_one_order_tries_the_warm_starts_own_order(
 
 
 def order_plan_of(g, order):  # noqa: ANN001, ANN201
-    from xsched.solve.order import unbudgeted_plan
+    from xsched.solve.order.order import unbudgeted_plan
 
     return unbudgeted_plan(g, order, "cpu", {v: "cpu" for v in g.inputs})
 

@@ -1,4 +1,4 @@
-"""Parking and recomputation chosen together (xsched.solve.park_remat): valid plans on random graphs, copies that
+"""Parking and recomputation chosen together (xsched.solve.heuristics.park): valid plans on random graphs, copies that
 hide behind compute where the link has room (the lanes' makespan by an independent event sweep), recomputation
 where it has none, and a plan that both parks and recomputes run by the executor against eager PyTorch."""
 
@@ -22,10 +22,10 @@ from xsched.errors import BudgetError
 from xsched.simulate import simulate
 from xsched.solve import SolverOptions, solve
 from xsched.solve.autograd_boundary import missing_at_boundary
-from xsched.solve.eager import eager_peak
-from xsched.solve.heuristics import best_heuristic
+from xsched.solve.heuristics.greedy import best_heuristic
+from xsched.solve.heuristics.park import park_remat
 from xsched.solve.objective import best_of, better
-from xsched.solve.park_remat import park_remat
+from xsched.solve.reference import eager_peak
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 DEVICES = ("cpu:0", "cpu:1")

@@ -19,7 +19,7 @@ from xsched.errors import PlanError, ProfileError
 from xsched.profiling.measure import profile_graph, signature_groups
 from xsched.profiling.store import check_profile, load_profile, save_profile
 from xsched.simulate import simulate
-from xsched.solve.eager import eager_plan
+from xsched.solve.reference import eager_plan
 
 FAST = {
     "policy": Policy(warmup=1, min_reps=2, max_reps=3, max_time_s=0.01, min_sample_s=1e-5),

@@ -17,7 +17,7 @@ from xsched.contracts.result import SolveResult
 from xsched.errors import PlanError, XschedError
 from xsched.execute import execute, run_plan
 from xsched.simulate import simulate
-from xsched.solve.eager import eager_plan
+from xsched.solve.reference import eager_plan
 
 
 class Net(nn.Module):

@@ -14,10 +14,10 @@ from xsched.contracts.result import SolveResult
 from xsched.errors import BudgetError, NoIncumbent, PlanError, XschedError
 from xsched.simulate import simulate
 from xsched.solve.api import solve
-from xsched.solve.eager import eager_peak
-from xsched.solve.heuristics import HEURISTICS, best_heuristic
+from xsched.solve.heuristics.greedy import HEURISTICS, best_heuristic
 from xsched.solve.objective import objective
 from xsched.solve.options import SolverOptions
+from xsched.solve.reference import eager_peak
 from xsched.solve.registry import SOLVERS, SolverEntry
 
 G = chain_graph([40, 60, 30, 50, 20] * 3, train=True)
@@ -122,7 +122,7 @@ def test_a_given_warm_start_competes_with_the_heuristics(monkeypatch, registry):
 
 
 def test_milp_plan_slower_than_its_warm_start_gives_the_warm_start_back(monkeypatch):
-    from xsched.solve.remat import checkpoint_plan
+    from xsched.solve.heuristics.checkpoint import checkpoint_plan
 
     profile = two_device_profile(G)
     slow = checkpoint_plan(G, set(), "a", profile, homes={"x": "a"})  # recomputes every forward value

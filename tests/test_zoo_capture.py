@@ -13,7 +13,7 @@ from xsched.capture import bind_inputs, capture, unpack_outputs
 from xsched.contracts.graph import Graph
 from xsched.execute import execute
 from xsched.simulate import simulate
-from xsched.solve.eager import eager_plan
+from xsched.solve.reference import eager_plan
 
 
 @pytest.mark.parametrize("name", zoo.names())

@@ -2,7 +2,7 @@
 `SolveResult` (docs/ARCHITECTURE.md, "Solvers").
 
 `xsched.solve(graph, profile, budgets, ...)` is `xsched.solve.api.solve`: the package itself is callable,
-so the submodules (`xsched.solve.milp`, `.heuristics`, ...) stay reachable under the same name.
+so the submodules (`xsched.solve.milp.milp`, `.heuristics`, ...) stay reachable under the same name.
 """
 
 import sys
@@ -10,9 +10,9 @@ import types
 
 from xsched.contracts.result import SolveResult, Stats
 from xsched.solve.api import METHODS, solve, solve_result
-from xsched.solve.eager import eager_peak, eager_plan
 from xsched.solve.options import SolverOptions
 from xsched.solve.problem import Problem
+from xsched.solve.reference import eager_peak, eager_plan
 from xsched.solve.registry import SOLVERS, SolverEntry, register
 
 

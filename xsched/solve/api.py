@@ -11,7 +11,7 @@ from xsched.contracts.plan import Plan
 from xsched.contracts.profile import Profile
 from xsched.contracts.result import SolveResult
 from xsched.errors import SolverError
-from xsched.solve.memory_bounds import check_budgets
+from xsched.solve.bounds.memory import check_budgets
 from xsched.solve.options import SolverOptions
 from xsched.solve.problem import Problem, runnable
 from xsched.solve.registry import SOLVERS, run_member

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Plan
 from xsched.contracts.profile import Profile
-from xsched.solve.time_bound import time_bound
+from xsched.solve.bounds.time import time_bound
 
 
 def objective(plan: Plan, alpha_energy: float = 0.0) -> float:

@@ -12,7 +12,7 @@ from xsched.contracts.plan import Plan
 from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError, PlanError, XschedError
 from xsched.simulate import simulate
-from xsched.solve.eager import eager_peak
+from xsched.solve.reference import eager_peak
 
 
 @dataclass(frozen=True)

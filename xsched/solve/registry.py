@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from xsched.contracts.plan import Plan
 from xsched.contracts.result import SolveResult, Times
 from xsched.errors import BudgetError, NoIncumbent, PlanError, XschedError
-from xsched.solve.heuristics import HEURISTICS
+from xsched.solve.heuristics.greedy import HEURISTICS
 from xsched.solve.options import SolverOptions
 from xsched.solve.problem import Problem
 
@@ -131,7 +131,7 @@ register(
 register(
     SolverEntry(
         "milp",
-        lazy("xsched.solve.milp:run"),
+        lazy("xsched.solve.milp.milp:run"),
         max_size=60,
         share=0.5,
         doc="the stage MILP (Checkmate's stages on several devices, copies overlapping compute in a stage), HiGHS",
@@ -140,7 +140,7 @@ register(
 register(
     SolverEntry(
         "park-search",
-        lazy("xsched.solve.park_remat:run_search"),
+        lazy("xsched.solve.heuristics.park:run_search"),
         kind="search",
         max_size=5000,
         share=0.3,
@@ -150,7 +150,7 @@ register(
 register(
     SolverEntry(
         "order-gaps",
-        lazy("xsched.solve.order_search:run_gaps"),
+        lazy("xsched.solve.order.search:run_gaps"),
         kind="search",
         max_size=5000,
         share=0.25,
@@ -161,7 +161,7 @@ register(
 register(
     SolverEntry(
         "order-cpsat",
-        lazy("xsched.solve.order_search:run_cpsat"),
+        lazy("xsched.solve.order.search:run_cpsat"),
         kind="search",
         max_size=5000,
         share=0.35,

@@ -12,7 +12,7 @@ from xsched.budgets import format_bytes
 from xsched.contracts.plan import Plan
 from xsched.contracts.result import MemberOutcome, RunStats, SolveResult, Times
 from xsched.errors import BudgetError, NoIncumbent, SolverError, XschedError
-from xsched.solve.memory_bounds import check_budgets, lower_bounds
+from xsched.solve.bounds.memory import check_budgets, lower_bounds
 from xsched.solve.objective import better, objective, objective_floor
 from xsched.solve.options import SolverOptions
 from xsched.solve.problem import Problem, runnable

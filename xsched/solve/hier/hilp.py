@@ -27,10 +27,10 @@ from xsched.contracts.result import HilpStats, SolveResult, Times
 from xsched.errors import BudgetError, NoIncumbent, XschedError
 from xsched.simulate import simulate
 from xsched.solve.autograd_boundary import hold_to_boundary
-from xsched.solve.extract import free_unwanted_ends, prune
 from xsched.solve.hier.greedy import as_start, greedy_events
 from xsched.solve.hier.hindex import HIndex, Unit, index
 from xsched.solve.hier.menu import fastest, leanest
+from xsched.solve.milp.extract import free_unwanted_ends, prune
 from xsched.solve.options import SolverOptions
 
 
@@ -300,7 +300,7 @@ def run_highs(
 ) -> dict:
     """HiGHS on the model until the time limit (from t0), from `start` (runs and copies; HiGHS completes the
     other variables or drops it): status, the watched columns' values, objective, bound."""
-    from xsched.solve.backends import set_threads, to_highs
+    from xsched.solve.milp.backends import set_threads, to_highs
 
     watched = [*m.R.values(), *m.S.values(), *m.C.values()]
     h, _, cols = to_highs(m, watched)

@@ -196,7 +196,7 @@ def _refined(
     """CP-SAT's interval model for `start`'s order, from `start` (a complete hint: every step has its slot), within
     `seconds`: its plan if faster, else `start`; and what happened, for the log."""
     from xsched.solve.intervals import solve_intervals
-    from xsched.solve.order import first_compute_indices
+    from xsched.solve.order.order import first_compute_indices
 
     if seconds < REFINE_MIN_S:
         return start, "no time left"

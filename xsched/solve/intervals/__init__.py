@@ -17,7 +17,7 @@ from xsched.solve.intervals.data import IntervalData, build_data
 from xsched.solve.intervals.extract import hint_from_plan, step_counts, to_plan
 from xsched.solve.objective import better, objective
 from xsched.solve.options import SolverOptions
-from xsched.solve.order import first_compute_indices, topological, unbudgeted_plan
+from xsched.solve.order.order import first_compute_indices, topological, unbudgeted_plan
 from xsched.solve.registry import from_plan
 
 BACKENDS = ("cpsat", "highs")

@@ -10,10 +10,10 @@ from dataclasses import replace
 
 from xsched.contracts.plan import Plan
 from xsched.contracts.result import OrderSearchStats, SolveResult, Times
-from xsched.solve.gap_remat import order_scorer
+from xsched.solve.heuristics.gaps import order_scorer
 from xsched.solve.objective import objective
 from xsched.solve.options import SolverOptions
-from xsched.solve.order import search_order, starting_orders
+from xsched.solve.order.order import search_order, starting_orders
 from xsched.solve.problem import Problem
 
 GAPS_TRY_S = 0.01  # the gaps scorer has no time limit of its own: a short one per order, so the search moves on

@@ -11,8 +11,8 @@ from xsched.contracts.plan import Compute, Copy, Free, Plan, Step, autograd_boun
 from xsched.contracts.result import MilpStats, SolveResult, Times
 from xsched.errors import XschedError
 from xsched.simulate import simulate
+from xsched.solve.milp.stages import Stages
 from xsched.solve.objective import better, objective
-from xsched.solve.stages import Stages
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import numpy as np
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import required_homes
 from xsched.contracts.profile import LinkCost, Profile
-from xsched.solve.gap_remat import _Timeline
+from xsched.solve.heuristics.gaps import _Timeline
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,13 @@ from xsched.contracts.profile import Profile
 from xsched.contracts.result import SolveResult, Times
 from xsched.errors import BudgetError, PlanError
 from xsched.solve.autograd_boundary import hold_to_boundary
-from xsched.solve.gap_remat import MAX_DEPTH, MAX_DROPS, peak_error
+from xsched.solve.heuristics.gaps import MAX_DEPTH, MAX_DROPS, peak_error
+from xsched.solve.heuristics.park_model import EndRerun, Park, ParkTimeline
+from xsched.solve.heuristics.routing import finish, route
 from xsched.solve.objective import best_of, better, objective
 from xsched.solve.options import SolverOptions
-from xsched.solve.order import starting_orders
-from xsched.solve.park_model import EndRerun, Park, ParkTimeline
+from xsched.solve.order.order import starting_orders
 from xsched.solve.problem import Problem, runnable
-from xsched.solve.routing import finish, route
 
 # the greedy's scores are a guide, not a measure of the step: park-search also runs it with each score scaled by
 # 1 + JITTER x a uniform draw (seeded), keeping the fastest plan. GPT-2 on the H200 profile at 45%, 57 GB/s: the

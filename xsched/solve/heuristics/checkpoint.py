@@ -12,10 +12,10 @@ from xsched.contracts.graph import Graph, Op
 from xsched.contracts.plan import Compute, Plan, ends_on_one_device
 from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError
-from xsched.solve import lean
 from xsched.solve.autograd_boundary import forward_outputs
+from xsched.solve.heuristics import lean
+from xsched.solve.heuristics.routing import best_single_device, finish, op_workspace, route, route_and_finish
 from xsched.solve.objective import objective
-from xsched.solve.routing import best_single_device, finish, op_workspace, route, route_and_finish
 
 # ---------------------------------------------------------------- checkpointing (Chen et al. 2016)
 
@@ -33,7 +33,7 @@ def checkpoint_computes(
     last forward (non-backward) use; a later op that needs one recomputes it, and recursively whatever of its
     ancestors is missing, from what is still held. Recomputed values are held until their last use (route/place_frees
     free them), so each is recomputed at most once; `drop_recomputed` drops them after every backward op instead, so each
-    backward op holds only its own (more recomputation, less memory: `xsched.solve.lean`).
+    backward op holds only its own (more recomputation, less memory: `xsched.solve.heuristics.lean`).
     """
     order = graph.ops if order is None else order
     at = {op.id: i for i, op in enumerate(order)}

@@ -17,9 +17,9 @@ from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Plan
 from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError
+from xsched.solve.heuristics.routing import best_single_device, op_workspace, route_and_finish
 from xsched.solve.objective import best_of
-from xsched.solve.order import starting_orders
-from xsched.solve.routing import best_single_device, op_workspace, route_and_finish
+from xsched.solve.order.order import starting_orders
 
 MAX_DEPTH = 4  # levels of inputs made again for one rerun (past it, they are held longer instead)
 MAX_RERUNS = 8  # values made again for one drop, past which the inputs are held longer instead

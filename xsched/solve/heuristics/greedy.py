@@ -14,13 +14,13 @@ from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Plan
 from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError, XschedError
-from xsched.solve.gap_remat import gap_remat
+from xsched.solve.heuristics.checkpoint import checkpoint_search, sqrt_checkpoint
+from xsched.solve.heuristics.gaps import gap_remat
+from xsched.solve.heuristics.offload import offload_search
+from xsched.solve.heuristics.park import park_remat
+from xsched.solve.heuristics.routing import best_single_device, op_workspace, route_and_finish
 from xsched.solve.objective import best_of
-from xsched.solve.offload import offload_search
-from xsched.solve.park_remat import park_remat
 from xsched.solve.problem import runnable
-from xsched.solve.remat import checkpoint_search, sqrt_checkpoint
-from xsched.solve.routing import best_single_device, op_workspace, route_and_finish
 
 # ---------------------------------------------------------------- baselines
 

@@ -12,8 +12,8 @@ from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Free, Plan, Step
 from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError, PlanError
-from xsched.solve.remat import candidate_keeps, checkpoint_computes, compute_time, evict_computes
-from xsched.solve.routing import finish, route
+from xsched.solve.heuristics.checkpoint import candidate_keeps, checkpoint_computes, compute_time, evict_computes
+from xsched.solve.heuristics.routing import finish, route
 
 PREFETCH_OPS = (8, 2, 0)  # how many computes early a copy back is issued, tried in this order
 MAX_ORDERS = 24  # checkpointing orders tried when parking alone does not fit

@@ -14,13 +14,13 @@ from xsched.contracts.plan import Plan
 from xsched.contracts.profile import Profile
 from xsched.contracts.result import MilpStats, SolveResult, Times
 from xsched.errors import BudgetError, NoIncumbent
-from xsched.solve.backends import solve_highs, solve_pyomo
-from xsched.solve.extract import Solution, best_plan, extract, plan_to_solution
-from xsched.solve.memory_bounds import check_budgets
+from xsched.solve.bounds.memory import check_budgets
+from xsched.solve.milp.backends import solve_highs, solve_pyomo
+from xsched.solve.milp.extract import Solution, best_plan, extract, plan_to_solution
+from xsched.solve.milp.stages import Stages, index_stages
 from xsched.solve.objective import objective, objective_floor
 from xsched.solve.options import SolverOptions
 from xsched.solve.registry import from_plan
-from xsched.solve.stages import Stages, index_stages
 
 DEFAULT_OPTIONS = SolverOptions()  # frozen: one shared default
 EXTRACT_RESERVE = 0.05  # share of the time limit (at most 1 s) left for HiGHS's overrun and the extraction

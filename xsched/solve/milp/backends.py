@@ -12,9 +12,9 @@ import numpy as np
 import pyomo.environ as pyo
 
 from xsched.errors import XschedError
-from xsched.solve.extract import Solution
+from xsched.solve.milp.extract import Solution
+from xsched.solve.milp.stages import Stages
 from xsched.solve.options import SolverOptions
-from xsched.solve.stages import Stages
 
 LP_SUPPORT = 1e-6  # a recompute the LP relaxation sets above this stays in the restricted models
 
