@@ -35,7 +35,6 @@ from xsched.pipeline import measured_profile
 from xsched.solve.api import solve
 from xsched.solve.bounds.crossing import crossing_bound
 from xsched.solve.bounds.memory import lower_bounds, op_need
-from xsched.solve.heuristics.greedy import best_heuristic
 from xsched.solve.options import SolverOptions
 from xsched.solve.reference import eager_peak, eager_plan
 
@@ -88,8 +87,9 @@ def run_model(name: str, limit: float, iters: int) -> dict:
     heur: dict[int, Plan] = {}
     pct = 100
     while pct >= STEP:
-        plan, _ = best_heuristic(graph, profile, {DEV: budget(pct)}, [DEV], homes)
-        if plan is None:
+        try:
+            plan = solve(graph, profile, {DEV: budget(pct)}, [DEV], "heuristics", homes=homes)
+        except BudgetError:
             break
         heur[pct] = plan
         pct -= STEP

@@ -1,4 +1,4 @@
-"""Lean checkpointing (xsched.solve.heuristics.lean, remat.lean_search): its orders are topological, every candidate is a valid plan, and the
+"""Lean checkpointing (xsched.solve.heuristics.lean, checkpoint.lean_search): its orders are topological, every candidate is a valid plan, and the
 window made again at the end remakes its gradients. Plans executed against eager PyTorch: test_executor."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def test_every_candidate_the_search_hands_on_is_a_valid_plan_and_windows_remake_
     seen: list[str] = []
 
     def consider(label: str, computes: list[Compute]) -> int:
-        plan = route_and_finish(g, computes, "lean", {}, homes, None, 0.0, device="cpu")
+        plan = route_and_finish(g, computes, "lean", {}, homes, None, 0.0)
         assert plan.predicted.peak_bytes["cpu"] == oracle_peaks(g, plan)["cpu"]  # counted independently
         if "window" in label:
             first = len(computes) - int(label.rsplit(" ", 1)[1])

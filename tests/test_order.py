@@ -28,6 +28,7 @@ from xsched.solve.order.order import (
     starting_orders,
     topological,
 )
+from xsched.solve.problem import Problem
 from xsched.solve.reference import eager_peak, eager_plan
 from xsched.solve.registry import SOLVERS
 
@@ -100,7 +101,7 @@ def test_order_search_reaches_the_free_order_optimum_of_small_dags(seed: int) ->
 
     def score(order, seconds):  # noqa: ANN001, ANN202
         return solve_intervals(
-            g, prof, budgets, ["cpu"], homes, SolverOptions(time_limit_s=seconds), order=order, workers=1
+            Problem(g, prof, budgets, ["cpu"], homes), SolverOptions(time_limit_s=seconds), order=order, workers=1
         )
 
     plan, order, log = search_order(g, score, 600.0, per_try_s=2.0)  # ends when the neighbourhood is exhausted

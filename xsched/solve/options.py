@@ -26,3 +26,6 @@ class SolverOptions:
     # recomputes, share of the time left); () searches the full model only
     restricted: tuple[tuple[int, float], ...] = ((0, 0.25), (1, 0.5))
     lp_share: float = 0.25  # share of the time left for the LP relaxation guiding the restricted searches (0: none)
+
+
+DEFAULTS = SolverOptions()  # frozen: the one shared default of every solver's `options`

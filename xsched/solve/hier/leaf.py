@@ -20,7 +20,7 @@ from xsched.solve.hier.menu import Option, pareto, partial, summarize
 from xsched.solve.hier.region import Region, deferring_graph, plain, region_homes
 from xsched.solve.objective import best_of
 from xsched.solve.options import SolverOptions
-from xsched.solve.problem import validated
+from xsched.solve.problem import Problem, validated
 
 # budgets of the budget-driven heuristics, between the leanest (0) and the fastest (1) checkpointing peak: dense at the
 # lean end, where checkpointing's keep sets are sparse (GPT-2-style at 50%: hier's own plan +14.88% -> +11.74%)
@@ -217,7 +217,7 @@ def exact_plan(
     warm = best_of(fits)
     opts = SolverOptions(time_limit_s=seconds, solver_threads=1, seed=seed, restricted=(), mip_gap=LEAF_GAP)
     try:
-        plan = solve_milp(sub, prof, budgets, devices, homes, opts, warm_start=warm)
+        plan = solve_milp(Problem(sub, prof, budgets, devices, homes), opts, warm)
         plan = validated(sub, plan, prof, budgets)
     except XschedError:
         return None

@@ -205,7 +205,7 @@ def best_plan(
             best, best_at = plan, k
     assert best is not None
     stats = replace(stats, extracted=len(seen), best_incumbent=best_at)
-    info = SolveResult("milp", status, None, objective(best, alpha), bound, gap, times, stats)
+    info = SolveResult("milp", status, objective(best, alpha), bound, gap, times, stats)
     return replace(best, solver=info)
 
 

@@ -182,11 +182,13 @@ def search_order(
     time_limit_s: float,
     warm: Plan | None = None,
     seed: int = 0,
+    alpha_energy: float = 0.0,
     per_try_s: float | None = None,
     give_up: int | None = None,
     max_orders: int | None = None,
 ) -> tuple[Plan | None, tuple[int, ...], OrderSearchStats]:
-    """The best plan over starting orders then local moves from the best one, within `time_limit_s`.
+    """The best plan (objective.better) over starting orders then local moves from the best one, within
+    `time_limit_s`.
 
     Each order is scored by `score(order, seconds)` (the fixed-order solver under a short limit). Returns the best
     plan (None: no order gave one), its order, and a log (orders tried, the best order's origin). give_up: stop
@@ -205,7 +207,7 @@ def search_order(
             break
         p = _try(score, o, min(per, left))
         tried += 1
-        if better(p, best):
+        if better(p, best, alpha_energy):
             best, best_order, origin = p, o, name
         if give_up is not None and tried >= give_up and best is None:
             origin = f"none (no plan from {tried} starting orders)"
@@ -229,7 +231,7 @@ def search_order(
             seen.add(cand)
             p = _try(score, cand, min(per, left))
             tried += 1
-            if better(p, best):
+            if better(p, best, alpha_energy):
                 best, best_order, origin, moved = p, cand, origin.split("+")[0] + "+moves", True
                 break
         if best is None and not moved:
