@@ -4,6 +4,7 @@ included (read from the source, not by importing); `xsched/solve/` keeps its rol
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "xsched"
@@ -34,6 +35,7 @@ def modules() -> dict[str, Path]:
     return out
 
 
+@functools.cache  # parsing every module takes seconds; the tests only read the graph
 def import_graph(annotations: bool = True) -> dict[str, set[str]]:
     """module -> the xsched modules it imports, at top level or inside functions, and under `if TYPE_CHECKING:`
     unless `annotations` is off."""
