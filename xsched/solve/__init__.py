@@ -17,7 +17,7 @@ so the submodules (`xsched.solve.milp`, `.heuristics`, ...) stay reachable under
 | `heuristics/` | one file per heuristic (`eager`, `greedy`, `fastest`, `sqrt`, `checkpoint`, `offload`, `gaps`, `park`, `park_search`), their routing and timelines |
 | `milp/` | the stage MILP: `stages`, `milp` (model and run), `backends` (HiGHS, Pyomo), `extract` |
 | `intervals/` | the retention-interval model for a fixed order (`intervals-cpsat`, `intervals-highs`) |
-| `order/` | starting orders and the order search (`order`), the searches scored by gaps or CP-SAT (`search`) |
+| `order/` | starting orders and the order search (`order`); `order-gaps` (`gaps`) and `order-cpsat` (`cpsat`) |
 | `hier/` | the hierarchical decomposition (`hier`): partition, block options, the H-ILP |
 | `bounds/` | lower bounds: device memory (`memory`, `crossing`), every plan's makespan (`time`) |
 """

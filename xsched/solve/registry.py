@@ -165,7 +165,7 @@ register(
 register(
     SolverEntry(
         "order-gaps",
-        lazy("xsched.solve.order.search:run_gaps"),
+        lazy("xsched.solve.order.gaps:run_gaps"),
         kind="search",
         max_size=5000,
         share=0.25,
@@ -176,7 +176,7 @@ register(
 register(
     SolverEntry(
         "order-cpsat",
-        lazy("xsched.solve.order.search:run_cpsat"),
+        lazy("xsched.solve.order.cpsat:run_cpsat"),
         kind="search",
         max_size=5000,
         share=0.35,

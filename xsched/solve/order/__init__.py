@@ -1,1 +1,2 @@
-"""Order searches: candidate orders and the local search (`order`), and the searches the registry runs (`search`)."""
+"""Order searches: starting orders, moves and the search itself (`order`), and the two methods built on it:
+`order-gaps` (`gaps`) and `order-cpsat` (`cpsat`)."""
