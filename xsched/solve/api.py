@@ -12,7 +12,7 @@ from xsched.contracts.profile import Profile
 from xsched.contracts.result import SolveResult
 from xsched.errors import SolverError
 from xsched.solve.memory_bounds import check_budgets
-from xsched.solve.options import SolverOptions
+from xsched.solve.options import SolverOptions, deadline
 from xsched.solve.problem import Problem, runnable
 from xsched.solve.registry import SOLVERS, run_member
 from xsched.solve.runner import CONFIGURATIONS, configuration, run
@@ -63,7 +63,8 @@ def solve_result(
     entry = SOLVERS.get(method)
     if entry is not None and entry.kind == "heuristic":  # alone: its own error when it does not fit
         check_budgets(*problem.args())
-        result = run_member(entry, problem, options, None)
+        with deadline(options.time_limit_s):  # a heuristic alone keeps the limit too
+            result = run_member(entry, problem, options, None)
         if result.plan is not None:  # a plan wrap cannot run (forward outputs gone at the boundary): BudgetError
             plan = runnable(problem.graph, result.plan, problem.profile, problem.budgets)
             result = replace(result, plan=replace(plan, solver=replace(plan.solver, plan=None)))

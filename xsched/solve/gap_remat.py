@@ -18,6 +18,7 @@ from xsched.contracts.plan import Compute, Plan
 from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError
 from xsched.solve.objective import best_of
+from xsched.solve.options import out_of_time
 from xsched.solve.order import starting_orders
 from xsched.solve.routing import best_single_device, op_workspace, route_and_finish
 
@@ -237,7 +238,10 @@ def fastest_plan(
     t0 = time.perf_counter()
     plans, why = [], []
     depths = (0, MAX_DEPTH) if device in budgets else (0,)  # no budget on the device: each order as it is
-    for (name, order), depth in itertools.product(orders.items(), depths):
+    for k, ((name, order), depth) in enumerate(itertools.product(orders.items(), depths)):
+        if k and out_of_time():  # the first variant runs however late: a plan to return
+            why.insert(0, f"stopped at the time limit after {k} variants")
+            break
         try:
             if device in budgets:
                 computes = gap_computes(graph, order, device, budgets[device], profile, depth)

@@ -12,6 +12,7 @@ from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Free, Plan, Step
 from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError, PlanError
+from xsched.solve.options import out_of_time
 from xsched.solve.remat import candidate_keeps, checkpoint_computes, compute_time, evict_computes
 from xsched.solve.routing import finish, route
 
@@ -102,10 +103,13 @@ def _fits(plan: Plan, budgets: Mapping[str, int], devices: Sequence[str]) -> boo
 def recompute_orders(graph: Graph, device: str, budget: int | None, profile: Profile | None) -> list[list[Compute]]:
     """At most MAX_ORDERS checkpointing orders, fewest recomputes first, evenly spread over the keep sets; then
     eviction's order at the budget (it fits the compute device with nothing parked, when it exists)."""
-    orders = sorted((checkpoint_computes(graph, k, device) for k in candidate_keeps(graph)), key=len)
+    keeps = candidate_keeps(graph)
+    orders = sorted(
+        (checkpoint_computes(graph, k, device) for n, k in enumerate(keeps) if not (n and out_of_time())), key=len
+    )
     step = max(1, len(orders) / MAX_ORDERS)
     orders = [orders[int(k * step)] for k in range(min(len(orders), MAX_ORDERS))]
-    if budget is not None:
+    if budget is not None and not out_of_time():
         try:
             orders.append(evict_computes(graph, device, budget, profile))
         except BudgetError:
@@ -158,6 +162,8 @@ def _best_fit(graph, orders, store, budgets, homes, profile) -> tuple[float, tup
     why = f"no order fits {c}, even parking every gap"
     best: tuple[float, tuple, dict] | None = None
     for n, computes in enumerate(orders):
+        if n and out_of_time():  # the first order runs however late
+            return best if best is not None else f"stopped at the time limit after {n} of {len(orders)} orders"
         if best is not None and compute_time(computes, profile) >= best[0]:
             continue
         found = _fit_order(graph, computes, store, budgets, homes, profile)

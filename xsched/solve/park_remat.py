@@ -20,7 +20,7 @@ from xsched.errors import BudgetError, PlanError
 from xsched.solve.autograd_boundary import hold_to_boundary
 from xsched.solve.gap_remat import MAX_DEPTH, MAX_DROPS, peak_error
 from xsched.solve.objective import best_of, better, objective
-from xsched.solve.options import SolverOptions
+from xsched.solve.options import SolverOptions, out_of_time
 from xsched.solve.order import starting_orders
 from xsched.solve.park_model import EndRerun, Park, ParkTimeline
 from xsched.solve.problem import Problem, runnable
@@ -232,15 +232,22 @@ def park_remat(
     (`park-search` tries more variants within a time limit)."""
     t0 = time.perf_counter()
     plans, why = [], []
-    for c, store in _pairs(graph, profile, devices):
-        for name, order in starting_orders(graph).items():
-            for depth, price in ((d, p) for d in (0, MAX_DEPTH) for p in PRICES):
-                try:
-                    plans.append(_variant(graph, profile, budgets, homes, c, store, name, order, depth, price, 1.0, t0))
-                except BudgetError as e:
-                    why.append(f"{c}/{store} {name} order, depth {depth}, price {price}: {e.detail}")
+    variants = [
+        (c, store, name, order, depth, price)
+        for c, store in _pairs(graph, profile, devices)
+        for name, order in starting_orders(graph).items()
+        for depth, price in ((d, p) for d in (0, MAX_DEPTH) for p in PRICES)
+    ]
+    for k, (c, store, name, order, depth, price) in enumerate(variants):
+        if k and out_of_time():  # the first variant runs however late: the most promising, and often the only fit
+            why.insert(0, f"stopped at the time limit after {k} of {len(variants)} variants")
+            break
+        try:
+            plans.append(_variant(graph, profile, budgets, homes, c, store, name, order, depth, price, 1.0, t0))
+        except BudgetError as e:
+            why.append(f"{c}/{store} {name} order, depth {depth}, price {price}: {e.detail}")
     if not plans:
-        raise BudgetError("park: " + "; ".join(why[:3]), stage="solve", device=_pairs(graph, profile, devices)[0][0])
+        raise BudgetError("park: " + "; ".join(why[:3]), stage="solve", device=variants[0][0])
     return best_of(plans)
 
 
@@ -259,12 +266,12 @@ def run_search(problem: Problem, options: SolverOptions, warm: Plan | None) -> S
     best: Plan | None = None
     tried = idle = 0
     for aim, price, depth, seed in _search_variants(options.seed):
-        if time.perf_counter() - t0 > limit or idle >= PATIENCE:
+        if (tried and (out_of_time() or time.perf_counter() - t0 > limit)) or idle >= PATIENCE:
             break
         before = best
         for c, store in pairs:
             for name, order in orders.items():
-                if time.perf_counter() - t0 > limit:
+                if tried and (out_of_time() or time.perf_counter() - t0 > limit):
                     break
                 jitter = random.Random(f"{seed}/{c}/{store}/{name}") if seed is not None else None
                 try:

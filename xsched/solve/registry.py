@@ -15,7 +15,7 @@ from xsched.contracts.plan import Plan
 from xsched.contracts.result import SolveResult, Times
 from xsched.errors import BudgetError, NoIncumbent, PlanError, XschedError
 from xsched.solve.heuristics import HEURISTICS
-from xsched.solve.options import SolverOptions
+from xsched.solve.options import SolverOptions, out_of_time
 from xsched.solve.problem import Problem
 
 # A solver: the problem, its options (options.time_limit_s is its own share of the time), and a warm start (the
@@ -97,7 +97,10 @@ def lazy(target: str) -> Solver:
 
     def run(problem: Problem, options: SolverOptions, warm: Plan | None = None) -> SolveResult:
         module, _, name = target.partition(":")
-        return getattr(importlib.import_module(module), name)(problem, options, warm)
+        fn = getattr(importlib.import_module(module), name)
+        if out_of_time():  # the first import (Pyomo: seconds) took the member's time
+            return SolveResult("", "no_incumbent", message=f"no time left after importing {module}")
+        return fn(problem, options, warm)
 
     return run
 

@@ -15,6 +15,7 @@ from xsched.errors import BudgetError
 from xsched.solve import lean
 from xsched.solve.autograd_boundary import forward_outputs
 from xsched.solve.objective import objective
+from xsched.solve.options import out_of_time
 from xsched.solve.routing import best_single_device, finish, op_workspace, route, route_and_finish
 
 # ---------------------------------------------------------------- checkpointing (Chen et al. 2016)
@@ -138,6 +139,7 @@ def candidate_keeps(graph: Graph) -> list[set[str]]:
 
 
 REDO_DEPTH = 32  # levels of missing ancestors in a recompute's cost estimate (DTR's e*, kept shallow)
+_LATE = 1 << 62  # the peak lean_search is told for a candidate not planned for lack of time
 MAX_EVICTIONS = 4  # per op of the graph: past this the eviction search gives up (it thrashes on tight budgets)
 
 
@@ -294,20 +296,25 @@ def checkpoint_search(
 
         # eviction first (budget-driven, often the fastest), then the keep sets by their computes' own time, which
         # bounds their plan's time from below: once it exceeds the fastest fit, no later candidate can win
+        # eviction made first: past the deadline no other candidate is made
+        first = sorted(range(len(candidates)), key=lambda rank: candidates[rank][0] != "evict")
         made = [
             (label != "evict", compute_time(c, profile), rank, label, c)
-            for rank, (label, make) in enumerate(candidates)
-            if (c := _or_none(make)) is not None
+            for n, (rank, (label, make)) in enumerate((rank, candidates[rank]) for rank in first)
+            if not (n and out_of_time()) and (c := _or_none(make)) is not None
         ]
-        for keep_set, own_time, rank, label, computes in sorted(made, key=lambda m: m[:3]):
-            if fits and keep_set and own_time > min(f[0] for f in fits):
+        for n, (keep_set, own_time, rank, label, computes) in enumerate(sorted(made, key=lambda m: m[:3])):
+            if fits and keep_set and own_time > min(f[0] for f in fits) or n and out_of_time():
                 break
             consider(rank, label, computes)
-        if not fits and d in budgets:  # last resort: forward outputs evicted too, and recomputed at the end
+        if not fits and d in budgets and not out_of_time():  # last resort: forward outputs evicted, made at the end
             if computes := _or_none(lambda: evict_computes(graph, d, budgets[d], profile, evict_outputs=True)):
                 consider(len(candidates), "evict outputs", computes)
         if not fits and d in budgets:  # lean checkpointing, and windows of the backward made again at the end
-            lean_search(graph, keeps, d, homes, lambda label, c: consider(len(candidates), label, c))
+            # past the deadline a candidate counts as no fit (the largest peak) without being planned
+            lean_search(
+                graph, keeps, d, homes, lambda label, c: _LATE if out_of_time() else consider(len(candidates), label, c)
+            )
         if not fits:
             peak, label = lowest or (0, "none")
             raise BudgetError(
@@ -350,6 +357,8 @@ def lean_search(
     distinct: dict[tuple[str, ...], tuple[str, list[Compute]]] = {}  # keep sets that differ may compute alike
     for name, order in orders.items():
         for keep in keeps:
+            if distinct and out_of_time():
+                break
             computes = checkpoint_computes(graph, keep, device, order=order, drop_recomputed=True)
             distinct.setdefault(tuple(c.op for c in computes), (f"lean {name}keep {len(keep)}", computes))
     bases = sorted(((consider(label, c), label, c) for label, c in distinct.values()), key=lambda b: b[0])
