@@ -196,9 +196,9 @@ class RunStats(Stats):
 @dataclass(frozen=True)
 class SolveResult:
     """What one solver run gives. `plan`: the best plan found (None without one; the plan carries this result as
-    `plan.solver`, with `plan=None`); `objective`: that plan's (problem.objective); `bound`: a lower bound on it
-    (for the backend's formulation); `gap`: (objective - bound) / objective; `message`: why there is no plan or what
-    a proof says; `error`: the exception behind a missing plan (not saved); `repaired`: forward outputs whose
+    `plan.solver`, with `plan=None`); `objective`: that plan's (xsched.solve.objective.objective); `bound`: a lower
+    bound on it (for the backend's formulation); `gap`: (objective - bound) / objective; `message`: why there is no
+    plan or what a proof says; `error`: the exception behind a missing plan (not saved); `repaired`: forward outputs whose
     computes were moved before the autograd boundary to make the plan runnable."""
 
     method: str
