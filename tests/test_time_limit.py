@@ -123,3 +123,19 @@ def test_hier_stops_between_levels_at_its_deadline() -> None:
     p = problem(30)
     with deadline(0.0), pytest.raises(NoIncumbent, match="stopped at the time limit"):
         solve_hier(*p.args(), SolverOptions(time_limit_s=0.0), settings=HierSettings(max_leaf=4, workers=1))
+
+
+def test_the_time_limit_bench_runs_in_its_reduced_mode(capsys) -> None:
+    """scripts/bench_time_limit.py --quick: one small graph at 0.5 s, one table row (its exit code says whether the
+    wall kept the target, which this test leaves to the bench: no wall time is asserted here)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    try:
+        import bench_time_limit
+    finally:
+        sys.path.pop(0)
+    assert bench_time_limit.main(["--quick"]) in (0, 1)
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| random_layered_n100 ")]
+    assert len(rows) == 1 and "| bench 80% | 0.5 |" in rows[0] and "no plan" not in rows[0], rows
