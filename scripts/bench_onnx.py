@@ -118,10 +118,10 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     row = {
         "model": name,
         "nodes": len(g.ops),
-        "signatures": profile.extra["profiling"]["signatures"],
+        "signatures": profile.profiling["signatures"],
         "export_s": exported,
         "capture_s": captured,
-        "profile_s": profile.extra["profiling"]["wall_s"],
+        "profile_s": profile.profiling["wall_s"],
         "predicted": predicted,
         **t,
     }

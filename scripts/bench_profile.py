@@ -112,7 +112,7 @@ def run(models: list[str], scale: str, devices: list[str], iters: int, max_total
             row = {
                 "model": name,
                 "ops": len(g.ops),
-                "distinct": p.extra["profiling"]["signatures"],
+                "distinct": p.profiling["signatures"],
                 "device": dev,
                 "profile_s": wall,
                 "predicted_ms": predicted * 1e3,

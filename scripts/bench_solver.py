@@ -13,6 +13,7 @@ graph at the given fractions, with the published numbers beside it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import sys
 import time
@@ -151,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for path in paths:
         graph, profile = import_networkx(path)
         # named by the file stem, as in the README; the fingerprint (and so the profile) ignores the name
-        graph = Graph(path.stem, graph.values, graph.ops, graph.outputs, graph.extra)
+        graph = dataclasses.replace(graph, name=path.stem)
         for frac in fracs:
             row = run_one(graph, profile, frac, args)
             rows.append(row)

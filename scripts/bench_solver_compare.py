@@ -77,7 +77,7 @@ def load(spec: str) -> tuple[Graph, Profile]:
     else:
         path, name = BENCH_DIR / f"{spec}.json", spec
     g, prof = import_networkx(path)
-    return Graph(name, g.values, g.ops, g.outputs, g.extra), prof
+    return replace(g, name=name), prof
 
 
 def runner(method: str, g: Graph, prof: Profile, budget: int, opts: SolverOptions) -> Callable[[], Plan]:

@@ -224,7 +224,7 @@ def test_a_forward_output_computed_after_backward_starts_is_moved_before_it() ->
 
     g = capture(Shared(), (torch.randn(32, 64),), name="Shared")
     prof = cost_profile(g, ["cpu"])
-    late = next(o for o in g.ops if g.extra["forward_outputs"][0]["ref"] in o.outputs)  # a.addmm
+    late = next(o for o in g.ops if g.forward_outputs[0]["ref"] in o.outputs)  # a.addmm
     first_bwd = next(i for i, o in enumerate(g.ops) if o.phase == "bwd")
     ops = [o for o in g.ops if o is not late]
     ops.insert(first_bwd + 2, late)  # after two backward ops
@@ -261,7 +261,7 @@ def test_a_repair_that_breaks_the_budget_is_refused() -> None:
         Op("b1", "t", ("t",), ("g1",), "bwd"),
         Op("b2", "t", ("g1", "h"), ("gx",), "bwd"),
     )
-    g = Graph("late", values, ops, ("o", "gx"), extra={"forward_outputs": [{"ref": "o"}]})
+    g = Graph("late", values, ops, ("o", "gx"), forward_outputs=({"ref": "o"},))
     prof = cost_profile(g, ["cpu"])
     homes = {"x": "cpu", "t": "cpu"}
     steps = place_frees(g, [Compute(o, "cpu") for o in ("f1", "b1", "b2", "f2")], homes)

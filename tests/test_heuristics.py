@@ -126,26 +126,37 @@ def test_eager_heuristic_is_the_eager_plan_and_checkpointing_keeping_everything_
     assert all(computes.count(o.id) == 1 for o in g.ops if o.phase == "bwd")  # only forward ops are recomputed
 
 
-@settings(max_examples=60, deadline=None)
-@given(train_dags(), st.data())
-def test_eviction_meets_the_budget_it_was_given(g, data):
-    profile = two_device_profile(g)
-    budget = data.draw(st.integers(0, eager_peak(g)))
-    try:
-        computes = RM.evict_computes(g, "a", budget, profile)
-    except BudgetError as e:
-        assert e.device == "a" and e.op in g.op
-        return
-    plan = RT.finish(
-        g,
-        RT.route(g, computes, {v: "a" for v in g.inputs}, profile),
-        "t",
-        {"a": budget},
-        {v: "a" for v in g.inputs},
-        profile,
-        0.0,
-    )
-    assert plan.predicted.peak_bytes["a"] <= budget
+def test_eviction_meets_the_budget_it_was_given() -> None:
+    """Each eviction plan peaks within its budget, or the device and op are named; at least a tenth of the draws
+    give a plan (about half are at the eager peak, where eviction must fit; 16-25 of 60 do here)."""
+    found: list[bool] = []
+
+    @settings(max_examples=60, deadline=None)
+    @given(train_dags(), st.data())
+    def draw(g, data) -> None:
+        profile = two_device_profile(g)
+        peak = eager_peak(g)  # about half the draws at the eager peak, where eviction must fit
+        budget = data.draw(st.one_of(st.integers(0, peak), st.just(peak)))
+        try:
+            computes = RM.evict_computes(g, "a", budget, profile)
+        except BudgetError as e:
+            assert e.device == "a" and e.op in g.op
+            found.append(False)
+            return
+        plan = RT.finish(
+            g,
+            RT.route(g, computes, {v: "a" for v in g.inputs}, profile),
+            "t",
+            {"a": budget},
+            {v: "a" for v in g.inputs},
+            profile,
+            0.0,
+        )
+        assert plan.predicted.peak_bytes["a"] <= budget
+        found.append(True)
+
+    draw()
+    assert sum(found) >= 0.1 * len(found), f"{sum(found)} plans in {len(found)} draws"
 
 
 def test_sqrt_checkpointing_on_a_training_chain_cuts_the_peak_and_recomputes_the_segments():

@@ -44,21 +44,30 @@ def valid(g: Graph, plan: Plan, prof: Profile, budgets: dict[str, int]) -> Plan:
     return plan
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(train_dags(max_ops=8), st.data())
-def test_every_hierarchical_plan_is_valid_or_no_plan_is_said(g: Graph, data) -> None:
-    """Random training graphs on two devices, random homes and budgets, three levels of blocks."""
-    prof = two_device_profile(g, slow_b=data.draw(st.sampled_from([0.5, 2.0])))
-    homes = {v: data.draw(st.sampled_from(DEVICES)) for v in g.inputs}
-    top = 2 * eager_peak(g) + 100
-    budgets = {d: data.draw(st.integers(top // 4, top)) for d in data.draw(st.sampled_from([("a",), DEVICES]))}
-    try:
-        plan = solve_hier(Problem(g, prof, budgets, DEVICES, homes), SolverOptions(time_limit_s=5), settings=SMALL)
-    except XschedError as e:
-        assert e.stage == "solve" and e.detail
-        return
-    valid(g, plan, prof, budgets)
-    assert plan.solver.method == "hier"
+def test_every_hierarchical_plan_is_valid_or_no_plan_is_said() -> None:
+    """Random training graphs on two devices, random homes and budgets, three levels of blocks; at least a quarter
+    of the draws give a plan (a solver that never found one would pass vacuously; 25 of 25 do here)."""
+    found: list[bool] = []
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(train_dags(max_ops=8), st.data())
+    def draw(g: Graph, data) -> None:
+        prof = two_device_profile(g, slow_b=data.draw(st.sampled_from([0.5, 2.0])))
+        homes = {v: data.draw(st.sampled_from(DEVICES)) for v in g.inputs}
+        top = 2 * eager_peak(g) + 100
+        budgets = {d: data.draw(st.integers(top // 4, top)) for d in data.draw(st.sampled_from([("a",), DEVICES]))}
+        try:
+            plan = solve_hier(Problem(g, prof, budgets, DEVICES, homes), SolverOptions(time_limit_s=5), settings=SMALL)
+        except XschedError as e:
+            assert e.stage == "solve" and e.detail
+            found.append(False)
+            return
+        valid(g, plan, prof, budgets)
+        assert plan.solver.method == "hier"
+        found.append(True)
+
+    draw()
+    assert sum(found) >= 0.25 * len(found), f"{sum(found)} plans in {len(found)} draws"
 
 
 def test_quality_matches_the_exhaustive_optimum_on_a_small_graph() -> None:

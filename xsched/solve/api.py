@@ -12,7 +12,7 @@ from xsched.contracts.profile import Profile
 from xsched.errors import SolverError
 from xsched.solve.bounds.memory import check_budgets
 from xsched.solve.objective import objective
-from xsched.solve.options import SolverOptions
+from xsched.solve.options import SolverOptions, deadline
 from xsched.solve.problem import Outcome, Problem, runnable
 from xsched.solve.registry import SOLVERS, run_member
 from xsched.solve.runner import CONFIGURATIONS, configuration, run
@@ -64,7 +64,8 @@ def solve_result(
     entry = SOLVERS.get(method)
     if entry is not None and entry.kind == "heuristic":  # alone: its own error when it does not fit
         check_budgets(problem.graph, problem.profile, problem.budgets, problem.devices, problem.homes)
-        result = run_member(entry, problem, options, None)
+        with deadline(options.time_limit_s):  # a heuristic alone keeps the limit too (its options carry it)
+            result = run_member(entry, problem, options, None)
         if result.plan is not None:  # a plan wrap cannot run (forward outputs gone at the boundary): BudgetError
             plan = runnable(problem.graph, result.plan, problem.profile, problem.budgets)
             result = Outcome(replace(plan.solver, objective=objective(plan, options.alpha_energy)), plan)

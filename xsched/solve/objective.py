@@ -1,7 +1,9 @@
-"""The one objective every solver ranks plans by (`better`, `best_of`: no solver compares plans otherwise): the predicted makespan (the lanes model's overlapped time, what
-the executor's streams achieve) plus alpha x energy, and the lower bound gaps are measured against. Changing what
-"better" means is a change here and nowhere else. Equal objectives go to the plan with the least sequential time
-(fewer or smaller copies and reruns): the same predicted step with less work for the model to be wrong about."""
+"""The one objective every solver ranks plans by (`objective`, `better`, `best_of`: no solver compares plans
+otherwise): the predicted makespan (the lanes model's overlapped time, what the executor's streams achieve) plus
+alpha x energy; equal objectives go to the plan with the least sequential time (fewer or smaller copies and reruns:
+the same predicted step with less work for the model to be wrong about). Changing what "better" means is a change
+here and nowhere else. `objective_floor` is the bound no plan goes under; the runner measures gaps against it, or
+against the stage MILP's bound where that is higher (solve/runner.py, `_labelled`)."""
 
 from __future__ import annotations
 

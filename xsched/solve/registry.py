@@ -22,7 +22,7 @@ from xsched.solve.heuristics.greedy import greedy_fill
 from xsched.solve.heuristics.offload import offload_search
 from xsched.solve.heuristics.park import park_remat
 from xsched.solve.heuristics.sqrt import sqrt_checkpoint
-from xsched.solve.options import SolverOptions
+from xsched.solve.options import SolverOptions, out_of_time
 from xsched.solve.problem import Outcome, Problem
 
 # A solver: the problem, its options (options.time_limit_s is its own share of the time), and a warm start (the
@@ -105,7 +105,10 @@ def lazy(target: str) -> Solver:
 
     def run(problem: Problem, options: SolverOptions, warm: Plan | None = None) -> Outcome:
         module, _, name = target.partition(":")
-        return getattr(importlib.import_module(module), name)(problem, options, warm)
+        fn = getattr(importlib.import_module(module), name)
+        if out_of_time():  # the first import (Pyomo: seconds) took the member's time
+            return Outcome(SolveResult("", "no_incumbent", message=f"no time left after importing {module}"))
+        return fn(problem, options, warm)
 
     return run
 

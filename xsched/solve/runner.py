@@ -4,7 +4,6 @@ and one typed result. `auto`, `portfolio` and a single method are configurations
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -14,7 +13,7 @@ from xsched.contracts.result import MemberOutcome, RunStats, SolveResult, Times
 from xsched.errors import BudgetError, NoIncumbent, SolverError, XschedError
 from xsched.solve.bounds.memory import check_budgets, lower_bounds
 from xsched.solve.objective import better, objective, objective_floor
-from xsched.solve.options import SolverOptions
+from xsched.solve.options import SolverOptions, deadline, now, out_of_time
 from xsched.solve.problem import Outcome, Problem, runnable
 from xsched.solve.registry import SOLVERS, SolverEntry, run_member
 
@@ -22,7 +21,8 @@ CONFIGURATIONS = ("auto", "portfolio", "heuristics")
 NO_LIMIT_S = 3600.0  # time_limit_s=None: an hour
 MIN_MEMBER_S = 0.5  # a timed member is not started with less time left: building its model alone takes longer
 MIN_METHOD_S = 1.0  # a method named on its own gets at least this much, even when the heuristics took the limit
-PROBE_SHARE, PROBE_MAX_S = 0.2, 10.0  # time for finding a budget that works, after no plan was found
+# time for finding a budget that works after no plan was found: a share of the time left, at least PROBE_MIN_S
+PROBE_SHARE, PROBE_MIN_S, PROBE_MAX_S = 0.2, 0.5, 10.0
 PROBE_FACTORS = (1.1, 1.25, 1.5, 2.0, 4.0)  # budgets scaled by these until a heuristic fits
 _PROOF_SCOPE = {"milp": ", for plans that first compute the ops in graph order"}
 
@@ -61,7 +61,7 @@ def run(problem: Problem, config: Configuration, options: SolverOptions, given: 
     """The best runnable plan of the configuration's members within `options.time_limit_s`, labelled with its
     status and gap against the lower bound; an Outcome without a plan when none is found (its record's `error` says
     whether no plan is *proven* or only *not found*)."""
-    t0 = time.perf_counter()
+    t0 = now()
     limit = options.time_limit_s if options.time_limit_s is not None else NO_LIMIT_S
     alpha = options.alpha_energy
     try:
@@ -81,30 +81,37 @@ def run(problem: Problem, config: Configuration, options: SolverOptions, given: 
         if better(r.plan, best, alpha):
             best, found = r.plan, r.record
 
-    for entry in (e for e in members if e.kind == "heuristic"):
-        started = time.perf_counter()
-        consider(
-            entry.name,
-            _checked(problem, run_member(entry, problem, options, None), options),
-            time.perf_counter() - started,
-        )
+    heuristics = [e for e in members if e.kind == "heuristic"]
+    # the heuristics share the limit (less a named method's own minimum), each an equal part of what is left, so
+    # that a slow one cannot starve those after it; one that ends early leaves its time to the rest
+    until = limit - (MIN_METHOD_S if config.method is not None and timed else 0.0)
+    for k, entry in enumerate(heuristics):
+        started = now()
+        if best is not None and started - t0 >= until:  # without a plan each still tries its first variant
+            outcomes.append(MemberOutcome(entry.name, "no_incumbent", 0.0, None, "not started: no time left"))
+            continue
+        share = max(until - (started - t0), 0.0) / (len(heuristics) - k)
+        with deadline(share):  # the heuristic keeps it as its options.time_limit_s (options.keeps_limit)
+            r = run_member(entry, problem, replace(options, time_limit_s=share), None)
+            stopped = out_of_time()
+        consider(entry.name, _stopped(_checked(problem, r, options), stopped), now() - started)
     if given is not None:
         consider("warm start", _given(problem, given, options), 0.0)
     floor, floor_why = objective_floor(problem.graph, problem.profile, problem.devices, problem.homes, alpha)
     start = found
     for k, entry in enumerate(timed):
-        left = limit - (time.perf_counter() - t0)
+        left = limit - (now() - t0)
         if entry.name == config.method:  # a method named on its own runs, even after a heuristic at the floor
             left = max(left, MIN_METHOD_S)
         elif left < MIN_MEMBER_S or _done(best, found, results, floor, alpha):
             break
-        started = time.perf_counter()
-        r = _checked(
-            problem, run_member(entry, problem, _member_options(entry, options, left, timed[k + 1 :]), best), options
-        )
+        started = now()
+        member = _member_options(entry, options, left, timed[k + 1 :])
+        with deadline(member.time_limit_s):  # what the member runs inside (heuristics, scoring) checks it too
+            r = _checked(problem, run_member(entry, problem, member, best), options)
         results.append(r)
-        consider(entry.name, r, time.perf_counter() - started)
-    seconds = time.perf_counter() - t0
+        consider(entry.name, r, now() - started)
+    seconds = now() - t0
     stats = RunStats(
         tuple(outcomes),
         warm_start=start.method if start is not None else None,
@@ -141,6 +148,16 @@ def _member_options(entry: SolverEntry, options: SolverOptions, left: float, lat
         return options
     share = entry.share if later else 1.0
     return replace(options, time_limit_s=left * share, hier_refine=options.hier_refine and not later)
+
+
+def _stopped(r: Outcome, stopped: bool) -> Outcome:
+    """A heuristic's outcome as the clock left it: its plan "time_limit" (the best of what it tried), no plan
+    "no_incumbent" (not a sign that none fits)."""
+    if stopped and r.status == "heuristic":
+        return Outcome(replace(r.record, status="time_limit"), r.plan)
+    if stopped and r.status == "failed":
+        return Outcome(replace(r.record, status="no_incumbent", message=f"stopped at the time limit: {r.message}"))
+    return r
 
 
 def _checked(problem: Problem, r: Outcome, options: SolverOptions) -> Outcome:
@@ -236,7 +253,7 @@ def _no_plan(problem, config, why, exact, seconds, cause: BudgetError | None) ->
         fails = ", ".join(f"{d} {format_bytes(b)}" for d, b in budgets.items())
     else:
         fails = ", ".join(f"{d} {format_bytes(max(lows[d].bytes - 1, 0))}" for d in budgets) + " (lower bound)"
-    works = _known_to_work(problem, min(PROBE_MAX_S, max(PROBE_SHARE * seconds, 1.0)))
+    works = _known_to_work(problem, min(PROBE_MAX_S, max(PROBE_SHARE * seconds, PROBE_MIN_S)))
     msg = f"no plan within the budgets: {why}; smallest budget known to work: {works}; largest known not to: {fails}"
     device = cause.device if cause is not None else (next(iter(budgets)) if len(budgets) == 1 else None)
     err = BudgetError(msg, stage="solve", device=device, op=cause.op if cause is not None else None)
@@ -246,19 +263,19 @@ def _no_plan(problem, config, why, exact, seconds, cause: BudgetError | None) ->
 
 def _known_to_work(problem: Problem, seconds: float) -> str:
     """The peaks of the first heuristic plan found at budgets scaled up by PROBE_FACTORS (within `seconds`)."""
-    t0 = time.perf_counter()
-    for f in PROBE_FACTORS:
-        if time.perf_counter() - t0 > seconds:
-            break
-        bigger = problem.with_budgets({d: int(b * f) for d, b in problem.budgets.items()})
-        for entry in SOLVERS.values():
-            if entry.kind == "heuristic":
-                r = run_member(entry, bigger, SolverOptions(), None)
-                if r.plan is not None:
-                    try:
-                        peaks = runnable(bigger.graph, r.plan, bigger.profile, bigger.budgets).predicted.peak_bytes
-                    except BudgetError:  # wrap could not return its forward outputs
-                        continue
-                    found = ", ".join(f"{d} {format_bytes(peaks.get(d, 0))}" for d in problem.budgets)
-                    return f"{found} ({r.method})"
+    with deadline(seconds):
+        for f in PROBE_FACTORS:
+            bigger = problem.with_budgets({d: int(b * f) for d, b in problem.budgets.items()})
+            for entry in SOLVERS.values():
+                if out_of_time():
+                    return "none found"
+                if entry.kind == "heuristic":
+                    r = run_member(entry, bigger, SolverOptions(), None)
+                    if r.plan is not None:
+                        try:
+                            peaks = runnable(bigger.graph, r.plan, bigger.profile, bigger.budgets).predicted.peak_bytes
+                        except BudgetError:  # wrap could not return its forward outputs
+                            continue
+                        found = ", ".join(f"{d} {format_bytes(peaks.get(d, 0))}" for d in problem.budgets)
+                        return f"{found} ({r.method})"
     return "none found"

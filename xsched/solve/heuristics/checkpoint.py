@@ -18,7 +18,7 @@ from xsched.solve.autograd_boundary import forward_outputs
 from xsched.solve.heuristics import lean
 from xsched.solve.heuristics.routing import best_single_device, finish, op_workspace, route, route_and_finish
 from xsched.solve.objective import best_of, objective
-from xsched.solve.options import DEFAULTS, SolverOptions
+from xsched.solve.options import DEFAULTS, SolverOptions, keeps_limit, out_of_time
 from xsched.solve.problem import Problem
 
 # ---------------------------------------------------------------- checkpointing (Chen et al. 2016)
@@ -129,6 +129,7 @@ def candidate_keeps(graph: Graph) -> list[set[str]]:
 
 
 REDO_DEPTH = 32  # levels of missing ancestors in a recompute's cost estimate (DTR's e*, kept shallow)
+_LATE = 1 << 62  # the peak lean_search is told for a candidate not planned for lack of time
 MAX_EVICTIONS = 4  # per op of the graph: past this the eviction search gives up (it thrashes on tight budgets)
 
 
@@ -258,6 +259,7 @@ def compute_time(computes: Sequence[Compute], profile: Profile | None) -> float:
     return sum(c.time_s for s in computes if (c := profile.op_cost(s.op, s.device)) is not None)
 
 
+@keeps_limit
 def checkpoint_search(problem: Problem, options: SolverOptions = DEFAULTS, warm: Plan | None = None) -> Plan:
     """Budget-driven checkpointing: the best fitting plan (objective.better) over Chen-style keep sets (spacings
     and byte thresholds) and budget-driven eviction, on each device that can run every op."""
@@ -285,21 +287,28 @@ def checkpoint_search(problem: Problem, options: SolverOptions = DEFAULTS, warm:
 
         # eviction first (budget-driven, often the fastest), then the keep sets by their computes' own time, which
         # bounds their plan's time from below: once it exceeds the fastest fit, no later candidate can win
+        # eviction made first: past the deadline no other candidate is made
+        first = sorted(range(len(candidates)), key=lambda rank: candidates[rank][0] != "evict")
         made = [
             (label != "evict", compute_time(c, profile), rank, label, c)
-            for rank, (label, make) in enumerate(candidates)
-            if (c := _or_none(make)) is not None
+            for n, (rank, (label, make)) in enumerate((rank, candidates[rank]) for rank in first)
+            if not (n and out_of_time()) and (c := _or_none(make)) is not None
         ]
-        for keep_set, own_time, rank, label, computes in sorted(made, key=lambda m: m[:3]):
+        for n, (keep_set, own_time, rank, label, computes) in enumerate(sorted(made, key=lambda m: m[:3])):
+            if n and out_of_time():
+                break
             # a bound, not a ranking: the objective is at least the makespan, which is at least the computes' time
             if fits and keep_set and own_time > min(objective(f[1], alpha) for f in fits):
                 break
             consider(rank, label, computes)
-        if not fits and d in budgets:  # last resort: forward outputs evicted too, and recomputed at the end
+        if not fits and d in budgets and not out_of_time():  # last resort: forward outputs evicted, made at the end
             if computes := _or_none(lambda: evict_computes(graph, d, budgets[d], profile, evict_outputs=True)):
                 consider(len(candidates), "evict outputs", computes)
         if not fits and d in budgets:  # lean checkpointing, and windows of the backward made again at the end
-            lean_search(graph, keeps, d, homes, lambda label, c: consider(len(candidates), label, c))
+            # past the deadline a candidate counts as no fit (the largest peak) without being planned
+            lean_search(
+                graph, keeps, d, homes, lambda label, c: _LATE if out_of_time() else consider(len(candidates), label, c)
+            )
         if not fits:
             peak, label = lowest or (0, "none")
             raise BudgetError(
@@ -335,6 +344,8 @@ def lean_search(
     distinct: dict[tuple[str, ...], tuple[str, list[Compute]]] = {}  # keep sets that differ may compute alike
     for name, order in orders.items():
         for keep in keeps:
+            if distinct and out_of_time():
+                break
             computes = checkpoint_computes(graph, keep, device, order=order, drop_recomputed=True)
             distinct.setdefault(tuple(c.op for c in computes), (f"lean {name}keep {len(keep)}", computes))
     bases = sorted(((consider(label, c), label, c) for label, c in distinct.values()), key=lambda b: b[0])

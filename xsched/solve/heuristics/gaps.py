@@ -20,7 +20,7 @@ from xsched.contracts.result import HeuristicStats
 from xsched.errors import BudgetError
 from xsched.solve.heuristics.routing import best_single_device, op_workspace, route_and_finish
 from xsched.solve.objective import best_of
-from xsched.solve.options import DEFAULTS, SolverOptions
+from xsched.solve.options import DEFAULTS, SolverOptions, keeps_limit, out_of_time
 from xsched.solve.order.order import starting_orders
 from xsched.solve.problem import Problem
 
@@ -216,6 +216,7 @@ def gap_computes(
     raise BudgetError(f"gap rematerialization gave up after {drops} drops on {device}", stage="solve", device=device)
 
 
+@keeps_limit
 def gap_remat(problem: Problem, options: SolverOptions = DEFAULTS, warm: Plan | None = None) -> Plan:
     """Gap rematerialization on each single device, from each starting order (graph and memory-greedy), with
     missing inputs of a rerun held or made again (a chain of reruns, as checkpointing does); the best plan."""
@@ -245,7 +246,10 @@ def fastest_plan(
     t0 = time.perf_counter()
     plans, why = [], []
     depths = (0, MAX_DEPTH) if device in budgets else (0,)  # no budget on the device: each order as it is
-    for (name, order), depth in itertools.product(orders.items(), depths):
+    for k, ((name, order), depth) in enumerate(itertools.product(orders.items(), depths)):
+        if k and out_of_time():  # the first variant runs however late: a plan to return
+            why.insert(0, f"stopped at the time limit after {k} variants")
+            break
         try:
             if device in budgets:
                 computes = gap_computes(graph, order, device, budgets[device], profile, depth)

@@ -17,7 +17,7 @@ from xsched.errors import BudgetError, PlanError
 from xsched.solve.heuristics.checkpoint import candidate_keeps, checkpoint_computes, compute_time, evict_computes
 from xsched.solve.heuristics.routing import finish, route
 from xsched.solve.objective import better, objective
-from xsched.solve.options import DEFAULTS, SolverOptions
+from xsched.solve.options import DEFAULTS, SolverOptions, keeps_limit, out_of_time
 from xsched.solve.problem import Problem
 
 PREFETCH_OPS = (8, 2, 0)  # how many computes early a copy back is issued, tried in this order
@@ -103,10 +103,13 @@ def _fits(plan: Plan, budgets: Mapping[str, int], devices: Sequence[str]) -> boo
 def recompute_orders(graph: Graph, device: str, budget: int | None, profile: Profile | None) -> list[list[Compute]]:
     """At most MAX_ORDERS checkpointing orders, fewest recomputes first, evenly spread over the keep sets; then
     eviction's order at the budget (it fits the compute device with nothing parked, when it exists)."""
-    orders = sorted((checkpoint_computes(graph, k, device) for k in candidate_keeps(graph)), key=len)
+    keeps = candidate_keeps(graph)
+    orders = sorted(
+        (checkpoint_computes(graph, k, device) for n, k in enumerate(keeps) if not (n and out_of_time())), key=len
+    )
     step = max(1, len(orders) / MAX_ORDERS)
     orders = [orders[int(k * step)] for k in range(min(len(orders), MAX_ORDERS))]
-    if budget is not None:
+    if budget is not None and not out_of_time():
         try:
             orders.append(evict_computes(graph, device, budget, profile))
         except BudgetError:
@@ -114,6 +117,7 @@ def recompute_orders(graph: Graph, device: str, budget: int | None, profile: Pro
     return orders
 
 
+@keeps_limit
 def offload_search(problem: Problem, options: SolverOptions = DEFAULTS, warm: Plan | None = None) -> Plan:
     """The best fitting plan (objective.better) that computes on one device and parks values on another, over the
     compute orders graph order (no recompute), checkpoint keep sets (fewest recomputes first) and eviction at the
@@ -165,6 +169,8 @@ def _best_fit(graph, orders, store, budgets, homes, profile, alpha: float) -> tu
     why = f"no order fits {c}, even parking every gap"
     best: tuple[Plan, HeuristicStats] | None = None
     for n, computes in enumerate(orders):
+        if n and out_of_time():  # the first order runs however late
+            return best if best is not None else f"stopped at the time limit after {n} of {len(orders)} orders"
         # a bound, not a ranking: no plan of these computes has an objective below their own time
         if best is not None and compute_time(computes, profile) >= objective(best[0], alpha):
             continue

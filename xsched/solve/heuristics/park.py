@@ -20,7 +20,7 @@ from xsched.solve.heuristics.gaps import MAX_DEPTH, MAX_DROPS, peak_error
 from xsched.solve.heuristics.park_model import EndRerun, Park, ParkTimeline
 from xsched.solve.heuristics.routing import finish, route
 from xsched.solve.objective import best_of
-from xsched.solve.options import DEFAULTS, SolverOptions
+from xsched.solve.options import DEFAULTS, SolverOptions, keeps_limit, out_of_time
 from xsched.solve.order.order import starting_orders
 from xsched.solve.problem import Problem, runnable
 
@@ -221,6 +221,7 @@ def _window(line: ParkTimeline, v: str, pk: Park) -> tuple[int, int] | None:
     return (start, nxt) if start < nxt and (pk.b is None or nxt == pk.p) else None
 
 
+@keeps_limit
 def park_remat(problem: Problem, options: SolverOptions = DEFAULTS, warm: Plan | None = None) -> Plan:
     """Parking and recomputation chosen together: each device that runs every op, with each other device it has
     links to as its store, over the starting orders, rerun depths and link prices; the best plan that fits
@@ -234,18 +235,22 @@ def park_remat(problem: Problem, options: SolverOptions = DEFAULTS, warm: Plan |
         problem.homes,
     )
     plans, why = [], []
-    for c, store in park_pairs(graph, profile, devices):
-        for name, order in starting_orders(graph).items():
-            for depth, price in ((d, p) for d in (0, MAX_DEPTH) for p in PRICES):
-                try:
-                    plans.append(
-                        park_variant(graph, profile, budgets, homes, c, store, name, order, depth, price, 1.0, t0)
-                    )
-                except BudgetError as e:
-                    why.append(f"{c}/{store} {name} order, depth {depth}, price {price}: {e.detail}")
+    variants = [
+        (c, store, name, order, depth, price)
+        for c, store in park_pairs(graph, profile, devices)
+        for name, order in starting_orders(graph).items()
+        for depth, price in ((d, p) for d in (0, MAX_DEPTH) for p in PRICES)
+    ]
+    for k, (c, store, name, order, depth, price) in enumerate(variants):
+        if k and out_of_time():  # the first variant runs however late: the most promising, and often the only fit
+            why.insert(0, f"stopped at the time limit after {k} of {len(variants)} variants")
+            break
+        try:
+            plans.append(park_variant(graph, profile, budgets, homes, c, store, name, order, depth, price, 1.0, t0))
+        except BudgetError as e:
+            why.append(f"{c}/{store} {name} order, depth {depth}, price {price}: {e.detail}")
     if not plans:
-        device = park_pairs(graph, profile, devices)[0][0]
-        raise BudgetError("park: " + "; ".join(why[:3]), stage="solve", device=device)
+        raise BudgetError("park: " + "; ".join(why[:3]), stage="solve", device=variants[0][0])
     return best_of(plans, options.alpha_energy)
 
 

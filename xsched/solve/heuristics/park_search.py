@@ -13,7 +13,7 @@ from xsched.contracts.result import SolveResult, Times
 from xsched.errors import BudgetError
 from xsched.solve.heuristics.park import park_pairs, park_variant
 from xsched.solve.objective import better, objective
-from xsched.solve.options import DEFAULTS, SolverOptions
+from xsched.solve.options import DEFAULTS, SolverOptions, out_of_time
 from xsched.solve.order.order import starting_orders
 from xsched.solve.problem import Outcome, Problem
 
@@ -35,12 +35,12 @@ def park_search(problem: Problem, options: SolverOptions = DEFAULTS, warm: Plan 
     best: Plan | None = None
     tried = idle = 0
     for aim, price, depth, seed in _search_variants(options.seed):
-        if time.perf_counter() - t0 > limit or idle >= PATIENCE:
+        if (tried and (out_of_time() or time.perf_counter() - t0 > limit)) or idle >= PATIENCE:
             break
         before = best
         for c, store in pairs:
             for name, order in orders.items():
-                if time.perf_counter() - t0 > limit:
+                if tried and (out_of_time() or time.perf_counter() - t0 > limit):
                     break
                 jitter = random.Random(f"{seed}/{c}/{store}/{name}") if seed is not None else None
                 try:

@@ -31,7 +31,7 @@ from xsched.solve.hier.menu import Option, fastest, leanest, translate
 from xsched.solve.hier.region import Region, deferrable, late_grads, make_region, sub_profile
 from xsched.solve.hier.upper import RegionTask, region_options
 from xsched.solve.objective import better, objective
-from xsched.solve.options import DEFAULTS, SolverOptions
+from xsched.solve.options import DEFAULTS, SolverOptions, out_of_time
 from xsched.solve.problem import Problem, runnable
 from xsched.solve.registry import from_plan
 
@@ -125,6 +125,8 @@ def solve_hier(
     with _pool(workers, len(blocks)) as run:
         levels = sorted({b.level for b in blocks[:-1]})
         for level in levels:
+            if out_of_time():  # the runner's deadline for this member (its pool checks it between tasks too)
+                raise NoIncumbent(f"hier: stopped at the time limit before level {level} of {len(levels)}")
             mine = [b for b in blocks[:-1] if b.level == level]
             for leaf_pass in (True, False):  # bottom blocks of this level first: parents may mix both
                 group = [b for b in mine if b.leaf == leaf_pass]
@@ -390,6 +392,15 @@ class _pool:
         return self.map
 
     def map(self, fn: Callable, tasks: list) -> list:
+        """The tasks a worker-count at a time, the deadline checked between (a worker process cannot see it)."""
+        out: list = []
+        for k in range(0, len(tasks), self.workers):
+            if k and out_of_time():
+                raise NoIncumbent(f"hier: stopped at the time limit after {k} of {len(tasks)} blocks of a level")
+            out += self._map(fn, tasks[k : k + self.workers])
+        return out
+
+    def _map(self, fn: Callable, tasks: list) -> list:
         if self.workers == 1 or len(tasks) <= 1:
             return [fn(t) for t in tasks]
         if self.executor is None:
