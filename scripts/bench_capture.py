@@ -16,7 +16,7 @@ import torch
 from xsched import zoo
 from xsched.budgets import format_bytes
 from xsched.capture import capture
-from xsched.solve.eager import eager_peak
+from xsched.solve.reference import eager_peak
 
 
 def main() -> None:

@@ -37,7 +37,7 @@ from xsched.execute.compiled import compile_op
 from xsched.execute.executor import Executor
 from xsched.execute.wrap import wrap
 from xsched.simulate import simulate
-from xsched.solve.eager import eager_plan
+from xsched.solve.reference import eager_plan
 
 OVERHEAD_INTRO = """## Overhead of the eager plan (one device, no recomputation)
 

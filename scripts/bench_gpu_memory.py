@@ -57,7 +57,7 @@ from xsched.execute.live_bytes import measured_peaks
 from xsched.explain import reserved_peaks
 from xsched.profiling.measure import profile_graph
 from xsched.simulate import simulate
-from xsched.solve.eager import eager_peak, eager_plan
+from xsched.solve.reference import eager_peak, eager_plan
 
 SEED = 1234
 
@@ -245,7 +245,7 @@ def plan_row(label: str, graph: Graph, plan: Plan, profile: Profile, env: dict, 
     sim = simulate(graph, plan, profile, check_budgets=False)
     copy_s, predicted_hidden = hidden_share(graph, plan, profile)
     copies = sum(isinstance(s, Copy) for s in plan.steps)
-    loss_id = graph.extra["forward_outputs"][-1]["ref"]  # zoo gpt2 returns (logits, loss)
+    loss_id = graph.forward_outputs[-1]["ref"]  # zoo gpt2 returns (logits, loss)
     resident = sum(graph.value[v].nbytes for v in graph.inputs if plan.homes[v] == compute)
     exs = {"default": Executor(graph, plan, check=False, overlap=a.lanes)}
     if copies:  # without copies a one-device plan runs in plan order in either mode

@@ -27,9 +27,9 @@ from xsched.contracts.profile import DeviceInfo, LinkCost, Profile
 from xsched.errors import XschedError
 from xsched.simulate import simulate
 from xsched.solve import SolverOptions, solve
-from xsched.solve.eager import eager_peak, eager_plan
-from xsched.solve.memory_bounds import lower_bounds
-from xsched.solve.time_bound import time_bound
+from xsched.solve.bounds.memory import lower_bounds
+from xsched.solve.bounds.time import time_bound
+from xsched.solve.reference import eager_peak, eager_plan
 
 DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu"
 GPU, HOST = "cuda:0", "cpu"

@@ -27,8 +27,8 @@ from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError
 from xsched.profiling.measure import profile_graph
 from xsched.solve.api import solve
-from xsched.solve.eager import eager_peak
 from xsched.solve.options import SolverOptions
+from xsched.solve.reference import eager_peak
 
 
 def single_device(graph: Graph, profile: Profile, d: str, budget: int | None, options: SolverOptions) -> Plan | None:

@@ -27,14 +27,16 @@ from xsched.capture.torch import capture
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Plan
 from xsched.contracts.profile import Profile
+from xsched.contracts.result import HeuristicStats
 from xsched.errors import BudgetError
 from xsched.importers import BENCH_DEVICE
 from xsched.profiling.model import cost_profile
 from xsched.simulate import simulate
-from xsched.solve.eager import eager_peak, eager_plan
-from xsched.solve.gap_remat import gap_remat
-from xsched.solve.remat import checkpoint_search, evict_computes
-from xsched.solve.routing import route_and_finish
+from xsched.solve.heuristics.checkpoint import checkpoint_search, evict_computes
+from xsched.solve.heuristics.gaps import gap_remat
+from xsched.solve.heuristics.routing import route_and_finish
+from xsched.solve.problem import Problem
+from xsched.solve.reference import eager_peak, eager_plan
 
 GRAPHS = "random_layered:100:0,random_layered:500:0,random_layered:1000:0,gpt2:default,transformer:default,"
 GRAPHS += "mlp_mixer:default,unet:default,resnet18:default,gpt2:small:n_layer=24"
@@ -51,10 +53,13 @@ def graph_of(spec: str) -> tuple[Graph, Profile, str]:
     return g, cost_profile(g, ["cpu"]), "cpu"
 
 
-def evict_only(graph: Graph, profile: Profile, budgets: dict[str, int], devices: list[str], homes: dict) -> Plan:
-    d = devices[0]
-    computes = evict_computes(graph, d, budgets[d], profile)
-    return route_and_finish(graph, computes, "evict", budgets, homes, profile, time.perf_counter(), device=d)
+def evict_only(problem: Problem) -> Plan:
+    d = problem.devices[0]
+    computes = evict_computes(problem.graph, d, problem.budgets[d], problem.profile)
+    stats = HeuristicStats(device=d)
+    return route_and_finish(
+        problem.graph, computes, "evict", problem.budgets, problem.homes, problem.profile, time.perf_counter(), stats
+    )
 
 
 HEURISTICS: dict[str, Callable[..., Plan]] = {"checkpoint": checkpoint_search, "evict": evict_only, "gaps": gap_remat}
@@ -64,7 +69,7 @@ def cell(fn: Callable[..., Plan], graph: Graph, profile: Profile, dev: str, budg
     """(predicted time or None without a plan, wall seconds); the plan checked by the simulator."""
     t0 = time.perf_counter()
     try:
-        plan = fn(graph, profile, {dev: budget}, [dev], {v: dev for v in graph.inputs})
+        plan = fn(Problem(graph, profile, {dev: budget}, (dev,), {v: dev for v in graph.inputs}))
     except BudgetError:
         return None, time.perf_counter() - t0
     wall = time.perf_counter() - t0

@@ -36,9 +36,9 @@ from xsched.pipeline import measured_profile
 from xsched.profiling.model import cost_profile
 from xsched.simulate import simulate
 from xsched.solve.api import solve
-from xsched.solve.eager import eager_peak, eager_plan
-from xsched.solve.memory_bounds import lower_bounds
+from xsched.solve.bounds.memory import lower_bounds
 from xsched.solve.options import SolverOptions
+from xsched.solve.reference import eager_peak, eager_plan
 from xsched.solve.registry import SOLVERS
 
 GRAPHS = Path(__file__).resolve().parents[1] / "benchmarks" / "graphs"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from xsched.importers import import_networkx
 from xsched.simulate import simulate
-from xsched.solve.eager import eager_plan
+from xsched.solve.reference import eager_plan
 
 # Peaks without rematerialization under the lexicographic topological order (benchmarks/graphs/README.md).
 PUBLISHED_PEAK = {"random_layered_n100": 50_590, "random_layered_n250": 135_910}

@@ -44,7 +44,7 @@ from xsched.execute.executor import Executor
 from xsched.profiling.measure import COPY_SIZES, copy_seconds, profile_graph
 from xsched.simulate import simulate
 from xsched.solve import solve
-from xsched.solve.eager import eager_peak
+from xsched.solve.reference import eager_peak
 
 # name/batch/scale: tiny widths with a large batch, so activations outweigh params (as in tests/test_executor.py
 # ZOO) and one step takes 20-60 ms on one thread here

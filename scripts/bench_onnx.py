@@ -40,7 +40,7 @@ from xsched.execute.ort_measure import example_feeds
 from xsched.profiling.measure import profile_graph
 from xsched.simulate import simulate
 from xsched.solve.api import solve
-from xsched.solve.eager import eager_plan
+from xsched.solve.reference import eager_plan
 
 MODELS = ("resnet18", "resnet50", "vgg16", "unet", "gpt2", "transformer", "mlp_mixer")
 NOTES = """\
@@ -118,10 +118,10 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     row = {
         "model": name,
         "nodes": len(g.ops),
-        "signatures": profile.extra["profiling"]["signatures"],
+        "signatures": profile.profiling["signatures"],
         "export_s": exported,
         "capture_s": captured,
-        "profile_s": profile.extra["profiling"]["wall_s"],
+        "profile_s": profile.profiling["wall_s"],
         "predicted": predicted,
         **t,
     }

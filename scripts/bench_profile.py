@@ -32,7 +32,7 @@ from xsched.devices.base import split_device_list
 from xsched.devices.cpu import cpu_model, torch_threads
 from xsched.profiling.measure import profile_graph
 from xsched.simulate import simulate
-from xsched.solve.eager import eager_plan
+from xsched.solve.reference import eager_plan
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "bench" / "profile.md"
 NOTES = """\
@@ -112,7 +112,7 @@ def run(models: list[str], scale: str, devices: list[str], iters: int, max_total
             row = {
                 "model": name,
                 "ops": len(g.ops),
-                "distinct": p.extra["profiling"]["signatures"],
+                "distinct": p.profiling["signatures"],
                 "device": dev,
                 "profile_s": wall,
                 "predicted_ms": predicted * 1e3,

@@ -26,7 +26,7 @@ from xsched.devices.base import get_device, split_device_list
 from xsched.loaders import load_graph
 from xsched.profiling.measure import profile_graph
 from xsched.simulate import simulate
-from xsched.solve.eager import eager_plan
+from xsched.solve.reference import eager_plan
 
 
 def read_graph(spec: str, batch: int | None, scale: str) -> Graph:

@@ -13,6 +13,7 @@ graph at the given fractions, with the published numbers beside it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import sys
 import time
@@ -26,9 +27,9 @@ from xsched.contracts.result import MilpStats, RunStats
 from xsched.errors import BudgetError, XschedError
 from xsched.importers import BENCH_DEVICE, import_networkx
 from xsched.simulate import simulate
-from xsched.solve.api import METHODS, solve
-from xsched.solve.eager import eager_peak, eager_plan
+from xsched.solve.api import solve
 from xsched.solve.options import SolverOptions
+from xsched.solve.reference import eager_peak, eager_plan
 
 BENCH_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "graphs"
 
@@ -57,16 +58,8 @@ def run_one(graph: Graph, profile: Profile, frac: float, args: argparse.Namespac
     row: dict[str, Any] = {"graph": graph.name, "n": len(graph.ops), "frac": frac, "M": budget}
     t0 = time.perf_counter()
     try:
-        if args.heuristics_only:
-            plans = []
-            for m in METHODS[1:]:
-                try:
-                    plans.append(solve(graph, profile, {BENCH_DEVICE: budget}, method=m))
-                except BudgetError:
-                    pass
-            if not plans:
-                raise BudgetError("no heuristic meets the budget", stage="bench")
-            plan = min(plans, key=lambda p: p.predicted.time_s)
+        if args.heuristics_only:  # the runner's best heuristic plan (BudgetError when none fits)
+            plan = solve(graph, profile, {BENCH_DEVICE: budget}, method="heuristics")
         else:
             options = SolverOptions(time_limit_s=args.time_limit, solver_threads=args.threads)
             plan = solve(graph, profile, {BENCH_DEVICE: budget}, method="milp", options=options)
@@ -159,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for path in paths:
         graph, profile = import_networkx(path)
         # named by the file stem, as in the README; the fingerprint (and so the profile) ignores the name
-        graph = Graph(path.stem, graph.values, graph.ops, graph.outputs, graph.extra)
+        graph = dataclasses.replace(graph, name=path.stem)
         for frac in fracs:
             row = run_one(graph, profile, frac, args)
             rows.append(row)

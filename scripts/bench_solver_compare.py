@@ -18,15 +18,15 @@ from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Plan
 from xsched.contracts.profile import Profile
 from xsched.contracts.result import OrderSearchStats
-from xsched.errors import XschedError
+from xsched.errors import BudgetError, XschedError
 from xsched.importers import BENCH_DEVICE, import_networkx
 from xsched.simulate import simulate
 from xsched.solve.api import solve
-from xsched.solve.eager import eager_peak, eager_plan
-from xsched.solve.heuristics import best_heuristic
 from xsched.solve.intervals import solve_intervals
 from xsched.solve.options import SolverOptions
-from xsched.solve.order import search_order
+from xsched.solve.order.order import search_order
+from xsched.solve.problem import Problem
+from xsched.solve.reference import eager_peak, eager_plan
 
 BENCH_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "graphs"
 DEV = BENCH_DEVICE
@@ -77,14 +77,17 @@ def load(spec: str) -> tuple[Graph, Profile]:
     else:
         path, name = BENCH_DIR / f"{spec}.json", spec
     g, prof = import_networkx(path)
-    return Graph(name, g.values, g.ops, g.outputs, g.extra), prof
+    return replace(g, name=name), prof
 
 
 def runner(method: str, g: Graph, prof: Profile, budget: int, opts: SolverOptions) -> Callable[[], Plan]:
     b, devs, homes = {DEV: budget}, [DEV], {v: DEV for v in g.inputs}
 
-    def warm() -> Plan | None:
-        return best_heuristic(g, prof, b, devs, homes)[0]
+    def warm() -> Plan | None:  # the heuristics' best plan, None when none fits
+        try:
+            return solve(g, prof, b, devs, "heuristics", homes=homes)
+        except BudgetError:
+            return None
 
     if method == "milp":
         return lambda: solve(g, prof, b, method="milp", options=opts)
@@ -95,7 +98,7 @@ def runner(method: str, g: Graph, prof: Profile, budget: int, opts: SolverOption
             t0, w = time.perf_counter(), warm()
             o = replace(opts, time_limit_s=opts.time_limit_s - (time.perf_counter() - t0))
             return solve_intervals(
-                g, prof, b, devs, homes, o, backend=backend, order=tuple(range(len(g.ops))), warm_start=w
+                Problem(g, prof, b, devs, homes), o, backend=backend, order=tuple(range(len(g.ops))), warm_start=w
             )
 
         return fixed
@@ -107,7 +110,7 @@ def runner(method: str, g: Graph, prof: Profile, budget: int, opts: SolverOption
 
             def score(order: tuple[int, ...], seconds: float) -> Plan:
                 o = replace(opts, time_limit_s=seconds)
-                return solve_intervals(g, prof, b, devs, homes, o, order=order, warm_start=w, c_max=2)
+                return solve_intervals(Problem(g, prof, b, devs, homes), o, order=order, warm_start=w, c_max=2)
 
             plan, _, log = search_order(g, score, left, w)
             if plan is None:

@@ -7,7 +7,7 @@ and the proven lower bound; predicted time overhead at each, measured through `w
 
 Budgets step down in 5% of the eager peak. The heuristics' floor is the lowest step where the best heuristic plan
 fits; from one step below it `auto` (time limit `--limit` per budget) steps down until it returns no plan or the
-next step is under the proven bound (`xsched.solve.memory_bounds.lower_bounds`, which no plan can beat). Costs are the
+next step is under the proven bound (`xsched.solve.bounds.memory.lower_bounds`, which no plan can beat). Costs are the
 CPU's, measured once per graph and cached under profiles/ (as `wrap` does). Measured overheads are medians of
 interleaved training steps (eager PyTorch against the wrapped plan) in this one process.
 """
@@ -33,11 +33,10 @@ from xsched.errors import BudgetError, XschedError
 from xsched.execute.wrap import wrap
 from xsched.pipeline import measured_profile
 from xsched.solve.api import solve
-from xsched.solve.crossing import crossing_bound
-from xsched.solve.eager import eager_peak, eager_plan
-from xsched.solve.heuristics import best_heuristic
-from xsched.solve.memory_bounds import lower_bounds, op_need
+from xsched.solve.bounds.crossing import crossing_bound
+from xsched.solve.bounds.memory import lower_bounds, op_need
 from xsched.solve.options import SolverOptions
+from xsched.solve.reference import eager_peak, eager_plan
 
 DEV = "cpu"
 STEP = 5  # percent of the eager peak
@@ -88,8 +87,9 @@ def run_model(name: str, limit: float, iters: int) -> dict:
     heur: dict[int, Plan] = {}
     pct = 100
     while pct >= STEP:
-        plan, _ = best_heuristic(graph, profile, {DEV: budget(pct)}, [DEV], homes)
-        if plan is None:
+        try:
+            plan = solve(graph, profile, {DEV: budget(pct)}, [DEV], "heuristics", homes=homes)
+        except BudgetError:
             break
         heur[pct] = plan
         pct -= STEP

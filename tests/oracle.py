@@ -110,3 +110,30 @@ def assert_prediction_matches(graph: Graph, plan: Plan, profile: Profile, budget
     assert {d: b for d, b in plan.predicted.peak_bytes.items() if b} == {d: b for d, b in counted.items() if b}
     for d, b in (budgets if budgets is not None else plan.budgets).items():
         assert counted.get(d, 0) <= b, f"{d} peaks at {counted.get(d, 0)} over its budget {b}"
+
+
+def resident_after(graph: Graph, plan: Plan) -> list[dict[str, int]]:
+    """Per step, the bytes resident on each device once it has run, counted from a set of residencies (devices
+    holding nothing left out): a compute adds its outputs, a copy its value on the destination, a free removes."""
+    size = {v.id: v.nbytes for v in graph.values}
+    resident = set(plan.homes.items())
+    out: list[dict[str, int]] = []
+    for s in plan.steps:
+        if isinstance(s, Compute):
+            resident.update((v, s.device) for v in graph.op[s.op].outputs)
+        elif isinstance(s, Copy):
+            resident.add((s.value, s.dst))
+        else:
+            resident.discard((s.value, s.device))
+        held: dict[str, int] = {}
+        for v, d in resident:
+            held[d] = held.get(d, 0) + size[v]
+        out.append({d: b for d, b in held.items() if b})
+    return out
+
+
+def assert_run_counts(graph: Graph, plan: Plan, resident: list, peak: Mapping[str, int]) -> None:
+    """A run's bytes per device after each step and its peaks (what the interpreter held, real tensors checked
+    against the graph's sizes) equal the independent counts."""
+    assert [{d: b for d, b in r.items() if b} for r in resident] == resident_after(graph, plan)
+    assert {d: b for d, b in peak.items() if b} == {d: b for d, b in peaks(graph, plan).items() if b}

@@ -22,10 +22,10 @@ from xsched.contracts.plan import Plan
 from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError, XschedError
 from xsched.simulate import simulate
-from xsched.solve import METHODS, SOLVERS, Problem, SolverEntry, SolveResult
+from xsched.solve import METHODS, SOLVERS, Outcome, Problem, SolverEntry, SolveResult
 from xsched.solve.api import solve
-from xsched.solve.eager import eager_peak, eager_plan
 from xsched.solve.options import SolverOptions
+from xsched.solve.reference import eager_peak, eager_plan
 from xsched.solve.registry import run_member
 
 
@@ -47,23 +47,22 @@ def test_every_registered_method_returns_a_typed_result() -> None:
         if not entry.available():
             continue
         r = run_member(entry, problem, SolverOptions(time_limit_s=5, solver_threads=1), None)
-        assert isinstance(r, SolveResult) and r.method == name
+        assert isinstance(r, Outcome) and isinstance(r.record, SolveResult) and r.method == name
         if r.plan is None:
             assert r.status in ("failed", "no_incumbent", "infeasible") and r.message
         else:
             valid(G, r.plan, prof, problem.budgets)
             assert r.status in ("optimal", "feasible", "time_limit", "heuristic")
-            assert r.plan.solver.method == name and r.plan.solver.plan is None  # the plan carries its record
+            assert r.plan.solver is r.record and r.record.method == name  # the plan carries its record
     assert {"milp", "checkpoint", "hier"} <= set(SOLVERS) and {"auto", "portfolio"} <= set(METHODS)
 
 
-def eager_solver(problem: Problem, options: SolverOptions, warm: Plan | None) -> SolveResult:
+def eager_solver(problem: Problem, options: SolverOptions, warm: Plan | None) -> Outcome:
     """A toy solver, as a user would add one: the eager plan on the first device when it fits, its record its own."""
     plan = eager_plan(problem.graph, problem.devices[0], problem.profile)
     if any(plan.predicted.peak_bytes.get(d, 0) > b for d, b in problem.budgets.items()):
-        return SolveResult("toy", "no_incumbent", message="the eager plan does not fit")
-    record = SolveResult("toy", "feasible")
-    return replace(record, plan=replace(plan, solver=record, budgets=problem.budgets))
+        return Outcome(SolveResult("toy", "no_incumbent", message="the eager plan does not fit"))
+    return Outcome(SolveResult("toy", "feasible"), replace(plan, budgets=problem.budgets))
 
 
 def test_a_registered_toy_solver_is_a_method_and_auto_runs_it(registry) -> None:
@@ -71,7 +70,7 @@ def test_a_registered_toy_solver_is_a_method_and_auto_runs_it(registry) -> None:
     with the best plan so far as its warm start, and its plan wins when it is the best."""
     calls = []
 
-    def toy(problem: Problem, options: SolverOptions, warm: Plan | None) -> SolveResult:
+    def toy(problem: Problem, options: SolverOptions, warm: Plan | None) -> Outcome:
         calls.append(warm)
         return eager_solver(problem, options, warm)
 
@@ -220,12 +219,12 @@ def test_a_forward_output_computed_after_backward_starts_is_moved_before_it() ->
     from xsched.contracts.plan import Compute, place_frees
     from xsched.profiling.model import cost_profile
     from xsched.solve.autograd_boundary import keep_forward_outputs, missing_at_boundary
-    from xsched.solve.eager import eager_plan
     from xsched.solve.problem import validated
+    from xsched.solve.reference import eager_plan
 
     g = capture(Shared(), (torch.randn(32, 64),), name="Shared")
     prof = cost_profile(g, ["cpu"])
-    late = next(o for o in g.ops if g.extra["forward_outputs"][0]["ref"] in o.outputs)  # a.addmm
+    late = next(o for o in g.ops if g.forward_outputs[0]["ref"] in o.outputs)  # a.addmm
     first_bwd = next(i for i, o in enumerate(g.ops) if o.phase == "bwd")
     ops = [o for o in g.ops if o is not late]
     ops.insert(first_bwd + 2, late)  # after two backward ops
@@ -262,7 +261,7 @@ def test_a_repair_that_breaks_the_budget_is_refused() -> None:
         Op("b1", "t", ("t",), ("g1",), "bwd"),
         Op("b2", "t", ("g1", "h"), ("gx",), "bwd"),
     )
-    g = Graph("late", values, ops, ("o", "gx"), extra={"forward_outputs": [{"ref": "o"}]})
+    g = Graph("late", values, ops, ("o", "gx"), forward_outputs=({"ref": "o"},))
     prof = cost_profile(g, ["cpu"])
     homes = {"x": "cpu", "t": "cpu"}
     steps = place_frees(g, [Compute(o, "cpu") for o in ("f1", "b1", "b2", "f2")], homes)

@@ -13,7 +13,7 @@ import torch
 
 from xsched.contracts.graph import Graph
 from xsched.contracts.profile import Profile
-from xsched.solve.eager import eager_peak
+from xsched.solve.reference import eager_peak
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import bench_gpu_memory as bench  # noqa: E402

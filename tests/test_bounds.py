@@ -8,7 +8,7 @@ import pytest
 from conftest import BENCH, chain_graph
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_heuristics import DEVICES, train_dags, two_device_profile
+from test_heuristics import DEVICES, HEURISTICS, train_dags, two_device_profile
 from test_milp import exhaustive_optimum, profile_for, times_of
 
 from xsched.budgets import format_bytes
@@ -16,9 +16,9 @@ from xsched.contracts.graph import Graph, Op, Value
 from xsched.errors import BudgetError, ProfileError
 from xsched.importers import import_networkx
 from xsched.simulate import simulate
-from xsched.solve import heuristics as H
-from xsched.solve.eager import eager_peak
-from xsched.solve.memory_bounds import check_budgets, lower_bounds
+from xsched.solve.bounds.memory import check_budgets, lower_bounds
+from xsched.solve.problem import Problem
+from xsched.solve.reference import eager_peak
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -29,10 +29,10 @@ def test_bounds_are_sound_and_never_reject_budgets_a_heuristic_meets(g, data):
     homes = {v: data.draw(st.sampled_from(DEVICES)) for v in g.inputs}
     bounds = lower_bounds(g, profile, DEVICES, homes)
     budgets = {d: data.draw(st.integers(0, 2 * eager_peak(g) + 50)) for d in DEVICES}
-    for fn in H.HEURISTICS.values():
+    for fn in HEURISTICS.values():
         for b in ({}, budgets):
             try:
-                plan = fn(g, profile, b, list(DEVICES), homes)
+                plan = fn(Problem(g, profile, b, DEVICES, homes))
             except BudgetError:
                 continue
             peaks = simulate(g, plan, profile).peak_bytes
@@ -177,7 +177,7 @@ def test_time_bounds_by_hand() -> None:
     2 s, the CPU 1 s, the work spread over both is 2 s, and x must cross the link: 10.5 s."""
     from xsched.contracts.graph import Graph, Op, Value
     from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
-    from xsched.solve.time_bound import time_bound, time_bounds
+    from xsched.solve.bounds.time import time_bound, time_bounds
 
     g = Graph(
         "bounds",

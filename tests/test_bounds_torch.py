@@ -1,4 +1,4 @@
-"""Bound soundness against torch: every lower bound xsched.solve.memory_bounds reports is at or below the peak that
+"""Bound soundness against torch: every lower bound xsched.solve.bounds.memory reports is at or below the peak that
 eager PyTorch and torch.utils.checkpoint per block reach for the same step, counted by the allocator-level
 xsched.execute.live_bytes (a bound above what PyTorch does would be a "proven infeasible" that is not)."""
 
@@ -15,7 +15,7 @@ from torch.utils.checkpoint import checkpoint
 from xsched import zoo
 from xsched.capture.torch import capture
 from xsched.execute.live_bytes import LiveBytes
-from xsched.solve.memory_bounds import lower_bounds
+from xsched.solve.bounds.memory import lower_bounds
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

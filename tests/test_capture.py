@@ -162,7 +162,7 @@ def test_graph_structure(case):
         if v.shape is not None:
             elem = torch.empty((), dtype=getattr(torch, v.dtype)).element_size()
             assert v.nbytes == torch.Size(v.shape).numel() * elem
-    n_out = len(g.extra["forward_outputs"])
+    n_out = len(g.forward_outputs)
     tangents = [v for v in g.values if v.kind == "tangent"]
     assert len(tangents) == (1 if case == "twoout" else n_out)  # argmax output has no tangent
 
@@ -186,7 +186,7 @@ def test_buffers_tangents_and_names():
     assert [v for v in g.inputs if kinds[v] == "tangent"] == ["tangent:0"]
     updates = {g.value[v].updates for v in g.outputs if g.value[v].updates}
     assert updates == {f"buffer:bn.{b}" for b in ("running_mean", "running_var", "num_batches_tracked")}
-    assert set(g.extra["buffer_updates"]) == {"bn.running_mean", "bn.running_var", "bn.num_batches_tracked"}
+    assert set(g.buffer_updates) == {"bn.running_mean", "bn.running_var", "bn.num_batches_tracked"}
     assert {o.name for o in g.ops if o.phase != "bwd"} >= {"conv", "bn", "head", "loss"}
     loss_ops = [o for o in g.ops if o.phase == "loss"]
     assert loss_ops and all(o.name == "loss" for o in loss_ops)
@@ -201,7 +201,7 @@ def test_functional_loss_is_loss_phase():
 
 def test_view_outputs_are_refs_with_view_chains():
     model, inputs, g = _capture("viewout")
-    refs = g.extra["forward_outputs"]
+    refs = g.forward_outputs
     assert all("view" in r for r in refs) and refs[0]["ref"] == refs[1]["ref"]
     assert len(g.outputs) == len(set(g.outputs))
     env = bind_inputs(g, model, inputs)
@@ -229,7 +229,7 @@ def test_inference_mode_has_no_backward():
     g = capture(model, inputs, inference=True)
     assert {o.phase for o in g.ops} == {"fwd"}
     assert not [v for v in g.values if v.kind == "tangent" or v.grad_of]
-    assert not g.extra["buffer_updates"]  # eval-mode BN leaves the running stats alone
+    assert not g.buffer_updates  # eval-mode BN leaves the running stats alone
     store = dict(bind_inputs(g, model, inputs))
     for o in g.ops:
         store.update(zip(o.outputs, run_op(o, store)))

@@ -19,7 +19,7 @@ from xsched.contracts.plan import Compute, Copy, Free, Plan
 from xsched.execute.executor import Executor
 from xsched.execute.segments import compiled_peaks, regions_of
 from xsched.execute.wrap import wrap
-from xsched.solve.eager import eager_plan
+from xsched.solve.reference import eager_plan
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,4 +1,4 @@
-"""Fusion-aware costs: the fusible classification, the fused profile, and the min-cut solver (xsched.solve.fused_cut)
+"""Fusion-aware costs: the fusible classification, the fused profile, and the min-cut solver (xsched.solve.heuristics.fused_cut)
 against an exhaustive search of saved sets with fused costs on small graphs."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from xsched.profiling.fused import fused_profile, fusible_target
 from xsched.profiling.model import cost_profile
 from xsched.simulate import simulate
 from xsched.solve.api import solve
-from xsched.solve.eager import eager_peak
-from xsched.solve.fused_cut import banned, forward_values, min_cut, needs, save_cost
+from xsched.solve.heuristics.fused_cut import banned, forward_values, min_cut, needs, save_cost
+from xsched.solve.reference import eager_peak
 
 FUSIBLE = ("aten.mul.Tensor", "aten.gelu.default", "aten.add.Tensor", "aten.tanh.default")
 HEAVY = ("aten.mm.default", "aten.bmm.default")
@@ -153,7 +153,7 @@ def test_region_times_name_each_compiled_region_by_its_ops() -> None:
     from xsched.capture.torch import bind_inputs
     from xsched.execute.executor import Executor
     from xsched.profiling.fused import region_times
-    from xsched.solve.eager import eager_plan
+    from xsched.solve.reference import eager_plan
 
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8), nn.Tanh())

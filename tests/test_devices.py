@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.metadata
 import math
 import textwrap
 import time
@@ -13,7 +14,17 @@ import torch
 
 import xsched.devices.cpu as cpu_mod
 from xsched.contracts.graph import Graph, Op, Value
-from xsched.devices import Device, DeviceError, Policy, available_devices, fit_link, get_device, plugin, plugins
+from xsched.devices import (
+    Device,
+    DeviceError,
+    Policy,
+    available_devices,
+    fit_link,
+    get_device,
+    installed_kinds,
+    plugin,
+    plugins,
+)
 from xsched.devices.base import Measurement, parse_options, relative_spread, repeat_until_stable, split_device_list
 from xsched.devices.cpu import CpuDevice, thread_clock
 from xsched.devices.energy import RaplReader, modelled_energy
@@ -33,9 +44,15 @@ def mm_graph(m: int = 16, k: int = 32, n: int = 8) -> Graph:
 
 
 # ---- registry ----
-def test_builtin_plugins_come_from_entry_points():
+@pytest.mark.parametrize("installed", [True, False])
+def test_builtin_plugins_need_no_entry_points(installed, monkeypatch):
+    """A source checkout on PYTHONPATH (no xsched distribution, so no entry points) finds the built-in plugins as an
+    installed one does (issue 33: the GPU benchmark died with `installed kinds: none`)."""
+    if not installed:
+        monkeypatch.setattr(importlib.metadata, "entry_points", lambda **kw: [])
+    assert installed_kinds() == ["cpu", "cuda", "ort", "sim"] or installed
     found = plugins()
-    assert {"cpu", "cuda", "sim"} <= set(found)
+    assert {"cpu", "cuda", "sim", "ort"} <= set(found)
     assert found["cpu"] is CpuDevice and found["sim"] is SimDevice
     assert isinstance(get_device("cpu"), CpuDevice)
     assert get_device("sim:h100").kind == "sim"

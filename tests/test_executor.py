@@ -25,8 +25,8 @@ from xsched.execute.reference import execute
 from xsched.execute.run_report import measure
 from xsched.simulate import simulate
 from xsched.solve.api import solve
-from xsched.solve.eager import eager_peak
-from xsched.solve.memory_bounds import check_budgets, lower_bounds
+from xsched.solve.bounds.memory import check_budgets, lower_bounds
+from xsched.solve.reference import eager_peak
 
 TWO = ("cpu:0", "cpu:1")
 
@@ -56,7 +56,7 @@ ZOO = {
     "vgg16": (64, "tiny", 65, 55),
     "vgg19": (64, "tiny", 65, 50),
 }
-# (model, devices, percent) below the lower bound of xsched.solve.memory_bounds, so no plan of any method fits: on one
+# (model, devices, percent) below the lower bound of xsched.solve.bounds.memory, so no plan of any method fits: on one
 # device the stem's (ResNets) or the first block's (VGG) full-resolution activations, three of which one backward
 # op reads and writes at once, plus the params and input; on two devices no single device can run that op
 # within its share. On one device mlp_mixer at 25% too (bound 26.5%): whichever gelu backward runs last, it runs

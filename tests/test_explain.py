@@ -90,7 +90,7 @@ def test_the_allocator_model_by_hand() -> None:
 
 def test_reserved_peaks_hold_the_plan_peak_and_count_only_the_step() -> None:
     from xsched.explain import reserved_peaks
-    from xsched.solve.eager import eager_plan
+    from xsched.solve.reference import eager_plan
 
     g = chain_graph([3 << 20, 5 << 20, 300, 12 << 20, 1 << 20], train=True)
     plan = eager_plan(g, "cuda:0", profile_for(g, {"cuda:0": {o.id: 0.001 for o in g.ops}}))

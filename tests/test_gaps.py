@@ -15,9 +15,11 @@ from xsched.contracts.profile import DeviceInfo, OpCost, Profile
 from xsched.errors import BudgetError
 from xsched.importers import import_networkx
 from xsched.simulate import simulate
-from xsched.solve.eager import eager_peak, eager_plan
-from xsched.solve.gap_remat import gap_computes, gap_remat, order_scorer
-from xsched.solve.remat import evict_computes
+from xsched.solve.api import solve
+from xsched.solve.heuristics.checkpoint import evict_computes
+from xsched.solve.heuristics.gaps import gap_computes, gap_remat, order_scorer
+from xsched.solve.problem import Problem
+from xsched.solve.reference import eager_peak, eager_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from random_layered import random_layered  # noqa: E402
@@ -49,7 +51,7 @@ def test_the_cheapest_rerun_per_byte_freed_at_the_peak_is_chosen(cheap_big: bool
     computes = gap_computes(g, range(len(g.ops)), "d", budget, prof)
     again = "mk_big" if cheap_big else "mk_small"
     assert [c.op for c in computes] == [o.id for o in g.ops[:-1]] + [again, "end"]
-    plan = gap_remat(g, prof, {"d": budget}, ["d"], {"x": "d"})
+    plan = gap_remat(Problem(g, prof, {"d": budget}, ["d"], {"x": "d"}))
     assert simulate(g, plan, prof).peak_bytes["d"] <= budget
 
 
@@ -69,7 +71,7 @@ def test_a_wide_random_dag_gets_a_plan_where_eviction_gives_up(tmp_path: Path) -
     budget = int(0.9 * eager_peak(g))
     with pytest.raises(BudgetError, match="gave up"):
         evict_computes(g, "bench", budget, prof)
-    plan = gap_remat(g, prof, {"bench": budget}, ["bench"], {})
+    plan = gap_remat(Problem(g, prof, {"bench": budget}, ["bench"], {}))
     result = simulate(g, plan, prof)
     assert result.peak_bytes["bench"] <= budget
     assert len(g.ops) < result.computes <= len(g.ops) + 50
@@ -85,7 +87,7 @@ def test_never_faster_than_the_exhaustive_optimum(name: str) -> None:
     low, peak = tightest_budget(g, prof, homes), eager_peak(g)
     for budget in sorted({low, (low + peak) // 2, peak}):
         try:
-            plan = gap_remat(g, prof, {"cpu": budget}, ["cpu"], homes)
+            plan = gap_remat(Problem(g, prof, {"cpu": budget}, ["cpu"], homes))
         except BudgetError:
             assert budget < peak  # at the eager peak the plain order fits
             continue
@@ -108,7 +110,7 @@ def test_the_order_search_scored_by_gaps_runs_each_order_it_scores() -> None:
     order it was given and fits; the gaps-scored search's plan is no slower than gaps' own."""
     from conftest import BENCH
 
-    from xsched.solve.order import first_compute_indices, search_order, starting_orders
+    from xsched.solve.order.order import first_compute_indices, search_order, starting_orders
 
     g, prof = import_networkx(BENCH / "random_layered_n100.json")
     budgets = {"bench": 37055}
@@ -126,10 +128,10 @@ def test_the_order_search_scored_by_gaps_runs_each_order_it_scores() -> None:
     plan, order, stats = search_order(g, score, 3600.0, per_try_s=0.01, max_orders=12)
     assert stats.orders_tried == 12 and first_compute_indices(g, plan) == order
     assert simulate(g, plan, prof).peak_bytes["bench"] <= 37055
-    assert plan.predicted.time_s <= gap_remat(g, prof, budgets, ["bench"], {}).predicted.time_s + 1e-12
+    assert plan.predicted.time_s <= gap_remat(Problem(g, prof, budgets, ["bench"], {})).predicted.time_s + 1e-12
 
 
-def test_best_heuristic_returns_only_plans_wrap_can_run() -> None:
+def test_the_best_heuristic_plan_is_one_wrap_can_run() -> None:
     """On mlp_mixer (tiny) at 80% the gaps plan frees a forward output before backward starts (the executor hands
     forward outputs to autograd there). The heuristics' best plan is repaired or another one, never that plan, and
     `wrap` trains it like eager."""
@@ -142,7 +144,6 @@ def test_best_heuristic_returns_only_plans_wrap_can_run() -> None:
     from xsched.execute.wrap import wrap
     from xsched.profiling.model import cost_profile
     from xsched.solve.autograd_boundary import missing_at_boundary
-    from xsched.solve.heuristics import best_heuristic
     from xsched.zoo import build
 
     z = build("mlp_mixer", scale="tiny")
@@ -150,8 +151,8 @@ def test_best_heuristic_returns_only_plans_wrap_can_run() -> None:
     prof = cost_profile(g, ["cpu"])
     homes = {v: "cpu" for v in g.inputs}
     budgets = {"cpu": int(0.8 * eager_peak(g))}
-    assert missing_at_boundary(g, gap_remat(g, prof, budgets, ["cpu"], homes))  # the case this test is about
-    best, _ = best_heuristic(g, prof, budgets, ["cpu"], homes)
+    assert missing_at_boundary(g, gap_remat(Problem(g, prof, budgets, ["cpu"], homes)))  # the case this test is about
+    best = solve(g, prof, budgets, ["cpu"], "heuristics", homes=homes)
     assert not missing_at_boundary(g, best)
     assert simulate(g, best, prof).peak_bytes["cpu"] <= budgets["cpu"]
     eager = copy.deepcopy(z.model)

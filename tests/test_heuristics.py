@@ -16,12 +16,36 @@ from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
 from xsched.errors import BudgetError
 from xsched.importers import import_networkx
 from xsched.simulate import simulate
-from xsched.solve import heuristics as H
-from xsched.solve import remat as RM
-from xsched.solve import routing as RT
-from xsched.solve.eager import eager_peak, eager_plan
+from xsched.solve.heuristics import checkpoint as RM
+from xsched.solve.heuristics import routing as RT
+from xsched.solve.heuristics.checkpoint import checkpoint_search
+from xsched.solve.heuristics.eager import eager
+from xsched.solve.heuristics.fastest import fastest
+from xsched.solve.heuristics.gaps import gap_remat
+from xsched.solve.heuristics.greedy import greedy_fill
+from xsched.solve.heuristics.offload import offload_search
+from xsched.solve.heuristics.park import park_remat
+from xsched.solve.heuristics.sqrt import sqrt_checkpoint
+from xsched.solve.problem import Problem
+from xsched.solve.reference import eager_peak, eager_plan
+from xsched.solve.registry import SOLVERS
 
 DEVICES = ("a", "b")
+# every registered heuristic, called directly (the registry wraps each into a solver returning an Outcome)
+HEURISTICS = {
+    "eager": eager,
+    "greedy": greedy_fill,
+    "fastest": fastest,
+    "sqrt": sqrt_checkpoint,
+    "checkpoint": checkpoint_search,
+    "offload": offload_search,
+    "gaps": gap_remat,
+    "park": park_remat,
+}
+
+
+def test_the_table_is_the_registry() -> None:
+    assert list(HEURISTICS) == [n for n, e in SOLVERS.items() if e.kind == "heuristic"]
 
 
 @st.composite
@@ -63,7 +87,7 @@ def check(g: Graph, plan, profile: Profile, budgets: dict[str, int]) -> None:
     them."""
     assert dict(plan.budgets) == budgets
     assert_prediction_matches(g, plan, profile, budgets)
-    assert plan.solver.method in H.HEURISTICS and plan.solver.status == "heuristic"
+    assert plan.solver.method in HEURISTICS and plan.solver.status == "heuristic"
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -74,16 +98,16 @@ def test_every_heuristic_is_valid_or_names_the_budget_it_misses(g, data):
     homes = {v: data.draw(st.sampled_from(DEVICES)) for v in g.inputs}
     top = 2 * eager_peak(g) + 100
     budgets = {d: data.draw(st.integers(0, top)) for d in data.draw(st.sampled_from([(), ("a",), DEVICES]))}
-    for name, fn in H.HEURISTICS.items():
+    for name, fn in HEURISTICS.items():
         try:
-            plan = fn(g, profile, budgets, list(DEVICES), homes)
+            plan = fn(Problem(g, profile, budgets, DEVICES, homes))
         except BudgetError as e:
             assert e.device in (*DEVICES, None), name
             continue
         check(g, plan, profile, budgets)
     # Without budgets every heuristic has a plan.
-    for fn in H.HEURISTICS.values():
-        check(g, fn(g, profile, {}, list(DEVICES), homes), profile, {})
+    for fn in HEURISTICS.values():
+        check(g, fn(Problem(g, profile, {}, DEVICES, homes)), profile, {})
 
 
 @settings(max_examples=60, deadline=None)
@@ -92,7 +116,7 @@ def test_eager_heuristic_is_the_eager_plan_and_checkpointing_keeping_everything_
     profile = two_device_profile(g)
     homes = {v: "a" for v in g.inputs}
     ref = eager_plan(g, "a", profile)
-    plan = H.eager(g, profile, {"a": eager_peak(g)}, ["a"], homes)
+    plan = eager(Problem(g, profile, {"a": eager_peak(g)}, ["a"], homes))
     assert plan.steps == ref.steps
     kept_all = RM.checkpoint_plan(g, set(RM.droppable(g)), "a", profile)
     assert kept_all.steps == ref.steps
@@ -102,26 +126,37 @@ def test_eager_heuristic_is_the_eager_plan_and_checkpointing_keeping_everything_
     assert all(computes.count(o.id) == 1 for o in g.ops if o.phase == "bwd")  # only forward ops are recomputed
 
 
-@settings(max_examples=60, deadline=None)
-@given(train_dags(), st.data())
-def test_eviction_meets_the_budget_it_was_given(g, data):
-    profile = two_device_profile(g)
-    budget = data.draw(st.integers(0, eager_peak(g)))
-    try:
-        computes = RM.evict_computes(g, "a", budget, profile)
-    except BudgetError as e:
-        assert e.device == "a" and e.op in g.op
-        return
-    plan = RT.finish(
-        g,
-        RT.route(g, computes, {v: "a" for v in g.inputs}, profile),
-        "t",
-        {"a": budget},
-        {v: "a" for v in g.inputs},
-        profile,
-        0.0,
-    )
-    assert plan.predicted.peak_bytes["a"] <= budget
+def test_eviction_meets_the_budget_it_was_given() -> None:
+    """Each eviction plan peaks within its budget, or the device and op are named; at least a tenth of the draws
+    give a plan (about half are at the eager peak, where eviction must fit; 16-25 of 60 do here)."""
+    found: list[bool] = []
+
+    @settings(max_examples=60, deadline=None)
+    @given(train_dags(), st.data())
+    def draw(g, data) -> None:
+        profile = two_device_profile(g)
+        peak = eager_peak(g)  # about half the draws at the eager peak, where eviction must fit
+        budget = data.draw(st.one_of(st.integers(0, peak), st.just(peak)))
+        try:
+            computes = RM.evict_computes(g, "a", budget, profile)
+        except BudgetError as e:
+            assert e.device == "a" and e.op in g.op
+            found.append(False)
+            return
+        plan = RT.finish(
+            g,
+            RT.route(g, computes, {v: "a" for v in g.inputs}, profile),
+            "t",
+            {"a": budget},
+            {v: "a" for v in g.inputs},
+            profile,
+            0.0,
+        )
+        assert plan.predicted.peak_bytes["a"] <= budget
+        found.append(True)
+
+    draw()
+    assert sum(found) >= 0.1 * len(found), f"{sum(found)} plans in {len(found)} draws"
 
 
 def test_sqrt_checkpointing_on_a_training_chain_cuts_the_peak_and_recomputes_the_segments():
@@ -143,13 +178,17 @@ def test_checkpoint_search_is_budget_driven_on_a_training_chain():
     g = chain_graph([100] * 36, train=True)
     profile = Profile(g.fingerprint, {"d": DeviceInfo("cpu")}, {"d": {o.id: OpCost(1.0) for o in g.ops}})
     peak = eager_peak(g)
-    loose = RM.checkpoint_search(g, profile, {"d": peak}, ["d"], {"x": "d"})
+    loose = checkpoint_search(Problem(g, profile, {"d": peak}, ["d"], {"x": "d"}))
     assert loose.predicted.time_s == len(g.ops)  # nothing to recompute when the eager plan fits
-    tight = RM.checkpoint_search(g, profile, {"d": int(0.3 * peak)}, ["d"], {"x": "d"})
+    tight = checkpoint_search(Problem(g, profile, {"d": int(0.3 * peak)}, ["d"], {"x": "d"}))
     assert tight.predicted.peak_bytes["d"] <= 0.3 * peak < peak
-    assert len(g.ops) < tight.predicted.time_s <= RM.sqrt_checkpoint(g, profile, {}, ["d"], {"x": "d"}).predicted.time_s
+    assert (
+        len(g.ops)
+        < tight.predicted.time_s
+        <= sqrt_checkpoint(Problem(g, profile, {}, ["d"], {"x": "d"})).predicted.time_s
+    )
     with pytest.raises(BudgetError, match="on d") as e:
-        RM.checkpoint_search(g, profile, {"d": 250}, ["d"], {"x": "d"})
+        checkpoint_search(Problem(g, profile, {"d": 250}, ["d"], {"x": "d"}))
     assert e.value.device == "d"
 
 
@@ -170,7 +209,7 @@ def test_checkpoint_search_finds_the_fastest_fitting_candidate(g, data):
     plans = [RT.finish(g, RT.route(g, c, homes, profile), "x", {}, homes, profile, 0.0) for c in every]
     times = [p.predicted.time_s for p in plans if p.predicted.peak_bytes.get("d", 0) <= budgets["d"]]
     try:
-        found = RM.checkpoint_search(g, profile, budgets, ["d"], homes)
+        found = checkpoint_search(Problem(g, profile, budgets, ["d"], homes))
     except BudgetError:
         assert not times  # nothing fit
         return
@@ -182,7 +221,7 @@ def test_checkpoint_search_finds_the_fastest_fitting_candidate(g, data):
 def test_greedy_fill_spills_to_the_second_device_when_the_first_is_full():
     g = chain_graph([50, 60, 70, 80, 90, 100])  # op k needs x + a(k-1) + a(k): 58, 118, 138, 158, ...
     profile = two_device_profile(g)
-    plan = H.greedy_fill(g, profile, {"a": 150, "b": 10_000}, list(DEVICES), {"x": "a"})
+    plan = greedy_fill(Problem(g, profile, {"a": 150, "b": 10_000}, list(DEVICES), {"x": "a"}))
     check(g, plan, profile, {"a": 150, "b": 10_000})
     where = [s.device for s in plan.steps if isinstance(s, Compute)]
     assert where == ["a"] * 3 + ["b"] * 3
@@ -193,14 +232,14 @@ def test_greedy_fill_spills_to_the_second_device_when_the_first_is_full():
 def test_greedy_fill_names_the_op_when_every_device_is_full():
     g = chain_graph([50, 60, 70, 80, 90, 100])
     with pytest.raises(BudgetError, match="ran out of devices at op f4") as e:
-        H.greedy_fill(g, two_device_profile(g), {"a": 150, "b": 160}, list(DEVICES), {"x": "a"})
+        greedy_fill(Problem(g, two_device_profile(g), {"a": 150, "b": 160}, list(DEVICES), {"x": "a"}))
     assert e.value.op == "f4" and e.value.device == "b"
 
 
 def test_fastest_puts_each_op_on_its_fastest_device_and_copies_what_crosses():
     g = chain_graph([10, 10, 10, 10], train=True)
     profile = two_device_profile(g, slow_b=0.5, b_runs=lambda o: o.id in ("f1", "f2"))
-    plan = H.fastest(g, profile, {}, list(DEVICES), {"x": "a"})
+    plan = fastest(Problem(g, profile, {}, list(DEVICES), {"x": "a"}))
     check(g, plan, profile, {})
     on_b = {s.op for s in plan.steps if isinstance(s, Compute) and s.device == "b"}
     assert on_b == {"f1", "f2"}
@@ -222,7 +261,7 @@ def test_param_gradient_is_copied_to_its_home():
 def test_finish_names_device_and_op_over_budget():
     g = chain_graph([100] * 4)
     with pytest.raises(BudgetError, match="budget 150 B") as e:
-        H.eager(g, None, {"d": 150}, ["d"], {"x": "d"})
+        eager(Problem(g, None, {"d": 150}, ["d"], {"x": "d"}))
     assert e.value.device == "d"
 
 
@@ -231,9 +270,9 @@ def test_heuristics_on_bench_graphs_are_valid_at_90_percent(path):
     g, profile = import_networkx(path)
     budgets = {"bench": int(0.9 * eager_peak(g))}
     found = {}
-    for name, fn in H.HEURISTICS.items():
+    for name, fn in HEURISTICS.items():
         try:
-            plan = fn(g, profile, budgets, ["bench"], {})
+            plan = fn(Problem(g, profile, budgets, ("bench",), {}))
         except BudgetError as e:
             assert e.device == "bench"
             continue

@@ -27,10 +27,11 @@ from xsched.contracts.profile import Profile
 from xsched.errors import XschedError
 from xsched.profiling.model import cost_profile
 from xsched.solve.api import solve
-from xsched.solve.eager import eager_peak
 from xsched.solve.hier import HierSettings, solve_hier
 from xsched.solve.hier import solver as hier_solver
 from xsched.solve.options import SolverOptions
+from xsched.solve.problem import Problem
+from xsched.solve.reference import eager_peak
 from xsched.zoo import build
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -43,21 +44,30 @@ def valid(g: Graph, plan: Plan, prof: Profile, budgets: dict[str, int]) -> Plan:
     return plan
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(train_dags(max_ops=8), st.data())
-def test_every_hierarchical_plan_is_valid_or_no_plan_is_said(g: Graph, data) -> None:
-    """Random training graphs on two devices, random homes and budgets, three levels of blocks."""
-    prof = two_device_profile(g, slow_b=data.draw(st.sampled_from([0.5, 2.0])))
-    homes = {v: data.draw(st.sampled_from(DEVICES)) for v in g.inputs}
-    top = 2 * eager_peak(g) + 100
-    budgets = {d: data.draw(st.integers(top // 4, top)) for d in data.draw(st.sampled_from([("a",), DEVICES]))}
-    try:
-        plan = solve_hier(g, prof, budgets, DEVICES, homes, SolverOptions(time_limit_s=5), settings=SMALL)
-    except XschedError as e:
-        assert e.stage == "solve" and e.detail
-        return
-    valid(g, plan, prof, budgets)
-    assert plan.solver.method == "hier"
+def test_every_hierarchical_plan_is_valid_or_no_plan_is_said() -> None:
+    """Random training graphs on two devices, random homes and budgets, three levels of blocks; at least a quarter
+    of the draws give a plan (a solver that never found one would pass vacuously; 25 of 25 do here)."""
+    found: list[bool] = []
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(train_dags(max_ops=8), st.data())
+    def draw(g: Graph, data) -> None:
+        prof = two_device_profile(g, slow_b=data.draw(st.sampled_from([0.5, 2.0])))
+        homes = {v: data.draw(st.sampled_from(DEVICES)) for v in g.inputs}
+        top = 2 * eager_peak(g) + 100
+        budgets = {d: data.draw(st.integers(top // 4, top)) for d in data.draw(st.sampled_from([("a",), DEVICES]))}
+        try:
+            plan = solve_hier(Problem(g, prof, budgets, DEVICES, homes), SolverOptions(time_limit_s=5), settings=SMALL)
+        except XschedError as e:
+            assert e.stage == "solve" and e.detail
+            found.append(False)
+            return
+        valid(g, plan, prof, budgets)
+        assert plan.solver.method == "hier"
+        found.append(True)
+
+    draw()
+    assert sum(found) >= 0.25 * len(found), f"{sum(found)} plans in {len(found)} draws"
 
 
 def test_quality_matches_the_exhaustive_optimum_on_a_small_graph() -> None:
@@ -70,7 +80,9 @@ def test_quality_matches_the_exhaustive_optimum_on_a_small_graph() -> None:
     peak = eager_peak(g)
     for budget in (peak, peak - 20, peak - 40):
         best = exhaustive_optimum(g, prof, {"cpu": budget}, ["cpu"], homes)
-        plan = solve_hier(g, prof, {"cpu": budget}, ["cpu"], homes, SolverOptions(time_limit_s=10), settings=one)
+        plan = solve_hier(
+            Problem(g, prof, {"cpu": budget}, ["cpu"], homes), SolverOptions(time_limit_s=10), settings=one
+        )
         valid(g, plan, prof, {"cpu": budget})
         assert best - 1e-9 <= plan.predicted.time_s <= 1.03 * best, (budget, plan.predicted.time_s, best)
 
@@ -103,12 +115,16 @@ def test_a_gradient_op_is_deferred_as_the_optimum_does() -> None:
     budgets = {"cpu": eager_peak(g) - 10}
     best = exhaustive_optimum(g, prof, budgets, ["cpu"], homes)
     one = HierSettings(max_leaf=2, max_top=4, leaf_s=1, region_s=2, workers=1)
-    plan = solve_hier(g, prof, budgets, ["cpu"], homes, SolverOptions(time_limit_s=10), settings=one)
+    plan = solve_hier(Problem(g, prof, budgets, ["cpu"], homes), SolverOptions(time_limit_s=10), settings=one)
     valid(g, plan, prof, budgets)
     assert plan.predicted.time_s == pytest.approx(best)
     assert [s.op for s in plan.steps if isinstance(s, Compute)].count("b2") == 2
     with pytest.raises(XschedError):
-        solve_hier(g, prof, budgets, ["cpu"], homes, SolverOptions(time_limit_s=10), settings=replace(one, defer=False))
+        solve_hier(
+            Problem(g, prof, budgets, ["cpu"], homes),
+            SolverOptions(time_limit_s=10),
+            settings=replace(one, defer=False),
+        )
 
 
 def gpt() -> tuple[Graph, Profile]:
@@ -130,7 +146,7 @@ def test_two_devices_and_determinism(monkeypatch) -> None:
 
     def plan(workers: int) -> Plan:
         opts = SolverOptions(time_limit_s=600, hier_processes=workers, node_limit=200)
-        return solve_hier(g, prof, budgets, ["cuda:0", "cpu"], homes, opts, settings=same)
+        return solve_hier(Problem(g, prof, budgets, ["cuda:0", "cpu"], homes), opts, settings=same)
 
     plans = [plan(1), plan(2)]
     monkeypatch.setattr(hier_solver, "_start_method", lambda: "forkserver")
@@ -156,24 +172,23 @@ def test_the_refinement_never_slows_hiers_plan_and_says_what_it_started_from() -
     """At 90% of GPT's eager peak the H-ILP has a plan; CP-SAT's interval model, started from it (or from a faster
     warm start), returns a valid plan no slower than its start, and the log names that start."""
     pytest.importorskip("ortools")
-    from xsched.solve.heuristics import best_heuristic
 
     g, prof = gpt()
     homes = {v: "cpu" for v in g.inputs}
     budgets = {"cpu": int(0.9 * eager_peak(g))}
     st = HierSettings(leaf_s=0, region_s=2, workers=1)
     opts = SolverOptions(time_limit_s=4)
-    plain = solve_hier(g, prof, budgets, ["cpu"], homes, opts, settings=replace(st, refine=False))
+    plain = solve_hier(Problem(g, prof, budgets, ["cpu"], homes), opts, settings=replace(st, refine=False))
     assert plain.solver.stats.refine is None
-    refined = solve_hier(g, prof, budgets, ["cpu"], homes, opts, settings=st)
+    refined = solve_hier(Problem(g, prof, budgets, ["cpu"], homes), opts, settings=st)
     valid(g, refined, prof, budgets)
     own = refined.solver.stats.hier_objective  # hier's plan before the refinement
     assert refined.solver.stats.refine and refined.predicted.time_s <= own
     # it names hier's plan as its start exactly when it returns a faster one, and returns hier's plan otherwise
     assert refined.solver.stats.refined_from in (None, "hier")
     assert (refined.solver.stats.refined_from == "hier") == (refined.predicted.time_s < own)
-    warm, _ = best_heuristic(g, prof, budgets, ["cpu"], homes)
-    from_warm = solve_hier(g, prof, budgets, ["cpu"], homes, opts, warm, settings=st)
+    warm = solve(g, prof, budgets, ["cpu"], "heuristics", homes=homes)
+    from_warm = solve_hier(Problem(g, prof, budgets, ["cpu"], homes), opts, warm, settings=st)
     valid(g, from_warm, prof, budgets)
     own = from_warm.solver.stats.hier_objective
     start = min(own, warm.predicted.time_s)
@@ -224,7 +239,7 @@ def test_bad_settings_and_a_budget_below_every_plan_are_one_line_errors() -> Non
     prof = profile_for(g, {"cpu": times_of(g)}, {})
     homes = {v: "cpu" for v in g.inputs}
     with pytest.raises(XschedError, match="max_leaf") as e:
-        solve_hier(g, prof, {"cpu": 100}, ["cpu"], homes, settings=HierSettings(max_leaf=0))
+        solve_hier(Problem(g, prof, {"cpu": 100}, ["cpu"], homes), settings=HierSettings(max_leaf=0))
     assert e.value.stage == "solve"
     with pytest.raises(XschedError) as e:  # below the lower bound: the bounds say so before any solver runs
         solve(g, prof, {"cpu": 10}, method="hier")

@@ -15,13 +15,14 @@ from xsched.capture.torch import capture
 from xsched.contracts.graph import Graph
 from xsched.profiling.model import cost_profile
 from xsched.simulate import simulate
-from xsched.solve.eager import eager_peak
 from xsched.solve.hier import HierSettings, leaf, solve_hier
 from xsched.solve.hier.canon import canon
 from xsched.solve.hier.hierarchy import build_hierarchy
 from xsched.solve.hier.partition import Dag, group_level, is_convex
 from xsched.solve.hier.region import make_region, plain, region_homes
 from xsched.solve.options import SolverOptions
+from xsched.solve.problem import Problem
+from xsched.solve.reference import eager_peak
 from xsched.zoo import build
 
 
@@ -92,11 +93,7 @@ def test_a_twelve_layer_gpt_has_one_layer_class_solved_once() -> None:
     assert {shallow["1"], shallow["2"]} == inner
     prof = cost_profile(g, ["cpu"])
     plan = solve_hier(
-        g,
-        prof,
-        {"cpu": eager_peak(g)},
-        ["cpu"],
-        {v: "cpu" for v in g.inputs},
+        Problem(g, prof, {"cpu": eager_peak(g)}, ["cpu"], {v: "cpu" for v in g.inputs}),
         SolverOptions(time_limit_s=20, hier_processes=1),
         settings=HierSettings(leaf_s=0, region_s=2, refine=False),
     )

@@ -10,7 +10,7 @@ from conftest import BENCH
 from xsched.errors import GraphError
 from xsched.importers import import_networkx
 from xsched.simulate import simulate
-from xsched.solve.eager import eager_plan
+from xsched.solve.reference import eager_plan
 
 
 def test_random_layered_n100_sizes_and_published_peak():

@@ -1,8 +1,10 @@
-"""The package's imports run downward only and never in a circle (read from the source, not by importing)."""
+"""The package's imports run downward only and never in a circle, imports for annotations (`if TYPE_CHECKING:`)
+included (read from the source, not by importing); `xsched/solve/` keeps its roles in folders."""
 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "xsched"
@@ -33,8 +35,10 @@ def modules() -> dict[str, Path]:
     return out
 
 
-def import_graph() -> dict[str, set[str]]:
-    """module -> the xsched modules it imports, at top level or inside functions."""
+@functools.cache  # parsing every module takes seconds; the tests only read the graph
+def import_graph(annotations: bool = True) -> dict[str, set[str]]:
+    """module -> the xsched modules it imports, at top level or inside functions, and under `if TYPE_CHECKING:`
+    unless `annotations` is off."""
     mods = modules()
 
     def owner(name: str) -> str | None:
@@ -46,7 +50,8 @@ def import_graph() -> dict[str, set[str]]:
     for m, path in mods.items():
         package = m if path.name == "__init__.py" else m.rpartition(".")[0]
         found: set[str | None] = set()
-        for node in _runtime_nodes(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree) if annotations else _runtime_nodes(tree):
             if isinstance(node, ast.Import):
                 found.update(owner(a.name) for a in node.names if a.name.startswith("xsched"))
             elif isinstance(node, ast.ImportFrom):
@@ -119,10 +124,30 @@ def test_imports_only_run_downward() -> None:
 
 
 def test_the_walk_sees_function_level_and_relative_imports(tmp_path) -> None:
-    """Control: the AST walk must find an import inside a function, or the two tests above prove nothing."""
+    """Control: the AST walk must find an import inside a function and one under TYPE_CHECKING, or the two tests
+    above prove nothing."""
     edges = import_graph()
-    assert "xsched.solve.eager" in edges["xsched.cli.plan"]  # imported inside cmd_plan
+    assert "xsched.solve.reference" in edges["xsched.cli.plan"]  # imported inside cmd_plan
     assert "xsched.zoo" in edges["xsched.loaders"]  # imported inside load_model
+    assert "xsched.errors" in edges["xsched.contracts.result"]  # under TYPE_CHECKING, for `SolveResult.error`
+    assert "xsched.errors" not in import_graph(annotations=False)["xsched.contracts.result"]
+
+
+def test_the_plan_and_its_record_do_not_import_each_other() -> None:
+    """A plan carries its solver's record; the record holds no plan (a solver returns both as an `Outcome`)."""
+    edges = import_graph()
+    assert "xsched.contracts.result" in edges["xsched.contracts.plan"]
+    assert "xsched.contracts.plan" not in edges["xsched.contracts.result"]
+
+
+MAX_SOLVE_MODULES = 12  # modules directly in xsched/solve/ (its __init__ included): the rest sit in role folders
+
+
+def test_the_solver_folder_keeps_its_roles_in_folders() -> None:
+    top = sorted(p.name for p in (PACKAGE / "solve").glob("*.py"))
+    assert len(top) <= MAX_SOLVE_MODULES, f"{len(top)} modules directly in xsched/solve/: {top}"
+    folders = {p.name for p in (PACKAGE / "solve").iterdir() if (p / "__init__.py").exists()}
+    assert {"heuristics", "milp", "intervals", "hier", "bounds", "order"} <= folders
 
 
 def test_layers_name_each_package_once() -> None:

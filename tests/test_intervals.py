@@ -17,12 +17,13 @@ from xsched.contracts.profile import LinkCost, Profile
 from xsched.contracts.result import SolveResult
 from xsched.errors import BudgetError, PlanError
 from xsched.simulate import simulate
-from xsched.solve.eager import eager_peak
-from xsched.solve.heuristics import best_heuristic
+from xsched.solve.api import solve
 from xsched.solve.intervals import solve_intervals
 from xsched.solve.intervals.data import build_data
 from xsched.solve.options import SolverOptions
-from xsched.solve.order import topological
+from xsched.solve.order.order import topological
+from xsched.solve.problem import Problem
+from xsched.solve.reference import eager_peak
 
 EXACT = SolverOptions(time_limit_s=20.0, mip_gap=0.0)
 BACKENDS = [
@@ -72,7 +73,7 @@ def test_graph_order_reaches_the_exhaustive_optimum(backend: str, name: str, poi
     budgets = {"cpu": eager_peak(g) if point == "peak" else tightest_budget(g, prof, homes)}
     want = exhaustive_optimum(g, prof, budgets, ["cpu"], homes)
     plan = checked(
-        g, solve_intervals(g, prof, budgets, ["cpu"], homes, EXACT, backend=backend, workers=1), prof, budgets
+        g, solve_intervals(Problem(g, prof, budgets, ["cpu"], homes), EXACT, backend=backend, workers=1), prof, budgets
     )
     assert plan.solver.status == "optimal"
     assert plan.predicted.time_s == pytest.approx(want)
@@ -89,7 +90,7 @@ def test_best_order_of_random_dags_is_the_exhaustive_optimum(seed: int) -> None:
     got = []
     for order in all_orders(g):
         try:
-            plan = solve_intervals(g, prof, budgets, ["cpu"], homes, EXACT, order=order, workers=1)
+            plan = solve_intervals(Problem(g, prof, budgets, ["cpu"], homes), EXACT, order=order, workers=1)
         except BudgetError:  # this order cannot meet the budget with these slots: another order must
             continue
         checked(g, plan, prof, budgets)
@@ -113,7 +114,7 @@ def test_two_devices_reach_the_exhaustive_optimum(backend: str, name: str) -> No
     peak = eager_peak(g)
     budgets = {"cpu": peak, "gpu": int(peak * 0.6)}
     want = exhaustive_optimum(g, prof, budgets, ["cpu", "gpu"], homes)
-    plan = solve_intervals(g, prof, budgets, ["cpu", "gpu"], homes, EXACT, backend=backend, workers=1)
+    plan = solve_intervals(Problem(g, prof, budgets, ["cpu", "gpu"], homes), EXACT, backend=backend, workers=1)
     checked(g, plan, prof, budgets)
     assert plan.predicted.time_s == pytest.approx(want)
     assert any(isinstance(s, Copy) for s in plan.steps)
@@ -126,7 +127,7 @@ def test_below_any_plan_is_a_budget_error(backend: str) -> None:
     homes = {v: "cpu" for v in g.inputs}
     budgets = {"cpu": tightest_budget(g, prof, homes) - 1}
     with pytest.raises(BudgetError, match="interval model"):
-        solve_intervals(g, prof, budgets, ["cpu"], homes, EXACT, backend=backend, workers=1)
+        solve_intervals(Problem(g, prof, budgets, ["cpu"], homes), EXACT, backend=backend, workers=1)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -135,8 +136,10 @@ def test_warm_start_from_a_heuristic_is_never_worse(backend: str) -> None:
     prof = profile_for(g, {"cpu": times_of(g)})
     homes = {v: "cpu" for v in g.inputs}
     budgets = {"cpu": (tightest_budget(g, prof, homes) + eager_peak(g)) // 2}
-    warm, _ = best_heuristic(g, prof, budgets, ["cpu"], homes)
-    plan = solve_intervals(g, prof, budgets, ["cpu"], homes, EXACT, backend=backend, warm_start=warm, workers=1)
+    warm = solve(g, prof, budgets, ["cpu"], "heuristics", homes=homes)
+    plan = solve_intervals(
+        Problem(g, prof, budgets, ["cpu"], homes), EXACT, backend=backend, warm_start=warm, workers=1
+    )
     checked(g, plan, prof, budgets)
     assert plan.predicted.time_s <= warm.predicted.time_s + 1e-9
 
@@ -148,7 +151,8 @@ def test_one_worker_and_a_seed_give_the_same_plan(backend: str) -> None:
     homes = {"x": "cpu"}
     budgets = {"cpu": int(0.8 * eager_peak(g))}
     runs = [
-        solve_intervals(g, prof, budgets, ["cpu"], homes, EXACT, backend=backend, seed=3, workers=1) for _ in range(2)
+        solve_intervals(Problem(g, prof, budgets, ["cpu"], homes), EXACT, backend=backend, seed=3, workers=1)
+        for _ in range(2)
     ]
     assert runs[0].steps == runs[1].steps
 
@@ -164,7 +168,7 @@ def test_soft_budgets_find_a_first_plan_from_an_over_budget_hint() -> None:
     pytest.importorskip("ortools")
     from xsched.solve.intervals.cpsat import solve_cpsat
     from xsched.solve.intervals.extract import hint_from_plan, to_plan
-    from xsched.solve.order import unbudgeted_plan
+    from xsched.solve.order.order import unbudgeted_plan
 
     g = GRAPHS["chain3_train"]
     prof = profile_for(g, {"cpu": times_of(g)})
@@ -191,9 +195,9 @@ def test_a_warm_start_running_an_op_more_than_c_times_is_a_complete_hint(tmp_pat
 
     from xsched.contracts.plan import Compute
     from xsched.importers import import_networkx
-    from xsched.solve.gap_remat import gap_remat
+    from xsched.solve.heuristics.gaps import gap_remat
     from xsched.solve.intervals.extract import hint_from_plan, step_counts
-    from xsched.solve.order import first_compute_indices
+    from xsched.solve.order.order import first_compute_indices
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
     from random_layered import random_layered
@@ -202,7 +206,7 @@ def test_a_warm_start_running_an_op_more_than_c_times_is_a_complete_hint(tmp_pat
     path.write_text(json.dumps(random_layered(100, seed=0)))
     g, prof = import_networkx(path)
     budgets = {"bench": int(0.7 * eager_peak(g))}
-    warm = gap_remat(g, prof, budgets, ["bench"], {})
+    warm = gap_remat(Problem(g, prof, budgets, ["bench"], {}))
     runs = Counter(s.op for s in warm.steps if isinstance(s, Compute))
     assert max(runs.values()) > 2
     order = first_compute_indices(g, warm)
@@ -211,11 +215,7 @@ def test_a_warm_start_running_an_op_more_than_c_times_is_a_complete_hint(tmp_pat
     short = build_data(g, prof, budgets, ["bench"], {}, order, 2)
     assert len(hint_from_plan(short, warm)) < sum(runs.values())  # without the extra slots: a partial hint
     plan = solve_intervals(
-        g,
-        prof,
-        budgets,
-        ["bench"],
-        {},
+        Problem(g, prof, budgets, ["bench"], {}),
         SolverOptions(time_limit_s=5.0),
         order=order,
         warm_start=warm,

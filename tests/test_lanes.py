@@ -13,7 +13,7 @@ from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
 from xsched.contracts.result import SolveResult
 from xsched.lanes import inline_free_lanes, lane_of, overlapped_spans, step_waits
 from xsched.simulate import simulate
-from xsched.solve.routing import insert_copies
+from xsched.solve.heuristics.routing import insert_copies
 
 
 def pair() -> tuple[Graph, Plan]:

@@ -1,4 +1,4 @@
-"""Lean checkpointing (xsched.solve.lean, remat.lean_search): its orders are topological, every candidate is a valid plan, and the
+"""Lean checkpointing (xsched.solve.heuristics.lean, checkpoint.lean_search): its orders are topological, every candidate is a valid plan, and the
 window made again at the end remakes its gradients. Plans executed against eager PyTorch: test_executor."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from test_heuristics import train_dags
 
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, ends_on_one_device
-from xsched.solve import lean
-from xsched.solve.remat import candidate_keeps, lean_search
-from xsched.solve.routing import route_and_finish
+from xsched.solve.heuristics import lean
+from xsched.solve.heuristics.checkpoint import candidate_keeps, lean_search
+from xsched.solve.heuristics.routing import route_and_finish
 
 
 def is_topological(graph: Graph, order: list[str]) -> bool:
@@ -48,7 +48,7 @@ def test_every_candidate_the_search_hands_on_is_a_valid_plan_and_windows_remake_
     seen: list[str] = []
 
     def consider(label: str, computes: list[Compute]) -> int:
-        plan = route_and_finish(g, computes, "lean", {}, homes, None, 0.0, device="cpu")
+        plan = route_and_finish(g, computes, "lean", {}, homes, None, 0.0)
         assert plan.predicted.peak_bytes["cpu"] == oracle_peaks(g, plan)["cpu"]  # counted independently
         if "window" in label:
             first = len(computes) - int(label.rsplit(" ", 1)[1])

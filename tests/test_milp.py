@@ -17,9 +17,10 @@ from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
 from xsched.errors import BudgetError
 from xsched.importers import import_networkx
 from xsched.simulate import simulate
-from xsched.solve.eager import eager_peak
-from xsched.solve.milp import solve_milp
+from xsched.solve.milp.milp import solve_milp
 from xsched.solve.options import SolverOptions
+from xsched.solve.problem import Problem
+from xsched.solve.reference import eager_peak
 
 FAST = SolverOptions(time_limit_s=20.0, mip_gap=0.0)
 
@@ -219,10 +220,10 @@ def test_one_device_matches_exhaustive_search(name: str, point: str) -> None:
     budgets = {"cpu": {"peak": peak, "between": (low + peak) // 2, "tightest": low, "below": low - 1}[point]}
     if point == "below":
         with pytest.raises(BudgetError, match="cpu"):
-            solve_milp(g, prof, budgets, ["cpu"], homes, FAST)
+            solve_milp(Problem(g, prof, budgets, ["cpu"], homes), FAST)
         return
     want = exhaustive_optimum(g, prof, budgets, ["cpu"], homes)
-    plan = checked(g, solve_milp(g, prof, budgets, ["cpu"], homes, FAST), prof, budgets)
+    plan = checked(g, solve_milp(Problem(g, prof, budgets, ["cpu"], homes), FAST), prof, budgets)
     assert plan.solver.status == "optimal"
     assert plan.predicted.time_s == pytest.approx(want)
 
@@ -241,7 +242,7 @@ def test_two_devices_match_exhaustive_search(name: str) -> None:
     peak = eager_peak(g)
     budgets = {"cpu": peak, "gpu": int(peak * 0.6)}
     want = exhaustive_staged_optimum(g, prof, budgets, ["cpu", "gpu"], homes)
-    plan = checked(g, solve_milp(g, prof, budgets, ["cpu", "gpu"], homes, FAST), prof, budgets)
+    plan = checked(g, solve_milp(Problem(g, prof, budgets, ["cpu", "gpu"], homes), FAST), prof, budgets)
     assert plan.solver.stats.model_objective == pytest.approx(want)
     assert plan.predicted.makespan_s == pytest.approx(oracle_makespan(g, plan, prof))  # the lanes, independently
     assert any(isinstance(s, Copy) for s in plan.steps)
@@ -258,7 +259,7 @@ def test_parking_on_a_store_overlaps_the_copies_and_matches_exhaustive_search() 
     homes = {"x": "gpu"}
     budgets = {"gpu": 108, "cpu": 1000}  # the eager peak is 138 B; one device alone must recompute here
     want = exhaustive_staged_optimum(g, prof, budgets, ["gpu", "cpu"], homes)
-    plan = checked(g, solve_milp(g, prof, budgets, ["gpu", "cpu"], homes, FAST), prof, budgets)
+    plan = checked(g, solve_milp(Problem(g, prof, budgets, ["gpu", "cpu"], homes), FAST), prof, budgets)
     assert plan.solver.stats.model_objective == pytest.approx(want)
     assert any(isinstance(s, Copy) and s.dst == "cpu" for s in plan.steps)
     assert plan.predicted.makespan_s == pytest.approx(oracle_makespan(g, plan, prof))
@@ -274,9 +275,12 @@ def test_free_copies_and_two_equal_devices_are_no_worse_than_one() -> None:
     prof = profile_for(g, {"a": t, "b": t}, {"a->b": free, "b->a": free})
     homes = {v: "a" for v in g.inputs}
     budget = 112  # the one-device optimum recomputes at 112 B (eager peak 148 B)
-    one = checked(g, solve_milp(g, prof, {"a": budget}, ["a"], homes, FAST), prof, {"a": budget})
+    one = checked(g, solve_milp(Problem(g, prof, {"a": budget}, ["a"], homes), FAST), prof, {"a": budget})
     two = checked(
-        g, solve_milp(g, prof, {"a": budget, "b": budget}, ["a", "b"], homes, FAST), prof, {"a": budget, "b": budget}
+        g,
+        solve_milp(Problem(g, prof, {"a": budget, "b": budget}, ["a", "b"], homes), FAST),
+        prof,
+        {"a": budget, "b": budget},
     )
     assert two.predicted.time_s <= one.predicted.time_s + 1e-9
     assert one.predicted.time_s > sum(t.values())  # one device must recompute; two need not
@@ -289,7 +293,7 @@ def test_expensive_link_stays_on_one_device() -> None:
     slow = LinkCost(1e4, 1.0)
     prof = profile_for(g, {"cpu": t, "gpu": {o: s / 2 for o, s in t.items()}}, {"cpu->gpu": slow, "gpu->cpu": slow})
     budgets = {"cpu": eager_peak(g), "gpu": eager_peak(g)}
-    plan = checked(g, solve_milp(g, prof, budgets, ["cpu", "gpu"], {"x": "cpu"}, FAST), prof, budgets)
+    plan = checked(g, solve_milp(Problem(g, prof, budgets, ["cpu", "gpu"], {"x": "cpu"}), FAST), prof, budgets)
     assert not any(isinstance(s, Copy) for s in plan.steps)
     assert {s.device for s in plan.steps if isinstance(s, Compute)} == {"cpu"}
 
@@ -299,12 +303,12 @@ def test_budget_below_any_plan_names_the_device() -> None:
     prof = profile_for(g, {"cpu": times_of(g)})
     homes = {"x": "cpu"}
     with pytest.raises(BudgetError, match="cpu") as e:
-        solve_milp(g, prof, {"cpu": 4 + 30 + 10 + 20 - 1}, ["cpu"], homes, FAST)
+        solve_milp(Problem(g, prof, {"cpu": 4 + 30 + 10 + 20 - 1}, ["cpu"], homes), FAST)
     assert "MILP proves" in str(e.value) and e.value.device == "cpu"
     with pytest.raises(BudgetError) as e:
-        solve_milp(g, prof, {"cpu": 20}, ["cpu"], homes, FAST)  # below one op's own needs: the pre-check
+        solve_milp(Problem(g, prof, {"cpu": 20}, ["cpu"], homes), FAST)  # below one op's own needs: the pre-check
     assert e.value.device == "cpu"
-    checked(g, solve_milp(g, prof, {"cpu": 64}, ["cpu"], homes, FAST), prof, {"cpu": 64})
+    checked(g, solve_milp(Problem(g, prof, {"cpu": 64}, ["cpu"], homes), FAST), prof, {"cpu": 64})
 
 
 def test_solver_picks_param_homes_when_allowed() -> None:
@@ -327,8 +331,10 @@ def test_solver_picks_param_homes_when_allowed() -> None:
     )
     budgets = {"cpu": 1000, "gpu": 1000}
     homes = {"x": "gpu", "w": "cpu"}
-    fixed = checked(g, solve_milp(g, prof, budgets, ["cpu", "gpu"], homes, FAST), prof, budgets)
-    moved = solve_milp(g, prof, budgets, ["cpu", "gpu"], homes, SolverOptions(time_limit_s=20, fix_homes=False))
+    fixed = checked(g, solve_milp(Problem(g, prof, budgets, ["cpu", "gpu"], homes), FAST), prof, budgets)
+    moved = solve_milp(
+        Problem(g, prof, budgets, ["cpu", "gpu"], homes), SolverOptions(time_limit_s=20, fix_homes=False)
+    )
     checked(g, moved, prof, budgets)
     assert moved.homes["w"] == "gpu" and moved.homes["x"] == "gpu"
     assert moved.predicted.time_s == pytest.approx(3.0)  # no copy of w and back of gw
@@ -351,16 +357,16 @@ def test_energy_cap_and_weight() -> None:
         prof.copy,
     )
     budgets = {"cpu": 1000, "gpu": 1000}
-    fastest = checked(g, solve_milp(g, prof, budgets, ["cpu", "gpu"], {"x": "cpu"}, FAST), prof, budgets)
+    fastest = checked(g, solve_milp(Problem(g, prof, budgets, ["cpu", "gpu"], {"x": "cpu"}), FAST), prof, budgets)
     assert fastest.predicted.energy_j == pytest.approx(1.5 * sum(t.values()))
     cap = 1.25 * sum(t.values())
     capped = solve_milp(
-        g, prof, budgets, ["cpu", "gpu"], {"x": "cpu"}, SolverOptions(time_limit_s=20, energy_cap_j=cap)
+        Problem(g, prof, budgets, ["cpu", "gpu"], {"x": "cpu"}), SolverOptions(time_limit_s=20, energy_cap_j=cap)
     )
     checked(g, capped, prof, budgets)
     assert capped.predicted.energy_j <= cap + 1e-9 and capped.predicted.time_s > fastest.predicted.time_s
     green = solve_milp(
-        g, prof, budgets, ["cpu", "gpu"], {"x": "cpu"}, SolverOptions(time_limit_s=20, alpha_energy=10.0)
+        Problem(g, prof, budgets, ["cpu", "gpu"], {"x": "cpu"}), SolverOptions(time_limit_s=20, alpha_energy=10.0)
     )
     assert checked(g, green, prof, budgets).predicted.energy_j == pytest.approx(sum(t.values()))
 
@@ -369,12 +375,13 @@ def test_warm_start_is_an_incumbent_and_other_pyomo_solvers_run() -> None:
     g = GRAPHS["diamond_train"]
     prof = profile_for(g, {"cpu": times_of(g)})
     budgets = {"cpu": 94}  # the tightest budget: one recompute
-    first = checked(g, solve_milp(g, prof, budgets, ["cpu"], {"x": "cpu"}, FAST), prof, budgets)
-    again = solve_milp(g, prof, budgets, ["cpu"], {"x": "cpu"}, FAST, warm_start=first)
+    first = checked(g, solve_milp(Problem(g, prof, budgets, ["cpu"], {"x": "cpu"}), FAST), prof, budgets)
+    again = solve_milp(Problem(g, prof, budgets, ["cpu"], {"x": "cpu"}), FAST, warm_start=first)
     assert checked(g, again, prof, budgets).predicted.time_s == pytest.approx(first.predicted.time_s)
     assert again.solver.stats.warm_start == "milp"
     legacy = solve_milp(
-        g, prof, budgets, ["cpu"], {"x": "cpu"}, SolverOptions(solver="appsi_highs", time_limit_s=20, mip_gap=0.0)
+        Problem(g, prof, budgets, ["cpu"], {"x": "cpu"}),
+        SolverOptions(solver="appsi_highs", time_limit_s=20, mip_gap=0.0),
     )
     assert checked(g, legacy, prof, budgets).predicted.time_s == pytest.approx(first.predicted.time_s)
 
@@ -382,12 +389,12 @@ def test_warm_start_is_an_incumbent_and_other_pyomo_solvers_run() -> None:
 def test_a_time_limited_solve_from_a_warm_start_returns_a_plan_no_worse() -> None:
     """Stopped by its limit, the MILP still returns its best incumbent: warm-started from the checkpoint
     heuristic's plan (in graph order, so it maps onto the stages), that is a plan at least as fast."""
-    from xsched.solve.remat import checkpoint_search
+    from xsched.solve.heuristics.checkpoint import checkpoint_search
 
     g, prof = import_networkx(BENCH / "random_layered_n100.json")
     budgets = {"bench": int(eager_peak(g) * 0.8)}
-    start = checkpoint_search(g, prof, budgets, ["bench"], {})
-    plan = solve_milp(g, prof, budgets, ["bench"], {}, SolverOptions(time_limit_s=10.0), warm_start=start)
+    start = checkpoint_search(Problem(g, prof, budgets, ["bench"], {}))
+    plan = solve_milp(Problem(g, prof, budgets, ["bench"], {}), SolverOptions(time_limit_s=10.0), warm_start=start)
     checked(g, plan, prof, budgets)
     assert plan.solver.stats.warm_start_mapped and plan.predicted.time_s <= start.predicted.time_s * (1 + 1e-9)
 
@@ -400,7 +407,7 @@ DETERMINISTIC = SolverOptions(time_limit_s=None, node_limit=200, solver_threads=
 def test_fcn8_vgg_at_80_percent() -> None:
     g, prof = import_networkx(BENCH / "checkmate_fcn_8_vgg_train.json")
     budgets = {"bench": int(eager_peak(g) * 0.8)}
-    plan = checked(g, solve_milp(g, prof, budgets, ["bench"], {}, DETERMINISTIC), prof, budgets)
+    plan = checked(g, solve_milp(Problem(g, prof, budgets, ["bench"], {}), DETERMINISTIC), prof, budgets)
     base = sum(prof.op_cost(o.id, "bench").time_s for o in g.ops)
     assert plan.predicted.time_s / base - 1 < 0.01
 
@@ -428,7 +435,7 @@ def test_a_random_op_draws_from_one_rng_only(target: str, random: bool) -> None:
     """Running `m`'s maker on both devices saves the 1 s copy, but a random maker drawing from the CPU's and then
     the GPU's generator gives two different `m`: the MILP must copy instead (the deterministic control may not)."""
     g, profile = _shared_draw(target)
-    plan = solve_milp(g, profile, {}, ("cpu", "cuda:0"), {})
+    plan = solve_milp(Problem(g, profile, {}, ("cpu", "cuda:0"), {}))
     simulate(g, plan, profile)
     ran_on = {s.device for s in plan.steps if isinstance(s, Compute) and s.op == "r"}
     copies = [s for s in plan.steps if isinstance(s, Copy)]

@@ -21,9 +21,10 @@ from test_milp import (
 
 from xsched.errors import NoIncumbent
 from xsched.importers import import_networkx
-from xsched.solve.eager import eager_peak
-from xsched.solve.milp import solve_milp
+from xsched.solve.milp.milp import solve_milp
 from xsched.solve.options import SolverOptions
+from xsched.solve.problem import Problem
+from xsched.solve.reference import eager_peak
 
 
 def test_highs_matrix_is_the_pyomo_model() -> None:
@@ -32,15 +33,15 @@ def test_highs_matrix_is_the_pyomo_model() -> None:
     import numpy as np
     import pyomo.environ as pyo
 
-    from xsched.solve.backends import to_highs
-    from xsched.solve.extract import plan_to_solution
-    from xsched.solve.milp import build_model, set_start
-    from xsched.solve.stages import index_stages
+    from xsched.solve.milp.backends import to_highs
+    from xsched.solve.milp.extract import plan_to_solution
+    from xsched.solve.milp.milp import build_model, set_start
+    from xsched.solve.milp.stages import index_stages
 
     g = GRAPHS["diamond_train"]
     prof = profile_for(g, {"cpu": times_of(g)})
     budgets = {"cpu": 94}  # the tightest budget: one recompute
-    plan = solve_milp(g, prof, budgets, ["cpu"], {"x": "cpu"}, FAST)
+    plan = solve_milp(Problem(g, prof, budgets, ["cpu"], {"x": "cpu"}), FAST)
     st = index_stages(g, prof, budgets, ["cpu"], {"x": "cpu"}, FAST)
     m = build_model(st, FAST)
     set_start(m, st, plan_to_solution(st, plan))
@@ -72,7 +73,7 @@ def test_solves_with_other_thread_counts_in_one_process_all_run(first: int | Non
     homes = {v: "cpu" for v in g.inputs}
     budgets = {"cpu": eager_peak(g)}
     for threads in (first, then):
-        plan = solve_milp(g, prof, budgets, ["cpu"], homes, replace(FAST, solver_threads=threads))
+        plan = solve_milp(Problem(g, prof, budgets, ["cpu"], homes), replace(FAST, solver_threads=threads))
         assert plan.solver.status == "optimal"
 
 
@@ -81,14 +82,14 @@ def test_heuristic_plan_is_a_feasible_start_of_the_lean_model() -> None:
     heuristic's plan on random_layered_n100 at 80%, mapped to stage variables, satisfies every constraint."""
     import pyomo.environ as pyo
 
-    from xsched.solve.extract import plan_to_solution
-    from xsched.solve.milp import build_model, set_start
-    from xsched.solve.remat import checkpoint_search
-    from xsched.solve.stages import index_stages
+    from xsched.solve.heuristics.checkpoint import checkpoint_search
+    from xsched.solve.milp.extract import plan_to_solution
+    from xsched.solve.milp.milp import build_model, set_start
+    from xsched.solve.milp.stages import index_stages
 
     g, prof = import_networkx(BENCH / "random_layered_n100.json")
     budgets = {"bench": int(eager_peak(g) * 0.8)}
-    start = checkpoint_search(g, prof, budgets, ["bench"], {})
+    start = checkpoint_search(Problem(g, prof, budgets, ["bench"], {}))
     st = index_stages(g, prof, budgets, ["bench"], {}, FAST)
     m = build_model(st, FAST)
     sol = plan_to_solution(st, start)
@@ -114,7 +115,7 @@ def test_restricted_searches_do_not_change_the_optimum(name: str) -> None:
     want = exhaustive_optimum(g, prof, budgets, ["cpu"], homes)
     for restricted in ((), ((0, 0.5),), SolverOptions().restricted):
         opts = replace(FAST, restricted=restricted)
-        plan = checked(g, solve_milp(g, prof, budgets, ["cpu"], homes, opts), prof, budgets)
+        plan = checked(g, solve_milp(Problem(g, prof, budgets, ["cpu"], homes), opts), prof, budgets)
         assert plan.solver.status == "optimal" and plan.predicted.time_s == pytest.approx(want)
 
 
@@ -124,7 +125,7 @@ def test_a_limit_shorter_than_the_models_build_is_refused_up_front() -> None:
     g, prof = import_networkx(BENCH / "random_layered_n100.json")
     budgets = {"bench": int(eager_peak(g) * 0.8)}
     with pytest.raises(NoIncumbent, match="to build, more than the"):
-        solve_milp(g, prof, budgets, ["bench"], {}, SolverOptions(time_limit_s=0.01))
+        solve_milp(Problem(g, prof, budgets, ["bench"], {}), SolverOptions(time_limit_s=0.01))
 
 
 def test_without_the_lp_the_restricted_searches_use_the_structural_restriction() -> None:
@@ -132,6 +133,8 @@ def test_without_the_lp_the_restricted_searches_use_the_structural_restriction()
     recomputes of the first computes' inputs instead, and still find a good plan without a warm start."""
     g, prof = import_networkx(BENCH / "checkmate_fcn_8_vgg_train.json")
     budgets = {"bench": int(eager_peak(g) * 0.8)}
-    plan = checked(g, solve_milp(g, prof, budgets, ["bench"], {}, replace(DETERMINISTIC, lp_share=0.0)), prof, budgets)
+    plan = checked(
+        g, solve_milp(Problem(g, prof, budgets, ["bench"], {}), replace(DETERMINISTIC, lp_share=0.0)), prof, budgets
+    )
     base = sum(prof.op_cost(o.id, "bench").time_s for o in g.ops)
     assert plan.predicted.time_s / base - 1 < 0.01

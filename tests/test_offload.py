@@ -1,4 +1,4 @@
-"""Offloading (xsched.solve.offload): gaps by hand, parking plans within both budgets and checked by the
+"""Offloading (xsched.solve.heuristics.offload): gaps by hand, parking plans within both budgets and checked by the
 simulator, prefetch that hides copies, clear failures, and the executor against eager PyTorch on a parked plan."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
 from xsched.errors import BudgetError
 from xsched.simulate import simulate
 from xsched.solve import solve
-from xsched.solve.eager import eager_peak
-from xsched.solve.offload import offload_search, widest_gaps
+from xsched.solve.heuristics.offload import offload_search, widest_gaps
+from xsched.solve.problem import Problem
+from xsched.solve.reference import eager_peak
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -83,10 +84,10 @@ def test_clear_failures() -> None:
         solve(g, profile, {"cpu:0": peak}, ("cpu:0",), "offload", homes={"x": "cpu:0"})
     # cpu:0 cannot run b_k (300 B) beside x (homed there); cpu:1 can, only by parking more than cpu:0 has left
     with pytest.raises(BudgetError, match="cpu:0, even parking every gap; .*must park to fit overflows cpu:0"):
-        offload_search(g, profile, {"cpu:0": 350, "cpu:1": 350}, TWO, {"x": "cpu:0"})
+        offload_search(Problem(g, profile, {"cpu:0": 350, "cpu:1": 350}, TWO, {"x": "cpu:0"}))
     nolink = Profile(g.fingerprint, profile.devices, profile.compute, {})
     with pytest.raises(BudgetError, match="no copy link"):
-        offload_search(g, nolink, {"cpu:0": peak // 2, "cpu:1": peak}, TWO, {"x": "cpu:0"})
+        offload_search(Problem(g, nolink, {"cpu:0": peak // 2, "cpu:1": peak}, TWO, {"x": "cpu:0"}))
 
 
 def test_parked_plan_of_a_zoo_model_matches_eager_pytorch() -> None:

@@ -18,8 +18,8 @@ from xsched.execute.ort_measure import example_feeds, measure_onnx
 from xsched.profiling.model import cost_profile
 from xsched.simulate import simulate
 from xsched.solve.api import solve
-from xsched.solve.eager import eager_plan
 from xsched.solve.options import SolverOptions
+from xsched.solve.reference import eager_plan
 
 
 def _check(captured, plan: Plan, optimization: str = "disabled") -> OrtExecutor:

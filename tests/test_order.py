@@ -17,10 +17,9 @@ from xsched.errors import XschedError
 from xsched.importers import import_networkx
 from xsched.simulate import simulate
 from xsched.solve.api import solve
-from xsched.solve.eager import eager_peak, eager_plan
 from xsched.solve.intervals import solve_intervals
 from xsched.solve.options import SolverOptions
-from xsched.solve.order import (
+from xsched.solve.order.order import (
     depth_first_order,
     eager_peak_of,
     greedy_order,
@@ -29,6 +28,8 @@ from xsched.solve.order import (
     starting_orders,
     topological,
 )
+from xsched.solve.problem import Problem
+from xsched.solve.reference import eager_peak, eager_plan
 from xsched.solve.registry import SOLVERS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
@@ -68,7 +69,7 @@ def test_a_search_that_gives_up_after_one_order_tries_the_warm_starts_own_order(
 
 
 def order_plan_of(g, order):  # noqa: ANN001, ANN201
-    from xsched.solve.order import unbudgeted_plan
+    from xsched.solve.order.order import unbudgeted_plan
 
     return unbudgeted_plan(g, order, "cpu", {v: "cpu" for v in g.inputs})
 
@@ -100,7 +101,7 @@ def test_order_search_reaches_the_free_order_optimum_of_small_dags(seed: int) ->
 
     def score(order, seconds):  # noqa: ANN001, ANN202
         return solve_intervals(
-            g, prof, budgets, ["cpu"], homes, SolverOptions(time_limit_s=seconds), order=order, workers=1
+            Problem(g, prof, budgets, ["cpu"], homes), SolverOptions(time_limit_s=seconds), order=order, workers=1
         )
 
     plan, order, log = search_order(g, score, 600.0, per_try_s=2.0)  # ends when the neighbourhood is exhausted

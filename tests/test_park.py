@@ -1,4 +1,4 @@
-"""Parking and recomputation chosen together (xsched.solve.park_remat): valid plans on random graphs, copies that
+"""Parking and recomputation chosen together (xsched.solve.heuristics.park): valid plans on random graphs, copies that
 hide behind compute where the link has room (the lanes' makespan by an independent event sweep), recomputation
 where it has none, and a plan that both parks and recomputes run by the executor against eager PyTorch."""
 
@@ -22,10 +22,10 @@ from xsched.errors import BudgetError
 from xsched.simulate import simulate
 from xsched.solve import SolverOptions, solve
 from xsched.solve.autograd_boundary import missing_at_boundary
-from xsched.solve.eager import eager_peak
-from xsched.solve.heuristics import best_heuristic
+from xsched.solve.heuristics.park import park_remat
 from xsched.solve.objective import best_of, better
-from xsched.solve.park_remat import park_remat
+from xsched.solve.problem import Problem
+from xsched.solve.reference import eager_peak
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 DEVICES = ("cpu:0", "cpu:1")
@@ -42,19 +42,30 @@ def with_store(g: Graph, op_s: float = 1.0, latency: float = 0.01, bandwidth: fl
     )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(train_dags(), st.data())
-def test_every_park_plan_is_valid_or_names_the_device(g: Graph, data) -> None:
-    profile = with_store(g, bandwidth=data.draw(st.sampled_from([10.0, 1000.0])))
-    homes = {v: data.draw(st.sampled_from(DEVICES)) for v in g.inputs}  # weights may stay on the store
-    budgets = {"cpu:0": data.draw(st.integers(0, 2 * eager_peak(g) + 50))}
-    try:
-        plan = park_remat(g, profile, budgets, list(DEVICES), homes)
-    except BudgetError as e:
-        assert e.device == "cpu:0"
-        return
-    assert_prediction_matches(g, plan, profile, budgets)
-    assert plan.predicted.makespan_s == pytest.approx(oracle_makespan(g, plan, profile))
+def test_every_park_plan_is_valid_or_names_the_device() -> None:
+    """Random training graphs, homes, link speeds and budgets: each plan valid (independent counts and event
+    sweep) or the device named; at least a tenth of the draws give a plan (a heuristic that never found one would
+    pass vacuously; 13-17 of 60 do here)."""
+    found: list[bool] = []
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(train_dags(), st.data())
+    def draw(g: Graph, data) -> None:
+        profile = with_store(g, bandwidth=data.draw(st.sampled_from([10.0, 1000.0])))
+        homes = {v: data.draw(st.sampled_from(DEVICES)) for v in g.inputs}  # weights may stay on the store
+        budgets = {"cpu:0": data.draw(st.integers(0, 2 * eager_peak(g) + 50))}
+        try:
+            plan = park_remat(Problem(g, profile, budgets, list(DEVICES), homes))
+        except BudgetError as e:
+            assert e.device == "cpu:0"
+            found.append(False)
+            return
+        assert_prediction_matches(g, plan, profile, budgets)
+        assert plan.predicted.makespan_s == pytest.approx(oracle_makespan(g, plan, profile))
+        found.append(True)
+
+    draw()
+    assert sum(found) >= 0.1 * len(found), f"{sum(found)} plans in {len(found)} draws"
 
 
 def test_parked_copies_hide_behind_compute_where_the_link_has_room() -> None:
@@ -78,10 +89,11 @@ def test_the_links_speed_decides_between_parking_and_recomputing() -> None:
     copy would keep the device waiting longer than the backward takes."""
     g = fwd_bwd(10)
     budgets, homes = {"cpu:0": eager_peak(g) // 2}, {"x": "cpu:0"}
-    fast, _ = best_heuristic(g, with_store(g, latency=0.01), budgets, list(DEVICES), homes)
-    slow, _ = best_heuristic(g, with_store(g, latency=30.0), budgets, list(DEVICES), homes)
+    fast = solve(g, with_store(g, latency=0.01), budgets, list(DEVICES), "heuristics", homes=homes)
+    slow = solve(g, with_store(g, latency=30.0), budgets, list(DEVICES), "heuristics", homes=homes)
     assert any(isinstance(s, Copy) for s in fast.steps) and fast.predicted.makespan_s < slow.predicted.makespan_s
-    assert not any(isinstance(s, Copy) for s in slow.steps) and slow.solver.stats.recomputes > 0
+    recomputes = sum(isinstance(s, Compute) for s in slow.steps) - len(g.ops)
+    assert not any(isinstance(s, Copy) for s in slow.steps) and recomputes > 0
     assert slow.predicted.makespan_s == pytest.approx(oracle_makespan(g, slow, with_store(g, latency=30.0)))
 
 
@@ -157,7 +169,7 @@ def test_park_search_repeats_itself_and_is_no_slower_than_park() -> None:
     opts = SolverOptions(time_limit_s=600, seed=5)
     a = solve(g, profile, budgets, DEVICES, "park-search", homes=homes, options=opts)
     b = solve(g, profile, budgets, DEVICES, "park-search", homes=homes, options=opts)
-    assert a.steps == b.steps and a.solver.times.solve_s < 600
+    assert a.steps == b.steps
     assert_prediction_matches(g, a, profile, budgets)
     assert a.predicted.makespan_s == pytest.approx(oracle_makespan(g, a, profile))
     assert oracle_makespan(g, a, profile) <= oracle_makespan(g, heuristic, profile) * (1 + 1e-9)

@@ -60,7 +60,7 @@ def test_a_store_runs_no_op_and_is_linked_both_ways(graph):
     assert store.measured == [] and len(compute.measured) > 0  # never attempted on the store
     assert p.compute["counting:1"] == {} and p.is_store("counting:1") and not p.is_store("counting:0")
     assert set(p.copy) == {"counting:0->counting:1", "counting:1->counting:0"}
-    assert p.stores == ["counting:1"] and p.extra["stores"] == ["counting:1"]
+    assert p.stores == ("counting:1",) and p.to_dict()["stores"] == ["counting:1"] and "stores" not in p.extra
 
 
 def test_logical_cpus_compute_and_store(tmp_path, graph):
@@ -71,7 +71,7 @@ def test_logical_cpus_compute_and_store(tmp_path, graph):
     for key, link in p.copy.items():
         assert link.bytes_per_s > 0 and len(link.per_value) == 2, key  # a measured link times the largest values
     back = load_profile(save_profile(p, tmp_path / "p.json"), graph, ["cpu:0", "cpu:1"])
-    assert back.stores == ["cpu:1"] and back.is_store("cpu:1") and not back.is_store("cpu:0")
+    assert back.stores == ("cpu:1",) and back.is_store("cpu:1") and not back.is_store("cpu:0")
 
 
 @pytest.mark.parametrize(
@@ -118,7 +118,7 @@ def test_a_stale_stored_profile_is_measured_again_with_its_store(tmp_path, graph
     path = tmp_path / "stale.json"
     save_profile(Profile.from_dict(d), path)
     fresh = load_profile(path, graph, reprofile=True, **FAST)  # devices and stores from the stale file
-    assert fresh.extra["torch_version"] == torch.__version__ and fresh.stores == ["cpu:1"] and fresh.is_store("cpu:1")
+    assert fresh.extra["torch_version"] == torch.__version__ and fresh.stores == ("cpu:1",) and fresh.is_store("cpu:1")
 
 
 def test_cli_profile_with_a_store_then_plan_offload(tmp_path, capsys):

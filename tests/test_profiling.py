@@ -19,7 +19,7 @@ from xsched.errors import PlanError, ProfileError
 from xsched.profiling.measure import profile_graph, signature_groups
 from xsched.profiling.store import check_profile, load_profile, save_profile
 from xsched.simulate import simulate
-from xsched.solve.eager import eager_plan
+from xsched.solve.reference import eager_plan
 
 FAST = {
     "policy": Policy(warmup=1, min_reps=2, max_reps=3, max_time_s=0.01, min_sample_s=1e-5),
@@ -106,7 +106,7 @@ def test_ops_left_by_the_time_cap_are_modelled_and_listed(graph):
     p = profile_graph(graph, ["cpu:threads=1"], **{**FAST, "max_total_s": 0.0})
     ops = {o.id for o in graph.ops}
     assert set(p.compute["cpu:threads=1"]) == ops and set(p.extra["modelled_ops"]["cpu:threads=1"]) == ops
-    assert "max_total_s" in p.extra["profiling"]["fallback"] and "model" in p.energy_source["cpu:threads=1"]
+    assert "max_total_s" in p.profiling["fallback"] and "model" in p.energy_source["cpu:threads=1"]
     assert simulate(graph, eager_plan(graph, "cpu:threads=1"), p).time_s > 0
 
 

@@ -124,7 +124,7 @@ def test_the_cap_holds_within_ten_percent(clock, share, kind):
     p = profile_graph(GRAPH, [dev], max_total_s=cap, progress=False)
     spent = clock() - t0
     assert spent <= 1.1 * cap + 1e-9, (spent, cap)
-    assert p.extra["profiling"]["wall_s"] == pytest.approx(spent, abs=1e-3)
+    assert p.profiling["wall_s"] == pytest.approx(spent, abs=1e-3)
     ops = {o.id for o in GRAPH.ops}
     assert set(p.compute["slow"]) == ops  # every op has a cost, measured or modelled
     modelled = set(p.extra.get("modelled_ops", {}).get("slow", []))
@@ -134,7 +134,7 @@ def test_the_cap_holds_within_ten_percent(clock, share, kind):
     if share >= 0.6:
         assert len(dev.measured) > len(ops)  # and later rounds too
     if share == 0.0:
-        assert modelled == ops and p.extra["profiling"]["modelled_ops"] == {"slow": len(ops)}
+        assert modelled == ops and p.profiling["modelled_ops"] == {"slow": len(ops)}
     if kind is Interleaving and 0 < share:
         assert max(dev.chunks) > 1  # chunks of several ops, not one at a time
 

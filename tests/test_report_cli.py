@@ -19,7 +19,7 @@ from xsched.profiling.model import cost_profile
 from xsched.report.trace import measured_trace, predicted_trace
 from xsched.simulate import simulate
 from xsched.solve.api import solve
-from xsched.solve.eager import eager_plan
+from xsched.solve.reference import eager_plan
 
 MODEL_FILE = """
 import torch

@@ -179,3 +179,31 @@ def test_a_simulated_cpu_leaves_a_real_accelerator_link_to_its_plugin():
     assert copy_seconds(xeon, accel, 10) == 1.0 and copy_seconds(accel, xeon, 10) == 2.0
     with pytest.raises(DeviceError, match="neither the accel nor the accel plugin"):
         copy_seconds(accel, Accel("accel:1"), 10)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+def test_the_checkouts_devices_folder_holds_the_measured_machines(gpu, monkeypatch):
+    """devices/ at the checkout's root is found from there (and through XSCHED_DEVICES_PATH from anywhere); its
+    measured specs agree with the profiles and link fits they cite (benchmarks/gpu/)."""
+    import gzip
+    import json
+
+    monkeypatch.delenv("XSCHED_DEVICES_PATH", raising=False)
+    monkeypatch.chdir(ROOT)
+    spec = get_device(f"sim:{gpu}-measured").spec
+    assert Path(spec.path) == ROOT / "devices" / f"{gpu}-measured.toml"
+    assert Path(load_spec("h100").path).parent.name == "specs"  # the package's own still found beside them
+    with gzip.open(ROOT / "benchmarks" / "gpu" / f"gpt2-full_n_layer6.{gpu}.profile.json.gz", "rt") as f:
+        profile = json.load(f)
+    assert spec.memory_bytes == profile["devices"]["cuda:0"]["memory_bytes"]
+    links = [c["bytes_per_s"] for c in profile["copy"].values()]
+    # the H100 profile holds its fitted links; the H200's were fitted separately (README: 56.4-58.6 GB/s)
+    slowest = min(links) if links else 56.4e9
+    assert spec.link_bandwidth == pytest.approx(slowest, rel=0.01)
+    monkeypatch.chdir(ROOT / "benchmarks")
+    assert f"{gpu}-measured" not in spec_files()
+    monkeypatch.setenv("XSCHED_DEVICES_PATH", str(ROOT / "devices"))
+    assert spec_files()[f"{gpu}-measured"] == ROOT / "devices" / f"{gpu}-measured.toml"

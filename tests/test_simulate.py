@@ -13,7 +13,7 @@ from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
 from xsched.contracts.result import SolveResult
 from xsched.errors import PlanError
 from xsched.simulate import simulate
-from xsched.solve.eager import eager_plan
+from xsched.solve.reference import eager_plan
 
 
 def make_plan(g: Graph, steps, homes=None, budgets=None) -> Plan:

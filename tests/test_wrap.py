@@ -245,7 +245,7 @@ def test_measured_profile_is_cached_and_reused(tmp_path, monkeypatch: pytest.Mon
     assert len(stored) == 1 and stored[0].name == store.default_profile_path(w.graph, ["cpu"]).name
     assert store.load_profile(stored[0]).graph == w.graph.fingerprint
     stored_profile = store.load_profile(stored[0])
-    assert "profiling" in stored_profile.extra and not stored_profile.extra.get("modelled")  # measured
+    assert stored_profile.profiling is not None and not stored_profile.modelled  # measured
 
     def no_measuring(*a, **k):
         raise AssertionError("the stored profile must be reused")

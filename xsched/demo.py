@@ -20,8 +20,8 @@ from xsched.execute.reference import run_plan
 from xsched.execute.wrap import wrap
 from xsched.profiling.measure import profile_graph
 from xsched.solve.api import solve
-from xsched.solve.eager import eager_plan
 from xsched.solve.options import SolverOptions
+from xsched.solve.reference import eager_plan
 from xsched.zoo import build
 
 

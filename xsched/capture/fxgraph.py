@@ -304,14 +304,20 @@ def build_graph(gm: GraphModule, info: TraceInfo, name: str) -> Graph:
         "capture": "torch",
         "inference": info.inference,
         "training": info.training,
-        "forward_outputs": fwd_refs,
-        "grads": {g.removeprefix("param:"): r for g, r in grad_refs.items() if g.startswith("param:")},
-        "input_grads": {g.removeprefix("input:"): r for g, r in grad_refs.items() if g.startswith("input:")},
-        "buffer_updates": {b.removeprefix("buffer:"): r for b, r in upd_refs.items()},
         "inputs_requiring_grad": [f"input:{i}" for i, rg in sorted(info.input_requires_grad.items()) if rg],
         "unused_grads": list(info.unused_grads),
     }
-    return Graph(name, values, tuple(ops), tuple(dict.fromkeys(outputs)), extra)
+    return Graph(
+        name,
+        values,
+        tuple(ops),
+        tuple(dict.fromkeys(outputs)),
+        extra,
+        forward_outputs=tuple(fwd_refs),
+        grads={g.removeprefix("param:"): r for g, r in grad_refs.items() if g.startswith("param:")},
+        input_grads={int(g.removeprefix("input:")): r for g, r in grad_refs.items() if g.startswith("input:")},
+        buffer_updates={b.removeprefix("buffer:"): r for b, r in upd_refs.items()},
+    )
 
 
 def _phase(ops: list[Op], info: TraceInfo, fwd_roots: list[str], low: _Lowering) -> tuple[Op, ...]:

@@ -155,7 +155,7 @@ def bind_inputs(
     home = _model_device(model, inputs)
     params = dict(model.named_parameters())
     buffers = dict(model.named_buffers())
-    n_out = len(graph.extra.get("forward_outputs", []))
+    n_out = len(graph.forward_outputs or ())
     tangent_vals = [graph.value[v] for v in graph.inputs if graph.value[v].kind == "tangent"]
     env: dict[str, torch.Tensor] = {}
     for vid in graph.inputs:
@@ -188,13 +188,13 @@ def bind_inputs(
 
 def unpack_outputs(graph: Graph, values: Mapping[str, torch.Tensor]) -> CapturedOutputs:
     """The model-level view of a run's outputs: forward outputs, grads by param name, new buffers."""
-    x = graph.extra
+    g = graph  # the training roles: what the model's forward returns and backward fills
     try:
         return CapturedOutputs(
-            outputs=tuple(resolve_ref(r, values) for r in x.get("forward_outputs", [])),
-            grads={k: resolve_ref(r, values) for k, r in x.get("grads", {}).items()},
-            buffers={k: resolve_ref(r, values) for k, r in x.get("buffer_updates", {}).items()},
-            input_grads={int(k): resolve_ref(r, values) for k, r in x.get("input_grads", {}).items()},
+            outputs=tuple(resolve_ref(r, values) for r in g.forward_outputs or ()),
+            grads={k: resolve_ref(r, values) for k, r in (g.grads or {}).items()},
+            buffers={k: resolve_ref(r, values) for k, r in (g.buffer_updates or {}).items()},
+            input_grads={k: resolve_ref(r, values) for k, r in (g.input_grads or {}).items()},
         )
     except XschedError as e:
         raise XschedError(f"graph output missing from the run: {e.detail}", stage="execute", value=e.value) from e

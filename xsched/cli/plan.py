@@ -21,7 +21,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
     budgets = parse_budget_flags(a.budget)
     devices = split_device_list(a.devices) if a.devices else None
     if a.method == "eager" and not budgets:
-        from xsched.solve.eager import eager_plan
+        from xsched.solve.reference import eager_plan
 
         device = (devices or list(profile.compute))[0]
         plan = eager_plan(graph, device, profile)
@@ -38,7 +38,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
     rows = bounds = None
     if a.explain:
         from xsched.explain import explain
-        from xsched.solve.time_bound import time_bounds
+        from xsched.solve.bounds.time import time_bounds
 
         rows = explain(graph, plan, profile)
         bounds = time_bounds(graph, profile, plan.devices, plan.homes)

@@ -54,7 +54,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         progress=not quiet(args),
     )
     out = save_profile(profile, args.output or default_profile_path(graph, names, stores))
-    wall = profile.extra["profiling"]["wall_s"]
+    wall = profile.profiling["wall_s"]
     if args.json:
         print_json(
             {
@@ -62,7 +62,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
                 "graph": graph.name,
                 "ops": len(graph.ops),
                 "wall_s": wall,
-                "distinct": profile.extra["profiling"]["signatures"],
+                "distinct": profile.profiling["signatures"],
                 "devices": {
                     d: {
                         "ops": len(profile.compute[d]),
@@ -82,7 +82,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         return 0
     on = f"{len(names)} devices" + (f" and {len(stores)} store{'s' * (len(stores) > 1)}" if stores else "")
     print(
-        f"{graph.name}: {len(graph.ops)} ops ({profile.extra['profiling']['signatures']} distinct) on {on} in {wall:.1f} s -> {out}"
+        f"{graph.name}: {len(graph.ops)} ops ({profile.profiling['signatures']} distinct) on {on} in {wall:.1f} s -> {out}"
     )
     modelled = profile.extra.get("modelled_ops", {})
     for d in names:

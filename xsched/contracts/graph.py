@@ -3,6 +3,7 @@ and JSON."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import heapq
 import json
@@ -61,6 +62,12 @@ class Graph:
     ops: tuple[Op, ...]
     outputs: tuple[str, ...]
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # ---- training roles of a captured model (None: the graph does not say; a ref is {"ref": value id} with an
+    # optional "view", as in an op's `call`): what `wrap` and `unpack_outputs` hand back to the model
+    forward_outputs: tuple[Any, ...] | None = None  # per model output: its ref, or a literal (a constant output)
+    grads: Mapping[str, Mapping[str, Any]] | None = None  # param name -> ref of its gradient
+    input_grads: Mapping[int, Mapping[str, Any]] | None = None  # model input position -> ref of its gradient
+    buffer_updates: Mapping[str, Mapping[str, Any]] | None = None  # buffer name -> ref of its new content
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -99,9 +106,13 @@ class Graph:
 
     @cached_property
     def fingerprint(self) -> str:
-        """sha256 of the canonical JSON, without the graph's display name."""
+        """sha256 of the canonical JSON, without the graph's display name; the training roles hashed under "extra",
+        where files before they were fields kept them, so that profiles measured then still match."""
         body = self.to_dict()
         body.pop("name")
+        roles = {k: body.pop(k) for k in ROLES if k in body}
+        if roles:
+            body["extra"] = {**body.get("extra", {}), **roles}
         text = json.dumps(body, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
@@ -118,6 +129,7 @@ class Graph:
             "values": [_value_to_dict(v) for v in self.values],
             "ops": [_op_to_dict(o) for o in self.ops],
             "outputs": list(self.outputs),
+            **_roles_to_dict(self),
             **({"extra": dict(self.extra)} if self.extra else {}),
         }
 
@@ -129,8 +141,10 @@ class Graph:
         try:
             values = tuple(_value_from_dict(v) for v in d["values"])
             ops = tuple(_op_from_dict(o) for o in d["ops"])
-            return Graph(str(d.get("name", "")), values, ops, tuple(d["outputs"]), dict(d.get("extra", {})))
-        except (KeyError, TypeError, ValueError) as e:
+            extra = dict(d.get("extra", {}))
+            roles = _roles_from_dict(d, extra)
+            return Graph(str(d.get("name", "")), values, ops, tuple(d["outputs"]), extra, **roles)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise GraphError(f"malformed graph JSON: {type(e).__name__}: {e}") from e
 
     def save(self, path: str | Path) -> None:
@@ -139,10 +153,48 @@ class Graph:
     @staticmethod
     def load(path: str | Path) -> Graph:
         try:
-            d = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as e:
+            d = json.loads(read_text(path))
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError, EOFError) as e:
             raise GraphError(f"cannot read graph file {path}: {e}") from e
         return Graph.from_dict(d)
+
+
+def read_text(path: str | Path) -> str:
+    """A contract file's text; gzipped where its name ends in .gz (benchmarks/gpu/ ships them so)."""
+    p = Path(path)
+    return gzip.decompress(p.read_bytes()).decode() if p.suffix == ".gz" else p.read_text()
+
+
+# ---- training roles: top-level keys of the JSON; a file written before they were fields has them in "extra"
+ROLES = ("forward_outputs", "grads", "input_grads", "buffer_updates")
+
+
+def _roles_to_dict(g: Graph) -> dict[str, Any]:
+    d: dict[str, Any] = {}
+    if g.forward_outputs is not None:
+        d["forward_outputs"] = list(g.forward_outputs)
+    for k in ("grads", "input_grads", "buffer_updates"):
+        refs = getattr(g, k)
+        if refs is not None:
+            d[k] = {str(key): ref for key, ref in refs.items()}
+    return d
+
+
+def _roles_from_dict(d: Mapping[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """The roles of a graph JSON, from its top level or (an older file) popped from its `extra`."""
+    roles: dict[str, Any] = {}
+    for k in ROLES:
+        old = extra.pop(k, None)
+        x = d.get(k, old)
+        if x is None:
+            continue
+        if k == "forward_outputs":
+            roles[k] = tuple(x)
+        elif k == "input_grads":
+            roles[k] = {int(pos): ref for pos, ref in x.items()}
+        else:
+            roles[k] = dict(x)
+    return roles
 
 
 def _value_to_dict(v: Value) -> dict[str, Any]:
@@ -240,6 +292,7 @@ def _validate(g: Graph) -> None:
             raise GraphError("graph output is an unknown value", value=v)
     for v in g.values:
         _check_layout(v)
+    _check_roles(g, values)
     _check_order(g, produced_by)
 
 
@@ -302,6 +355,37 @@ def _check_layout(v: Value) -> None:
             f"stride {list(v.stride)} must be one non-negative integer per dimension of shape {list(v.shape)}",
             value=v.id,
         )
+
+
+def _check_roles(g: Graph, values: set[str]) -> None:
+    """Every ref of a training role names a value of the graph; keys are names (input_grads: positions)."""
+    refs: list[tuple[str, Any]] = []
+    if g.forward_outputs is not None:
+        if not isinstance(g.forward_outputs, tuple):
+            raise GraphError(f"forward_outputs must be a tuple, got {type(g.forward_outputs).__name__}")
+        # a constant output is a literal; only a mapping with "ref" names a value
+        refs += [(f"forward_outputs[{i}]", r) for i, r in enumerate(g.forward_outputs) if _is_ref(r)]
+    for k in ("grads", "input_grads", "buffer_updates"):
+        m = getattr(g, k)
+        if m is None:
+            continue
+        if not isinstance(m, Mapping):
+            raise GraphError(f"{k} must be a mapping, got {type(m).__name__}")
+        for key, r in m.items():
+            if k == "input_grads" and (not isinstance(key, int) or isinstance(key, bool) or key < 0):
+                raise GraphError(f"input_grads key must be an input position (int >= 0), got {key!r}")
+            if k != "input_grads" and not isinstance(key, str):
+                raise GraphError(f"{k} key must be a name, got {key!r}")
+            if not _is_ref(r):
+                raise GraphError(f"{k}[{key!r}] must be a ref {{'ref': value id}}, got {r!r}")
+            refs.append((f"{k}[{key!r}]", r))
+    for where, r in refs:
+        if r["ref"] not in values:
+            raise GraphError(f"{where} names unknown value {r['ref']!r}", value=str(r["ref"]))
+
+
+def _is_ref(r: Any) -> bool:
+    return isinstance(r, Mapping) and "ref" in r
 
 
 def _unique_ids(items: Iterable[Value] | Iterable[Op], what: str) -> set[str]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from xsched.contracts.graph import read_text
 from xsched.errors import ProfileError
 
 SCHEMA = "xsched.profile/1"
@@ -54,6 +55,13 @@ class Profile:
     copy: Mapping[str, LinkCost] = field(default_factory=dict)  # "src->dst" -> cost
     energy_source: Mapping[str, str] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # ---- how the costs were made (top-level JSON keys, as files before these were fields had them)
+    stores: tuple[str, ...] = ()  # devices profiled as stores: their copies only, no op (no compute entries)
+    modelled: bool = False  # every cost from the roofline model (profiling/model.py), none measured
+    profiling: Mapping[str, Any] | None = None  # a measured profile's run: created, wall_s, policy, ops, ...
+
+    def __post_init__(self) -> None:
+        _check_roles(self)
 
     def op_cost(self, op: str, device: str) -> OpCost | None:
         """The cost of `op` on `device`, or None when the op cannot run there."""
@@ -65,11 +73,6 @@ class Profile:
     def is_store(self, device: str) -> bool:
         """A device of this profile that runs no op (no compute entries): it only holds values, linked by copies."""
         return device in self.devices and not self.compute.get(device)
-
-    @property
-    def stores(self) -> list[str]:
-        """The devices profiled as stores (extra["stores"]): their copies only, no op."""
-        return [d for d in self.extra.get("stores", ()) if d in self.devices]
 
     def link(self, src: str, dst: str) -> LinkCost | None:
         return self.copy.get(f"{src}->{dst}")
@@ -112,6 +115,9 @@ class Profile:
                 for k, c in self.copy.items()
             },
             "energy_source": dict(self.energy_source),
+            **({"stores": list(self.stores)} if self.stores else {}),
+            **({"modelled": True} if self.modelled else {}),
+            **({"profiling": dict(self.profiling)} if self.profiling is not None else {}),
             **dict(self.extra),
         }
 
@@ -146,7 +152,18 @@ class Profile:
                 )
                 for k, c in d.get("copy", {}).items()
             }
-            known = {"schema", "graph", "devices", "compute", "copy", "energy_source"}
+            known = {
+                "schema",
+                "graph",
+                "devices",
+                "compute",
+                "copy",
+                "energy_source",
+                "stores",
+                "modelled",
+                "profiling",
+            }
+            stores, profiling = d.get("stores", ()), d.get("profiling")
             return Profile(
                 graph=str(d["graph"]),
                 devices=devices,
@@ -154,6 +171,9 @@ class Profile:
                 copy=copy,
                 energy_source=dict(d.get("energy_source", {})),
                 extra={k: v for k, v in d.items() if k not in known},
+                stores=tuple(stores) if isinstance(stores, list) else stores,
+                modelled=d.get("modelled", False),
+                profiling=dict(profiling) if isinstance(profiling, Mapping) else profiling,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ProfileError(f"malformed profile JSON: {type(e).__name__}: {e}") from e
@@ -164,8 +184,8 @@ class Profile:
     @staticmethod
     def load(path: str | Path) -> Profile:
         try:
-            d = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+            d = json.loads(read_text(path))
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError, EOFError) as e:
             raise ProfileError(f"cannot read profile file {path}: corrupt or unreadable ({e})") from e
         profile = Profile.from_dict(d)
         validate_profile(profile, str(path))
@@ -190,6 +210,26 @@ def check_device_roles(devices: Sequence[str], stores: Sequence[str] = ()) -> No
                 device=both[0],
             )
         raise ProfileError(f"profile needs distinct devices and at least one compute device, got {names}")
+
+
+def _check_roles(p: Profile) -> None:
+    """The typed keys: every store a device of the profile that runs no op; `profiling` a mapping whose wall_s, if
+    given, is a finite non-negative number."""
+    if not isinstance(p.stores, tuple):
+        raise ProfileError(f"'stores' must be a list of device names, got {p.stores!r}")
+    for s in p.stores:
+        if not isinstance(s, str) or s not in p.devices:
+            raise ProfileError(f"store {s!r} is not among the profile's devices {sorted(p.devices)}", device=str(s))
+        if p.compute.get(s):
+            raise ProfileError(f"store {s!r} has compute costs; a store runs no op", device=s)
+    if not isinstance(p.modelled, bool):
+        raise ProfileError(f"'modelled' must be true or false, got {p.modelled!r}")
+    if p.profiling is not None:
+        if not isinstance(p.profiling, Mapping):
+            raise ProfileError(f"'profiling' must be a mapping, got {p.profiling!r}")
+        wall = p.profiling.get("wall_s", 0.0)
+        if isinstance(wall, bool) or not isinstance(wall, (int, float)) or not _ok(float(wall)):
+            raise ProfileError(f"profiling.wall_s must be a finite non-negative number of seconds, got {wall!r}")
 
 
 def validate_profile(p: Profile, where: str = "profile") -> None:

@@ -1,7 +1,6 @@
-"""What a solver run gives (the "solver" record of contract 3, docs/ARCHITECTURE.md): one frozen `SolveResult` with
-its status, plan, objective, bound, gap, times and typed per-backend stats. Every backend returns it, and the plan
-carries it as `plan.solver` (without the plan itself). JSON: `to_dict` / `result_from_dict`, stats tagged by their
-`kind`."""
+"""A solver run's record (the "solver" field of contract 3, docs/ARCHITECTURE.md): one frozen `SolveResult` with its
+status, objective, bound, gap, times and typed per-backend stats; the plan carries it as `plan.solver`, and the
+record holds no plan. JSON: `to_dict` / `result_from_dict`, stats tagged by their `kind`."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from xsched.contracts.plan import Plan
     from xsched.errors import XschedError
 
 # "optimal"/"feasible"/"time_limit"/"heuristic" come with a plan (time_limit: stopped with the gap open, heuristic:
@@ -186,7 +184,7 @@ class RunStats(Stats):
     kind: ClassVar[str] = "run"
     members: tuple[MemberOutcome, ...] = ()
     found_by: str | None = None
-    found: SolveResult | None = None  # the finding member's own result (its plan is this plan)
+    found: SolveResult | None = None  # the finding member's own record (its plan is this plan)
     bound_source: str = ""
     warm_start: str | None = None
     warm_start_objective: float | None = None
@@ -195,15 +193,14 @@ class RunStats(Stats):
 
 @dataclass(frozen=True)
 class SolveResult:
-    """What one solver run gives. `plan`: the best plan found (None without one; the plan carries this result as
-    `plan.solver`, with `plan=None`); `objective`: that plan's (problem.objective); `bound`: a lower bound on it
+    """The record of one solver run (the plan it found carries it as `plan.solver`; a solver returns both as an
+    `Outcome`, xsched/solve/problem.py). `objective`: the plan's (solve/objective.py); `bound`: a lower bound on it
     (for the backend's formulation); `gap`: (objective - bound) / objective; `message`: why there is no plan or what
     a proof says; `error`: the exception behind a missing plan (not saved); `repaired`: forward outputs whose
     computes were moved before the autograd boundary to make the plan runnable."""
 
     method: str
     status: str
-    plan: Plan | None = None
     objective: float | None = None
     bound: float | None = None
     gap: float | None = None
@@ -227,7 +224,7 @@ class SolveResult:
         return (self.stats.found_by if isinstance(self.stats, RunStats) else None) or self.method
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON record (the plan and the error are not part of it)."""
+        """The JSON record (the error is not part of it)."""
         return {
             "method": self.method,
             "status": self.status,

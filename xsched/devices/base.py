@@ -1,4 +1,5 @@
-"""The device plugin protocol, the repeat-until-stable timer, and the registry over the `xsched.devices` entry points."""
+"""The device plugin protocol, the repeat-until-stable timer, and the registry: the built-in plugins by name, others
+through the `xsched.devices` entry points."""
 
 from __future__ import annotations
 
@@ -210,12 +211,33 @@ def fit_link(sizes: Sequence[int], seconds: Sequence[float]) -> tuple[float, flo
 
 
 # ---- registry ----
-def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
-    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+# The plugins shipped with xsched, registered here by name so that a source checkout on PYTHONPATH (no installed
+# distribution, so no entry points) finds them; a third-party plugin comes through the entry-point group, and cannot
+# take a built-in kind's name
+BUILTIN_PLUGINS = {
+    "cpu": "xsched.devices.cpu:CpuDevice",
+    "cuda": "xsched.devices.cuda:CudaDevice",
+    "sim": "xsched.devices.sim:SimDevice",
+    "ort": "xsched.devices.ort:OrtDevice",
+}
+
+
+def _entry_points() -> dict[str, str]:
+    """kind -> "module:attribute" of its plugin class: the entry points, then the built-in plugins over them."""
+    found = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    return {**found, **BUILTIN_PLUGINS}
+
+
+def _load(target: str) -> Any:
+    module, _, attr = target.partition(":")
+    obj: Any = importlib.import_module(module.strip())
+    for part in filter(None, attr.strip().split(".")):
+        obj = getattr(obj, part)
+    return obj
 
 
 def installed_kinds() -> list[str]:
-    """Device kinds with an entry point (without importing their plugins)."""
+    """Device kinds, built in or with an entry point (without importing their plugins)."""
     return sorted(_entry_points())
 
 
@@ -231,19 +253,16 @@ def plugins() -> dict[str, type[Device]]:
 
 
 def plugin(kind: str) -> type[Device]:
-    """The plugin class registered under `kind` in the `xsched.devices` entry-point group."""
+    """The plugin class of `kind`: a built-in one, or one registered in the `xsched.devices` entry-point group."""
     eps = _entry_points()
     if kind not in eps:
-        known = ", ".join(sorted(eps)) or "none (is xsched installed? pip install -e .)"
-        raise DeviceError(f"unknown device kind {kind!r}; installed kinds: {known}", device=kind)
+        raise DeviceError(f"unknown device kind {kind!r}; installed kinds: {', '.join(sorted(eps))}", device=kind)
     try:
-        cls = eps[kind].load()
+        cls = _load(eps[kind])
     except Exception as e:  # a third-party plugin may fail in any way on import
-        raise DeviceError(
-            f"device plugin {eps[kind].value} failed to load: {type(e).__name__}: {e}", device=kind
-        ) from e
+        raise DeviceError(f"device plugin {eps[kind]} failed to load: {type(e).__name__}: {e}", device=kind) from e
     if not (isinstance(cls, type) and issubclass(cls, Device)):
-        raise DeviceError(f"entry point {eps[kind].value} is not a xsched Device subclass", device=kind)
+        raise DeviceError(f"entry point {eps[kind]} is not a xsched Device subclass", device=kind)
     return cls
 
 

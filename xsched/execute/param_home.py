@@ -83,7 +83,7 @@ class ParamPoints:
         vid = {graph.value[v].name: v for v in graph.inputs if graph.value[v].kind == "param"}
         home = {n: plan.homes[v] for n, v in vid.items()}
         name_of = {v: n for n, v in vid.items()}
-        grads = {n: r for n, r in graph.extra.get("grads", {}).items() if n in home and r is not None}
+        grads = {n: r for n, r in (graph.grads or {}).items() if n in home and r is not None}
         grad_name = {r["ref"]: n for n, r in grads.items()}
         marks: dict[str, set[int]] = {n: set() for n in home}
         final: dict[str, int] = {}  # the last step that makes each gradient resident on its param's home

@@ -76,7 +76,7 @@ class Compiled:
             for v in g.inputs
             if g.value[v].kind == "tangent"
         ]
-        self.out_get = [(r["ref"], {d: getter(r, ex.dev[d]) for d in ex.names}) for r in g.extra["forward_outputs"]]
+        self.out_get = [(r["ref"], {d: getter(r, ex.dev[d]) for d in ex.names}) for r in g.forward_outputs or ()]
         self.grad_ids = tuple(dict.fromkeys(r["ref"] for r in self.grad_refs if r is not None))
         ends = ex.must_end_on
         homes = {ends.get(v) for v in self.grad_ids}
@@ -314,7 +314,7 @@ class XschedModule(nn.Module):
         (updating them in place, as optimizers and load_state_dict do, is seen; replacing them is not)."""
         params = dict(self.module.named_parameters())
         buffers = dict(self.module.named_buffers())
-        updates = graph.extra.get("buffer_updates", {})
+        updates = graph.buffer_updates or {}
         held, fed = [], []
         reread = _read_after_update(graph, plan)
         for vid in graph.inputs:
@@ -325,8 +325,8 @@ class XschedModule(nn.Module):
                 held.append((vid, buffers[v.name], vid in reread))
             elif v.kind == "input":
                 fed.append((vid, int((v.name or "").split(":")[1])))
-        grads = graph.extra.get("grads", {})
-        input_grads = {int(k): r for k, r in graph.extra.get("input_grads", {}).items()}
+        grads = graph.grads or {}
+        input_grads = graph.input_grads or {}
         trained = [n for n, p in params.items() if p.requires_grad]
         tensors = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)]
         refs = [grads.get(n) for n in trained] + [input_grads.get(i) for i in tensors]

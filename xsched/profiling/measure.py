@@ -76,7 +76,7 @@ def profile_graph(
 ) -> Profile:
     """Measure (or model) every op on every device of `devices` and fit the copy cost of every ordered pair of
     them, and of each device with each of `stores` both ways: a store holds values and runs no op, so it gets no
-    compute entry and none of its ops are timed (extra["stores"] names them).
+    compute entry and none of its ops are timed (`Profile.stores` names them).
 
     Ops with one signature are measured once per round; a real device goes `rounds` times through all of them and
     keeps each op's median over the rounds, so a burst of load from other processes spoils one round of an op,
@@ -125,29 +125,27 @@ def profile_graph(
             log.warning(
                 "%d of %d ops on %s not measured within max_total_s: modelled", len(c.modelled), len(graph.ops), d
             )
+    profiling: dict[str, Any] = {
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "wall_s": round(cap.spent(), 3),
+        "policy": dataclasses.asdict(policy),
+        "max_total_s": max_total_s,
+        "pinned": pinned,
+        "ops": len(graph.ops),
+        "signatures": len(groups),
+    }
     extra: dict[str, Any] = {
         "torch_version": torch.__version__,
         "graph_name": graph.name,
-        "profiling": {
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "wall_s": round(cap.spent(), 3),
-            "policy": dataclasses.asdict(policy),
-            "max_total_s": max_total_s,
-            "pinned": pinned,
-            "ops": len(graph.ops),
-            "signatures": len(groups),
-        },
         "flops": {o: f for c in costs.values() for o, f in c.flops.items()},
         "links": {link.key: link.detail for link in links},
     }
-    if store_devs:
-        extra["stores"] = [s.name for s in store_devs]
     if any(c.unsupported for c in costs.values()):
         extra["unsupported"] = {d: c.unsupported for d, c in costs.items() if c.unsupported}
     if any(c.modelled for c in costs.values()):
         extra["modelled_ops"] = {d: c.modelled for d, c in costs.items() if c.modelled}
-        extra["profiling"].update(modelled_ops={d: len(ops) for d, ops in extra["modelled_ops"].items()})
-        extra["profiling"].update(fallback=FALLBACK_RULE)
+        profiling.update(modelled_ops={d: len(ops) for d, ops in extra["modelled_ops"].items()})
+        profiling.update(fallback=FALLBACK_RULE)
     return Profile(
         graph.fingerprint,
         {d.name: d.info() for d in [*devs, *store_devs]},
@@ -155,6 +153,8 @@ def profile_graph(
         {link.key: link.cost() for link in links},
         {**{d: c.energy_source for d, c in costs.items()}, **{s.name: "model" for s in store_devs}},  # no op on a store
         extra,
+        stores=tuple(s.name for s in store_devs),
+        profiling=profiling,
     )
 
 
@@ -240,12 +240,11 @@ def extend_profile(
             for src, dst in ((a, b), (b, a)):
                 key = f"{src}->{dst}"
                 copy[key], links[key] = measure_link(get_device(src), get_device(dst), COPY_SIZES, largest, pinned)
-    extended = list(profile.extra.get("profiling", {}).get("extended", [])) + new
+    extended = list((profile.profiling or {}).get("extended", [])) + new
     extra = {
         **dict(profile.extra),
         "flops": {**profile.extra.get("flops", {}), **add.extra.get("flops", {})},
         "links": links,
-        "profiling": {**profile.extra.get("profiling", {}), "extended": extended},
     }
     for key in ("unsupported", "modelled_ops"):  # per device: the new devices' entries join the old ones
         if key in add.extra:
@@ -257,4 +256,7 @@ def extend_profile(
         copy,
         {**profile.energy_source, **add.energy_source},
         extra,
+        stores=profile.stores,
+        modelled=profile.modelled,
+        profiling={**(profile.profiling or {}), "extended": extended},
     )

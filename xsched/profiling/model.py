@@ -40,5 +40,6 @@ def cost_profile(graph: Graph, devices: Sequence[str], stores: Sequence[str] = (
         if a != b and not (a in stores and b in stores)
     }
     info = {d: DeviceInfo(kinds[d]) for d in names}
-    extra = {"modelled": True, **({"stores": list(stores)} if stores else {})}
-    return Profile(graph.fingerprint, info, compute, copy, dict.fromkeys(names, "model"), extra)
+    return Profile(
+        graph.fingerprint, info, compute, copy, dict.fromkeys(names, "model"), stores=tuple(stores), modelled=True
+    )

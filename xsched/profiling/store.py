@@ -113,7 +113,7 @@ def load_profile(
         if not names:
             raise ProfileError(f"{e.detail}; and cannot re-profile without knowing the devices (pass devices=)") from e
         if devices is None and profile is not None and not stores:
-            stores = profile.stores
+            stores = list(profile.stores)
         log.warning("re-profiling %s on %s: %s", graph.name, ", ".join(names), e.detail)
     fresh = profile_graph(graph, [n for n in names if n not in stores], stores=list(stores), **profile_kwargs)
     save_profile(fresh, path)

@@ -29,7 +29,7 @@ from xsched.report.machines import (
 )
 from xsched.report.sweep import SweepSettings, count, plan_point
 from xsched.report.whatif import Sweeps, device_whatif, machine_sweep
-from xsched.solve.time_bound import time_bound
+from xsched.solve.bounds.time import time_bound
 
 SECTIONS = ("sweep", "whatif", "energy", "pictures")
 KNEE = 1.1  # the pictured plan: the smallest swept budget whose plan is at most this much slower than the fastest
@@ -98,7 +98,7 @@ def build_report(
     all their devices) and write report.html, its data files and summary into `out_dir`."""
     from tqdm.auto import tqdm
 
-    from xsched.solve.eager import eager_peak
+    from xsched.solve.reference import eager_peak
 
     _check(graph, profile, machines, settings)
     t0 = time.perf_counter()

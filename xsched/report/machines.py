@@ -63,6 +63,9 @@ def restrict(profile: Profile, devices: Sequence[str]) -> Profile:
         copy,
         {d: profile.energy_source.get(d, "model") for d in devices},
         profile.extra,
+        tuple(s for s in profile.stores if s in keep),
+        profile.modelled,
+        profile.profiling,
     )
 
 
@@ -109,7 +112,7 @@ def cost_source(profile: Profile, device: str) -> str:
     if info.kind == "sim":
         spec = info.extra.get("spec", device)
         return f"roofline model of spec {spec} (simulated)"
-    if profile.extra.get("modelled"):
+    if profile.modelled:
         return "bandwidth cost model (not measured)"
     if info.kind not in ("cpu", "cuda"):
         return f"given with the graph ({info.kind})"

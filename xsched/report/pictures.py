@@ -14,7 +14,7 @@ from xsched.contracts.profile import Profile
 from xsched.lanes import lane_of
 from xsched.report.draw import COLORS, byte_unit, figure, fmt_bytes, time_unit, to_svg
 from xsched.simulate import SimResult, Simulator
-from xsched.solve.time_bound import TimeBound
+from xsched.solve.bounds.time import TimeBound
 
 PHASE_COLORS = {"fwd": COLORS[0], "loss": COLORS[4], "bwd": COLORS[2]}
 RECOMPUTE, COPY = COLORS[1], COLORS[3]

@@ -12,7 +12,7 @@ from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError, XschedError
 from xsched.report.machines import Machine
 from xsched.solve.api import solve
-from xsched.solve.memory_bounds import lower_bounds
+from xsched.solve.bounds.memory import lower_bounds
 from xsched.solve.options import SolverOptions
 
 BASELINES = ("eager", "greedy", "checkpoint")  # registered heuristics (xsched.solve.registry SOLVERS)

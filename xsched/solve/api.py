@@ -1,5 +1,5 @@
 """The solver entry point: parse the problem, run the configuration it names (`auto`, `portfolio`, or one method)
-through the runner, and return the simulator-checked plan, which carries the run's typed result."""
+through the runner, and return the simulator-checked plan, which carries the run's typed record."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from dataclasses import replace
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Plan
 from xsched.contracts.profile import Profile
-from xsched.contracts.result import SolveResult
 from xsched.errors import SolverError
-from xsched.solve.memory_bounds import check_budgets
-from xsched.solve.options import SolverOptions
-from xsched.solve.problem import Problem, runnable
+from xsched.solve.bounds.memory import check_budgets
+from xsched.solve.objective import objective
+from xsched.solve.options import SolverOptions, deadline
+from xsched.solve.problem import Outcome, Problem, runnable
 from xsched.solve.registry import SOLVERS, run_member
 from xsched.solve.runner import CONFIGURATIONS, configuration, run
 
@@ -54,19 +54,21 @@ def solve_result(
     options: SolverOptions | None = None,
     homes: Mapping[str, str] | None = None,
     warm_start: Plan | None = None,
-) -> SolveResult:
-    """`solve`'s SolveResult (the plan is `result.plan`); it raises the same errors."""
+) -> Outcome:
+    """`solve`'s outcome: the run's record (`outcome.record`) and its plan (`outcome.plan`, never None here); it
+    raises the same errors."""
     if method not in CONFIGURATIONS and method not in SOLVERS:  # the registry as it is now
         raise SolverError(f"unknown method {method!r}; choose one of {', '.join((*CONFIGURATIONS, *SOLVERS))}")
     problem = Problem.make(graph, profile, budgets, devices, homes)
     options = options or SolverOptions()
     entry = SOLVERS.get(method)
     if entry is not None and entry.kind == "heuristic":  # alone: its own error when it does not fit
-        check_budgets(*problem.args())
-        result = run_member(entry, problem, options, None)
+        check_budgets(problem.graph, problem.profile, problem.budgets, problem.devices, problem.homes)
+        with deadline(options.time_limit_s):  # a heuristic alone keeps the limit too (its options carry it)
+            result = run_member(entry, problem, options, None)
         if result.plan is not None:  # a plan wrap cannot run (forward outputs gone at the boundary): BudgetError
             plan = runnable(problem.graph, result.plan, problem.profile, problem.budgets)
-            result = replace(result, plan=replace(plan, solver=replace(plan.solver, plan=None)))
+            result = Outcome(replace(plan.solver, objective=objective(plan, options.alpha_energy)), plan)
     else:
         result = run(problem, configuration(method, problem), options, warm_start)
     if result.plan is None:

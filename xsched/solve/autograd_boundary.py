@@ -5,7 +5,7 @@ or by holding until the boundary those that are freed before it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Free, Plan, Step, autograd_boundary, place_frees
@@ -13,8 +13,8 @@ from xsched.contracts.plan import Compute, Copy, Free, Plan, Step, autograd_boun
 
 def forward_outputs(graph: Graph) -> list[str]:
     """The values the wrapped forward returns (captured graphs only; none for imported ones)."""
-    refs = graph.extra.get("forward_outputs", []) if graph.extra else []
-    return [r["ref"] for r in refs if isinstance(r, dict) and r.get("ref") in graph.producer]
+    refs = graph.forward_outputs or ()
+    return [r["ref"] for r in refs if isinstance(r, Mapping) and r.get("ref") in graph.producer]
 
 
 def missing_at_boundary(graph: Graph, plan: Plan) -> list[str]:

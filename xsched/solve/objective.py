@@ -1,7 +1,9 @@
-"""The one objective every solver ranks plans by: the predicted makespan (the lanes model's overlapped time, what
-the executor's streams achieve) plus alpha x energy, and the lower bound gaps are measured against. Changing what
-"better" means is a change here and nowhere else. Equal objectives go to the plan with the least sequential time
-(fewer or smaller copies and reruns): the same predicted step with less work for the model to be wrong about."""
+"""The one objective every solver ranks plans by (`objective`, `better`, `best_of`: no solver compares plans
+otherwise): the predicted makespan (the lanes model's overlapped time, what the executor's streams achieve) plus
+alpha x energy; equal objectives go to the plan with the least sequential time (fewer or smaller copies and reruns:
+the same predicted step with less work for the model to be wrong about). Changing what "better" means is a change
+here and nowhere else. `objective_floor` is the bound no plan goes under; the runner measures gaps against it, or
+against the stage MILP's bound where that is higher (solve/runner.py, `_labelled`)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Plan
 from xsched.contracts.profile import Profile
-from xsched.solve.time_bound import time_bound
+from xsched.solve.bounds.time import time_bound
 
 
 def objective(plan: Plan, alpha_energy: float = 0.0) -> float:
@@ -20,17 +22,25 @@ def objective(plan: Plan, alpha_energy: float = 0.0) -> float:
     return p.makespan_s + alpha_energy * (p.energy_j or 0.0)
 
 
-def better(plan: Plan | None, than: Plan | None, alpha_energy: float = 0.0) -> bool:
-    """`plan` exists and beats `than` (None: any plan does) by more than rounding: a lower objective, or an equal
-    one with a lower sequential time."""
+def better(
+    plan: Plan | None,
+    than: Plan | None,
+    alpha_energy: float = 0.0,
+    *,
+    tolerance: float = 1e-12,
+    tie_break: bool = True,
+) -> bool:
+    """`plan` exists and beats `than` (None: any plan does) by more than `tolerance` (relative): a lower objective,
+    or an equal one with a lower sequential time (unless `tie_break` is off: a caller that gives ties to `than`)."""
     if plan is None:
         return False
     if than is None:
         return True
     mine, theirs = objective(plan, alpha_energy), objective(than, alpha_energy)
-    if mine < theirs * (1 - 1e-12):
+    if mine < theirs * (1 - tolerance):
         return True
-    return mine <= theirs * (1 + 1e-12) and plan.predicted.time_s < than.predicted.time_s * (1 - 1e-12)
+    tie = mine <= theirs * (1 + tolerance)
+    return tie_break and tie and plan.predicted.time_s < than.predicted.time_s * (1 - 1e-12)
 
 
 def best_of(plans: Sequence[Plan], alpha_energy: float = 0.0) -> Plan | None:

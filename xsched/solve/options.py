@@ -1,8 +1,20 @@
-"""Options of every solver: which Pyomo solver, its limits, the objective's energy terms and the HiGHS search knobs."""
+"""Options of every solver (which Pyomo solver, its limits, the objective's energy terms, the HiGHS search knobs), and
+the clock and deadline every member checks."""
 
 from __future__ import annotations
 
+import functools
+import math
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from xsched.contracts.plan import Plan
+    from xsched.solve.problem import Problem
 
 
 @dataclass(frozen=True)
@@ -26,3 +38,68 @@ class SolverOptions:
     # recomputes, share of the time left); () searches the full model only
     restricted: tuple[tuple[int, float], ...] = ((0, 0.25), (1, 0.5))
     lp_share: float = 0.25  # share of the time left for the LP relaxation guiding the restricted searches (0: none)
+
+
+DEFAULTS = SolverOptions()  # frozen: the one shared default of every solver's `options`
+
+
+# ---- the clock every member checks: the runner sets a deadline around each member (`deadline`) and passes its
+# share as `options.time_limit_s`; a heuristic keeps that limit (`keeps_limit`), and a member checks `out_of_time()`
+# between its variants (helpers deep inside a heuristic take no options, so the deadline is not an argument);
+# tests swap in a clock of their own (`using_clock`) to stop members without measuring wall time
+_CLOCK: ContextVar[Callable[[], float]] = ContextVar("xsched_clock", default=time.perf_counter)
+_DEADLINE: ContextVar[float] = ContextVar("xsched_deadline", default=math.inf)
+
+
+def now() -> float:
+    """The solve stage's clock, in seconds (time.perf_counter unless a test set another)."""
+    return _CLOCK.get()()
+
+
+def time_left() -> float:
+    """Seconds until the innermost deadline (inf without one)."""
+    return _DEADLINE.get() - now()
+
+
+def out_of_time() -> bool:
+    """The deadline has passed: start nothing new, return the best plan so far."""
+    return time_left() <= 0.0
+
+
+@contextmanager
+def deadline(seconds: float | None) -> Iterator[float]:
+    """Within the block the deadline is `seconds` from now, or the enclosing one where that comes first (None: the
+    enclosing one). Yields the seconds granted."""
+    end = _DEADLINE.get() if seconds is None else min(_DEADLINE.get(), now() + max(seconds, 0.0))
+    token = _DEADLINE.set(end)
+    try:
+        yield end - now()
+    finally:
+        _DEADLINE.reset(token)
+
+
+@contextmanager
+def using_clock(clock: Callable[[], float]) -> Iterator[None]:
+    """The solve stage reads `clock` within the block (a test's fake clock that advances as it is read)."""
+    token = _CLOCK.set(clock)
+    outer = _DEADLINE.set(math.inf)  # a deadline on the old clock means nothing on the new one
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(outer)
+        _CLOCK.reset(token)
+
+
+R = TypeVar("R")
+
+
+def keeps_limit(fn: Callable[[Problem, SolverOptions, Plan | None], R]) -> Callable[..., R]:
+    """A heuristic `(problem, options, warm)` run within its own `options.time_limit_s` (None: the enclosing
+    deadline), which its variants check with `out_of_time()`; called alone or by the runner, it keeps the limit."""
+
+    @functools.wraps(fn)
+    def run(problem: Problem, options: SolverOptions = DEFAULTS, warm: Plan | None = None) -> R:
+        with deadline(options.time_limit_s):
+            return fn(problem, options, warm)
+
+    return run

@@ -1,5 +1,6 @@
-"""What every solver takes: the `Problem` (graph, profile, parsed budgets, devices, homes), and the one path by which
-a plan leaves the solve stage (`validated`, `runnable`: simulator-checked, autograd boundary rule kept)."""
+"""What every solver takes, the `Problem` (graph, profile, parsed budgets, devices, homes), and gives, an `Outcome`
+(its record and its plan); and the one path by which a plan leaves the solve stage (`validated`, `runnable`:
+simulator-checked, autograd boundary rule kept)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from xsched.budgets import parse_budgets
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Plan
 from xsched.contracts.profile import Profile
+from xsched.contracts.result import SolveResult
 from xsched.errors import BudgetError, PlanError, XschedError
 from xsched.simulate import simulate
-from xsched.solve.eager import eager_peak
+from xsched.solve.reference import eager_peak
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,9 @@ class Problem:
     budgets: Mapping[str, int]
     devices: tuple[str, ...]
     homes: Mapping[str, str]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "devices", tuple(self.devices))  # a list given: hashable, and what solvers expect
 
     @classmethod
     def make(
@@ -67,9 +72,38 @@ class Problem:
         """Ops x devices: what the registry's size thresholds compare with."""
         return len(self.graph.ops) * len(self.devices)
 
-    def args(self) -> tuple[Graph, Profile, Mapping[str, int], tuple[str, ...], Mapping[str, str]]:
-        """(graph, profile, budgets, devices, homes): the plain arguments of the solver functions."""
-        return self.graph, self.profile, self.budgets, self.devices, self.homes
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a solver gives: the record of its run and its plan (None without one). The plan carries the record as
+    `plan.solver` (set here, so the two never disagree)."""
+
+    record: SolveResult
+    plan: Plan | None = None
+
+    def __post_init__(self) -> None:
+        if self.plan is not None and self.plan.solver is not self.record:
+            object.__setattr__(self, "plan", replace(self.plan, solver=self.record))
+
+    @property
+    def method(self) -> str:
+        return self.record.method
+
+    @property
+    def status(self) -> str:
+        return self.record.status
+
+    @property
+    def objective(self) -> float | None:
+        return self.record.objective
+
+    @property
+    def message(self) -> str:
+        return self.record.message
+
+    @property
+    def error(self) -> XschedError | None:
+        return self.record.error
 
 
 def validated(graph: Graph, plan: Plan, profile: Profile, budgets: Mapping[str, int]) -> Plan:

@@ -1,6 +1,6 @@
 """The solver registry: method name -> `SolverEntry`. Every solver is a function `(Problem, SolverOptions, warm
-start) -> SolveResult`, registered once here (or by its own module) with the sizes it is worth running at and its
-share of the time left when it runs among others. Adding a solver: one module, one `register(...)` line
+start) -> Outcome`, registered once here (or by its own module) with the sizes it is worth running at and its share
+of the time left when it runs among others. Adding a solver: one module, one `register(...)` line
 (docs/ARCHITECTURE.md, "Adding a solver")."""
 
 from __future__ import annotations
@@ -14,13 +14,20 @@ from dataclasses import dataclass, replace
 from xsched.contracts.plan import Plan
 from xsched.contracts.result import SolveResult, Times
 from xsched.errors import BudgetError, NoIncumbent, PlanError, XschedError
-from xsched.solve.heuristics import HEURISTICS
-from xsched.solve.options import SolverOptions
-from xsched.solve.problem import Problem
+from xsched.solve.heuristics.checkpoint import checkpoint_search
+from xsched.solve.heuristics.eager import eager
+from xsched.solve.heuristics.fastest import fastest
+from xsched.solve.heuristics.gaps import gap_remat
+from xsched.solve.heuristics.greedy import greedy_fill
+from xsched.solve.heuristics.offload import offload_search
+from xsched.solve.heuristics.park import park_remat
+from xsched.solve.heuristics.sqrt import sqrt_checkpoint
+from xsched.solve.options import SolverOptions, out_of_time
+from xsched.solve.problem import Outcome, Problem
 
 # A solver: the problem, its options (options.time_limit_s is its own share of the time), and a warm start (the
-# best plan so far, for the same graph and homes, or None). It returns a SolveResult with or without a plan.
-Solver = Callable[[Problem, SolverOptions, "Plan | None"], SolveResult]
+# best plan so far, for the same graph and homes, or None). It returns an Outcome: its record, with or without a plan.
+Solver = Callable[[Problem, SolverOptions, "Plan | None"], Outcome]
 
 KINDS = ("heuristic", "search", "exact")  # heuristics run first and whole; searches and exact models share time
 
@@ -66,12 +73,12 @@ def register(entry: SolverEntry) -> SolverEntry:
 
 
 def from_plan(call: Callable[[Problem, SolverOptions, Plan | None], Plan], *, proofs: bool) -> Solver:
-    """A solver from a function that returns a Plan carrying its own record (`plan.solver`) or raises. With `proofs`
+    """A solver from one that returns a Plan carrying its own record (`plan.solver`) or raises. With `proofs`
     (an exact model), its BudgetError proves that no plan of its formulation meets the budgets: status
     "infeasible"; otherwise it is a heuristic that does not fit: "failed". Stopping without a plan is
     "no_incumbent". An invalid plan (PlanError) is a bug of the backend and propagates."""
 
-    def run(problem: Problem, options: SolverOptions, warm: Plan | None = None) -> SolveResult:
+    def run(problem: Problem, options: SolverOptions, warm: Plan | None = None) -> Outcome:
         t0 = time.perf_counter()
         try:
             plan = call(problem, options, warm)
@@ -86,8 +93,9 @@ def from_plan(call: Callable[[Problem, SolverOptions, Plan | None], Plan], *, pr
                 status = "infeasible" if proofs else "failed"
             else:
                 status = "no_incumbent" if proofs else "failed"
-            return SolveResult("", status, message=e.detail, times=Times(solve_s=time.perf_counter() - t0), error=e)
-        return replace(plan.solver, plan=plan)
+            times = Times(solve_s=time.perf_counter() - t0)
+            return Outcome(SolveResult("", status, message=e.detail, times=times, error=e))
+        return Outcome(plan.solver, plan)
 
     return run
 
@@ -95,34 +103,44 @@ def from_plan(call: Callable[[Problem, SolverOptions, Plan | None], Plan], *, pr
 def lazy(target: str) -> Solver:
     """The solver `module:function`, imported on its first call (Pyomo, OR-Tools and torch load only when used)."""
 
-    def run(problem: Problem, options: SolverOptions, warm: Plan | None = None) -> SolveResult:
+    def run(problem: Problem, options: SolverOptions, warm: Plan | None = None) -> Outcome:
         module, _, name = target.partition(":")
-        return getattr(importlib.import_module(module), name)(problem, options, warm)
+        fn = getattr(importlib.import_module(module), name)
+        if out_of_time():  # the first import (Pyomo: seconds) took the member's time
+            return Outcome(SolveResult("", "no_incumbent", message=f"no time left after importing {module}"))
+        return fn(problem, options, warm)
 
     return run
 
 
-def heuristic(name: str, fn: Callable[..., Plan]) -> SolverEntry:
-    """A registry entry for a plain-argument heuristic `fn(graph, profile, budgets, devices, homes) -> Plan`."""
-    call = from_plan(lambda problem, options, warm: fn(*problem.args()), proofs=False)
-    return SolverEntry(name, call, kind="heuristic", doc=(fn.__doc__ or "").strip().split("\n")[0])
+def heuristic(name: str, fn: Callable[[Problem, SolverOptions, Plan | None], Plan]) -> SolverEntry:
+    """A registry entry for a heuristic: a solver that returns its Plan or raises (a BudgetError: it does not fit)."""
+    return SolverEntry(
+        name, from_plan(fn, proofs=False), kind="heuristic", doc=(fn.__doc__ or "").strip().split("\n")[0]
+    )
 
 
-def run_member(entry: SolverEntry, problem: Problem, options: SolverOptions, warm: Plan | None) -> SolveResult:
-    """One run of a registered solver, its result labelled with the entry's name where the backend gave none."""
+def run_member(entry: SolverEntry, problem: Problem, options: SolverOptions, warm: Plan | None) -> Outcome:
+    """One run of a registered solver, its record labelled with the entry's name where the backend gave none."""
     r = entry.fn(problem, options, warm)
-    return r if r.method else replace(r, method=entry.name)
+    return r if r.method else Outcome(replace(r.record, method=entry.name), r.plan)
 
 
 def _fused_cut(problem: Problem, options: SolverOptions, warm: Plan | None) -> Plan:
-    from xsched.solve.fused_cut import run
+    from xsched.solve.heuristics.fused_cut import run
 
     return run(problem, options, warm)
 
 
-# ---- the built-in solvers, one line each (sizes are ops x devices)
-for _name, _fn in HEURISTICS.items():
-    register(heuristic(_name, _fn))
+# ---- the built-in solvers, one line each (sizes are ops x devices); the heuristics run first, in this order
+register(heuristic("eager", eager))
+register(heuristic("greedy", greedy_fill))
+register(heuristic("fastest", fastest))
+register(heuristic("sqrt", sqrt_checkpoint))
+register(heuristic("checkpoint", checkpoint_search))
+register(heuristic("offload", offload_search))
+register(heuristic("gaps", gap_remat))
+register(heuristic("park", park_remat))
 register(
     SolverEntry(
         "hier",
@@ -137,7 +155,7 @@ register(
 register(
     SolverEntry(
         "milp",
-        lazy("xsched.solve.milp:run"),
+        lazy("xsched.solve.milp.milp:run"),
         max_size=60,
         share=0.5,
         doc="the stage MILP (Checkmate's stages on several devices, copies overlapping compute in a stage), HiGHS",
@@ -146,7 +164,7 @@ register(
 register(
     SolverEntry(
         "park-search",
-        lazy("xsched.solve.park_remat:run_search"),
+        lazy("xsched.solve.heuristics.park_search:park_search"),
         kind="search",
         max_size=5000,
         share=0.3,
@@ -156,7 +174,7 @@ register(
 register(
     SolverEntry(
         "order-gaps",
-        lazy("xsched.solve.order_search:run_gaps"),
+        lazy("xsched.solve.order.gaps:run_gaps"),
         kind="search",
         max_size=5000,
         share=0.25,
@@ -167,7 +185,7 @@ register(
 register(
     SolverEntry(
         "order-cpsat",
-        lazy("xsched.solve.order_search:run_cpsat"),
+        lazy("xsched.solve.order.cpsat:run_cpsat"),
         kind="search",
         max_size=5000,
         share=0.35,

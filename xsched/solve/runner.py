@@ -4,7 +4,6 @@ and one typed result. `auto`, `portfolio` and a single method are configurations
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -12,17 +11,18 @@ from xsched.budgets import format_bytes
 from xsched.contracts.plan import Plan
 from xsched.contracts.result import MemberOutcome, RunStats, SolveResult, Times
 from xsched.errors import BudgetError, NoIncumbent, SolverError, XschedError
-from xsched.solve.memory_bounds import check_budgets, lower_bounds
+from xsched.solve.bounds.memory import check_budgets, lower_bounds
 from xsched.solve.objective import better, objective, objective_floor
-from xsched.solve.options import SolverOptions
-from xsched.solve.problem import Problem, runnable
+from xsched.solve.options import SolverOptions, deadline, now, out_of_time
+from xsched.solve.problem import Outcome, Problem, runnable
 from xsched.solve.registry import SOLVERS, SolverEntry, run_member
 
-CONFIGURATIONS = ("auto", "portfolio")
+CONFIGURATIONS = ("auto", "portfolio", "heuristics")
 NO_LIMIT_S = 3600.0  # time_limit_s=None: an hour
 MIN_MEMBER_S = 0.5  # a timed member is not started with less time left: building its model alone takes longer
 MIN_METHOD_S = 1.0  # a method named on its own gets at least this much, even when the heuristics took the limit
-PROBE_SHARE, PROBE_MAX_S = 0.2, 10.0  # time for finding a budget that works, after no plan was found
+# time for finding a budget that works after no plan was found: a share of the time left, at least PROBE_MIN_S
+PROBE_SHARE, PROBE_MIN_S, PROBE_MAX_S = 0.2, 0.5, 10.0
 PROBE_FACTORS = (1.1, 1.25, 1.5, 2.0, 4.0)  # budgets scaled by these until a heuristic fits
 _PROOF_SCOPE = {"milp": ", for plans that first compute the ops in graph order"}
 
@@ -39,14 +39,16 @@ class Configuration:
 
 def configuration(name: str, problem: Problem) -> Configuration:
     """`auto`: every heuristic, then every registered search and exact model that fits the problem's size, in
-    registration order; `portfolio`: the same without the hierarchical solver; a method's name: the heuristics as
-    its warm start, then it."""
+    registration order; `portfolio`: the same without the hierarchical solver; `heuristics`: the heuristics alone
+    (the best of them, in no time to speak of); a method's name: the heuristics as its warm start, then it."""
     heuristics = tuple(n for n, e in SOLVERS.items() if e.kind == "heuristic")
     timed = tuple(n for n, e in SOLVERS.items() if e.kind != "heuristic" and e.available() and e.fits(problem))
     if name == "auto":
         return Configuration("auto", heuristics + timed)
     if name == "portfolio":
         return Configuration("portfolio", heuristics + tuple(n for n in timed if n != "hier"))
+    if name == "heuristics":
+        return Configuration("heuristics", heuristics)
     if name not in SOLVERS:
         raise SolverError(f"unknown method {name!r}; choose one of {', '.join((*CONFIGURATIONS, *SOLVERS))}")
     entry = SOLVERS[name]
@@ -55,61 +57,68 @@ def configuration(name: str, problem: Problem) -> Configuration:
     return Configuration(name, (name,) if entry.kind == "heuristic" else (*heuristics, name), method=name)
 
 
-def run(problem: Problem, config: Configuration, options: SolverOptions, given: Plan | None = None) -> SolveResult:
+def run(problem: Problem, config: Configuration, options: SolverOptions, given: Plan | None = None) -> Outcome:
     """The best runnable plan of the configuration's members within `options.time_limit_s`, labelled with its
-    status and gap against the lower bound; a SolveResult without a plan when none is found (its `error` says
+    status and gap against the lower bound; an Outcome without a plan when none is found (its record's `error` says
     whether no plan is *proven* or only *not found*)."""
-    t0 = time.perf_counter()
+    t0 = now()
     limit = options.time_limit_s if options.time_limit_s is not None else NO_LIMIT_S
     alpha = options.alpha_energy
     try:
-        check_budgets(*problem.args())
+        check_budgets(problem.graph, problem.profile, problem.budgets, problem.devices, problem.homes)
     except BudgetError as e:
         return _no_plan(problem, config, f"proven infeasible ({e.detail.split('. Smallest')[0]})", None, limit, e)
     members = [SOLVERS[n] for n in config.members]
     timed = [e for e in members if e.kind != "heuristic"]
     best: Plan | None = None
-    found: SolveResult | None = None
+    found: SolveResult | None = None  # the record of the member that found `best`
     outcomes: list[MemberOutcome] = []
-    results: list[SolveResult] = []  # the timed members' results, in order
+    results: list[Outcome] = []  # the timed members', in order
 
-    def consider(name: str, r: SolveResult, seconds: float) -> None:
+    def consider(name: str, r: Outcome, seconds: float) -> None:
         nonlocal best, found
         outcomes.append(_outcome(name, r, seconds))
         if better(r.plan, best, alpha):
-            best, found = r.plan, r
+            best, found = r.plan, r.record
 
-    for entry in (e for e in members if e.kind == "heuristic"):
-        started = time.perf_counter()
-        consider(
-            entry.name,
-            _checked(problem, run_member(entry, problem, options, None), options),
-            time.perf_counter() - started,
-        )
+    heuristics = [e for e in members if e.kind == "heuristic"]
+    # the heuristics share the limit (less a named method's own minimum), each an equal part of what is left, so
+    # that a slow one cannot starve those after it; one that ends early leaves its time to the rest
+    until = limit - (MIN_METHOD_S if config.method is not None and timed else 0.0)
+    for k, entry in enumerate(heuristics):
+        started = now()
+        if best is not None and started - t0 >= until:  # without a plan each still tries its first variant
+            outcomes.append(MemberOutcome(entry.name, "no_incumbent", 0.0, None, "not started: no time left"))
+            continue
+        share = max(until - (started - t0), 0.0) / (len(heuristics) - k)
+        with deadline(share):  # the heuristic keeps it as its options.time_limit_s (options.keeps_limit)
+            r = run_member(entry, problem, replace(options, time_limit_s=share), None)
+            stopped = out_of_time()
+        consider(entry.name, _stopped(_checked(problem, r, options), stopped), now() - started)
     if given is not None:
         consider("warm start", _given(problem, given, options), 0.0)
     floor, floor_why = objective_floor(problem.graph, problem.profile, problem.devices, problem.homes, alpha)
     start = found
     for k, entry in enumerate(timed):
-        left = limit - (time.perf_counter() - t0)
+        left = limit - (now() - t0)
         if entry.name == config.method:  # a method named on its own runs, even after a heuristic at the floor
             left = max(left, MIN_METHOD_S)
         elif left < MIN_MEMBER_S or _done(best, found, results, floor, alpha):
             break
-        started = time.perf_counter()
-        r = _checked(
-            problem, run_member(entry, problem, _member_options(entry, options, left, timed[k + 1 :]), best), options
-        )
+        started = now()
+        member = _member_options(entry, options, left, timed[k + 1 :])
+        with deadline(member.time_limit_s):  # what the member runs inside (heuristics, scoring) checks it too
+            r = _checked(problem, run_member(entry, problem, member, best), options)
         results.append(r)
-        consider(entry.name, r, time.perf_counter() - started)
-    seconds = time.perf_counter() - t0
+        consider(entry.name, r, now() - started)
+    seconds = now() - t0
     stats = RunStats(
         tuple(outcomes),
         warm_start=start.method if start is not None else None,
         warm_start_objective=start.objective if start is not None else None,
     )
     if config.method is not None:
-        return _method_result(config.method, results, best, found, stats, seconds)
+        return _method_result(config.method, results, best, found, stats, seconds, alpha)
     if best is None:
         proofs = [r for r in results if r.status == "infeasible"]
         if proofs:
@@ -122,14 +131,14 @@ def run(problem: Problem, config: Configuration, options: SolverOptions, given: 
     return _labelled(config.name, best, found, results, (floor, floor_why), stats, options, seconds)
 
 
-def _given(problem: Problem, given: Plan, options: SolverOptions) -> SolveResult:
+def _given(problem: Problem, given: Plan, options: SolverOptions) -> Outcome:
     """The caller's plan as a candidate, when it is for this graph and homes and meets the budgets."""
     if dict(given.homes) != dict(problem.homes):
-        return SolveResult("warm start", "failed", message="the given warm start has other homes")
+        return Outcome(SolveResult("warm start", "failed", message="the given warm start has other homes"))
     try:
-        return _checked(problem, replace(given.solver, method="warm start", plan=given), options)
+        return _checked(problem, Outcome(replace(given.solver, method="warm start"), given), options)
     except XschedError as e:  # over these budgets or not for this graph: not a candidate
-        return SolveResult("warm start", "failed", message=e.detail, error=e)
+        return Outcome(SolveResult("warm start", "failed", message=e.detail, error=e))
 
 
 def _member_options(entry: SolverEntry, options: SolverOptions, left: float, later: Sequence[SolverEntry]):
@@ -141,7 +150,17 @@ def _member_options(entry: SolverEntry, options: SolverOptions, left: float, lat
     return replace(options, time_limit_s=left * share, hier_refine=options.hier_refine and not later)
 
 
-def _checked(problem: Problem, r: SolveResult, options: SolverOptions) -> SolveResult:
+def _stopped(r: Outcome, stopped: bool) -> Outcome:
+    """A heuristic's outcome as the clock left it: its plan "time_limit" (the best of what it tried), no plan
+    "no_incumbent" (not a sign that none fits)."""
+    if stopped and r.status == "heuristic":
+        return Outcome(replace(r.record, status="time_limit"), r.plan)
+    if stopped and r.status == "failed":
+        return Outcome(replace(r.record, status="no_incumbent", message=f"stopped at the time limit: {r.message}"))
+    return r
+
+
+def _checked(problem: Problem, r: Outcome, options: SolverOptions) -> Outcome:
     """A member's result with its plan simulator-checked under the budgets and runnable through `wrap`; a plan
     over the energy cap or breaking the boundary rule counts as no plan. An invalid plan (a bug) propagates."""
     if r.plan is None:
@@ -149,24 +168,25 @@ def _checked(problem: Problem, r: SolveResult, options: SolverOptions) -> SolveR
     try:
         plan = runnable(problem.graph, r.plan, problem.profile, problem.budgets)
     except BudgetError as e:
-        return replace(r, status="failed", plan=None, message=e.detail, error=e)
+        return Outcome(replace(r.record, status="failed", message=e.detail, error=e))
     if options.energy_cap_j is not None and (plan.predicted.energy_j or 0.0) > options.energy_cap_j:
-        return replace(r, status="failed", plan=None, message="its plan exceeds the energy cap")
-    return replace(r, plan=plan, objective=objective(plan, options.alpha_energy))
+        return Outcome(replace(r.record, status="failed", message="its plan exceeds the energy cap"))
+    # the checked plan's own record: `validated` may have added the outputs it repaired
+    return Outcome(replace(plan.solver, objective=objective(plan, options.alpha_energy)), plan)
 
 
-def _done(best: Plan | None, found: SolveResult | None, results: list[SolveResult], floor: float, alpha: float) -> bool:
+def _done(best: Plan | None, found: SolveResult | None, results: list[Outcome], floor: float, alpha: float) -> bool:
     """Nothing left to gain: the best plan is as good as every op once at its cheapest, or the last member found it
     and proved it optimal (an exact model, in its formulation)."""
     if best is not None and objective(best, alpha) <= floor * (1 + 1e-9):
         return True
-    return bool(results) and results[-1] is found and _proven(found)
+    return bool(results) and results[-1].record is found and _proven(found, best)
 
 
-def _proven(r: SolveResult | None) -> bool:
-    """An exact model proved this plan optimal for the objective: its own objective is the makespan there."""
+def _proven(r: SolveResult | None, plan: Plan | None) -> bool:
+    """An exact model proved its plan optimal for the objective: its own objective is the makespan there."""
     exact = r is not None and r.method in SOLVERS and SOLVERS[r.method].kind == "exact"
-    return exact and r.status == "optimal" and r.plan is not None and _one_lane(r.plan)
+    return exact and r.status == "optimal" and plan is not None and _one_lane(plan)
 
 
 def _one_lane(plan: Plan) -> bool:
@@ -174,7 +194,7 @@ def _one_lane(plan: Plan) -> bool:
     return len(plan.devices) == 1
 
 
-def _outcome(name: str, r: SolveResult | None, seconds: float) -> MemberOutcome:
+def _outcome(name: str, r: Outcome | None, seconds: float) -> MemberOutcome:
     if r is None:
         return MemberOutcome(name, "failed", seconds)
     obj = r.objective if r.plan is not None else None
@@ -188,56 +208,44 @@ def _labelled(name, best: Plan, found: SolveResult | None, results, floor, stats
     bound, source = floor
     # the stage MILP's bound is on its own objective, the makespan only where one device runs (and copies) nothing
     # in parallel; and it holds for plans that first compute the ops in graph order
-    milp = [r.bound for r in results if r.method == "milp" and r.bound is not None and _one_lane(best)]
+    milp = [r.record.bound for r in results if r.method == "milp" and r.record.bound is not None and _one_lane(best)]
     if milp and max(milp) > bound:
         bound, source = min(max(milp), value), "the stage MILP's bound (first computes in graph order)"
     gap = max(0.0, value - bound) / value if value > 0 else 0.0
-    status = "optimal" if gap <= options.mip_gap or _proven(found) else "time_limit" if results else "heuristic"
-    own = replace(found, plan=None) if found is not None else None
-    stats = replace(stats, found_by=found.method if found is not None else None, found=own, bound_source=source)
-    result = SolveResult(
-        name, status, None, value, bound, gap, Times(solve_s=seconds), stats, repaired=best.solver.repaired
-    )
-    plan = replace(best, solver=result)
-    return replace(result, plan=plan)
+    status = "optimal" if gap <= options.mip_gap or _proven(found, best) else "time_limit" if results else "heuristic"
+    stats = replace(stats, found_by=found.method if found is not None else None, found=found, bound_source=source)
+    record = SolveResult(name, status, value, bound, gap, Times(solve_s=seconds), stats, repaired=best.solver.repaired)
+    return Outcome(record, best)
 
 
-def _method_result(method: str, results, best: Plan | None, found, stats: RunStats, seconds: float) -> SolveResult:
+def _method_result(method: str, results, best: Plan | None, found, stats: RunStats, seconds: float, alpha: float):
     """A single method's result: its own plan, with its own record, unless it found none or one worse than its warm
     start, which is then returned with status "heuristic" and the reason; without either, its own result (a proof,
     or NoIncumbent saying why the heuristics did not fit either)."""
-    own = results[-1] if results else SolveResult(method, "no_incumbent", message="no time to run it")
-    if own.plan is not None and own.objective <= found.objective * (1 + 1e-9):  # a tie goes to the method
-        record = replace(
-            own, plan=None, times=replace(own.times, solve_s=seconds - own.times.build_s - own.times.extract_s)
-        )
-        return replace(record, plan=replace(own.plan, solver=record))
+    own = results[-1] if results else Outcome(SolveResult(method, "no_incumbent", message="no time to run it"))
+    mine = own.record
+    # a tie goes to the method: its own plan unless the warm start's objective is lower by more than rounding
+    if own.plan is not None and not better(best, own.plan, alpha, tolerance=1e-9, tie_break=False):
+        times = replace(mine.times, solve_s=seconds - mine.times.build_s - mine.times.extract_s)
+        return Outcome(replace(mine, times=times), own.plan)
     if best is None:
-        if own.status == "infeasible":
+        if mine.status == "infeasible":
             return own
         reasons = "; ".join(f"{o.method}: {o.message}" for o in stats.members if o.objective is None and o.message)
-        err = NoIncumbent(f"{own.message}, and no heuristic meets the budgets either ({reasons})")
-        return SolveResult(method, "no_incumbent", message=err.detail, error=err)
+        err = NoIncumbent(f"{mine.message}, and no heuristic meets the budgets either ({reasons})")
+        return Outcome(SolveResult(method, "no_incumbent", message=err.detail, error=err))
     if own.plan is None:
-        reason = own.message
+        reason = mine.message
     else:
-        reason = f"the {method} plan ({own.status}, gap {own.gap}) has objective {own.objective:.6g}, its warm start {found.objective:.6g}"
-    stats = replace(stats, found_by=found.method, found=replace(found, plan=None), fallback_reason=reason)
+        reason = f"the {method} plan ({mine.status}, gap {mine.gap}) has objective {mine.objective:.6g}, its warm start {found.objective:.6g}"
+    stats = replace(stats, found_by=found.method, found=found, fallback_reason=reason)
     record = SolveResult(
-        method,
-        "heuristic",
-        None,
-        found.objective,
-        None,
-        None,
-        Times(solve_s=seconds),
-        stats,
-        repaired=best.solver.repaired,
+        method, "heuristic", found.objective, None, None, Times(solve_s=seconds), stats, repaired=best.solver.repaired
     )
-    return replace(record, plan=replace(best, solver=record))
+    return Outcome(record, best)
 
 
-def _no_plan(problem, config, why, exact, seconds, cause: BudgetError | None) -> SolveResult:
+def _no_plan(problem, config, why, exact, seconds, cause: BudgetError | None) -> Outcome:
     """No plan: one short BudgetError saying why, the smallest budgets known to work, the largest known not to."""
     budgets = problem.budgets
     lows = lower_bounds(problem.graph, problem.profile, problem.devices, problem.homes)
@@ -245,29 +253,29 @@ def _no_plan(problem, config, why, exact, seconds, cause: BudgetError | None) ->
         fails = ", ".join(f"{d} {format_bytes(b)}" for d, b in budgets.items())
     else:
         fails = ", ".join(f"{d} {format_bytes(max(lows[d].bytes - 1, 0))}" for d in budgets) + " (lower bound)"
-    works = _known_to_work(problem, min(PROBE_MAX_S, max(PROBE_SHARE * seconds, 1.0)))
+    works = _known_to_work(problem, min(PROBE_MAX_S, max(PROBE_SHARE * seconds, PROBE_MIN_S)))
     msg = f"no plan within the budgets: {why}; smallest budget known to work: {works}; largest known not to: {fails}"
     device = cause.device if cause is not None else (next(iter(budgets)) if len(budgets) == 1 else None)
     err = BudgetError(msg, stage="solve", device=device, op=cause.op if cause is not None else None)
     status = "infeasible" if cause is not None or exact is not None else "no_incumbent"
-    return SolveResult(config.name, status, message=msg, error=err)
+    return Outcome(SolveResult(config.name, status, message=msg, error=err))
 
 
 def _known_to_work(problem: Problem, seconds: float) -> str:
     """The peaks of the first heuristic plan found at budgets scaled up by PROBE_FACTORS (within `seconds`)."""
-    t0 = time.perf_counter()
-    for f in PROBE_FACTORS:
-        if time.perf_counter() - t0 > seconds:
-            break
-        bigger = problem.with_budgets({d: int(b * f) for d, b in problem.budgets.items()})
-        for entry in SOLVERS.values():
-            if entry.kind == "heuristic":
-                r = run_member(entry, bigger, SolverOptions(), None)
-                if r.plan is not None:
-                    try:
-                        peaks = runnable(bigger.graph, r.plan, bigger.profile, bigger.budgets).predicted.peak_bytes
-                    except BudgetError:  # wrap could not return its forward outputs
-                        continue
-                    found = ", ".join(f"{d} {format_bytes(peaks.get(d, 0))}" for d in problem.budgets)
-                    return f"{found} ({r.method})"
+    with deadline(seconds):
+        for f in PROBE_FACTORS:
+            bigger = problem.with_budgets({d: int(b * f) for d, b in problem.budgets.items()})
+            for entry in SOLVERS.values():
+                if out_of_time():
+                    return "none found"
+                if entry.kind == "heuristic":
+                    r = run_member(entry, bigger, SolverOptions(), None)
+                    if r.plan is not None:
+                        try:
+                            peaks = runnable(bigger.graph, r.plan, bigger.profile, bigger.budgets).predicted.peak_bytes
+                        except BudgetError:  # wrap could not return its forward outputs
+                            continue
+                        found = ", ".join(f"{d} {format_bytes(peaks.get(d, 0))}" for d in problem.budgets)
+                        return f"{found} ({r.method})"
     return "none found"

@@ -55,7 +55,7 @@ class EnergyMeter:
         self.modelled = plan.predicted.energy_j if plan.predicted is not None else None
         if self.measured:
             self.source = "measured (" + "+".join(["nvml"] * bool(self.gpus) + ["rapl"] * bool(self.rapl)) + ")"
-        elif profile.extra.get("modelled"):  # bandwidth-modelled costs carry no energy
+        elif profile.modelled:  # bandwidth-modelled costs carry no energy
             self.source, self.modelled = "unavailable (modelled costs have no energy; --profile measure has)", None
         else:
             sources = "/".join(sorted(set(profile.energy_source.values()))) or "none"

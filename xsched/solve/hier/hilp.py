@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pyomo.environ as pyo
@@ -27,10 +28,10 @@ from xsched.contracts.result import HilpStats, SolveResult, Times
 from xsched.errors import BudgetError, NoIncumbent, XschedError
 from xsched.simulate import simulate
 from xsched.solve.autograd_boundary import hold_to_boundary
-from xsched.solve.extract import free_unwanted_ends, prune
 from xsched.solve.hier.greedy import as_start, greedy_events
 from xsched.solve.hier.hindex import HIndex, Unit, index
 from xsched.solve.hier.menu import fastest, leanest
+from xsched.solve.milp.extract import free_unwanted_ends, prune
 from xsched.solve.options import SolverOptions
 
 
@@ -52,35 +53,35 @@ def solve_hilp(
     events, start = _start(ix, units)
     build_s = time.perf_counter() - t0
     out = run_highs(m, ix, options, t0, start)
-    if out["x"] is None and events:  # the model has no plan in time (it is stricter): the schedule's may fit
-        stats = HilpStats(ix.T, start is not None, len(events), model_status=out["status"])
+    if out.x is None and events:  # the model has no plan in time (it is stricter): the schedule's may fit
+        stats = HilpStats(ix.T, start is not None, len(events), model_status=out.status)
         info = SolveResult("greedy", "heuristic", times=Times(solve_s=time.perf_counter() - t0), stats=stats)
         try:
             return finish_plan(graph, profile, event_steps(ix, events), budgets, homes, _ends(ix, events), info)
         except XschedError:
             pass
-    if out["status"] == "infeasible":
+    if out.status == "infeasible":
         raise BudgetError(
             f"the H-ILP of {graph.name} ({ix.T} stages) has no plan within the budgets {dict(budgets)}", stage="solve"
         )
-    if out["x"] is None:
+    if out.x is None:
         raise NoIncumbent(
             f"the H-ILP of {graph.name} ({ix.T} stages) found no plan in {time.perf_counter() - t0:.1f} s"
         )
     gap = None
-    if out["objective"] is not None and out["bound"] is not None and out["objective"] > 0:
-        gap = max(0.0, out["objective"] - out["bound"]) / out["objective"]
+    if out.objective is not None and out.bound is not None and out.objective > 0:
+        gap = max(0.0, out.objective - out.bound) / out.objective
     stats = HilpStats(
         stages=ix.T,
         greedy_start=start is not None,
         greedy_events=len(events),
         n_binaries=len(m.R) + len(m.S) + len(m.C),
-        model_objective=out["objective"] * ix.tu if out["objective"] is not None else None,
-        model_bound=out["bound"] * ix.tu if out["bound"] is not None else None,
+        model_objective=out.objective * ix.tu if out.objective is not None else None,
+        model_bound=out.bound * ix.tu if out.bound is not None else None,
     )
-    times = Times(build_s, out["solver_s"], max(0.0, time.perf_counter() - t0 - build_s - out["solver_s"]))
-    info = SolveResult("hilp", out["status"], gap=gap, times=times, stats=stats)
-    return extract(ix, m, out["x"], info)
+    times = Times(build_s, out.solver_s, max(0.0, time.perf_counter() - t0 - build_s - out.solver_s))
+    info = SolveResult("hilp", out.status, gap=gap, times=times, stats=stats)
+    return extract(ix, m, out.x, info)
 
 
 # ---------------------------------------------------------------- the model
@@ -295,12 +296,24 @@ def _ends(ix: HIndex, events: Sequence) -> set[tuple[str, str]]:
     return {(ix.values[v], ix.devices[d]) for v, d in ends if v in outs}
 
 
+@dataclass(frozen=True)
+class HighsRun:
+    """One HiGHS run of the H-ILP: its status, the watched columns' values (None without a solution), the model's
+    objective and bound (None where unknown), and its seconds."""
+
+    status: str
+    x: np.ndarray | None
+    objective: float | None
+    bound: float | None
+    solver_s: float
+
+
 def run_highs(
     m: pyo.ConcreteModel, ix: HIndex, options: SolverOptions, t0: float, start: tuple[set, set] | None = None
-) -> dict:
+) -> HighsRun:
     """HiGHS on the model until the time limit (from t0), from `start` (runs and copies; HiGHS completes the
     other variables or drops it): status, the watched columns' values, objective, bound."""
-    from xsched.solve.backends import set_threads, to_highs
+    from xsched.solve.milp.backends import set_threads, to_highs
 
     watched = [*m.R.values(), *m.S.values(), *m.C.values()]
     h, _, cols = to_highs(m, watched)
@@ -345,13 +358,8 @@ def run_highs(
     if info.primal_solution_status == 2:
         x = np.append(np.asarray(h.getSolution().col_value), 0.0)[cols]
     bound = info.mip_dual_bound if np.isfinite(info.mip_dual_bound) else None
-    return {
-        "status": status,
-        "x": x,
-        "objective": info.objective_function_value if x is not None else None,
-        "bound": bound,
-        "solver_s": time.perf_counter() - t1,
-    }
+    objective = info.objective_function_value if x is not None else None
+    return HighsRun(status, x, objective, bound, time.perf_counter() - t1)
 
 
 def extract(ix: HIndex, m: pyo.ConcreteModel, x: np.ndarray, info: SolveResult) -> Plan:

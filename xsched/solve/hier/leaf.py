@@ -13,14 +13,14 @@ from xsched.contracts.plan import Compute, Plan, place_frees
 from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError, XschedError
 from xsched.solve.autograd_boundary import hold_to_boundary
-from xsched.solve.gap_remat import gap_computes
+from xsched.solve.heuristics.checkpoint import candidate_keeps, checkpoint_computes, evict_computes
+from xsched.solve.heuristics.gaps import gap_computes
+from xsched.solve.heuristics.routing import finish, route
 from xsched.solve.hier.menu import Option, pareto, partial, summarize
 from xsched.solve.hier.region import Region, deferring_graph, plain, region_homes
 from xsched.solve.objective import best_of
 from xsched.solve.options import SolverOptions
-from xsched.solve.problem import validated
-from xsched.solve.remat import candidate_keeps, checkpoint_computes, evict_computes
-from xsched.solve.routing import finish, route
+from xsched.solve.problem import Problem, validated
 
 # budgets of the budget-driven heuristics, between the leanest (0) and the fastest (1) checkpointing peak: dense at the
 # lean end, where checkpointing's keep sets are sparse (GPT-2-style at 50%: hier's own plan +14.88% -> +11.74%)
@@ -206,7 +206,7 @@ def exact_plan(
     seed: int,
 ) -> Plan | None:
     """The stage MILP's plan within `budgets` (warm-started from the fastest plan of `starts` that fits), or None."""
-    from xsched.solve.milp import solve_milp
+    from xsched.solve.milp.milp import solve_milp
 
     sub = region.graph
     fits = [
@@ -217,7 +217,7 @@ def exact_plan(
     warm = best_of(fits)
     opts = SolverOptions(time_limit_s=seconds, solver_threads=1, seed=seed, restricted=(), mip_gap=LEAF_GAP)
     try:
-        plan = solve_milp(sub, prof, budgets, devices, homes, opts, warm_start=warm)
+        plan = solve_milp(Problem(sub, prof, budgets, devices, homes), opts, warm)
         plan = validated(sub, plan, prof, budgets)
     except XschedError:
         return None

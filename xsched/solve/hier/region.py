@@ -111,8 +111,8 @@ def make_region(
             values.append(Value(v.id, v.nbytes, "tangent" if v.id in bwd_made else "input", v.shape, v.dtype))
         else:
             values.append(_trim(v, present))
-    extra = {"forward_outputs": [{"ref": v} for v in f_out]} if b_ops else {}
-    sub = Graph(name or graph.name, tuple(values), tuple(ops), f_out + b_out, extra)
+    fwd = tuple({"ref": v} for v in f_out) if b_ops else None
+    sub = Graph(name or graph.name, tuple(values), tuple(ops), f_out + b_out, forward_outputs=fwd)
     return Region(
         sub,
         tuple(o.id for o in ops if o.id in fset),

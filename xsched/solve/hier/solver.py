@@ -13,7 +13,6 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from multiprocessing import get_context
-from typing import Any
 
 import torch
 
@@ -31,9 +30,9 @@ from xsched.solve.hier.leaf import DRIVEN_FRACTIONS, LeafTask, leaf_options
 from xsched.solve.hier.menu import Option, fastest, leanest, translate
 from xsched.solve.hier.region import Region, deferrable, late_grads, make_region, sub_profile
 from xsched.solve.hier.upper import RegionTask, region_options
-from xsched.solve.objective import objective
-from xsched.solve.options import SolverOptions
-from xsched.solve.problem import runnable
+from xsched.solve.objective import better, objective
+from xsched.solve.options import DEFAULTS, SolverOptions, out_of_time
+from xsched.solve.problem import Problem, runnable
 from xsched.solve.registry import from_plan
 
 # the menu of a hierarchy of up to MANY_BLOCKS blocks: bottom blocks also get budget-driven plans
@@ -45,7 +44,6 @@ OPTIONS_PER_BLOCK, OPTIONS_MANY_BLOCKS, MANY_BLOCKS = 12, 6, 32
 TOP_SHARE = 0.6  # of the time left after the blocks, for the top H-ILP when a refinement can follow it
 REFINE_MIN_S = 1.0  # a refinement with less time than this is not started
 REFINE_MAX_SIZE = 5000  # ops x devices: beyond this the interval model takes its time just to build and load
-DEFAULT_OPTIONS = SolverOptions()  # frozen: one shared default
 
 
 @dataclass(frozen=True)
@@ -86,23 +84,31 @@ class HierSettings:
         return leaf, region
 
 
+@dataclass
+class BlockLog:
+    """What solving the blocks did, counted as they are solved: classes of identical blocks, solves, and seconds on
+    the bottom blocks and on the others (HierStats' fields of the same names)."""
+
+    classes: int = 0
+    solved: int = 0
+    leaf_s: float = 0.0
+    region_s: float = 0.0
+
+
 def solve_hier(
-    graph: Graph,
-    profile: Profile,
-    budgets: Mapping[str, int],
-    devices: Sequence[str],
-    homes: Mapping[str, str],
-    options: SolverOptions = DEFAULT_OPTIONS,
+    problem: Problem,
+    options: SolverOptions = DEFAULTS,
     warm_start: Plan | None = None,
     settings: HierSettings | None = None,
 ) -> Plan:
-    """The hierarchical plan (simulator-checked under `budgets`) found within `options.time_limit_s`."""
+    """The hierarchical plan (simulator-checked under the problem's budgets) found within `options.time_limit_s`."""
     t0 = time.perf_counter()
+    graph, profile, budgets, homes = problem.graph, problem.profile, problem.budgets, problem.homes
     st = settings or HierSettings()
     workers = st.workers if st.workers is not None else options.hier_processes
     limit = options.time_limit_s if options.time_limit_s is not None else 3600.0
     leaf_s, region_s = st.seconds(limit)
-    devices = tuple(devices)
+    devices = tuple(problem.devices)
     hier = build_hierarchy(graph, st.max_leaf, st.max_group, st.max_top)
     blocks = hier.blocks
     top = blocks[-1]
@@ -119,6 +125,8 @@ def solve_hier(
     with _pool(workers, len(blocks)) as run:
         levels = sorted({b.level for b in blocks[:-1]})
         for level in levels:
+            if out_of_time():  # the runner's deadline for this member (its pool checks it between tasks too)
+                raise NoIncumbent(f"hier: stopped at the time limit before level {level} of {len(levels)}")
             mine = [b for b in blocks[:-1] if b.level == level]
             for leaf_pass in (True, False):  # bottom blocks of this level first: parents may mix both
                 group = [b for b in mine if b.leaf == leaf_pass]
@@ -128,7 +136,15 @@ def solve_hier(
                     solved.leaves(group, pos, run, leaf_s, per_block, options.seed, fractions)
                 else:
                     solved.internal(group, pos, run, region_s, per_block, options.seed, options.node_limit)
-    stats = replace(stats, **solved.log, before_top_s=time.perf_counter() - t0)
+    log = solved.log
+    stats = replace(
+        stats,
+        classes=log.classes,
+        solved=log.solved,
+        leaf_s=log.leaf_s,
+        region_s=log.region_s,
+        before_top_s=time.perf_counter() - t0,
+    )
     units = tuple(Unit(c.f_ops, c.b_ops, tuple(solved.options[pos[id(c)]])) for c in top.children)
     left = max(1.0, limit - (time.perf_counter() - t0))
     refine = st.refine and options.hier_refine and _refinable(graph, devices)
@@ -163,7 +179,7 @@ def solve_hier(
 
 
 # the registry's entry: an H-ILP's infeasibility is not a proof for the whole problem
-run = from_plan(lambda problem, options, warm: solve_hier(*problem.args(), options, warm_start=warm), proofs=False)
+run = from_plan(solve_hier, proofs=False)
 
 
 def _refinable(graph: Graph, devices: tuple[str, ...]) -> bool:
@@ -173,12 +189,8 @@ def _refinable(graph: Graph, devices: tuple[str, ...]) -> bool:
 
 
 def _faster(plan: Plan | None, warm: Plan | None, options: SolverOptions) -> tuple[Plan, str]:
-    """The faster of hier's plan and the caller's, and which it is."""
-    if plan is None or (
-        warm is not None
-        and warm.predicted is not None
-        and objective(warm, options.alpha_energy) < objective(plan, options.alpha_energy)
-    ):
+    """The better (objective.better) of hier's plan and the caller's, and which it is."""
+    if plan is None or (warm is not None and warm.predicted is not None and better(warm, plan, options.alpha_energy)):
         return warm, "warm start"
     return plan, "hier"
 
@@ -196,20 +208,16 @@ def _refined(
     """CP-SAT's interval model for `start`'s order, from `start` (a complete hint: every step has its slot), within
     `seconds`: its plan if faster, else `start`; and what happened, for the log."""
     from xsched.solve.intervals import solve_intervals
-    from xsched.solve.order import first_compute_indices
+    from xsched.solve.order.order import first_compute_indices
 
     if seconds < REFINE_MIN_S:
         return start, "no time left"
     try:
         plan = solve_intervals(
-            graph,
-            profile,
-            budgets,
-            devices,
-            homes,
+            Problem(graph, profile, budgets, devices, homes),
             replace(options, time_limit_s=seconds),
+            start,
             order=first_compute_indices(graph, start),
-            warm_start=start,
             seed=options.seed,
             workers=options.solver_threads or 0,
         )
@@ -218,7 +226,7 @@ def _refined(
         if e.stage != "solve":
             raise
         return start, f"no plan ({e.detail[:60]})"
-    if objective(plan, options.alpha_energy) < objective(start, options.alpha_energy):
+    if better(plan, start, options.alpha_energy):
         return plan, f"{start.predicted.time_s:.6g} -> {plan.predicted.time_s:.6g} s ({plan.solver.status})"
     return start, f"not faster ({plan.solver.status})"
 
@@ -267,7 +275,7 @@ class _Solved:
         self.grads = late_grads(graph, defer)
         self.options: dict[int, list[Option]] = {}
         self.keys: dict[int, str] = {}
-        self.log: dict[str, Any] = {"classes": 0, "solved": 0, "leaf_s": 0.0, "region_s": 0.0}
+        self.log = BlockLog()
 
     def _region(self, b: Block) -> Region:
         name = f"{self.graph.name}[{b.f_ops[0] if b.f_ops else b.b_ops[0]}]"
@@ -282,7 +290,7 @@ class _Solved:
             region = self._region(b)
             c = canon(region, self.profile, self.devices, self._homes(region), children(b))
             members.setdefault(c.key, []).append((b, region, c))
-        self.log["classes"] += len(members)
+        self.log.classes += len(members)
         return members
 
     def _spread(self, members, results, pos: Mapping[int, int]) -> None:
@@ -323,9 +331,9 @@ class _Solved:
             for _, r, _ in (g[0] for g in members.values())
         ]
         results = run(leaf_options, tasks)
-        self.log["solved"] += len(tasks)
+        self.log.solved += len(tasks)
         self._spread(members, results, pos)
-        self.log["leaf_s"] += time.perf_counter() - t0
+        self.log.leaf_s += time.perf_counter() - t0
 
     def internal(
         self,
@@ -357,9 +365,9 @@ class _Solved:
                 )
             )
         results = run(region_options, tasks)
-        self.log["solved"] += len(tasks)
+        self.log.solved += len(tasks)
         self._spread(members, results, pos)
-        self.log["region_s"] += time.perf_counter() - t0
+        self.log.region_s += time.perf_counter() - t0
 
 
 _logger = logging.getLogger(__name__)
@@ -384,6 +392,15 @@ class _pool:
         return self.map
 
     def map(self, fn: Callable, tasks: list) -> list:
+        """The tasks a worker-count at a time, the deadline checked between (a worker process cannot see it)."""
+        out: list = []
+        for k in range(0, len(tasks), self.workers):
+            if k and out_of_time():
+                raise NoIncumbent(f"hier: stopped at the time limit after {k} of {len(tasks)} blocks of a level")
+            out += self._map(fn, tasks[k : k + self.workers])
+        return out
+
+    def _map(self, fn: Callable, tasks: list) -> list:
         if self.workers == 1 or len(tasks) <= 1:
             return [fn(t) for t in tasks]
         if self.executor is None:

@@ -16,28 +16,24 @@ from xsched.solve.intervals.cpsat import Outcome, available, solve_cpsat
 from xsched.solve.intervals.data import IntervalData, build_data
 from xsched.solve.intervals.extract import hint_from_plan, step_counts, to_plan
 from xsched.solve.objective import better, objective
-from xsched.solve.options import SolverOptions
-from xsched.solve.order import first_compute_indices, topological, unbudgeted_plan
+from xsched.solve.options import DEFAULTS, SolverOptions
+from xsched.solve.order.order import first_compute_indices, topological, unbudgeted_plan
+from xsched.solve.problem import Problem
 from xsched.solve.registry import from_plan
 
 BACKENDS = ("cpsat", "highs")
-DEFAULT_OPTIONS = SolverOptions()  # frozen: one shared default
 HARD_SHARE = 0.25  # without a plan to start from: this share of the time on the model as it is, then
 SOFT_SHARE = 0.8  # at most this share of the rest for the soft-budget phase (it stops at its first plan)
 C_START, C_MAX = 2, 4  # Moccasin finds C = 2 enough in practice; more only while it pays and time remains
 
 
 def solve_intervals(
-    graph: Graph,
-    profile: Profile,
-    budgets: Mapping[str, int],
-    devices: Sequence[str],
-    homes: Mapping[str, str],
-    options: SolverOptions = DEFAULT_OPTIONS,
+    problem: Problem,
+    options: SolverOptions = DEFAULTS,
+    warm_start: Plan | None = None,
     *,
     backend: str = "cpsat",
     order: Sequence[int] | None = None,
-    warm_start: Plan | None = None,
     seed: int = 0,
     workers: int = 0,
     c_max: int = C_MAX,
@@ -52,7 +48,13 @@ def solve_intervals(
     C only)."""
     t0 = time.perf_counter()
     limit = options.time_limit_s if options.time_limit_s is not None else 3600.0
-    devices = tuple(devices)
+    graph, profile, budgets, devices, homes = (
+        problem.graph,
+        problem.profile,
+        problem.budgets,
+        tuple(problem.devices),
+        problem.homes,
+    )
     if order is None:
         order = tuple(range(len(graph.ops)))
         if warm_start is not None and topological(graph, first_compute_indices(graph, warm_start)):
@@ -146,23 +148,24 @@ def solve_intervals(
     )
     spent = time.perf_counter() - t0
     times = Times(times["build_s"], max(0.0, spent - times["build_s"] - times["extract_s"]), times["extract_s"])
-    info = SolveResult(
-        f"intervals-{backend}", status, None, objective(best, options.alpha_energy), None, gap, times, stats
-    )
+    info = SolveResult(f"intervals-{backend}", status, objective(best, options.alpha_energy), None, gap, times, stats)
     return replace(best, solver=info)
 
 
 # the registry's entries: an infeasible model is a proof for this order and C only, so it is not reported as one
-run_cpsat = from_plan(
-    lambda problem, options, warm: solve_intervals(
-        *problem.args(), options, warm_start=warm, seed=options.seed, workers=options.solver_threads or 0
-    ),
-    proofs=False,
-)
-run_highs = from_plan(
-    lambda problem, options, warm: solve_intervals(*problem.args(), options, backend="highs", warm_start=warm),
-    proofs=False,
-)
+def intervals_cpsat(problem: Problem, options: SolverOptions = DEFAULTS, warm: Plan | None = None) -> Plan:
+    """`intervals-cpsat`: the model for the warm start's order (else the graph's), CP-SAT with the options' seed."""
+    workers = options.solver_threads or 0
+    return solve_intervals(problem, options, warm, seed=options.seed, workers=workers)
+
+
+def intervals_highs(problem: Problem, options: SolverOptions = DEFAULTS, warm: Plan | None = None) -> Plan:
+    """`intervals-highs`: the same model linearised, HiGHS."""
+    return solve_intervals(problem, options, warm, backend="highs")
+
+
+run_cpsat = from_plan(intervals_cpsat, proofs=False)
+run_highs = from_plan(intervals_highs, proofs=False)
 
 
 def _run(

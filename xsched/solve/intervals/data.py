@@ -11,7 +11,7 @@ from xsched.contracts.plan import required_homes, rng_domain
 from xsched.contracts.profile import Profile
 from xsched.contracts.torch_ops import random_ops
 from xsched.errors import PlanError, ProfileError
-from xsched.solve.order import topological
+from xsched.solve.order.order import topological
 
 # Events: stage j (0..T-1) of the order holds a copy event (k = -1, every copy of the stage, before its computes)
 # then one compute event per order position k = 0..j (numbered with gaps: see `event`) (the op at position j is computed first there, earlier

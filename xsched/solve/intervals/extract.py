@@ -11,8 +11,8 @@ from xsched.contracts.plan import Compute, Copy, Free, Plan, autograd_boundary, 
 from xsched.contracts.result import SolveResult
 from xsched.errors import XschedError
 from xsched.simulate import simulate
-from xsched.solve.extract import free_unwanted_ends, prune
 from xsched.solve.intervals.data import IntervalData, event
+from xsched.solve.milp.extract import free_unwanted_ends, prune
 
 Placement = Mapping[int, tuple[int, tuple[int, ...]]]  # present slot id -> (start event, end of each of its values)
 

@@ -10,10 +10,10 @@ import numpy as np
 import pyomo.environ as pyo
 
 from xsched.errors import NoIncumbent
-from xsched.solve.backends import new_highs, set_threads
 from xsched.solve.intervals.cpsat import Outcome
 from xsched.solve.intervals.data import IntervalData
 from xsched.solve.intervals.extract import Placement
+from xsched.solve.milp.backends import new_highs, set_threads
 from xsched.solve.options import SolverOptions
 
 MAX_PAIRS = 15_000  # pairwise memory rows beyond which building alone eats a minute's limit (n100: 15-20 s)

@@ -6,12 +6,15 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Plan, place_frees
-from xsched.contracts.result import OrderSearchStats, SolveResult
+from xsched.contracts.result import OrderSearchStats, SolveResult, Times
 from xsched.errors import XschedError
-from xsched.solve.objective import better
+from xsched.solve.objective import better, objective
+from xsched.solve.options import SolverOptions
+from xsched.solve.problem import Outcome, Problem
 
 Scorer = Callable[[tuple[int, ...], float], "Plan | None"]  # (order, seconds) -> the solver's plan, None: none
 # the local search stops after this many draws of moves in a row that were all scored already: the best order's
@@ -182,11 +185,13 @@ def search_order(
     time_limit_s: float,
     warm: Plan | None = None,
     seed: int = 0,
+    alpha_energy: float = 0.0,
     per_try_s: float | None = None,
     give_up: int | None = None,
     max_orders: int | None = None,
 ) -> tuple[Plan | None, tuple[int, ...], OrderSearchStats]:
-    """The best plan over starting orders then local moves from the best one, within `time_limit_s`.
+    """The best plan (objective.better) over starting orders then local moves from the best one, within
+    `time_limit_s`.
 
     Each order is scored by `score(order, seconds)` (the fixed-order solver under a short limit). Returns the best
     plan (None: no order gave one), its order, and a log (orders tried, the best order's origin). give_up: stop
@@ -205,7 +210,7 @@ def search_order(
             break
         p = _try(score, o, min(per, left))
         tried += 1
-        if better(p, best):
+        if better(p, best, alpha_energy):
             best, best_order, origin = p, o, name
         if give_up is not None and tried >= give_up and best is None:
             origin = f"none (no plan from {tried} starting orders)"
@@ -229,12 +234,29 @@ def search_order(
             seen.add(cand)
             p = _try(score, cand, min(per, left))
             tried += 1
-            if better(p, best):
+            if better(p, best, alpha_energy):
                 best, best_order, origin, moved = p, cand, origin.split("+")[0] + "+moves", True
                 break
         if best is None and not moved:
             best_order = moves[-1]  # no plan yet: walk on rather than circle the first start
     return best, best_order, OrderSearchStats("", tried, origin, time.perf_counter() - t0)
+
+
+def searched(name: str, problem: Problem, options: SolverOptions, warm: Plan | None, score, kw) -> Outcome:
+    """The order search with `score` as a registered solver's outcome (`kw`: search_order's limits)."""
+    t0 = time.perf_counter()
+    limit = options.time_limit_s if options.time_limit_s is not None else 3600.0
+    found, _, stats = search_order(problem.graph, score, limit, warm, options.seed, options.alpha_energy, **kw)
+    stats = replace(stats, scorer=name.split("-")[1])
+    times = Times(solve_s=time.perf_counter() - t0)
+    if found is None:
+        return Outcome(SolveResult(name, "no_incumbent", times=times, stats=stats, message=_why(stats)))
+    value = objective(found, options.alpha_energy)
+    return Outcome(SolveResult(name, "heuristic", value, times=times, stats=stats), found)
+
+
+def _why(stats: OrderSearchStats) -> str:
+    return f"no order gave a plan ({stats.orders_tried} scored in {stats.search_s:.1f} s)"
 
 
 def _try(score: Scorer, order: tuple[int, ...], seconds: float) -> Plan | None:

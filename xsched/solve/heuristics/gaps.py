@@ -16,10 +16,13 @@ from xsched.budgets import format_bytes
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Plan
 from xsched.contracts.profile import Profile
+from xsched.contracts.result import HeuristicStats
 from xsched.errors import BudgetError
+from xsched.solve.heuristics.routing import best_single_device, op_workspace, route_and_finish
 from xsched.solve.objective import best_of
-from xsched.solve.order import starting_orders
-from xsched.solve.routing import best_single_device, op_workspace, route_and_finish
+from xsched.solve.options import DEFAULTS, SolverOptions, keeps_limit, out_of_time
+from xsched.solve.order.order import starting_orders
+from xsched.solve.problem import Problem
 
 MAX_DEPTH = 4  # levels of inputs made again for one rerun (past it, they are held longer instead)
 MAX_RERUNS = 8  # values made again for one drop, past which the inputs are held longer instead
@@ -213,14 +216,19 @@ def gap_computes(
     raise BudgetError(f"gap rematerialization gave up after {drops} drops on {device}", stage="solve", device=device)
 
 
-def gap_remat(
-    graph: Graph, profile: Profile | None, budgets: Mapping[str, int], devices: Sequence[str], homes: Mapping[str, str]
-) -> Plan:
+@keeps_limit
+def gap_remat(problem: Problem, options: SolverOptions = DEFAULTS, warm: Plan | None = None) -> Plan:
     """Gap rematerialization on each single device, from each starting order (graph and memory-greedy), with
-    missing inputs of a rerun held or made again (a chain of reruns, as checkpointing does); the fastest plan."""
-    orders = starting_orders(graph)
+    missing inputs of a rerun held or made again (a chain of reruns, as checkpointing does); the best plan."""
+    graph, profile, budgets, homes = problem.graph, problem.profile, problem.budgets, problem.homes
+    orders, alpha = starting_orders(graph), options.alpha_energy
     return best_single_device(
-        lambda d: fastest_plan(graph, profile, budgets, homes, d, orders), graph, profile, devices, "gaps"
+        lambda d: fastest_plan(graph, profile, budgets, homes, d, orders, alpha),
+        graph,
+        profile,
+        problem.devices,
+        "gaps",
+        alpha,
     )
 
 
@@ -231,47 +239,43 @@ def fastest_plan(
     homes: Mapping[str, str],
     device: str,
     orders: Mapping[str, Sequence[int]],
+    alpha_energy: float = 0.0,
 ) -> Plan:
-    """The fastest gaps plan on `device` over the named orders, each with reruns one level deep and MAX_DEPTH
+    """The best gaps plan (objective.better) on `device` over the named orders, each with reruns one level deep and MAX_DEPTH
     levels deep; BudgetError saying why each failed when none fits."""
     t0 = time.perf_counter()
     plans, why = [], []
     depths = (0, MAX_DEPTH) if device in budgets else (0,)  # no budget on the device: each order as it is
-    for (name, order), depth in itertools.product(orders.items(), depths):
+    for k, ((name, order), depth) in enumerate(itertools.product(orders.items(), depths)):
+        if k and out_of_time():  # the first variant runs however late: a plan to return
+            why.insert(0, f"stopped at the time limit after {k} variants")
+            break
         try:
             if device in budgets:
                 computes = gap_computes(graph, order, device, budgets[device], profile, depth)
             else:
                 computes = [Compute(graph.ops[i].id, device) for i in order]
-            plans.append(
-                route_and_finish(
-                    graph,
-                    computes,
-                    "gaps",
-                    budgets,
-                    homes,
-                    profile,
-                    t0,
-                    device=device,
-                    order=name,
-                    depth=depth,
-                    recomputes=len(computes) - len(graph.ops),
-                )
-            )
+            stats = HeuristicStats(device=device, order=name, depth=depth, recomputes=len(computes) - len(graph.ops))
+            plans.append(route_and_finish(graph, computes, "gaps", budgets, homes, profile, t0, stats))
         except BudgetError as e:
             why.append(f"{name} order, depth {depth}: {e.detail}")
     if not plans:
         raise BudgetError("; ".join(why), stage="solve", device=device)
-    return best_of(plans)
+    return best_of(plans, alpha_energy)
 
 
 def order_scorer(
-    graph: Graph, profile: Profile, budgets: Mapping[str, int], device: str, homes: Mapping[str, str]
+    graph: Graph,
+    profile: Profile,
+    budgets: Mapping[str, int],
+    device: str,
+    homes: Mapping[str, str],
+    alpha_energy: float = 0.0,
 ) -> Callable[[tuple[int, ...], float], Plan]:
     """`search_order`'s scorer from gap rematerialization: an order's fastest gaps plan on `device` (BudgetError:
     none fits). Milliseconds to a few seconds an order, so the search tries hundreds where CP-SAT tries a few."""
 
     def score(order: tuple[int, ...], seconds: float) -> Plan:  # no time limit of its own to pass `seconds` to
-        return fastest_plan(graph, profile, budgets, homes, device, {"searched": order})
+        return fastest_plan(graph, profile, budgets, homes, device, {"searched": order}, alpha_energy)
 
     return score

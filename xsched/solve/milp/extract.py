@@ -11,8 +11,8 @@ from xsched.contracts.plan import Compute, Copy, Free, Plan, Step, autograd_boun
 from xsched.contracts.result import MilpStats, SolveResult, Times
 from xsched.errors import XschedError
 from xsched.simulate import simulate
+from xsched.solve.milp.stages import Stages
 from xsched.solve.objective import better, objective
-from xsched.solve.stages import Stages
 
 
 @dataclass(frozen=True)
@@ -205,7 +205,7 @@ def best_plan(
             best, best_at = plan, k
     assert best is not None
     stats = replace(stats, extracted=len(seen), best_incumbent=best_at)
-    info = SolveResult("milp", status, None, objective(best, alpha), bound, gap, times, stats)
+    info = SolveResult("milp", status, objective(best, alpha), bound, gap, times, stats)
     return replace(best, solver=info)
 
 

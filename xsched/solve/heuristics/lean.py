@@ -1,4 +1,4 @@
-"""Lean checkpointing's orders and windows (the checkpoint search's last resort, `remat.lean_search`): weight
+"""Lean checkpointing's orders and windows (the checkpoint search's last resort, `checkpoint.lean_search`): weight
 gradients made late, and windows of the backward run again at the end to make their gradients there."""
 
 from __future__ import annotations

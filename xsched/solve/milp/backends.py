@@ -7,14 +7,15 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import pyomo.environ as pyo
 
 from xsched.errors import XschedError
-from xsched.solve.extract import Solution
+from xsched.solve.milp.extract import Solution
+from xsched.solve.milp.stages import Stages
 from xsched.solve.options import SolverOptions
-from xsched.solve.stages import Stages
 
 LP_SUPPORT = 1e-6  # a recompute the LP relaxation sets above this stays in the restricted models
 
@@ -127,9 +128,26 @@ def _restricted_off(
     return [c for c in off if c >= 0]
 
 
+@dataclass(frozen=True)
+class BackendRun:
+    """What a backend's run of the stage MILP gives, the same for every backend: its status, the incumbents (in the
+    order found, the final one last) and when each came (perf_counter; HiGHS only), the model's objective and
+    bound (None where unknown), the seconds to hand the model over and to solve it, and whether it stopped because
+    an incumbent's plan cannot be beaten (`enough`, HiGHS only)."""
+
+    status: str
+    solutions: tuple[Solution, ...]
+    objective: float | None
+    bound: float | None
+    handoff_s: float
+    solver_s: float
+    found_at: tuple[float, ...] = ()
+    at_floor: bool = False
+
+
 def solve_highs(
     m: pyo.ConcreteModel, st: Stages, options: SolverOptions, warm: bool, enough: Callable, deadline: float
-) -> dict:
+) -> BackendRun:
     """HiGHS through highspy, keeping every improving incumbent (extraction often turns a worse one into a better
     plan); it stops as soon as `enough(solution)` says an incumbent's plan cannot be beaten.
 
@@ -194,14 +212,7 @@ def solve_highs(
             relaxed = h.getModelStatus()
             h.changeColsIntegrality(n, every, integer)
         if relaxed in (kind.kInfeasible, kind.kUnboundedOrInfeasible):  # the objective is bounded: infeasible
-            return {
-                "status": "infeasible",
-                "solutions": [],
-                "objective": None,
-                "bound": None,
-                "handoff_s": handoff_s,
-                "solver_s": time.perf_counter() - t1,
-            }
+            return BackendRun("infeasible", (), None, None, handoff_s, time.perf_counter() - t1)
         levels = restricted
         if relaxed == kind.kOptimal:
             lp_bound = h.getInfo().objective_function_value
@@ -243,16 +254,8 @@ def solve_highs(
     bound = info.mip_dual_bound if full and np.isfinite(info.mip_dual_bound) else None
     if lp_bound is not None:
         bound = max(bound, lp_bound) if bound is not None else lp_bound
-    return {
-        "status": status,
-        "at_floor": bool(stop),
-        "solutions": sols,
-        "found_at": found_at,
-        "objective": info.objective_function_value if has_final else min(objectives, default=None),
-        "bound": bound,
-        "handoff_s": handoff_s,
-        "solver_s": solver_s,
-    }
+    objective = info.objective_function_value if has_final else min(objectives, default=None)
+    return BackendRun(status, tuple(sols), objective, bound, handoff_s, solver_s, tuple(found_at), bool(stop))
 
 
 # Option names of the time limit, relative gap and threads for solvers behind pyo.SolverFactory.
@@ -266,7 +269,7 @@ _OPTION_NAMES = {
 }
 
 
-def solve_pyomo(m: pyo.ConcreteModel, st: Stages, options: SolverOptions, warm: bool) -> dict:
+def solve_pyomo(m: pyo.ConcreteModel, st: Stages, options: SolverOptions, warm: bool) -> BackendRun:
     """Any other Pyomo solver, through the legacy SolverFactory interface: the final incumbent only."""
     from pyomo.opt import TerminationCondition
 
@@ -301,11 +304,4 @@ def solve_pyomo(m: pyo.ConcreteModel, st: Stages, options: SolverOptions, warm: 
         sols.append(_solution(st, m, np.array([v.value or 0.0 for v in _watched(m)])))
         objective, bound = pyo.value(m.obj), res.problem.lower_bound
         bound = bound if bound is not None and np.isfinite(bound) else None
-    return {
-        "status": status,
-        "solutions": sols,
-        "objective": objective,
-        "bound": bound,
-        "handoff_s": 0.0,
-        "solver_s": solver_s,
-    }
+    return BackendRun(status, tuple(sols), objective, bound, 0.0, solver_s)

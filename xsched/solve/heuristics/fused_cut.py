@@ -25,9 +25,9 @@ from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Plan
 from xsched.errors import BudgetError
 from xsched.profiling.fused import fusible
+from xsched.solve.heuristics.routing import finish, route
 from xsched.solve.options import SolverOptions
 from xsched.solve.problem import Problem
-from xsched.solve.routing import finish, route
 
 INF = float("inf")
 
@@ -161,5 +161,5 @@ def run(problem: Problem, options: SolverOptions, warm: Plan | None) -> Plan:
     computing = problem.computing
     if len(computing) != 1:
         raise BudgetError("fused-cut plans one computing device", stage="solve")
-    graph, profile, budgets, _, homes = problem.args()
+    graph, profile, budgets, homes = problem.graph, problem.profile, problem.budgets, problem.homes
     return fused_cut_plan(graph, profile, budgets, computing[0], homes)

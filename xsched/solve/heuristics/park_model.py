@@ -1,5 +1,5 @@
 """The timeline `park_remat` decides on: gap rematerialization's memory per position of one compute device's order
-(`gap_remat._Timeline`), plus a store and its two copy lanes. A lane runs its copies one after another in plan
+(`gaps._Timeline`), plus a store and its two copy lanes. A lane runs its copies one after another in plan
 order, as the executor's copy streams do (`xsched.lanes`), at the positions' ideal start times (each position's
 computes, reruns included, back to back): a park's cost is the time its copies would keep a compute waiting, its
 own and what it adds to the copies queued behind it."""
@@ -15,7 +15,7 @@ import numpy as np
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import required_homes
 from xsched.contracts.profile import LinkCost, Profile
-from xsched.solve.gap_remat import _Timeline
+from xsched.solve.heuristics.gaps import _Timeline
 
 
 @dataclass(frozen=True)

@@ -6,31 +6,28 @@ while the device computes, so parking more than a link can move in the time avai
 
 from __future__ import annotations
 
-import itertools
 import random
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
 
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Free, Plan, Step
 from xsched.contracts.profile import Profile
-from xsched.contracts.result import SolveResult, Times
+from xsched.contracts.result import HeuristicStats
 from xsched.errors import BudgetError, PlanError
 from xsched.solve.autograd_boundary import hold_to_boundary
-from xsched.solve.gap_remat import MAX_DEPTH, MAX_DROPS, peak_error
-from xsched.solve.objective import best_of, better, objective
-from xsched.solve.options import SolverOptions
-from xsched.solve.order import starting_orders
-from xsched.solve.park_model import EndRerun, Park, ParkTimeline
+from xsched.solve.heuristics.gaps import MAX_DEPTH, MAX_DROPS, peak_error
+from xsched.solve.heuristics.park_model import EndRerun, Park, ParkTimeline
+from xsched.solve.heuristics.routing import finish, route
+from xsched.solve.objective import best_of
+from xsched.solve.options import DEFAULTS, SolverOptions, keeps_limit, out_of_time
+from xsched.solve.order.order import starting_orders
 from xsched.solve.problem import Problem, runnable
-from xsched.solve.routing import finish, route
 
 # the greedy's scores are a guide, not a measure of the step: park-search also runs it with each score scaled by
 # 1 + JITTER x a uniform draw (seeded), keeping the fastest plan. GPT-2 on the H200 profile at 45%, 57 GB/s: the
 # fixed variants' best is 1.1812x eager, 320 draws at 0.05 / 0.2 / 0.5 reached 1.1745x / 1.1706x / 1.1744x
 JITTER = 0.2
-PATIENCE = 24  # park-search stops after this many draws in a row without a faster plan: a deterministic end
 # seconds of compute a second of link time is priced at: 0 parks whenever the link has room, more keeps the link for
 # the values dear to recompute, None parks nothing (recomputation alone: no worse than gap rematerialization). Each
 # is tried; the fastest plan wins. Measured on GPT-2 (H200 costs, 57 GB/s host link): 0 and 0.1 win at 45-55%
@@ -224,90 +221,40 @@ def _window(line: ParkTimeline, v: str, pk: Park) -> tuple[int, int] | None:
     return (start, nxt) if start < nxt and (pk.b is None or nxt == pk.p) else None
 
 
-def park_remat(
-    graph: Graph, profile: Profile | None, budgets: Mapping[str, int], devices: Sequence[str], homes: Mapping[str, str]
-) -> Plan:
+@keeps_limit
+def park_remat(problem: Problem, options: SolverOptions = DEFAULTS, warm: Plan | None = None) -> Plan:
     """Parking and recomputation chosen together: each device that runs every op, with each other device it has
-    links to as its store, over the starting orders, rerun depths and link prices; the fastest plan that fits
-    (`park-search` tries more variants within a time limit)."""
+    links to as its store, over the starting orders, rerun depths and link prices; the best plan that fits
+    (objective.better; `park-search` tries more variants within a time limit)."""
     t0 = time.perf_counter()
+    graph, profile, budgets, devices, homes = (
+        problem.graph,
+        problem.profile,
+        problem.budgets,
+        problem.devices,
+        problem.homes,
+    )
     plans, why = [], []
-    for c, store in _pairs(graph, profile, devices):
-        for name, order in starting_orders(graph).items():
-            for depth, price in ((d, p) for d in (0, MAX_DEPTH) for p in PRICES):
-                try:
-                    plans.append(_variant(graph, profile, budgets, homes, c, store, name, order, depth, price, 1.0, t0))
-                except BudgetError as e:
-                    why.append(f"{c}/{store} {name} order, depth {depth}, price {price}: {e.detail}")
-    if not plans:
-        raise BudgetError("park: " + "; ".join(why[:3]), stage="solve", device=_pairs(graph, profile, devices)[0][0])
-    return best_of(plans)
-
-
-def run_search(problem: Problem, options: SolverOptions, warm: Plan | None) -> SolveResult:
-    """`park-search`: more variants than the heuristic's, within the time limit: the warm start's own order too, the
-    greedy aiming below the budget (it stops at a different point, sometimes a faster one), and seeded draws of the
-    greedy with jittered scores, until PATIENCE draws in a row find nothing faster (or the time limit)."""
-    t0 = time.perf_counter()
-    limit = options.time_limit_s if options.time_limit_s is not None else 3600.0
-    graph, profile, budgets, devices, homes = problem.args()
-    try:
-        pairs = _pairs(graph, profile, devices)
-    except BudgetError as e:
-        return SolveResult("park-search", "failed", message=e.detail, error=e)
-    orders = dict(starting_orders(graph, warm))
-    best: Plan | None = None
-    tried = idle = 0
-    for aim, price, depth, seed in _search_variants(options.seed):
-        if time.perf_counter() - t0 > limit or idle >= PATIENCE:
+    variants = [
+        (c, store, name, order, depth, price)
+        for c, store in park_pairs(graph, profile, devices)
+        for name, order in starting_orders(graph).items()
+        for depth, price in ((d, p) for d in (0, MAX_DEPTH) for p in PRICES)
+    ]
+    for k, (c, store, name, order, depth, price) in enumerate(variants):
+        if k and out_of_time():  # the first variant runs however late: the most promising, and often the only fit
+            why.insert(0, f"stopped at the time limit after {k} of {len(variants)} variants")
             break
-        before = best
-        for c, store in pairs:
-            for name, order in orders.items():
-                if time.perf_counter() - t0 > limit:
-                    break
-                jitter = random.Random(f"{seed}/{c}/{store}/{name}") if seed is not None else None
-                try:
-                    plan = _variant(
-                        graph, profile, budgets, homes, c, store, name, order, depth, price, aim, t0, jitter
-                    )
-                except BudgetError:
-                    continue
-                finally:
-                    tried += 1
-                if better(plan, best, options.alpha_energy):
-                    best = plan
-        if seed is not None:
-            idle = 0 if best is not before else idle + 1
-    times = Times(solve_s=time.perf_counter() - t0)
-    if best is None:
-        return SolveResult("park-search", "no_incumbent", times=times, message=f"no variant fits ({tried} tried)")
-    value = objective(best, options.alpha_energy)
-    record = SolveResult("park-search", "heuristic", None, value, times=times, stats=best.solver.stats)
-    return replace(record, plan=replace(best, solver=record))
+        try:
+            plans.append(park_variant(graph, profile, budgets, homes, c, store, name, order, depth, price, 1.0, t0))
+        except BudgetError as e:
+            why.append(f"{c}/{store} {name} order, depth {depth}, price {price}: {e.detail}")
+    if not plans:
+        raise BudgetError("park: " + "; ".join(why[:3]), stage="solve", device=variants[0][0])
+    return best_of(plans, options.alpha_energy)
 
 
-# (share of the budget aimed at, link price, rerun depth), most promising first (GPT-2 on the H200 profile at 45%,
-# 57 GB/s: 1.196x eager aiming at the budget, 1.185x at 98% of it, 1.181x at 95%)
-SEARCH_VARIANTS = tuple(
-    (aim, price, depth)
-    for aim in (0.95, 0.98, 1.0, 0.9, 0.96, 0.99, 0.93)
-    for price in (0.1, 0.0, 0.25, 0.05)
-    for depth in (4, 0)
-)
-JITTERED = ((1.0, 0.1, 4), (0.98, 0.1, 4), (0.95, 0.1, 4), (1.0, 0.15, 4))  # those the draws start from
-
-
-def _search_variants(seed: int) -> Iterator[tuple[float, float, int, int | None]]:
-    """(aim, price, depth, draw seed or None): the first fixed variants, then the rest of them alternating with
-    rounds of JITTERED drawn with seeds from `seed` on, then draws without end."""
-    fixed = [(*v, None) for v in SEARCH_VARIANTS]
-    drawn = ((*v, seed + k) for k in itertools.count() for v in JITTERED)
-    rest = itertools.chain.from_iterable(itertools.zip_longest(fixed[4:], itertools.islice(drawn, len(fixed) - 4)))
-    return itertools.chain(fixed[:4], (v for v in rest if v is not None), drawn)
-
-
-def _pairs(graph: Graph, profile: Profile | None, devices: Sequence[str]) -> list[tuple[str, str]]:
+def park_pairs(graph: Graph, profile: Profile | None, devices: Sequence[str]) -> list[tuple[str, str]]:
     """(compute device, store): a device that runs every op, and another with links both ways; BudgetError if none."""
     if profile is None:
         raise BudgetError("parking needs a profile (copy times)", stage="solve", device=devices[0] if devices else None)
@@ -326,7 +273,7 @@ def _pairs(graph: Graph, profile: Profile | None, devices: Sequence[str]) -> lis
     return pairs
 
 
-def _variant(graph, profile, budgets, homes, c, store, name, order, depth, price, aim, t0, jitter=None) -> Plan:
+def park_variant(graph, profile, budgets, homes, c, store, name, order, depth, price, aim, t0, jitter=None) -> Plan:
     """One run of the greedy (aiming at `aim` x the budget, its scores jittered by `jitter` if given) made into a
     plan checked against the budgets."""
     limit = int(budgets[c] * aim) if c in budgets else 1 << 62  # no budget: the order as it is
@@ -334,7 +281,7 @@ def _variant(graph, profile, budgets, homes, c, store, name, order, depth, price
     steps = park_steps(graph, line, homes, profile)
     parked = sum(isinstance(s, Copy) and s.src == line.device for s in steps)
     recomputes = sum(isinstance(s, Compute) for s in steps) - len(graph.ops)
-    facts = dict(device=line.device, order=name, depth=depth, recomputes=recomputes, parked=parked)
+    stats = HeuristicStats(device=line.device, order=name, depth=depth, recomputes=recomputes, parked=parked)
     # wrap's boundary rule, which the timeline does not model: repaired here or refused, so the fastest variant
     # that wrap can run wins (a variant breaking it would sink the whole method in the caller's check)
-    return runnable(graph, finish(graph, steps, "park", budgets, homes, profile, t0, **facts), profile, budgets)
+    return runnable(graph, finish(graph, steps, "park", budgets, homes, profile, t0, stats=stats), profile, budgets)

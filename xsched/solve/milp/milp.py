@@ -4,25 +4,22 @@ formulation, linearised), built in Pyomo, solved by HiGHS (or another Pyomo solv
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
 
 import pyomo.environ as pyo
 
 from xsched.budgets import format_bytes
-from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Plan
-from xsched.contracts.profile import Profile
 from xsched.contracts.result import MilpStats, SolveResult, Times
 from xsched.errors import BudgetError, NoIncumbent
-from xsched.solve.backends import solve_highs, solve_pyomo
-from xsched.solve.extract import Solution, best_plan, extract, plan_to_solution
-from xsched.solve.memory_bounds import check_budgets
+from xsched.solve.bounds.memory import check_budgets
+from xsched.solve.milp.backends import solve_highs, solve_pyomo
+from xsched.solve.milp.extract import Solution, best_plan, extract, plan_to_solution
+from xsched.solve.milp.stages import Stages, index_stages
 from xsched.solve.objective import objective, objective_floor
-from xsched.solve.options import SolverOptions
+from xsched.solve.options import DEFAULTS, SolverOptions
+from xsched.solve.problem import Problem
 from xsched.solve.registry import from_plan
-from xsched.solve.stages import Stages, index_stages
 
-DEFAULT_OPTIONS = SolverOptions()  # frozen: one shared default
 EXTRACT_RESERVE = 0.05  # share of the time limit (at most 1 s) left for HiGHS's overrun and the extraction
 # variables (with their constraints) Pyomo builds per second: 135,691 in 5.3 s for mlp_mixer (default scale) on the
 # 2-core development machine. A limit shorter than the build is refused up front: the build cannot be interrupted,
@@ -30,15 +27,7 @@ EXTRACT_RESERVE = 0.05  # share of the time limit (at most 1 s) left for HiGHS's
 BUILD_RATE = 25_000
 
 
-def solve_milp(
-    graph: Graph,
-    profile: Profile,
-    budgets: Mapping[str, int],
-    devices: Sequence[str],
-    homes: Mapping[str, str],
-    options: SolverOptions = DEFAULT_OPTIONS,
-    warm_start: Plan | None = None,
-) -> Plan:
+def solve_milp(problem: Problem, options: SolverOptions = DEFAULTS, warm_start: Plan | None = None) -> Plan:
     """The best plan the MILP finds within `options.time_limit_s` (wall time from the call, model building
     included; HiGHS gets what is left), extracted and checked by the simulator.
 
@@ -46,9 +35,9 @@ def solve_milp(
     NoIncumbent when it stops before finding any.
     """
     t0 = time.perf_counter()
+    graph, profile, devices, homes = problem.graph, problem.profile, tuple(problem.devices), problem.homes
     profile.check_graph(graph.fingerprint)
-    devices = tuple(devices)
-    budgets = {d: int(budgets[d]) for d in devices if d in budgets}
+    budgets = {d: int(problem.budgets[d]) for d in devices if d in problem.budgets}
     check_budgets(graph, profile, budgets, devices, homes)  # fail fast, naming the device and op, before building
     st = index_stages(graph, profile, budgets, devices, homes, options)
     _check_build_time(st, options.time_limit_s, time.perf_counter() - t0)
@@ -73,7 +62,7 @@ def solve_milp(
         out = solve_highs(model, st, options, start is not None, at_floor, deadline)
     else:
         out = solve_pyomo(model, st, options, start is not None)
-    if out["status"] == "infeasible":
+    if out.status == "infeasible":
         per_device = ", ".join(
             f"{d}: {format_bytes(budgets[d])}" if d in budgets else f"{d}: unlimited" for d in devices
         )
@@ -82,29 +71,29 @@ def solve_milp(
             stage="solve",
             device=devices[0] if len(devices) == 1 else None,
         )
-    if not out["solutions"]:
-        raise NoIncumbent(f"{options.solver} stopped ({out['status']}) after {out['solver_s']:.1f} s without a plan")
+    if not out.solutions:
+        raise NoIncumbent(f"{options.solver} stopped ({out.status}) after {out.solver_s:.1f} s without a plan")
     stats = MilpStats(
-        model_objective=out["objective"] * st.tu if out["objective"] is not None else None,
-        model_bound=out["bound"] * st.tu if out["bound"] is not None else None,
+        model_objective=out.objective * st.tu if out.objective is not None else None,
+        model_bound=out.bound * st.tu if out.bound is not None else None,
         n_binaries=len(model.R) + len(model.S) + len(model.C) + len(model.H),
         n_constraints=sum(len(c) for c in model.component_objects(pyo.Constraint, active=True)),
-        handoff_s=out["handoff_s"],
-        incumbents=len(out["solutions"]),
-        incumbent_s=tuple(round(x - t0, 3) for x in out.get("found_at", ())),
+        handoff_s=out.handoff_s,
+        incumbents=len(out.solutions),
+        incumbent_s=tuple(round(x - t0, 3) for x in out.found_at),
         warm_start=warm_start.solver.method if warm_start is not None else None,
         warm_start_mapped=start is not None,
-        stopped_at_floor=bool(out.get("at_floor")),
+        stopped_at_floor=out.at_floor,
     )
-    gap = 0.0 if out.get("at_floor") else _gap(out["objective"], out["bound"])
+    gap = 0.0 if out.at_floor else _gap(out.objective, out.bound)
     t_end = time.perf_counter()
-    times = Times(build_s, out["solver_s"], max(0.0, t_end - t0 - build_s - out["solver_s"]))
+    times = Times(build_s, out.solver_s, max(0.0, t_end - t0 - build_s - out.solver_s))
     bound = stats.model_bound
-    return best_plan(st, out["solutions"], out["status"], gap, bound, times, stats, options.alpha_energy, plans)
+    return best_plan(st, out.solutions, out.status, gap, bound, times, stats, options.alpha_energy, plans)
 
 
 # the registry's entry: its BudgetError is a proof (for plans that first compute the ops in graph order)
-run = from_plan(lambda problem, options, warm: solve_milp(*problem.args(), options, warm_start=warm), proofs=True)
+run = from_plan(solve_milp, proofs=True)
 
 
 def _gap(objective: float | None, bound: float | None) -> float | None:

@@ -10,7 +10,7 @@ from xsched.contracts.graph import Graph, Op
 from xsched.contracts.plan import ends_on_one_device, required_homes
 from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError, ProfileError
-from xsched.solve.crossing import crossing_bound
+from xsched.solve.bounds.crossing import crossing_bound
 
 
 @dataclass(frozen=True)

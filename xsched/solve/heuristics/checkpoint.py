@@ -1,5 +1,6 @@
-"""Rematerialization heuristics: checkpointing (Chen et al. 2016), budget-driven checkpoint search, eviction, and
-lean checkpointing as the search's last resort."""
+"""The `checkpoint` heuristic: budget-driven checkpoint search over Chen et al.'s keep sets (2016) and DTR-style
+eviction, with lean checkpointing as its last resort; and the checkpointing and eviction orders other heuristics
+reuse (`sqrt`, `offload`, hier's bottom blocks)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ from xsched.budgets import format_bytes
 from xsched.contracts.graph import Graph, Op
 from xsched.contracts.plan import Compute, Plan, ends_on_one_device
 from xsched.contracts.profile import Profile
+from xsched.contracts.result import HeuristicStats
 from xsched.errors import BudgetError
-from xsched.solve import lean
 from xsched.solve.autograd_boundary import forward_outputs
-from xsched.solve.objective import objective
-from xsched.solve.routing import best_single_device, finish, op_workspace, route, route_and_finish
+from xsched.solve.heuristics import lean
+from xsched.solve.heuristics.routing import best_single_device, finish, op_workspace, route, route_and_finish
+from xsched.solve.objective import best_of, objective
+from xsched.solve.options import DEFAULTS, SolverOptions, keeps_limit, out_of_time
+from xsched.solve.problem import Problem
 
 # ---------------------------------------------------------------- checkpointing (Chen et al. 2016)
 
@@ -33,7 +37,7 @@ def checkpoint_computes(
     last forward (non-backward) use; a later op that needs one recomputes it, and recursively whatever of its
     ancestors is missing, from what is still held. Recomputed values are held until their last use (route/place_frees
     free them), so each is recomputed at most once; `drop_recomputed` drops them after every backward op instead, so each
-    backward op holds only its own (more recomputation, less memory: `xsched.solve.lean`).
+    backward op holds only its own (more recomputation, less memory: `xsched.solve.heuristics.lean`).
     """
     order = graph.ops if order is None else order
     at = {op.id: i for i, op in enumerate(order)}
@@ -87,9 +91,8 @@ def checkpoint_plan(
     homes = homes if homes is not None else {v: device for v in graph.inputs}
     computes = checkpoint_computes(graph, keep, device)
     recomputes = len(computes) - len(graph.ops)
-    return route_and_finish(
-        graph, computes, name, budgets or {}, homes, profile, t0, device=device, kept=len(keep), recomputes=recomputes
-    )
+    stats = HeuristicStats(device=device, kept=len(keep), recomputes=recomputes)
+    return route_and_finish(graph, computes, name, budgets or {}, homes, profile, t0, stats)
 
 
 def sqrt_keep(graph: Graph, spacing: int | None = None) -> set[str]:
@@ -110,18 +113,6 @@ def threshold_keep(graph: Graph, threshold: int) -> set[str]:
     return keep
 
 
-def sqrt_checkpoint(
-    graph: Graph, profile: Profile | None, budgets: Mapping[str, int], devices: Sequence[str], homes: Mapping[str, str]
-) -> Plan:
-    """sqrt(n) checkpointing on the fastest single device whose plan fits the budgets."""
-    keep = sqrt_keep(graph)
-
-    def on(d: str) -> Plan:
-        return checkpoint_plan(graph, keep, d, profile, budgets=budgets, homes=homes, name="sqrt")
-
-    return best_single_device(on, graph, profile, devices, "sqrt")
-
-
 def candidate_keeps(graph: Graph) -> list[set[str]]:
     """Keep sets to search: every spacing (geometric past 64) and Chen's byte thresholds, deduplicated."""
     cands = droppable(graph)
@@ -138,6 +129,7 @@ def candidate_keeps(graph: Graph) -> list[set[str]]:
 
 
 REDO_DEPTH = 32  # levels of missing ancestors in a recompute's cost estimate (DTR's e*, kept shallow)
+_LATE = 1 << 62  # the peak lean_search is told for a candidate not planned for lack of time
 MAX_EVICTIONS = 4  # per op of the graph: past this the eviction search gives up (it thrashes on tight budgets)
 
 
@@ -267,11 +259,12 @@ def compute_time(computes: Sequence[Compute], profile: Profile | None) -> float:
     return sum(c.time_s for s in computes if (c := profile.op_cost(s.op, s.device)) is not None)
 
 
-def checkpoint_search(
-    graph: Graph, profile: Profile | None, budgets: Mapping[str, int], devices: Sequence[str], homes: Mapping[str, str]
-) -> Plan:
-    """Budget-driven checkpointing: the fastest fitting plan over Chen-style keep sets (spacings and
-    byte thresholds) and budget-driven eviction, on each device that can run every op."""
+@keeps_limit
+def checkpoint_search(problem: Problem, options: SolverOptions = DEFAULTS, warm: Plan | None = None) -> Plan:
+    """Budget-driven checkpointing: the best fitting plan (objective.better) over Chen-style keep sets (spacings
+    and byte thresholds) and budget-driven eviction, on each device that can run every op."""
+    graph, profile, budgets, homes = problem.graph, problem.profile, problem.budgets, problem.homes
+    alpha = options.alpha_energy
     keeps = candidate_keeps(graph)
 
     def on(d: str) -> Plan:
@@ -279,7 +272,7 @@ def checkpoint_search(
         candidates = [(f"keep {len(k)}", lambda k=k: checkpoint_computes(graph, k, d)) for k in keeps]
         if d in budgets:
             candidates.append(("evict", lambda: evict_computes(graph, d, budgets[d], profile)))
-        fits: list[tuple[float, int, str, list[Compute]]] = []  # time, rank among the candidates, label, computes
+        fits: list[tuple[int, Plan, str, list[Compute]]] = []  # rank among the candidates, plan, label, computes
         lowest: tuple[int, str] | None = None  # the leanest plan seen: peak on d, label
 
         def consider(rank: int, label: str, computes: list[Compute]) -> int:
@@ -287,27 +280,35 @@ def checkpoint_search(
             plan = finish(graph, route(graph, computes, homes, profile), "checkpoint", {}, homes, profile, t0)
             peaks = plan.predicted.peak_bytes
             if all(peaks.get(e, 0) <= b for e, b in budgets.items()):
-                fits.append((objective(plan), rank, label, computes))
+                fits.append((rank, plan, label, computes))
             if lowest is None or peaks.get(d, 0) < lowest[0]:
                 lowest = (peaks.get(d, 0), label)
             return peaks.get(d, 0)
 
         # eviction first (budget-driven, often the fastest), then the keep sets by their computes' own time, which
         # bounds their plan's time from below: once it exceeds the fastest fit, no later candidate can win
+        # eviction made first: past the deadline no other candidate is made
+        first = sorted(range(len(candidates)), key=lambda rank: candidates[rank][0] != "evict")
         made = [
             (label != "evict", compute_time(c, profile), rank, label, c)
-            for rank, (label, make) in enumerate(candidates)
-            if (c := _or_none(make)) is not None
+            for n, (rank, (label, make)) in enumerate((rank, candidates[rank]) for rank in first)
+            if not (n and out_of_time()) and (c := _or_none(make)) is not None
         ]
-        for keep_set, own_time, rank, label, computes in sorted(made, key=lambda m: m[:3]):
-            if fits and keep_set and own_time > min(f[0] for f in fits):
+        for n, (keep_set, own_time, rank, label, computes) in enumerate(sorted(made, key=lambda m: m[:3])):
+            if n and out_of_time():
+                break
+            # a bound, not a ranking: the objective is at least the makespan, which is at least the computes' time
+            if fits and keep_set and own_time > min(objective(f[1], alpha) for f in fits):
                 break
             consider(rank, label, computes)
-        if not fits and d in budgets:  # last resort: forward outputs evicted too, and recomputed at the end
+        if not fits and d in budgets and not out_of_time():  # last resort: forward outputs evicted, made at the end
             if computes := _or_none(lambda: evict_computes(graph, d, budgets[d], profile, evict_outputs=True)):
                 consider(len(candidates), "evict outputs", computes)
         if not fits and d in budgets:  # lean checkpointing, and windows of the backward made again at the end
-            lean_search(graph, keeps, d, homes, lambda label, c: consider(len(candidates), label, c))
+            # past the deadline a candidate counts as no fit (the largest peak) without being planned
+            lean_search(
+                graph, keeps, d, homes, lambda label, c: _LATE if out_of_time() else consider(len(candidates), label, c)
+            )
         if not fits:
             peak, label = lowest or (0, "none")
             raise BudgetError(
@@ -316,22 +317,15 @@ def checkpoint_search(
                 stage="solve",
                 device=d,
             )
-        _, _, label, computes = min(fits, key=lambda f: f[:2])
-        return route_and_finish(
-            graph,
-            computes,
-            "checkpoint",
-            budgets,
-            homes,
-            profile,
-            t0,
-            device=d,
-            variant=label,
-            recomputes=len(computes) - len(graph.ops),
-            candidates=len(candidates),
+        ranked = sorted(fits, key=lambda f: f[0])  # equals go to the first candidate
+        best = best_of([f[1] for f in ranked], alpha)
+        _, _, label, computes = next(f for f in ranked if f[1] is best)
+        stats = HeuristicStats(
+            device=d, variant=label, recomputes=len(computes) - len(graph.ops), candidates=len(candidates)
         )
+        return route_and_finish(graph, computes, "checkpoint", budgets, homes, profile, t0, stats)
 
-    return best_single_device(on, graph, profile, devices, "checkpoint")
+    return best_single_device(on, graph, profile, problem.devices, "checkpoint", alpha)
 
 
 def lean_search(
@@ -350,6 +344,8 @@ def lean_search(
     distinct: dict[tuple[str, ...], tuple[str, list[Compute]]] = {}  # keep sets that differ may compute alike
     for name, order in orders.items():
         for keep in keeps:
+            if distinct and out_of_time():
+                break
             computes = checkpoint_computes(graph, keep, device, order=order, drop_recomputed=True)
             distinct.setdefault(tuple(c.op for c in computes), (f"lean {name}keep {len(keep)}", computes))
     bases = sorted(((consider(label, c), label, c) for label, c in distinct.values()), key=lambda b: b[0])

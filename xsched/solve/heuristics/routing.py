@@ -99,11 +99,11 @@ def finish(
     started: float,
     *,
     lanes: bool = True,
-    **facts: object,
+    stats: HeuristicStats | None = None,
 ) -> Plan:
     """Wrap steps in a Plan, check it with the simulator and attach its predicted figures (without `lanes`, no
-    makespan: a search that only asks whether a plan fits skips the lanes' timing). `facts` are the heuristic's
-    choices, fields of HeuristicStats.
+    makespan: a search that only asks whether a plan fits skips the lanes' timing). `stats`: the heuristic's
+    choices.
 
     Over a budget is a BudgetError naming the device, its peak and the step where the peak is reached.
     """
@@ -112,7 +112,7 @@ def finish(
         budgets=dict(budgets),
         homes=dict(homes),
         steps=tuple(steps),
-        solver=SolveResult(name, "heuristic", stats=heuristic_stats(facts)),
+        solver=SolveResult(name, "heuristic", stats=stats or HeuristicStats()),
         boundary=autograd_boundary(graph, steps),
     )
     result = simulate(graph, plan, profile, check_budgets=False, lanes=lanes)
@@ -133,31 +133,38 @@ def finish(
     return replace(plan, solver=solver, predicted=result.prediction())
 
 
-def heuristic_stats(facts: dict[str, object]) -> HeuristicStats:
-    """A heuristic's facts as its typed stats (an order index as its name, device lists as tuples)."""
-    if "order" in facts and facts["order"] is not None:
-        facts = {**facts, "order": str(facts["order"])}
-    if "devices_used" in facts:
-        facts = {**facts, "devices_used": tuple(facts["devices_used"])}  # type: ignore[arg-type]
-    return HeuristicStats(**facts)  # type: ignore[arg-type]
-
-
-def route_and_finish(graph, computes, name, budgets, homes, profile, started, **extra) -> Plan:
+def route_and_finish(
+    graph: Graph,
+    computes: Iterable[Compute | Copy],
+    name: str,
+    budgets: Mapping[str, int],
+    homes: Mapping[str, str],
+    profile: Profile | None,
+    started: float,
+    stats: HeuristicStats | None = None,
+) -> Plan:
     """finish(route(...)); when that is over budget, retry with home copies right after production."""
     computes = list(computes)
     try:
-        return finish(graph, route(graph, computes, homes, profile), name, budgets, homes, profile, started, **extra)
+        steps = route(graph, computes, homes, profile)
+        return finish(graph, steps, name, budgets, homes, profile, started, stats=stats)
     except BudgetError:
         if not required_homes(graph, homes):
             raise
         early = route(graph, computes, homes, profile, early_home_copies=True)
-        return finish(graph, early, name, budgets, homes, profile, started, **extra)
+        return finish(graph, early, name, budgets, homes, profile, started, stats=stats)
 
 
 def best_single_device(
-    build: Callable[[str], Plan], graph: Graph, profile: Profile | None, devices: Sequence[str], name: str
+    build: Callable[[str], Plan],
+    graph: Graph,
+    profile: Profile | None,
+    devices: Sequence[str],
+    name: str,
+    alpha_energy: float = 0.0,
 ) -> Plan:
-    """The fastest plan `build(device)` over the devices that can run every op; BudgetError if none fits."""
+    """The best plan `build(device)` (objective.better) over the devices that can run every op; BudgetError if none
+    fits."""
     plans: list[Plan] = []
     failures: list[str] = []
     for d in devices:
@@ -174,7 +181,7 @@ def best_single_device(
             stage="solve",
             device=devices[0] if devices else None,
         )
-    return best_of(plans)
+    return best_of(plans, alpha_energy)
 
 
 def op_workspace(op, device: str, profile: Profile | None) -> int:

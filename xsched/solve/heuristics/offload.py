@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from xsched.budgets import format_bytes
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Free, Plan, Step
 from xsched.contracts.profile import Profile
+from xsched.contracts.result import HeuristicStats
 from xsched.errors import BudgetError, PlanError
-from xsched.solve.remat import candidate_keeps, checkpoint_computes, compute_time, evict_computes
-from xsched.solve.routing import finish, route
+from xsched.solve.heuristics.checkpoint import candidate_keeps, checkpoint_computes, compute_time, evict_computes
+from xsched.solve.heuristics.routing import finish, route
+from xsched.solve.objective import better, objective
+from xsched.solve.options import DEFAULTS, SolverOptions, keeps_limit, out_of_time
+from xsched.solve.problem import Problem
 
 PREFETCH_OPS = (8, 2, 0)  # how many computes early a copy back is issued, tried in this order
 MAX_ORDERS = 24  # checkpointing orders tried when parking alone does not fit
@@ -91,10 +96,6 @@ def deferred_frees(steps: Sequence[Step], parked: set[str]) -> tuple[Step, ...]:
     return (*out, *(f for fs in waiting.values() for f in fs))
 
 
-def _time(plan: Plan) -> float:
-    return plan.predicted.makespan_s or plan.predicted.time_s or 0.0
-
-
 def _fits(plan: Plan, budgets: Mapping[str, int], devices: Sequence[str]) -> bool:
     return all(plan.predicted.peak_bytes.get(d, 0) <= budgets[d] for d in devices if d in budgets)
 
@@ -102,10 +103,13 @@ def _fits(plan: Plan, budgets: Mapping[str, int], devices: Sequence[str]) -> boo
 def recompute_orders(graph: Graph, device: str, budget: int | None, profile: Profile | None) -> list[list[Compute]]:
     """At most MAX_ORDERS checkpointing orders, fewest recomputes first, evenly spread over the keep sets; then
     eviction's order at the budget (it fits the compute device with nothing parked, when it exists)."""
-    orders = sorted((checkpoint_computes(graph, k, device) for k in candidate_keeps(graph)), key=len)
+    keeps = candidate_keeps(graph)
+    orders = sorted(
+        (checkpoint_computes(graph, k, device) for n, k in enumerate(keeps) if not (n and out_of_time())), key=len
+    )
     step = max(1, len(orders) / MAX_ORDERS)
     orders = [orders[int(k * step)] for k in range(min(len(orders), MAX_ORDERS))]
-    if budget is not None:
+    if budget is not None and not out_of_time():
         try:
             orders.append(evict_computes(graph, device, budget, profile))
         except BudgetError:
@@ -113,19 +117,27 @@ def recompute_orders(graph: Graph, device: str, budget: int | None, profile: Pro
     return orders
 
 
-def offload_search(
-    graph: Graph, profile: Profile | None, budgets: Mapping[str, int], devices: Sequence[str], homes: Mapping[str, str]
-) -> Plan:
-    """The fastest fitting plan that computes on one device and parks values on another, over the compute orders
-    graph order (no recompute), checkpoint keep sets (fewest recomputes first) and eviction at the budget."""
+@keeps_limit
+def offload_search(problem: Problem, options: SolverOptions = DEFAULTS, warm: Plan | None = None) -> Plan:
+    """The best fitting plan (objective.better) that computes on one device and parks values on another, over the
+    compute orders graph order (no recompute), checkpoint keep sets (fewest recomputes first) and eviction at the
+    budget."""
     t0 = time.perf_counter()
+    graph, profile, budgets, devices, homes = (
+        problem.graph,
+        problem.profile,
+        problem.budgets,
+        problem.devices,
+        problem.homes,
+    )
+    alpha = options.alpha_energy
     pairs = [(c, s) for c in devices for s in devices if c != s]
     if not pairs:
         raise BudgetError(
             f"offloading needs two devices, got {list(devices)}", stage="solve", device=devices[0] if devices else None
         )
     failures: list[str] = []
-    plans: list[tuple[float, tuple, dict]] = []
+    best: tuple[Plan, HeuristicStats] | None = None
     for c in dict.fromkeys(c for c, _ in pairs):
         if profile is not None and not all(profile.can_run(o.id, c) for o in graph.ops):
             failures.append(f"{c}: cannot run every op")
@@ -133,43 +145,45 @@ def offload_search(
         orders = [[Compute(o.id, c) for o in graph.ops], *recompute_orders(graph, c, budgets.get(c), profile)]
         for store in (s for d, s in pairs if d == c):
             try:
-                found = _best_fit(graph, orders, store, budgets, homes, profile)
+                found = _best_fit(graph, orders, store, budgets, homes, profile, alpha)
             except PlanError as e:  # e.g. no copy link between the two devices in the profile
                 failures.append(f"compute on {c}, park on {store}: {e.detail}")
                 continue
             if isinstance(found, str):
                 failures.append(f"compute on {c}, park on {store}: {found}")
-            else:
-                plans.append(found)
-    if not plans:
+            elif best is None or better(found[0], best[0], alpha):
+                best = found
+    if best is None:
         has = ", ".join(f"{d} {format_bytes(b)}" for d, b in budgets.items())
         raise BudgetError("offload: " + "; ".join(failures) + f" (budgets: {has})", stage="solve")
-    (_, steps, extra) = min(plans, key=lambda p: p[0])
-    return finish(graph, steps, "offload", budgets, homes, profile, t0, **extra)
+    return finish(graph, best[0].steps, "offload", budgets, homes, profile, t0, stats=best[1])
 
 
-def _best_fit(graph, orders, store, budgets, homes, profile) -> tuple[float, tuple, dict] | str:
-    """(makespan, steps, facts) of the fastest order that fits when parking its widest gaps (bytes x computes,
+def _best_fit(graph, orders, store, budgets, homes, profile, alpha: float) -> tuple[Plan, HeuristicStats] | str:
+    """(plan, its stats) of the best order (objective.better) that fits when parking its widest gaps (bytes x computes,
     largest first), or why none does, in words. Parking more frees the compute device and fills the store, so
     each order parks the fewest such values that fit the compute device (bisection), at the earliest prefetch
     distance that fits, if the store holds them. Orders whose computes alone take longer than the best plan
     so far are skipped: parking cannot make them faster."""
     c = orders[0][0].device
     why = f"no order fits {c}, even parking every gap"
-    best: tuple[float, tuple, dict] | None = None
+    best: tuple[Plan, HeuristicStats] | None = None
     for n, computes in enumerate(orders):
-        if best is not None and compute_time(computes, profile) >= best[0]:
+        if n and out_of_time():  # the first order runs however late
+            return best if best is not None else f"stopped at the time limit after {n} of {len(orders)} orders"
+        # a bound, not a ranking: no plan of these computes has an objective below their own time
+        if best is not None and compute_time(computes, profile) >= objective(best[0], alpha):
             continue
-        found = _fit_order(graph, computes, store, budgets, homes, profile)
+        found = _fit_order(graph, computes, store, budgets, homes, profile, alpha)
         if isinstance(found, str):
             why = found or why  # only read when no order fits
             continue
-        if best is None or found[0] < best[0]:
-            best = (found[0], found[1], {**found[2], "order": n})
+        if best is None or better(found[0], best[0], alpha):
+            best = (found[0], replace(found[1], order=str(n)))
     return best if best is not None else why
 
 
-def _fit_order(graph, computes, store, budgets, homes, profile) -> tuple[float, tuple, dict] | str:
+def _fit_order(graph, computes, store, budgets, homes, profile, alpha: float) -> tuple[Plan, HeuristicStats] | str:
     """One order's plan (see _best_fit); "" when it does not fit its compute device, else why not."""
     c = computes[0].device
     cands = sorted(widest_gaps(graph, computes, homes), key=lambda g: -(g[1] - g[0]) * graph.value[g[2]].nbytes)
@@ -199,8 +213,8 @@ def _fit_order(graph, computes, store, budgets, homes, profile) -> tuple[float, 
             return f"what {c} must park to fit overflows {store}"
         plan = _parked_plan(graph, computes, cands[:lo], store, homes, profile, prefetch)
         deferred = _parked_plan(graph, computes, cands[:lo], store, homes, profile, prefetch, defer=True)
-        defer = _fits(deferred, budgets, list(budgets)) and _time(deferred) < _time(plan)
+        defer = _fits(deferred, budgets, list(budgets)) and better(deferred, plan, alpha)
         plan = deferred if defer else plan
-        facts = {"parked": lo, "prefetch_ops": prefetch, "deferred_frees": defer}
-        return _time(plan), plan.steps, facts | {"recomputes": len(computes) - len(graph.ops)}
+        recomputes = len(computes) - len(graph.ops)
+        return plan, HeuristicStats(parked=lo, prefetch_ops=prefetch, deferred_frees=defer, recomputes=recomputes)
     return ""
