@@ -57,8 +57,9 @@ def makespan(graph: Graph, plan: Plan, profile: Profile) -> float:
     """The overlapped time by an event sweep: one compute stream per device and one copy stream per ordered pair,
     each running its steps in plan order; a step starts when its stream is free and what it needs is ready (a
     compute's inputs on its device, a copy's value on the source), and an allocating step also waits until every
-    earlier free on its device could run (after the last read of what it frees). Frees take no time. A random op's
-    first run starts after the previous random op's first run ends."""
+    earlier free on its device could run (after the last read of what it frees, and after the compute before the
+    free on its device). A copy also waits for the compute before it on its destination. Frees take no time. A
+    random op's first run starts after the previous random op's first run ends."""
     from xsched.contracts.torch_ops import random_ops
 
     randoms, drawn, last_draw = random_ops(graph), set(), 0.0
@@ -66,11 +67,12 @@ def makespan(graph: Graph, plan: Plan, profile: Profile) -> float:
     last_read: dict[tuple[str, str], float] = {}
     stream: dict[str, float] = {}
     freed_at: dict[str, float] = {}  # device -> when its latest free (so far in plan order) can happen
+    computed: dict[str, float] = {}  # device -> when its latest compute (so far in plan order) ends
     end = 0.0
     for s in plan.steps:
         if isinstance(s, Free):
             key = (s.value, s.device)
-            t = max(ready.get(key, 0.0), last_read.pop(key, 0.0))
+            t = max(ready.get(key, 0.0), last_read.pop(key, 0.0), computed.get(s.device, 0.0))
             freed_at[s.device] = max(freed_at.get(s.device, 0.0), t)
             continue
         if isinstance(s, Compute):
@@ -86,8 +88,11 @@ def makespan(graph: Graph, plan: Plan, profile: Profile) -> float:
             made = [(s.value, s.dst)]
         first_draw = isinstance(s, Compute) and s.op in randoms and s.op not in drawn
         after = [last_draw] if first_draw else []  # draws happen in plan order, as eager PyTorch makes them
-        start = max([stream.get(lane, 0.0), freed_at.get(dev, 0.0), *after, *(ready[k] for k in needs)])
+        before = [computed.get(dev, 0.0)] if isinstance(s, Copy) else []  # the compute before a copy on its dst
+        start = max([stream.get(lane, 0.0), freed_at.get(dev, 0.0), *after, *before, *(ready[k] for k in needs)])
         finish = start + took
+        if isinstance(s, Compute):
+            computed[dev] = finish
         if first_draw:
             drawn.add(s.op)
             last_draw = finish

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import dataclasses
 import sysconfig
 import traceback
 from collections.abc import Callable, Mapping
@@ -135,7 +136,7 @@ def _capture(model: nn.Module, example_inputs: tuple, inference: bool, name: str
         forward_nodes=record["forward_nodes"],
     )
     graph = build_graph(gm, info, name or type(model).__name__)
-    return Graph(graph.name, graph.values, graph.ops, graph.outputs, {**graph.extra, "model": model_label(model)})
+    return dataclasses.replace(graph, extra={**graph.extra, "model": model_label(model)})  # the training roles kept
 
 
 def _model_device(model: nn.Module, inputs: tuple) -> torch.device:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Plan
+from xsched.contracts.result import HeuristicStats
 from xsched.errors import BudgetError
 from xsched.profiling.fused import fusible
 from xsched.solve.heuristics.routing import finish, route
@@ -150,7 +151,8 @@ def fused_cut_plan(
         saved, value = min_cut(graph, cost, ban)
         steps = route(graph, schedule(graph, saved, device), homes, profile)  # type: ignore[arg-type]
         try:
-            return finish(graph, steps, "fused-cut", budgets, homes, profile, t0, variant=variant)  # type: ignore[arg-type]
+            stats = HeuristicStats(device=device, variant=variant)
+            return finish(graph, steps, "fused-cut", budgets, homes, profile, t0, stats=stats)  # type: ignore[arg-type]
         except BudgetError as e:
             errors.append(e)
     raise errors[-1]
