@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from xsched.budgets import format_bytes  # noqa: E402
 from xsched.execute.wrap import wrap  # noqa: E402
 from xsched.profiling.measure import profile_graph  # noqa: E402
+from xsched.train.hf import OwnLoss  # noqa: E402
 
 SIZES = {  # per mode: layers, hidden, heads, key/value heads (llama), vocab, sequence, batch
     "quick": dict(layers=2, hidden=64, heads=2, kv=1, vocab=128, seq=64, batch=4),
@@ -37,15 +38,6 @@ SIZES = {  # per mode: layers, hidden, heads, key/value heads (llama), vocab, se
     "cuda": dict(layers=6, hidden=768, heads=12, kv=4, vocab=8192, seq=1024, batch=8),
 }
 MODELS = ("gpt2", "llama", "bert")
-
-
-class OwnLoss(nn.Module):
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, labels=labels).loss
 
 
 def build(name: str, s: dict) -> nn.Module:

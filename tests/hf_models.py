@@ -8,6 +8,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from xsched.train.hf import OwnLoss
+
 VOCAB, SEQ, BATCH = 64, 64, 8
 
 # head dims: gpt2 16, llama 32 (grouped-query: 2 heads, 1 key/value head), qwen2 128, bert 16, bart 64; two layers
@@ -32,17 +34,6 @@ CONFIGS: dict[str, dict] = {
     ),
 }
 HEAD_DIM = {"gpt2": 16, "llama": 32, "qwen2": 128, "bert": 16, "bart": 64}
-
-
-class OwnLoss(nn.Module):
-    """forward(input_ids, labels) -> the model's own loss (causal LM, masked LM or seq2seq cross entropy)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, labels=labels).loss
 
 
 def build(name: str, attn: str) -> nn.Module:

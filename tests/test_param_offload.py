@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 from torch.testing import assert_close
-from train_support import assert_same_weights, eager_run, eager_train
+from train_support import assert_same_weights, eager_run, eager_train, teacher_mlp
 
 from xsched import zoo
 from xsched.capture.torch import capture
@@ -30,26 +30,7 @@ from xsched.zoo import tasks
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-MLP = """
-import torch
-from torch import nn
-
-def factory(batch=16):
-    torch.manual_seed(0)
-    layers = []
-    for _ in range(6):
-        layers += [nn.Linear(256, 256), nn.GELU()]
-    model = nn.Sequential(*layers, nn.Linear(256, 8))
-    teacher = torch.randn(256, 8, generator=torch.Generator().manual_seed(1))
-
-    def batches(step, rank, world):
-        gen = torch.Generator().manual_seed(1000 + step)
-        x = torch.randn(world * batch, 256, generator=gen)
-        rows = slice(rank * batch, (rank + 1) * batch)
-        return x[rows].clone(), torch.tanh(x @ teacher)[rows].clone()
-
-    return model, batches(0, 0, 1), nn.functional.mse_loss, batches
-"""
+MLP = teacher_mlp(6, 256)
 # the fused CPU AdamW step rounds differently from torch's default for-loop AdamW (about 1e-7 per step)
 FUSED = {"rtol": 1e-4, "atol": 1e-5}
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 from torch.testing import assert_close
+from train_support import teacher_mlp
 
 from xsched.cli import main
 from xsched.contracts.plan import Copy, Plan
@@ -20,26 +21,7 @@ from xsched.train.checkpoint import read_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-MLP = """
-import torch
-from torch import nn
-
-def factory(batch=16):
-    torch.manual_seed(0)
-    layers = []
-    for _ in range(4):
-        layers += [nn.Linear(128, 128), nn.GELU()]
-    model = nn.Sequential(*layers, nn.Linear(128, 8))
-    teacher = torch.randn(128, 8, generator=torch.Generator().manual_seed(1))
-
-    def batches(step, rank, world):
-        gen = torch.Generator().manual_seed(1000 + step)
-        x = torch.randn(world * batch, 128, generator=gen)
-        rows = slice(rank * batch, (rank + 1) * batch)
-        return x[rows].clone(), torch.tanh(x @ teacher)[rows].clone()
-
-    return model, batches(0, 0, 1), nn.functional.mse_loss, batches
-"""
+MLP = teacher_mlp(4, 128)
 LR = 1e-2  # large enough that a step late or a bf16 rounding shows in the losses
 
 

@@ -17,6 +17,31 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train_mlp.py"
 
 
+def teacher_mlp(layers: int, width: int) -> str:
+    """The source of a `model.py:factory` training task: `layers` Linear+GELU pairs of `width`, a head of 8, and a
+    fixed random teacher's tanh as the targets (each step's batch seeded by the step)."""
+    return f"""
+import torch
+from torch import nn
+
+def factory(batch=16):
+    torch.manual_seed(0)
+    layers = []
+    for _ in range({layers}):
+        layers += [nn.Linear({width}, {width}), nn.GELU()]
+    model = nn.Sequential(*layers, nn.Linear({width}, 8))
+    teacher = torch.randn({width}, 8, generator=torch.Generator().manual_seed(1))
+
+    def batches(step, rank, world):
+        gen = torch.Generator().manual_seed(1000 + step)
+        x = torch.randn(world * batch, {width}, generator=gen)
+        rows = slice(rank * batch, (rank + 1) * batch)
+        return x[rows].clone(), torch.tanh(x @ teacher)[rows].clone()
+
+    return model, batches(0, 0, 1), nn.functional.mse_loss, batches
+"""
+
+
 def child_env() -> dict[str, str]:
     """This worktree's xsched first, one thread per process (2 shared cores; also the same numerics every run)."""
     env = dict(os.environ)

@@ -43,6 +43,18 @@ class CausalLMLoss(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
+class OwnLoss(nn.Module):
+    """forward(input_ids, labels) -> the Hugging Face model's own loss (causal LM, masked LM or seq2seq cross
+    entropy): a model that returns its loss, as `wrap` and the benchmarks train it."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, labels=labels).loss
+
+
 def own_loss(outputs: torch.Tensor, targets: Any) -> torch.Tensor:
     """The loss of a model that returns it (CausalLMLoss)."""
     return outputs
