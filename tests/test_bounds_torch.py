@@ -13,9 +13,11 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.checkpoint import checkpoint
 
 from xsched import zoo
-from xsched.capture.torch import capture
-from xsched.execute.live_bytes import LiveBytes
+from xsched.capture.torch import bind_inputs, capture
+from xsched.execute.live_bytes import LiveBytes, measured_peaks
+from xsched.pipeline import solve_plan
 from xsched.solve.bounds.memory import lower_bounds
+from xsched.train.optim import autocast as xsched_autocast
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -27,15 +29,18 @@ def differentiable(outputs) -> list[torch.Tensor]:
 def step_peak(model: torch.nn.Module, inputs: tuple, autocast, how: str) -> tuple[int, int]:
     """(bytes resident before the step, the most bytes live during it above them) of one step: forward, then the
     backward of every differentiable output with ones (what the captured graph computes: "ones"), or of the loss
-    alone ("loss", as a training loop does; the logits get no gradient and no ones are made)."""
-    ones = [torch.ones_like(o) for o in differentiable(model(*inputs))] if how != "loss" else []
+    alone ("loss": the logits get no gradient and no ones are made; "loss-only": the logits are also dropped
+    before the backward, as a training loop that keeps only the loss does)."""
+    ones = [torch.ones_like(o) for o in differentiable(model(*inputs))] if not how.startswith("loss") else []
     model.zero_grad(set_to_none=True)
     resident = sum(p.nbytes for p in model.parameters()) + sum(x.nbytes for x in inputs) + sum(o.nbytes for o in ones)
     count = LiveBytes()
     with count:
         with autocast():
             outs = differentiable(model(*inputs))
-        if how == "loss":
+        if how == "loss-only":
+            outs = outs[-1:]
+        if how.startswith("loss"):
             outs[-1].backward()
         else:
             torch.autograd.backward(outs, ones)
@@ -73,3 +78,68 @@ def test_bounds_hold_for_eager_and_checkpointed_steps(dtype: str) -> None:
         # the graph's inputs are what a step holds before it starts (its ones included, where it has them)
         assert bound.bytes - homed <= peak, (how, bound.bytes - homed, peak)
         assert bound.bytes <= resident + peak, (how, bound.bytes, resident + peak)
+
+
+def checkpointed(model: torch.nn.Module) -> contextlib.AbstractContextManager:
+    """torch.utils.checkpoint around every block of the zoo GPT-2, while the context is active."""
+
+    @contextlib.contextmanager
+    def blocks():
+        for block in model.h:
+            block.forward = functools.partial(checkpoint, type(block).forward.__get__(block), use_reentrant=False)
+        try:
+            yield
+        finally:
+            for block in model.h:
+                vars(block).pop("forward", None)
+
+    return blocks()
+
+
+@pytest.fixture(scope="module")
+def gpt2_full_vocab():
+    """GPT-2 with the real vocabulary (50257) and little else, so the logits dominate the step as they do at 124M
+    parameters, T1024, batch 8; and its graph captured in bf16 for the CPU and for a GPU (CUDA's autocast rules)."""
+    torch.manual_seed(0)
+    z = zoo.build("gpt2", batch=4, scale="small:n_layer=2,vocab=50257,dropout=0.0")
+    graphs = {}
+    for kinds in ((), ("cuda",)):
+        with xsched_autocast("bf16", kinds):
+            graphs[kinds or ("cpu",)] = capture(z.model, z.inputs, name="gpt2")
+    return z.model, z.inputs, graphs
+
+
+def test_a_graph_for_the_gpu_holds_what_the_gpus_eager_step_holds(gpt2_full_vocab) -> None:
+    """The bf16 case of issue 31: CPU autocast casts cross_entropy's input to fp32 (its backward holds three fp32
+    logits), CUDA autocast does not (log_softmax in bf16, only nll_loss's input in fp32). Captured for a GPU, the graph
+    follows CUDA's rules, and its bound is below every step eager PyTorch runs under them, the loss-only training
+    step with the logits dropped and checkpoint per block included (allocator-counted)."""
+    model, inputs, graphs = gpt2_full_vocab
+    g = graphs[("cuda",)]
+    lsm = [o for o in g.ops if o.target == "aten._log_softmax.default"]
+    assert lsm and all(g.value[o.outputs[0]].dtype == "bfloat16" for o in lsm)
+    gpu, cpu = (lower_bounds(x, None, ["cpu"], {v: "cpu" for v in x.inputs})["cpu"] for x in (g, graphs[("cpu",)]))
+    assert "nll_loss_backward" in g.op[gpu.op].target and "log_softmax_backward" in graphs[("cpu",)].op[cpu.op].target
+    fp32_logits = 4 * 64 * 50257 * 4
+    assert gpu.bytes <= cpu.bytes - fp32_logits // 2  # a bf16 tensor in place of an fp32 one at the loss's backward
+    amp = functools.partial(xsched_autocast, "bf16", ("cuda",))
+    homed = sum(g.value[v].nbytes for v in g.inputs)
+    for how in ("ones", "loss", "loss-only"):
+        for ckpt in (False, True):
+            with checkpointed(model) if ckpt else contextlib.nullcontext():
+                resident, peak = step_peak(model, inputs, amp, how)
+            assert gpu.bytes - homed <= peak, (how, ckpt, gpu.bytes - homed, peak)
+            assert gpu.bytes <= resident + peak, (how, ckpt, gpu.bytes, resident + peak)
+
+
+def test_a_plan_runs_below_the_bound_the_cpu_rules_set(gpt2_full_vocab) -> None:
+    """The graph captured for a GPU has a plan (checkpointing, found by its solver) that runs, allocator-counted,
+    within a budget below the bound of the same model captured by CPU autocast's rules, which xsched used to state
+    for a GPU run as a proof of infeasibility."""
+    model, inputs, graphs = gpt2_full_vocab
+    g = graphs[("cuda",)]
+    old = lower_bounds(graphs[("cpu",)], None, ["cpu"], {v: "cpu" for v in graphs[("cpu",)].inputs})["cpu"]
+    budget = old.bytes * 95 // 100
+    plan = solve_plan(g, {"cpu": budget}, method="checkpoint")
+    homed = sum(g.value[v].nbytes for v in g.inputs)
+    assert homed + measured_peaks(g, plan, bind_inputs(g, model, inputs))["cpu"] <= budget

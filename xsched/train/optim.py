@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from xsched.capture.autocast_rules import device_rules
 from xsched.errors import XschedError
 from xsched.train.config import TrainConfig
 from xsched.train.host_adamw import HostAdamW, OverlapStats
@@ -26,11 +27,14 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 @contextlib.contextmanager
 def autocast(precision: str, device_types: Iterable[str]) -> Iterator[None]:
     """torch.autocast to `precision` on each device type (cpu always: the model is captured on the CPU, so its
-    casts are recorded there); nothing for fp32."""
+    casts are recorded there, by CUDA's rules where CPU autocast has rules CUDA's lacks when a GPU runs the graph:
+    xsched.capture.autocast_rules); nothing for fp32."""
     with contextlib.ExitStack() as stack:
         if precision in DTYPES:
             for kind in sorted({"cpu", *device_types}):
                 stack.enter_context(torch.autocast(kind, dtype=DTYPES[precision]))
+            if "cuda" in device_types:
+                stack.enter_context(device_rules("cuda"))
         yield
 
 
