@@ -128,6 +128,8 @@ class ParamPoints:
         }  # type: ignore[union-attr]
         released = [*sorted(self.count, key=lambda n: max(marks[n])), *self.at_end]
         self.order = tuple(n for n in released if n in grads)  # params with gradients, in the order they are released
+        first_read = {n: i for i, n in sorted(self.reads.items(), reverse=True)}  # read at run start: at_end
+        self.read_order = tuple(sorted(self.order, key=lambda n: first_read.get(n, -1)))  # the order a run reads them
         self._grad = {n: (home[n], grads[n]) for n in grads}
         self._getters: dict[str, Callable[[Mapping[str, torch.Tensor]], torch.Tensor]] = {}
         self._homes: dict[str, str] = {}
