@@ -170,3 +170,40 @@ def test_a_wrapped_model_reads_its_first_layer_first() -> None:
     assert sorted(w.read_order) == sorted(w.release_order) == sorted(n for n, _ in model.named_parameters())
     assert w.read_order.index("0.weight") < w.read_order.index("2.weight") < w.read_order.index("4.weight")
     assert w.release_order.index("4.weight") < w.release_order.index("0.weight")
+
+
+@pytest.mark.parametrize("micro", [1, 2])
+def test_norms_taken_as_the_gradients_are_copied_equal_eager_and_spare_the_worker(monkeypatch, micro: int) -> None:
+    """cpu:0 computes, cpu:1 holds the parameters: with one micro-batch the norms are taken on the copy's lane (the
+    worker takes none); with two, the worker takes the norm of the sum. Either way grad_norm() equals eager's."""
+    from xsched.execute.wrap import wrap
+    from xsched.train import host_adamw as module
+
+    calls: list[str] = []
+    real = module.sq_norm
+    monkeypatch.setattr(module, "sq_norm", lambda t: calls.append(threading.current_thread().name) or real(t))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 4))
+    ref = nn.Sequential(nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 4))
+    ref.load_state_dict(model.state_dict())
+    xs = [torch.randn(8, 32) for _ in range(micro)]
+    w = wrap(model, (xs[0],), {"cpu:0": "100%"}, store="cpu:1", method="offload", profile="model", param_home="cpu:1")
+    named = dict(model.named_parameters())
+    host = HostAdamW([(n, named[n]) for n in w.release_order], dict.fromkeys(named, 0.0), lr=1e-2)
+    w.listen(host)
+    try:
+        for k, x in enumerate(xs):
+            host.begin(k == 0, k == micro - 1, 1e-2)
+            w(x).square().sum().backward()
+            host.end_backward()
+        norm = host.grad_norm()
+        host.settle()
+    finally:
+        w.listen(None)
+        host.close()
+    for x in xs:
+        ref(x).square().sum().backward()
+    want = float(torch.nn.utils.clip_grad_norm_(ref.parameters(), float("inf")))
+    assert norm == pytest.approx(want, rel=1e-5)
+    on_worker = calls.count("xsched-host-adamw")
+    assert (on_worker == 0) if micro == 1 else (on_worker == len(host.buckets) and len(calls) == on_worker)

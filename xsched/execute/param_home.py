@@ -214,7 +214,9 @@ class ParamPoints:
 
 def _into_buffer(ex: Executor, s: Copy, name: str, slot: ListenerSlot, fn: StepFn) -> StepFn:
     """A gradient's copy home straight into the buffer the listener offers for it (`grad_buffer(name)`: its
-    optimizer's own, pinned beside a GPU), sparing the optimizer a host copy; the plain copy when it offers none."""
+    optimizer's own, pinned beside a GPU), sparing the optimizer a host copy; the plain copy when it offers none.
+    A listener with `copying(name, grad)` sees the gradient first, on its device and the copy's stream (it may take
+    the gradient's norm there)."""
     cuda = ex.dev[s.src].type == "cuda"
     side = ex.lanes[lane_of(s)].stream if cuda else None
     v, src, dst = s.value, s.src, s.dst
@@ -223,6 +225,9 @@ def _into_buffer(ex: Executor, s: Copy, name: str, slot: ListenerSlot, fn: StepF
         offer = getattr(slot.listener, "grad_buffer", None)
         buf = offer(name) if offer is not None else None
         t = st.stores[src].tensors[v]
+        seen = getattr(slot.listener, "copying", None)
+        if seen is not None:
+            seen(name, t)
         if buf is None or buf.dtype != t.dtype or buf.numel() != t.numel() or (cuda and not buf.is_pinned()):
             fn(st)
             return

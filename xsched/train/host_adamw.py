@@ -96,6 +96,8 @@ class HostAdamW:
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
         self._tasks = TaskQueue(read_ranks([list(b.slots) for b in self.buckets], read_order))
+        self._norms: dict[str, torch.Tensor | float] = {}  # squared gradient norms taken where they were made
+        self._norm_out: dict[str, torch.Tensor] = {}  # pinned scalars a GPU's norms are copied home into
         self._urgent: collections.deque[Bucket] = collections.deque()  # write-backs, before any update
         self._error: BaseException | None = None
         self._stop = False
@@ -125,6 +127,28 @@ class HostAdamW:
             return None
         seg, off, n = b.slots[name]
         return seg.grad[off : off + n]
+
+    def copying(self, name: str, grad: torch.Tensor) -> None:
+        """The run is about to copy `name`'s gradient home (on its lane: a GPU's copy stream is current). On a step
+        of one micro-batch its squared norm is taken here, on the gradient's device (a pinned scalar's copy home
+        rides on the same stream, before the event the worker waits for), so the worker need not read it again."""
+        b = self.of.get(name)
+        first, last, _ = self._flags
+        if b is None or not (first and last):
+            return
+        if grad.is_cuda:
+            sq = torch.linalg.vector_norm(grad, dtype=torch.float32).square()
+            out = self._norm_out.get(name)
+            if out is None:
+                out = self._norm_out[name] = torch.empty((), dtype=torch.float32, pin_memory=True)
+            out.copy_(sq, non_blocking=True)
+            value: torch.Tensor | float = out
+        elif grad.dtype == torch.float32:
+            value = sq_norm(grad.detach().reshape(-1))
+        else:
+            return  # a low-precision gradient on the host: the worker takes the norm of its fp32 copy
+        with self._lock:
+            self._norms[name] = value
 
     def released(self, name: str, grad: torch.Tensor | None, events: Sequence[Any]) -> None:
         b = self.of.get(name)
@@ -170,6 +194,8 @@ class HostAdamW:
         and the last one's gradients start each bucket's update at rate `lr`."""
         self._check()
         self._flags = (first, last, lr)
+        with self._lock:
+            self._norms.clear()  # a norm left from a step whose gradient went another way
         for b in self.buckets:
             b.done_this_backward = False
             b.arrived = {}
@@ -262,9 +288,17 @@ class HostAdamW:
             else:
                 dst.add_(grad.reshape(-1))
         if last:
-            b.norm_sq = sum(sq_norm(s.grad) for s in b.segments)
+            made = self._made_norms(items) if first else None
+            b.norm_sq = sum(made) if made is not None else sum(sq_norm(s.grad) for s in b.segments)
             b.grads_in.set()
         self._account(f"grads {b.index}", t0)
+
+    def _made_norms(self, names: Iterable[str]) -> list[float] | None:
+        """The squared norms `copying` took of these gradients (complete: their copies' events are), or None where
+        one is missing."""
+        with self._lock:
+            got = [self._norms.pop(n, None) for n in names]
+        return None if any(g is None for g in got) else [float(g) for g in got]  # type: ignore[arg-type]
 
     def _update(self, b: Bucket, lr: float) -> None:
         t0 = time.perf_counter()
