@@ -132,9 +132,8 @@ def main(argv: list[str] | None = None) -> None:
     PythonProcess.start()
     named, srcs, decay = build(int(a.n), bucket)
     n = sum(p.numel() for _, p in named)
-    print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cpus, python {sys.version.split()[0]}"
-    )
+    version = sys.version.split()[0]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cpus, python {version}")
     print(f"{n / 1e6:.0f}M parameters in {len(named) // 2} buckets of {bucket / 1e6:.1f}M elements")
 
     bs = [make_bucket(k, named[2 * k : 2 * k + 2], decay, 1e-3, separate=False) for k in range(len(named) // 2)]

@@ -1,8 +1,9 @@
 """AdamW on the host, overlapped with the run: the trained parameters packed into flat buckets in the order the
-plan's backward releases them, each bucket's fused CPU AdamW step run by a worker thread as soon as all of its
-gradients have arrived, and a later read of a parameter waiting for its own bucket only. Low-precision parameters
-(bf16) get fp32 master weights and fp32 gradients on the host: the update steps the master, then writes the bf16
-weights the run reads. Its state reads and loads as torch.optim.AdamW's state dict over the parameters (plus the
+plan's backward releases them, each bucket's gradients taken in (and their norm) by a worker thread as soon as
+they have arrived, its fused CPU AdamW step run once the landed gradients are in, the buckets the next forward
+reads first updated first (xsched.train.host_tasks), and a later read of a parameter waiting for its own bucket
+only. Low-precision parameters (bf16) get fp32 master weights and fp32 gradients on the host: the update steps the
+master, then writes the bf16 weights the run reads. Its state reads and loads as torch.optim.AdamW's state dict over the parameters (plus the
 master weights), so checkpoints resume across either optimizer.
 
 The delayed update (`delayed=True`, ZeRO-Offload's one-step delayed parameter update): the update made from step
@@ -63,9 +64,10 @@ class HostAdamW:
     bucket_bytes: the size from which a bucket is closed (default: an eighth of the parameters, at most 32 MiB);
     delayed: the one-step delayed update (see the module); clock: a StepClock its buckets' spans and the waits for
     them are reported to; read_order: the names in the order the next forward first reads them (its buckets are
-    updated in that order once their gradients are in; default: the reverse of `named`). Per optimizer step: `start_step()` before the first forward, `begin(first, last, lr)`
-    before each micro-batch's backward, `end_backward()` after it, then `grad_norm()`; `settle()` waits for every
-    update (before reading the parameters or the state)."""
+    updated in that order once their gradients are in; default: the reverse of `named`). Per optimizer step:
+    `start_step()` before the first forward, `begin(first, last, lr)` before each micro-batch's backward,
+    `end_backward()` after it, then `grad_norm()`; `settle()` waits for every update (before reading the
+    parameters or the state)."""
 
     takes_grads = True
 
