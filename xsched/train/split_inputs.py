@@ -61,9 +61,10 @@ def _group(graph: Graph, vid: dict[str, str], names: list[str], release: dict, r
     return Group(ids, count, moved, max(release[n] for n in names), min(read[n] for n in names))
 
 
-def adamw_rate(device: str, numel: int = 1 << 22, reps: int = 3) -> float:
-    """AdamW's rate (parameters/s) on `device`, as HostAdamW runs it: the gradient's norm and one fused step over
-    a flat buffer of `numel` fp32 values; the best of `reps` after one warm-up."""
+def adamw_rate(device: str, numel: int = 1 << 23, reps: int = 3) -> float:
+    """AdamW's rate (parameters/s) on `device`, as HostAdamW runs it: the gradient's norm (on the host) and one
+    fused step over a flat buffer of `numel` fp32 values, a bucket's size (a smaller one would sit in the host's
+    cache); the best of `reps` after one warm-up."""
     dev = torch_device(device)
     p = torch.nn.Parameter(torch.zeros(numel, device=dev))
     bucket = make_bucket(0, [("p", p)], {"p": 0.01}, 1e-3, separate=False)
