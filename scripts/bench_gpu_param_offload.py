@@ -297,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--row-timeout", type=float, default=200.0, help="seconds per row before it is stopped")
     ap.add_argument("--deadline", type=float, help="seconds for the whole run: rows are shortened or skipped")
     ap.add_argument("--loss-rtol", type=float, default=1e-4)
+    ap.add_argument("--split-by", choices=("order", "time"), default="order", help="xsched_fast's --optimizer-split-by")
     ap.add_argument("--out", help="also write the markdown table here")
     ap.add_argument("--json", help="write every row's figures here as JSON, after each row")
     ap.add_argument("--child", choices=ROWS, help=argparse.SUPPRESS)
@@ -310,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     setup = {**(CPU if a.cpu else GPU), "cpu": a.cpu, "steps": a.steps, "time_limit": a.time_limit}
     setup["profile"] = a.profile
+    setup["split_by"] = a.split_by
     setup.update({k: v for k, v in (("scale", a.scale), ("budget", a.budget), ("method", a.method)) if v})
     t0 = time.perf_counter()
     if a.deadline is not None:

@@ -89,9 +89,10 @@ def row_xsched(setup: dict[str, Any]) -> dict[str, Any]:
 def row_xsched_fast(setup: dict[str, Any]) -> dict[str, Any]:
     """bf16 weights (fp32 master weights and AdamW state on the host, bf16 gradients over the link), the delayed
     update, and the optimizer of the first layers on the GPU (--optimizer-split)."""
-    options = {"precision": "bf16", "delayed_update": True, "optimizer_split": setup["split"]}
+    by = setup.get("split_by", "order")
+    options = {"precision": "bf16", "delayed_update": True, "optimizer_split": setup["split"], "optimizer_split_by": by}
     _, out = xsched_run(setup, "gpt2", setup["scale"], setup["budget"], **options)
-    out["note"] = f"bf16 + fp32 master, delayed update, split {setup['split']:g}; " + out["note"]
+    out["note"] = f"bf16 + fp32 master, delayed update, split {setup['split']:g} by {by}; " + out["note"]
     out["compare"] = "reference_bf16"
     return out
 

@@ -75,6 +75,7 @@ def cmd_train(a: argparse.Namespace) -> int:
         compile=a.compile,
         delayed_update=a.delayed_update,
         optimizer_split=a.optimizer_split,
+        optimizer_split_by=a.optimizer_split_by,
         trace=a.trace,
     )
     if not a.json:
@@ -170,6 +171,14 @@ def _add_offload_flags(t: argparse.ArgumentParser) -> None:
         metavar="SHARE",
         help="with --param-home: home the parameters the backward finishes last on the computing device, with "
         "their AdamW state, within SHARE (0-1) of its budget (ZeRO-Offload++'s Twin-Flow); the rest stay home",
+    )
+    t.add_argument(
+        "--optimizer-split-by",
+        choices=("order", "time"),
+        default="order",
+        help="with --optimizer-split: which parameters move within SHARE: 'order', those the backward releases "
+        "last; 'time', those whose move gives the least predicted step (the host AdamW, at its measured rate, "
+        "modelled as work the next forward's reads wait for)",
     )
     t.add_argument(
         "--trace",

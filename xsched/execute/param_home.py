@@ -128,6 +128,8 @@ class ParamPoints:
         }  # type: ignore[union-attr]
         released = [*sorted(self.count, key=lambda n: max(marks[n])), *self.at_end]
         self.order = tuple(n for n in released if n in grads)  # params with gradients, in the order they are released
+        first_read = {n: i for i, n in sorted(self.reads.items(), reverse=True)}  # read at run start: at_end
+        self.read_order = tuple(sorted(self.order, key=lambda n: first_read.get(n, -1)))  # the order a run reads them
         self._grad = {n: (home[n], grads[n]) for n in grads}
         self._getters: dict[str, Callable[[Mapping[str, torch.Tensor]], torch.Tensor]] = {}
         self._homes: dict[str, str] = {}
@@ -212,7 +214,9 @@ class ParamPoints:
 
 def _into_buffer(ex: Executor, s: Copy, name: str, slot: ListenerSlot, fn: StepFn) -> StepFn:
     """A gradient's copy home straight into the buffer the listener offers for it (`grad_buffer(name)`: its
-    optimizer's own, pinned beside a GPU), sparing the optimizer a host copy; the plain copy when it offers none."""
+    optimizer's own, pinned beside a GPU), sparing the optimizer a host copy; the plain copy when it offers none.
+    A listener with `copying(name, grad)` sees the gradient first, on its device and the copy's stream (it may take
+    the gradient's norm there)."""
     cuda = ex.dev[s.src].type == "cuda"
     side = ex.lanes[lane_of(s)].stream if cuda else None
     v, src, dst = s.value, s.src, s.dst
@@ -221,6 +225,9 @@ def _into_buffer(ex: Executor, s: Copy, name: str, slot: ListenerSlot, fn: StepF
         offer = getattr(slot.listener, "grad_buffer", None)
         buf = offer(name) if offer is not None else None
         t = st.stores[src].tensors[v]
+        seen = getattr(slot.listener, "copying", None)
+        if seen is not None:
+            seen(name, t)
         if buf is None or buf.dtype != t.dtype or buf.numel() != t.numel() or (cuda and not buf.is_pinned()):
             fn(st)
             return

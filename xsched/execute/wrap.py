@@ -280,6 +280,11 @@ class XschedModule(nn.Module):
         """The parameter names in the order the training plan releases them (its backward makes their gradients)."""
         return self._first.points.order
 
+    @property
+    def read_order(self) -> tuple[str, ...]:
+        """The same names in the order the training plan first reads them (a forward reads the first layers' first)."""
+        return self._first.points.read_order
+
     def _move_to_homes(self, c: Compiled) -> None:
         """Params and buffers live on their plan home's torch device, so grads land where autograd expects them;
         on the host beside a GPU they are pinned, so the plan's copies to the GPU run asynchronously."""

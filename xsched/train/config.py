@@ -13,6 +13,7 @@ from xsched.errors import XschedError
 OPTIMIZERS = ("adamw", "sgd")
 PRECISIONS = ("fp32", "bf16", "fp16")
 SCHEDULES = ("constant", "cosine", "linear")
+SPLIT_BY = ("order", "time")  # --optimizer-split-by (xsched.train.placement, xsched.train.split_time)
 DEFAULT_CHECKPOINT_EVERY = 100
 DEFAULT_EVAL_EVERY = 100
 DEFAULT_EVAL_BATCHES = 8
@@ -62,6 +63,7 @@ class TrainConfig:
     compile: bool = False  # run one-device runs of steps as compiled regions (xsched.execute.segments)
     delayed_update: bool = False  # --param-home's AdamW one step late (ZeRO-Offload's DPU; see train.host_adamw)
     optimizer_split: float | None = None  # Twin-Flow: this share of the compute budget holds optimizer-placed params
+    optimizer_split_by: str = "order"  # which params move: "order" (released last), "time" (least predicted step)
     trace: str | None = None  # a Chrome trace of the last step's lanes and optimizer buckets, written here
 
     def check(self) -> None:
@@ -101,6 +103,8 @@ class TrainConfig:
                 _fail("--optimizer-split needs --param-home (it moves some parameters' optimizer off that home)")
             if not 0 < self.optimizer_split < 1:
                 _fail(f"--optimizer-split must be a share of the compute budget in (0, 1), got {self.optimizer_split}")
+        if self.optimizer_split_by not in SPLIT_BY:
+            _fail(f"--optimizer-split-by must be one of {', '.join(SPLIT_BY)}, got {self.optimizer_split_by!r}")
         if not self.delayed_update:
             return
         if self.optimizer != "adamw":

@@ -1,8 +1,9 @@
 """AdamW on the host, overlapped with the run: the trained parameters packed into flat buckets in the order the
-plan's backward releases them, each bucket's fused CPU AdamW step run by a worker thread as soon as all of its
-gradients have arrived, and a later read of a parameter waiting for its own bucket only. Low-precision parameters
-(bf16) get fp32 master weights and fp32 gradients on the host: the update steps the master, then writes the bf16
-weights the run reads. Its state reads and loads as torch.optim.AdamW's state dict over the parameters (plus the
+plan's backward releases them, each bucket's gradients taken in (and their norm) by a worker thread as soon as
+they have arrived, its fused CPU AdamW step run once the landed gradients are in, the buckets the next forward
+reads first updated first (xsched.train.host_tasks), and a later read of a parameter waiting for its own bucket
+only. Low-precision parameters (bf16) get fp32 master weights and fp32 gradients on the host: the update steps the
+master, then writes the bf16 weights the run reads. Its state reads and loads as torch.optim.AdamW's state dict over the parameters (plus the
 master weights), so checkpoints resume across either optimizer.
 
 The delayed update (`delayed=True`, ZeRO-Offload's one-step delayed parameter update): the update made from step
@@ -27,13 +28,16 @@ from xsched.errors import XschedError
 from xsched.train.host_buckets import (
     Bucket,
     Segment,
+    adamw_step,
     chunks,
     export_state,
     import_state,
     load_master,
     make_bucket,
     master_state,
+    sq_norm,
 )
+from xsched.train.host_tasks import TAKE, UPDATE, TaskQueue, read_ranks
 
 MAX_BUCKET_BYTES = 32 << 20  # a fused step of 8M fp32 values: milliseconds, so a bucket's update ends soon after
 MIN_BUCKETS = 8  # a small model gets a few buckets too, so its updates also start during the backward
@@ -59,9 +63,11 @@ class HostAdamW:
     named: (name, param) in release order (`XschedModule.release_order`); decay: the weight decay of each name;
     bucket_bytes: the size from which a bucket is closed (default: an eighth of the parameters, at most 32 MiB);
     delayed: the one-step delayed update (see the module); clock: a StepClock its buckets' spans and the waits for
-    them are reported to. Per optimizer step: `start_step()` before the first forward, `begin(first, last, lr)`
-    before each micro-batch's backward, `end_backward()` after it, then `grad_norm()`; `settle()` waits for every
-    update (before reading the parameters or the state)."""
+    them are reported to; read_order: the names in the order the next forward first reads them (its buckets are
+    updated in that order once their gradients are in; default: the reverse of `named`). Per optimizer step:
+    `start_step()` before the first forward, `begin(first, last, lr)` before each micro-batch's backward,
+    `end_backward()` after it, then `grad_norm()`; `settle()` waits for every update (before reading the
+    parameters or the state)."""
 
     takes_grads = True
 
@@ -74,6 +80,7 @@ class HostAdamW:
         *,
         delayed: bool = False,
         clock: Any = None,
+        read_order: Sequence[str] | None = None,
     ) -> None:
         if bucket_bytes is None:
             total = sum(p.numel() * p.element_size() for _, p in named)
@@ -90,7 +97,9 @@ class HostAdamW:
         self._flags = (True, True, lr)  # this micro-batch: first, last, learning rate
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
-        self._tasks: collections.deque[Callable[[], None]] = collections.deque()  # in the order buckets complete
+        self._tasks = TaskQueue(read_ranks([list(b.slots) for b in self.buckets], read_order))
+        self._norms: dict[str, torch.Tensor | float] = {}  # squared gradient norms taken where they were made
+        self._norm_out: dict[str, torch.Tensor] = {}  # pinned scalars a GPU's norms are copied home into
         self._urgent: collections.deque[Bucket] = collections.deque()  # write-backs, before any update
         self._error: BaseException | None = None
         self._stop = False
@@ -121,6 +130,28 @@ class HostAdamW:
         seg, off, n = b.slots[name]
         return seg.grad[off : off + n]
 
+    def copying(self, name: str, grad: torch.Tensor) -> None:
+        """The run is about to copy `name`'s gradient home (on its lane: a GPU's copy stream is current). On a step
+        of one micro-batch its squared norm is taken here, on the gradient's device (a pinned scalar's copy home
+        rides on the same stream, before the event the worker waits for), so the worker need not read it again."""
+        b = self.of.get(name)
+        first, last, _ = self._flags
+        if b is None or not (first and last):
+            return
+        if grad.is_cuda:
+            sq = torch.linalg.vector_norm(grad, dtype=torch.float32).square()
+            out = self._norm_out.get(name)
+            if out is None:
+                out = self._norm_out[name] = torch.empty((), dtype=torch.float32, pin_memory=True)
+            out.copy_(sq, non_blocking=True)
+            value: torch.Tensor | float = out
+        elif grad.dtype == torch.float32:
+            value = sq_norm(grad.detach().reshape(-1))
+        else:
+            return  # a low-precision gradient on the host: the worker takes the norm of its fp32 copy
+        with self._lock:
+            self._norms[name] = value
+
     def released(self, name: str, grad: torch.Tensor | None, events: Sequence[Any]) -> None:
         b = self.of.get(name)
         if b is None or grad is None:
@@ -147,7 +178,10 @@ class HostAdamW:
             if last:
                 b.idle.clear()
                 b.grads_in.clear()
-            self._tasks.append(lambda: self._take(b, items, first, last, lr))
+            events = [ev for _, evs in items.values() for ev in evs]
+            self._tasks.push(b.index, TAKE, lambda: self._take(b, items, first, last), events)
+            if last:
+                self._tasks.push(b.index, UPDATE, lambda: self._update(b, lr))
             self._cv.notify()
 
     # ---- the training loop ----
@@ -162,6 +196,8 @@ class HostAdamW:
         and the last one's gradients start each bucket's update at rate `lr`."""
         self._check()
         self._flags = (first, last, lr)
+        with self._lock:
+            self._norms.clear()  # a norm left from a step whose gradient went another way
         for b in self.buckets:
             b.done_this_backward = False
             b.arrived = {}
@@ -182,8 +218,8 @@ class HostAdamW:
                 raise XschedError(f"the gradient of {missing} did not arrive in the backward", stage="train")
 
     def grad_norm(self) -> float:
-        """The total norm of this step's gradients (waits for them to be in, and so for the updates queued before
-        the last bucket's)."""
+        """The total norm of this step's gradients (waits for them to be in, not for the updates: the worker takes
+        every landed gradient before any update)."""
         self._wait_all(lambda b: b.grads_in)
         return sum(b.norm_sq for b in self.buckets) ** 0.5
 
@@ -237,9 +273,9 @@ class HostAdamW:
             b.pending = bool(saved and saved.get("pending")) and self.delayed
 
     # ---- the worker ----
-    def _take(self, b: Bucket, items: Mapping[str, tuple[torch.Tensor, Sequence[Any]]], first, last, lr) -> None:
+    def _take(self, b: Bucket, items: Mapping[str, tuple[torch.Tensor, Sequence[Any]]], first, last) -> None:
         """Gradients into the bucket's fp32 buffers (after their copies finish); on the last micro-batch, their
-        norm, then the bucket's update. Its busy time starts once the copies are over."""
+        norm. Its busy time starts once the copies are over."""
         for _, events in items.values():
             for ev in events:
                 ev.synchronize()
@@ -254,15 +290,25 @@ class HostAdamW:
             else:
                 dst.add_(grad.reshape(-1))
         if last:
-            self._step(b, lr)
+            made = self._made_norms(items) if first else None
+            b.norm_sq = sum(made) if made is not None else sum(sq_norm(s.grad) for s in b.segments)
+            b.grads_in.set()
+        self._account(f"grads {b.index}", t0)
+
+    def _made_norms(self, names: Iterable[str]) -> list[float] | None:
+        """The squared norms `copying` took of these gradients (complete: their copies' events are), or None where
+        one is missing."""
+        with self._lock:
+            got = [self._norms.pop(n, None) for n in names]
+        return None if any(g is None for g in got) else [float(g) for g in got]  # type: ignore[arg-type]
+
+    def _update(self, b: Bucket, lr: float) -> None:
+        t0 = time.perf_counter()
+        self._step(b, lr)
         self._account(f"bucket {b.index}", t0)
 
     def _step(self, b: Bucket, lr: float) -> None:
-        b.norm_sq = sum(float(torch.linalg.vector_norm(s.grad)) ** 2 for s in b.segments)
-        b.grads_in.set()
-        for seg in b.segments:
-            seg.opt.param_groups[0]["lr"] = lr
-            seg.opt.step()
+        adamw_step(b.segments, lr)
         if not self.delayed:
             b.write_back()  # bf16 weights from the fp32 master (nothing where they are one)
             b.idle.set()
@@ -309,7 +355,7 @@ class HostAdamW:
                     b = self._urgent.popleft()
                     task: Callable[[], None] = lambda b=b: self._write(b)  # noqa: E731
                 elif self._tasks:
-                    task = self._tasks.popleft()
+                    task = self._tasks.pop().run
                 else:
                     return
             try:

@@ -108,6 +108,66 @@ def make_bucket(
     return b
 
 
+NORM_ROW = 1 << 16  # a row of the norm's 2-D view: enough rows for every thread even in a small bucket
+
+
+def sq_norm(t: torch.Tensor) -> float:
+    """The squared 2-norm of a flat tensor, reduced over rows of a 2-D view: torch reduces a 1-D tensor's norm on
+    one thread (its last-dimension kernel splits the work by output), a 2-D view's on all of them."""
+    rows = t.numel() // NORM_ROW
+    if rows < 2:
+        return float(torch.linalg.vector_norm(t)) ** 2
+    body = torch.linalg.vector_norm(t[: rows * NORM_ROW].view(rows, NORM_ROW), dim=1)
+    return float(torch.linalg.vector_norm(body)) ** 2 + float(torch.linalg.vector_norm(t[rows * NORM_ROW :])) ** 2
+
+
+def adamw_step(segments: Sequence[Segment], lr: float) -> None:
+    """One AdamW step of the segments at rate `lr`: torch's fused kernel called directly, once per weight decay
+    over the segments' buffers, exactly as torch.optim.AdamW(fused=True).step() calls it (its state stays in each
+    segment's optimizer), without that method's per-call Python; the optimizer's own step where it is not fused."""
+    groups: dict[tuple, list[Segment]] = {}
+    for seg in segments:
+        g = seg.opt.param_groups[0]
+        if not g.get("fused") or g["amsgrad"] or g["maximize"] or g.get("capturable") or g.get("differentiable"):
+            g["lr"] = lr
+            seg.opt.step()
+            continue
+        groups.setdefault((g["betas"], g["eps"], g["weight_decay"]), []).append(seg)
+    for (betas, eps, wd), members in groups.items():
+        states = [_state(seg) for seg in members]
+        steps = [st["step"] for st in states]
+        torch._foreach_add_(steps, 1)
+        torch._fused_adamw_(
+            [seg.flat for seg in members],
+            [seg.grad for seg in members],
+            [st["exp_avg"] for st in states],
+            [st["exp_avg_sq"] for st in states],
+            [],
+            steps,
+            amsgrad=False,
+            lr=lr,
+            beta1=betas[0],
+            beta2=betas[1],
+            weight_decay=wd,
+            eps=eps,
+            maximize=False,
+            grad_scale=None,
+            found_inf=None,
+        )
+        for seg in members:
+            seg.opt.param_groups[0]["lr"] = lr
+
+
+def _state(seg: Segment) -> dict[str, torch.Tensor]:
+    """The segment's AdamW state, made as torch's fused AdamW makes it on its first step."""
+    st = seg.opt.state[seg.flat]
+    if not st:
+        st["step"] = torch.zeros((), dtype=torch.float32, device=seg.flat.device)
+        st["exp_avg"] = torch.zeros_like(seg.flat, memory_format=torch.preserve_format)
+        st["exp_avg_sq"] = torch.zeros_like(seg.flat, memory_format=torch.preserve_format)
+    return st
+
+
 def _adamw(flat: torch.Tensor, lr: float, weight_decay: float) -> torch.optim.AdamW:
     """torch's fused AdamW over one flat buffer (one kernel per step), foreach where fused is not built."""
     try:

@@ -127,7 +127,9 @@ class HostUpdater(Updater):
         self.names = {p: n for n, p in named.items()}
         decay = {self.names[p]: g["weight_decay"] for g in self.opt.param_groups for p in g["params"]}
         order = [(n, named[n]) for n in wrapped.release_order if n in decay]
-        self.host = HostAdamW(order, decay, config.lr, delayed=config.delayed_update, clock=clock)
+        self.host = HostAdamW(
+            order, decay, config.lr, delayed=config.delayed_update, clock=clock, read_order=wrapped.read_order
+        )
         for n, p in order:  # .grad shows the step's gradient (autograd leaves it alone: the listener takes them)
             seg, off, k = self.host.of[n].slots[n]
             if seg.grad.dtype == p.dtype:  # a bf16 parameter's fp32 gradient is the host optimizer's alone

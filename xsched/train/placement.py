@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from xsched.budgets import parse_budget
 from xsched.contracts.graph import Graph
 from xsched.errors import BudgetError, XschedError
+from xsched.train.split_time import Group, StepModel, choose_groups
 
 # bytes beside the weights and gradients per parameter whose update runs on the computing device: AdamW's two fp32
 # moments, and for low-precision weights their fp32 master and fp32 gradient buffer
@@ -33,7 +34,7 @@ class Split:
 def state_bytes(graph: Graph, vid: str) -> int:
     """The optimizer's bytes for parameter `vid` beside its weight and gradient."""
     v = graph.value[vid]
-    n = _numel(v.shape or ())
+    n = numel(v.shape or ())
     return n * STATE_BYTES.get(v.nbytes // max(1, n), 8)
 
 
@@ -65,6 +66,26 @@ def choose(
     return Split(device, tuple(chosen), used, state, {**budgets, device: budget - state})
 
 
+def choose_timed(
+    graph: Graph,
+    groups: Sequence[Group],
+    model: StepModel,
+    device: str,
+    budgets: Mapping[str, str | int],
+    share: float,
+) -> Split:
+    """The groups of parameters whose update on `device`, within `share` of its budget, gives the least predicted
+    step (xsched.train.split_time), and the budgets to plan within."""
+    if not 0 < share < 1:
+        raise XschedError(f"the optimizer's share of {device}'s budget must be in (0, 1), got {share}", stage="train")
+    budget = parse_budget(budgets[device], device=device)
+    moved = choose_groups(groups, model, int(budget * share))
+    chosen = tuple(v for i in sorted(moved) for v in groups[i].params)
+    state = sum(state_bytes(graph, v) for v in chosen)
+    used = sum(groups[i].bytes for i in moved)
+    return Split(device, chosen, used, state, {**budgets, device: budget - state})
+
+
 def split_plan(
     graph: Graph,
     release_order: Sequence[str],
@@ -73,11 +94,13 @@ def split_plan(
     share: float,
     solve: Callable[[Mapping[str, str | int], Mapping[str, str]], object],
     homes: Mapping[str, str],
+    pick: Callable[[float], Split] | None = None,
 ) -> tuple[Split, object]:
-    """Solve with the split of `share`, halving the share while no plan is found (down to nothing moved: the plan
-    with every parameter on its home in `homes`). `solve(budgets, homes)` plans; returns the split and its plan."""
+    """Solve with the split of `share` (`pick(share)`; default: the parameters released last that fit), halving
+    the share while no plan is found (down to nothing moved: the plan with every parameter on its home in `homes`).
+    `solve(budgets, homes)` plans; returns the split and its plan."""
     while True:
-        split = choose(graph, release_order, device, budgets, share)
+        split = pick(share) if pick is not None else choose(graph, release_order, device, budgets, share)
         moved = {**homes, **dict.fromkeys(split.params, device)}
         try:
             return split, solve(split.budgets, moved)
@@ -90,7 +113,7 @@ def split_plan(
                 return empty, solve(budgets, homes)
 
 
-def _numel(shape: Sequence[int]) -> int:
+def numel(shape: Sequence[int]) -> int:
     n = 1
     for s in shape:
         n *= int(s)

@@ -276,14 +276,44 @@ def _split(
     order = ParamPoints(graph, chosen.plan, ListenerSlot()).order
     homes = param_homes(graph, home)
     assert config.optimizer_split is not None
+    pick, why = None, None
+    if config.optimizer_split_by == "time":
+        pick, why = _timed_pick(graph, chosen, device, home, budgets)
     split, plan = split_plan(
-        graph, order, device, budgets, config.optimizer_split, lambda b, h: plan_for(graph, b, h), homes
+        graph, order, device, budgets, config.optimizer_split, lambda b, h: plan_for(graph, b, h), homes, pick
     )
     rep.notice(
         f"optimizer split: {len(split.params)} of {len(order)} parameters and their AdamW on {device} "
-        f"({format_bytes(split.bytes)} with their state), the rest on {home}"
+        f"({format_bytes(split.bytes)} with their state), the rest on {home}{why(split) if why else ''}"
     )
     return plan, dict(split.budgets)  # type: ignore[return-value]
+
+
+def _timed_pick(
+    graph: Graph, chosen: CachedPlan, device: str, home: str, budgets: dict[str, str]
+) -> tuple[Callable[[float], Any], Callable[[Any], str]]:
+    """The split by predicted step (xsched.train.split_time) on the all-home plan's predicted run and AdamW's rates
+    measured here, and what it predicts for a split, in words."""
+    from xsched.train.placement import choose_timed
+    from xsched.train.split_inputs import adamw_rate, plan_groups
+    from xsched.train.split_time import StepModel, predict_step
+
+    groups, run_s = plan_groups(graph, chosen.plan, chosen.profile)
+    model = StepModel(run_s, adamw_rate(home), adamw_rate(device))
+    before = predict_step(groups, (), model)[0]
+
+    def pick(share: float) -> Any:
+        return choose_timed(graph, groups, model, device, budgets, share)
+
+    def why(split: Any) -> str:
+        moved = [i for i, g in enumerate(groups) if set(g.params) <= set(split.params)]
+        return (
+            f"; chosen by predicted step: {predict_step(groups, moved, model)[0] * 1e3:.4g} ms, "
+            f"{before * 1e3:.4g} ms with nothing moved (run {run_s * 1e3:.4g} ms; AdamW "
+            f"{model.host_rate / 1e9:.2f} Gparam/s on {home}, {model.device_rate / 1e9:.2f} on {device})"
+        )
+
+    return pick, why
 
 
 def prepare(
