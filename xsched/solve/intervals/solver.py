@@ -1,5 +1,5 @@
-"""Retention-interval solvers (Moccasin's formulation on several devices) for a fixed order: CP-SAT or HiGHS
-(linearised), with C, the number of intervals per value and device, raised while it pays and time remains."""
+"""The retention-interval solver for a fixed order: CP-SAT or HiGHS (linearised), with C, the number of intervals
+per value and device, raised while it pays and time remains; the registry's `intervals-cpsat` and `intervals-highs`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from xsched.contracts.plan import Plan
 from xsched.contracts.profile import Profile
 from xsched.contracts.result import IntervalStats, SolveResult, Times
 from xsched.errors import BudgetError, NoIncumbent
-from xsched.solve.intervals.cpsat import Outcome, available, solve_cpsat
+from xsched.solve.intervals.cpsat import Outcome, solve_cpsat
 from xsched.solve.intervals.data import IntervalData, build_data
 from xsched.solve.intervals.extract import hint_from_plan, step_counts, to_plan
 from xsched.solve.objective import better, objective
@@ -199,6 +199,3 @@ def _fastest(profile: Profile, devices: Sequence[str]) -> str:
     """The device running the most ops, the fastest in total among those: where the order's hint computes."""
     ops = {d: profile.compute.get(d, {}) for d in devices}
     return min(devices, key=lambda d: (-len(ops[d]), sum(c.time_s for c in ops[d].values())))
-
-
-__all__ = ["BACKENDS", "available", "run_cpsat", "run_highs", "solve_intervals"]
