@@ -16,7 +16,7 @@ from xsched.contracts.result import HeuristicStats
 from xsched.errors import BudgetError, PlanError
 from xsched.solve.heuristics.checkpoint import candidate_keeps, checkpoint_computes, compute_time, evict_computes
 from xsched.solve.heuristics.routing import finish, route
-from xsched.solve.heuristics.timeline import Timeline
+from xsched.solve.heuristics.timeline import Liveness
 from xsched.solve.objective import better, objective
 from xsched.solve.options import DEFAULTS, SolverOptions, keeps_limit, out_of_time
 from xsched.solve.problem import Problem
@@ -27,20 +27,14 @@ MAX_ORDERS = 24  # checkpointing orders tried when parking alone does not fit
 
 def widest_gaps(graph: Graph, computes: Sequence[Compute], homes: Mapping[str, str]) -> list[tuple[int, int, str]]:
     """(last event, next read, value): for each value its widest stretch of computes (one device's) with no use
-    between a compute that makes or reads it and the next compute reading it, the values in the order their first
-    such stretch ends (its first place among that compute's inputs breaking ties). Graph inputs homed on the
-    compute device stay (they are never freed there); a stretch ending in a recompute needs no parking."""
+    between a compute that makes or reads it and the next compute reading it. Graph inputs homed on the compute
+    device stay (they are never freed there); a stretch ending in a recompute needs no parking."""
     device = computes[0].device if computes else ""
-    line = Timeline(graph, [graph.op[c.op] for c in computes], device)
-    found: list[tuple[tuple[int, int], tuple[int, int, str]]] = []
-    for v in line.uses:
-        stretches = [(i, j) for i, j in line.stretches(v) if j - i > 1]
-        if homes.get(v) == device or not stretches:
-            continue
-        i, j = max(stretches, key=lambda s: s[1] - s[0])  # the first of the widest
-        first = stretches[0][1]
-        found.append(((first, line.ops[first].inputs.index(v)), (i, j, v)))
-    return [gap for _, gap in sorted(found)]
+    best: dict[str, tuple[int, int]] = {}
+    for i, j, v in Liveness(graph, [graph.op[c.op] for c in computes], device).stretches:
+        if homes.get(v) != device and j - i > 1 and (v not in best or j - i > best[v][1] - best[v][0]):
+            best[v] = (i, j)
+    return [(i, j, v) for v, (i, j) in best.items()]
 
 
 def with_parking(

@@ -93,7 +93,7 @@ class Lane:
 
 
 class ParkTimeline(Timeline):
-    """The gap timeline of one compute device with a store and the two copy lanes between them."""
+    """The timeline of one compute device, reruns included, with a store and the two copy lanes between them."""
 
     def __init__(
         self,

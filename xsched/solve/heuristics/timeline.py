@@ -1,6 +1,8 @@
 """The one timeline of the heuristics that evict or park (`checkpoint`'s eviction, `offload`, `gaps`, `park`): for a
 compute order on one device, where each value is made, read and held, and the bytes resident at each position; and
-the move they share, freeing a value between two reads and running its producer again before the later one."""
+the move they share, freeing a value between two reads and running its producer again before the later one.
+`Liveness` (made, read, stretches between uses: offload), `Timeline` (residencies and bytes, the rerun move: gaps,
+and park's `park_model.ParkTimeline`), `Resident` (the same order seen online: eviction)."""
 
 from __future__ import annotations
 
@@ -25,15 +27,6 @@ def op_seconds(graph: Graph, device: str, profile: Profile | None, untimed: floa
     return {o.id: (c.time_s if profile and (c := profile.op_cost(o.id, device)) else untimed) for o in graph.ops}
 
 
-def read_positions(graph: Graph, ops: Sequence[Op]) -> dict[str, list[int]]:
-    """Every value of the graph (in its order) -> the positions in `ops` that read it, ascending, each once."""
-    reads: dict[str, list[int]] = {v.id: [] for v in graph.values}
-    for t, op in enumerate(ops):
-        for v in dict.fromkeys(op.inputs):
-            reads[v].append(t)
-    return reads
-
-
 @dataclass(frozen=True)
 class Drop:
     """Free `value` after its use at position `a`, run its producer again right before position `b`; `extend`
@@ -53,25 +46,44 @@ class Drop:
         return -self.delta[t - self.lo]
 
 
-class Timeline:
-    """One device's compute order (an op may run at several positions): each value's reads (`uses`), the positions
-    that make it (`made`), its residencies as spans [first, last] of positions (`spans`: made, or held from the
-    start for a graph input, to its last read before it is made again; graph inputs and outputs to the end), and
-    the bytes resident at each position (`mem`: the spans and each op's workspace)."""
+class Liveness:
+    """Where each value is made and read in one device's compute order (an op may run at several positions): `made`
+    and `uses`, each value's positions (every value of the graph, in its order; ascending, each once), and
+    `stretches`, (event, next read, value) from each position that makes or reads a value to the next that reads it,
+    in the order of those reads."""
 
-    def __init__(self, graph: Graph, ops: Sequence[Op], device: str, profile: Profile | None = None) -> None:
+    def __init__(self, graph: Graph, ops: Sequence[Op], device: str) -> None:
         self.graph, self.device = graph, device
         self.ops = list(ops)
+        self.uses: dict[str, list[int]] = {v.id: [] for v in graph.values}
+        self.made: dict[str, list[int]] = {v.id: [] for v in graph.values}
+        self.stretches: list[tuple[int, int, str]] = []
+        last: dict[str, int] = {}
+        for t, op in enumerate(self.ops):
+            for v in dict.fromkeys(op.inputs):
+                self.uses[v].append(t)
+                if v in last:
+                    self.stretches.append((last[v], t, v))
+                last[v] = t
+            for v in op.outputs:
+                self.made[v].append(t)
+                last[v] = t
+
+
+class Timeline(Liveness):
+    """The liveness of one device's compute order with each value's residencies as spans [first, last] of positions
+    (`spans`: made, or held from the start for a graph input, to its last read before it is made again; graph
+    inputs and outputs to the end), and the bytes resident at each position (`mem`: the spans and each op's
+    workspace). A move (`apply`) keeps `spans`, `uses`, `mem` and `redo` current; `made` and `stretches` stay those
+    of the order as given."""
+
+    def __init__(self, graph: Graph, ops: Sequence[Op], device: str, profile: Profile | None = None) -> None:
+        super().__init__(graph, ops, device)
         n = len(self.ops)
         self.workspace = {op.id: op_workspace(op, device, profile) for op in self.ops}
         self.mem = np.array([self.workspace[op.id] for op in self.ops], dtype=np.int64)
         self.nbytes = {v.id: v.nbytes for v in graph.values}
         self.fixed = set(graph.inputs) | set(graph.outputs)
-        self.uses = read_positions(graph, self.ops)
-        self.made: dict[str, list[int]] = {v.id: [] for v in graph.values}
-        for t, op in enumerate(self.ops):
-            for v in op.outputs:
-                self.made[v].append(t)
         self.spans: dict[str, list[list[int]]] = {}
         for v in graph.values:
             self.spans[v.id] = self._residencies(v.id, n)
@@ -89,12 +101,6 @@ class Timeline:
         if v in self.fixed:
             spans[-1][1] = n - 1
         return spans
-
-    def stretches(self, v: str) -> list[tuple[int, int]]:
-        """(event, next read): each stretch of positions from one that makes or reads `v` to the next that reads it."""
-        events = sorted(self.made[v] + self.uses[v])  # no position both makes and reads a value
-        reads = set(self.uses[v])
-        return [(a, b) for a, b in zip(events, events[1:]) if b in reads]
 
     def held_at(self, v: str, t: int) -> bool:
         return any(s <= t <= e for s, e in self.spans[v])
@@ -220,9 +226,9 @@ class Resident:
     """The same order seen online, as eviction decides its recomputes on the way: the values held on the device,
     their bytes, and each value's reads still to come (positions in graph order)."""
 
-    def __init__(self, graph: Graph, fixed: set[str]) -> None:
+    def __init__(self, graph: Graph, device: str, fixed: set[str]) -> None:
         self.nbytes = {v.id: v.nbytes for v in graph.values}
-        self.ahead = {v: reads[::-1] for v, reads in read_positions(graph, graph.ops).items()}  # the next read last
+        self.ahead = {v: reads[::-1] for v, reads in Liveness(graph, graph.ops, device).uses.items()}  # next read last
         self.fixed = fixed  # held to the end, never evicted
         self.held = set(graph.inputs)
         self.used = sum(self.nbytes[v] for v in self.held)
