@@ -6,7 +6,6 @@ and park's `park_model.ParkTimeline`), `Resident` (the same order seen online: e
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -71,11 +70,11 @@ class Liveness:
 
 
 class Timeline(Liveness):
-    """The liveness of one device's compute order with each value's residencies as spans [first, last] of positions
-    (`spans`: made, or held from the start for a graph input, to its last read before it is made again; graph
-    inputs and outputs to the end), and the bytes resident at each position (`mem`: the spans and each op's
-    workspace). A move (`apply`) keeps `spans`, `uses`, `mem` and `redo` current; `made` and `stretches` stay those
-    of the order as given."""
+    """The liveness of one device's compute order, each op once, with each value's residencies as spans [first,
+    last] of positions (`spans`: made, or held from the start for a graph input, to its last read; graph inputs and
+    outputs to the end), and the bytes resident at each position (`mem`: the spans and each op's workspace). A move
+    (`apply`) splits spans and makes values again before a position (`redo`), keeping `spans`, `uses` and `mem`
+    current; `made` and `stretches` stay those of the order as given."""
 
     def __init__(self, graph: Graph, ops: Sequence[Op], device: str, profile: Profile | None = None) -> None:
         super().__init__(graph, ops, device)
@@ -86,21 +85,11 @@ class Timeline(Liveness):
         self.fixed = set(graph.inputs) | set(graph.outputs)
         self.spans: dict[str, list[list[int]]] = {}
         for v in graph.values:
-            self.spans[v.id] = self._residencies(v.id, n)
-            for s, e in self.spans[v.id]:
-                self.mem[s : e + 1] += v.nbytes
+            made = self.made[v.id][0] if self.made[v.id] else 0  # a graph input is held from the start
+            last = n - 1 if v.id in self.fixed else max(self.uses[v.id], default=made)
+            self.spans[v.id] = [[made, last]]
+            self.mem[made : last + 1] += v.nbytes
         self.redo: dict[int, list[str]] = {}  # position -> producers run again right before it
-
-    def _residencies(self, v: str, n: int) -> list[list[int]]:
-        starts, reads = self.made[v] or [0], self.uses[v]  # a graph input is held from the start
-        spans = []
-        for k, s in enumerate(starts):
-            until = starts[k + 1] if k + 1 < len(starts) else n
-            i, j = bisect.bisect_left(reads, s), bisect.bisect_left(reads, until)
-            spans.append([s, reads[j - 1] if j > i else s])
-        if v in self.fixed:
-            spans[-1][1] = n - 1
-        return spans
 
     def held_at(self, v: str, t: int) -> bool:
         return any(s <= t <= e for s, e in self.spans[v])
