@@ -14,9 +14,9 @@ so the submodules (`xsched.solve.milp`, `.heuristics`, ...) stay reachable under
 | `objective` | the one ranking rule (`better`, `best_of`) and the lower bound gaps are measured against |
 | `reference` | the eager plan, whose peak a budget written as "50%" refers to |
 | `autograd_boundary` | the rule `wrap` needs (forward outputs resident when backward starts), checked and repaired |
-| `heuristics/` | one file per heuristic (`eager`, `greedy`, `fastest`, `sqrt`, `checkpoint`, `offload`, `gaps`, `park`, `park_search`), their routing and timelines |
+| `heuristics/` | one file per heuristic (`eager`, `greedy`, `fastest`, `sqrt`, `checkpoint`, `offload`, `gaps`, `park`, `park_search`), `routing`, `timeline` (the one timeline of those that evict or park) |
 | `milp/` | the stage MILP: `stages`, `milp` (model and run), `backends` (HiGHS, Pyomo), `extract` |
-| `intervals/` | the retention-interval model for a fixed order (`intervals-cpsat`, `intervals-highs`) |
+| `intervals/` | the retention-interval model for a fixed order; `solver`: `intervals-cpsat`, `intervals-highs` |
 | `order/` | starting orders and the order search (`order`); `order-gaps` (`gaps`) and `order-cpsat` (`cpsat`) |
 | `hier/` | the hierarchical decomposition (`hier`): partition, block options, the H-ILP |
 | `bounds/` | lower bounds: device memory (`memory`, `crossing`), every plan's makespan (`time`) |

@@ -196,7 +196,7 @@ register(
 register(
     SolverEntry(
         "intervals-cpsat",
-        lazy("xsched.solve.intervals:run_cpsat"),
+        lazy("xsched.solve.intervals.solver:run_cpsat"),
         kind="search",
         max_size=5000,
         share=0.7,
@@ -207,7 +207,7 @@ register(
 register(
     SolverEntry(
         "intervals-highs",
-        lazy("xsched.solve.intervals:run_highs"),
+        lazy("xsched.solve.intervals.solver:run_highs"),
         kind="search",
         max_size=60,
         share=0.5,

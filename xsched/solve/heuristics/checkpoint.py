@@ -17,6 +17,7 @@ from xsched.errors import BudgetError
 from xsched.solve.autograd_boundary import forward_outputs
 from xsched.solve.heuristics import lean
 from xsched.solve.heuristics.routing import best_single_device, finish, op_workspace, route, route_and_finish
+from xsched.solve.heuristics.timeline import Resident, op_seconds
 from xsched.solve.objective import best_of, objective
 from xsched.solve.options import DEFAULTS, SolverOptions, keeps_limit, out_of_time
 from xsched.solve.problem import Problem
@@ -148,10 +149,8 @@ def evict_computes(
     be evicted once backward ops have read it and is recomputed at the end, from whatever is held then (leaner
     where the memory that recompute needs is free at the end; a GPT's logits need more than is left there).
     """
-    nbytes = {v.id: v.nbytes for v in graph.values}
-    cost = {o.id: (c.time_s if profile and (c := profile.op_cost(o.id, device)) else 1.0) for o in graph.ops}
+    cost = op_seconds(graph, device, profile)
     end = len(graph.ops)  # the graph outputs' last read, after every op
-    uses: dict[str, list[int]] = {v: [graph.op_index[c] for c in reversed(cs)] for v, cs in graph.consumers.items()}
     # with evict_outputs, the values the wrapped forward returns may be evicted once backward ops have read them
     # (the boundary rule holds them until backward starts) and are recomputed at the end; gradients and buffer
     # updates stay (recomputing one redoes a chain at the end for a few bytes)
@@ -159,11 +158,10 @@ def evict_computes(
     # re-making a producer at the end re-makes all its outputs, so each must have been read in backward first
     siblings = {v: [u for u in graph.op[graph.producer[v]].outputs if u in late] for v in late}
     read_in_bwd: set[str] = set()
+    on = Resident(graph, device, fixed=set(graph.inputs) | (set(graph.outputs) - late))
+    nbytes, held, uses = on.nbytes, on.held, on.ahead  # the same objects, updated by `on`
     for v in late:
-        uses.setdefault(v, []).insert(0, end)
-    fixed = set(graph.inputs) | (set(graph.outputs) - late)
-    held = set(graph.inputs)
-    used = sum(nbytes[v] for v in held)
+        uses[v].insert(0, end)  # read again at the end
     out: list[Compute] = []
     order = {v.id: k for k, v in enumerate(graph.values)}  # ties broken in graph order, not set order
     evictions, max_evictions = 0, MAX_EVICTIONS * len(graph.ops)
@@ -200,16 +198,17 @@ def evict_computes(
             pinned = {v for x in stack for v in (*graph.op[x].inputs, *graph.op[x].outputs)}
             if at_end:
                 pinned |= late  # the end reads them all: one restored is not evicted for the next
-            while used + need > budget:
+            while on.used + need > budget:
                 victims = [
                     v
-                    for v in held - pinned - fixed
+                    for v in held - pinned - on.fixed
                     if nbytes[v] > 0 and (v not in late or all(u in read_in_bwd for u in siblings[v]))
                 ]
                 if not victims:
                     raise BudgetError(
                         f"eviction cannot fit op {op.id} in {format_bytes(budget)} on {device}: "
-                        f"{format_bytes(used)} held by its inputs and fixed values, {format_bytes(need)} more needed",
+                        f"{format_bytes(on.used)} held by its inputs and fixed values, "
+                        f"{format_bytes(need)} more needed",
                         stage="solve",
                         op=op.id,
                         device=device,
@@ -225,23 +224,14 @@ def evict_computes(
                 now = min(i, end)
                 v = min(victims, key=lambda v, now=now, memo={}: (evict_score(v, now, memo), order[v]))
                 evictions += 1
-                held.discard(v)
-                used -= nbytes[v]
+                on.evict(v)
             out.append(Compute(op.id, device))
             if op.phase == "bwd":
                 read_in_bwd.update(v for v in op.inputs if v in late)
-            fresh = [v for v in op.outputs if v not in held]
-            held.update(fresh)
-            used += sum(nbytes[v] for v in fresh)
+            on.hold(op.outputs)
             stack.pop()
-        if at_end:
-            continue
-        for v in dict.fromkeys((*graph.op[root].inputs, *graph.op[root].outputs)):
-            while uses[v] and uses[v][-1] <= i:
-                uses[v].pop()
-            if not uses[v] and v not in fixed and v in held:
-                held.discard(v)
-                used -= nbytes[v]
+        if not at_end:
+            on.release(graph.op[root], i)
     return out
 
 

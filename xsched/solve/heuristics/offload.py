@@ -16,6 +16,7 @@ from xsched.contracts.result import HeuristicStats
 from xsched.errors import BudgetError, PlanError
 from xsched.solve.heuristics.checkpoint import candidate_keeps, checkpoint_computes, compute_time, evict_computes
 from xsched.solve.heuristics.routing import finish, route
+from xsched.solve.heuristics.timeline import Liveness
 from xsched.solve.objective import better, objective
 from xsched.solve.options import DEFAULTS, SolverOptions, keeps_limit, out_of_time
 from xsched.solve.problem import Problem
@@ -25,21 +26,14 @@ MAX_ORDERS = 24  # checkpointing orders tried when parking alone does not fit
 
 
 def widest_gaps(graph: Graph, computes: Sequence[Compute], homes: Mapping[str, str]) -> list[tuple[int, int, str]]:
-    """(last event, next read, value): for each value its widest stretch of computes with no use between a
-    compute that makes or reads it and the next compute reading it. Graph inputs homed on the compute device
-    stay (they are never freed there); a stretch ending in a recompute needs no parking."""
-    last: dict[str, int] = {}
+    """(last event, next read, value): for each value its widest stretch of computes (one device's) with no use
+    between a compute that makes or reads it and the next compute reading it. Graph inputs homed on the compute
+    device stay (they are never freed there); a stretch ending in a recompute needs no parking."""
+    device = computes[0].device if computes else ""
     best: dict[str, tuple[int, int]] = {}
-    for k, c in enumerate(computes):
-        op = graph.op[c.op]
-        for v in op.inputs:
-            if v in last and homes.get(v) != c.device and k - last[v] > 1:
-                i, j = best.get(v, (0, 0))
-                if k - last[v] > j - i:
-                    best[v] = (last[v], k)
-            last[v] = k
-        for v in op.outputs:
-            last[v] = k
+    for i, j, v in Liveness(graph, [graph.op[c.op] for c in computes], device).stretches:
+        if homes.get(v) != device and j - i > 1 and (v not in best or j - i > best[v][1] - best[v][0]):
+            best[v] = (i, j)
     return [(i, j, v) for v, (i, j) in best.items()]
 
 

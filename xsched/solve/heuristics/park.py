@@ -16,9 +16,10 @@ from xsched.contracts.profile import Profile
 from xsched.contracts.result import HeuristicStats
 from xsched.errors import BudgetError, PlanError
 from xsched.solve.autograd_boundary import hold_to_boundary
-from xsched.solve.heuristics.gaps import MAX_DEPTH, MAX_DROPS, peak_error
+from xsched.solve.heuristics.gaps import MAX_DEPTH, MAX_DROPS
 from xsched.solve.heuristics.park_model import EndRerun, Park, ParkTimeline
 from xsched.solve.heuristics.routing import finish, route
+from xsched.solve.heuristics.timeline import op_seconds
 from xsched.solve.objective import best_of
 from xsched.solve.options import DEFAULTS, SolverOptions, keeps_limit, out_of_time
 from xsched.solve.order.order import starting_orders
@@ -54,7 +55,7 @@ def park_computes(
     if out is None or back is None:
         raise PlanError(f"no copy link between {device} and {store} in the profile", stage="solve", device=store)
     line = ParkTimeline(graph, order, device, profile, store, out, back, homes)
-    cost = {o.id: (c.time_s if (c := profile.op_cost(o.id, device)) else 1.0) for o in graph.ops}
+    cost = op_seconds(graph, device, profile)
 
     def noise() -> float:
         return 1.0 + JITTER * jitter.random() if jitter is not None else 1.0
@@ -71,7 +72,7 @@ def park_computes(
                 if not s < t < e:
                     continue
                 if v not in line.fixed and (d := line.drop(v, k, t, budget, depth)) is not None:
-                    key = (sum(cost[p] for p in d.reruns) / -d.delta[t - d.lo] * noise(), 0.0, rank)
+                    key = (sum(cost[p] for p in d.reruns) / d.freed(t) * noise(), 0.0, rank)
                     if best is None or key < best[0]:
                         best = (key, d)
                 if price is not None and (pk := line.park(v, k, t, price)) is not None:
@@ -79,11 +80,11 @@ def park_computes(
                     if best is None or key < best[0]:
                         best = (key, pk)
                 if (er := line.end_rerun(v, k, t, budget)) is not None:
-                    key = (cost[er.producer] / -er.delta[t - er.lo] * noise(), 0.0, rank)
+                    key = (cost[er.producer] / er.freed(t) * noise(), 0.0, rank)
                     if best is None or key < best[0]:
                         best = (key, er)
         if best is None:
-            raise peak_error("parking and recomputing", line, t, budget, device)
+            raise line.peak_error("parking and recomputing", t, budget)
         move = best[1]
         if isinstance(move, Park):
             line.apply_park(move)
@@ -123,7 +124,7 @@ def park_steps(graph: Graph, line: ParkTimeline, homes: Mapping[str, str], profi
     plan: list[Compute | Copy] = []
     for t, op in enumerate(line.ops):
         plan += backs.get(t, [])
-        plan += [Compute(p, line.device) for p in sorted(set(line.redo.get(t, ())), key=graph.op_index.__getitem__)]
+        plan += [Compute(p, line.device) for p in line.reruns_at(t)]
         main.append(Compute(op.id, line.device))
         plan.append(main[-1])
         plan += outs.get(t, [])

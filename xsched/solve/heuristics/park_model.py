@@ -1,8 +1,8 @@
-"""The timeline `park_remat` decides on: gap rematerialization's memory per position of one compute device's order
-(`gaps._Timeline`), plus a store and its two copy lanes. A lane runs its copies one after another in plan
-order, as the executor's copy streams do (`xsched.lanes`), at the positions' ideal start times (each position's
-computes, reruns included, back to back): a park's cost is the time its copies would keep a compute waiting, its
-own and what it adds to the copies queued behind it."""
+"""The timeline `park_remat` decides on: the heuristics' one timeline of a compute device's order, reruns included
+(`timeline.Timeline`), plus a store and its two copy lanes. A lane runs its copies one after another in plan order,
+as the executor's copy streams do (`xsched.lanes`), at the positions' ideal start times (each position's computes,
+reruns included, back to back): a park's cost is the time its copies would keep a compute waiting, its own and what
+it adds to the copies queued behind it."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import required_homes
 from xsched.contracts.profile import LinkCost, Profile
-from xsched.solve.heuristics.gaps import _Timeline
+from xsched.solve.heuristics.timeline import Timeline, op_seconds
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,10 @@ class EndRerun:
     producer: str
     lo: int
     delta: np.ndarray
+
+    def freed(self, t: int) -> np.int64:
+        """The bytes the rerun at the end frees at position `t`."""
+        return -self.delta[t - self.lo]
 
 
 @dataclass(frozen=True)
@@ -88,8 +92,8 @@ class Lane:
         return extra
 
 
-class ParkTimeline(_Timeline):
-    """The gap timeline of one compute device with a store and the two copy lanes between them."""
+class ParkTimeline(Timeline):
+    """The timeline of one compute device, reruns included, with a store and the two copy lanes between them."""
 
     def __init__(
         self,
@@ -102,9 +106,9 @@ class ParkTimeline(_Timeline):
         back: LinkCost,
         homes: Mapping[str, str],
     ) -> None:
-        super().__init__(graph, order, device, profile)
+        super().__init__(graph, [graph.ops[i] for i in order], device, profile)
         self.store, self.links = store, {"out": out, "in": back}
-        self.op_s = {o.id: (c.time_s if (c := profile.op_cost(o.id, device)) else 0.0) for o in graph.ops}
+        self.op_s = op_seconds(graph, device, profile, untimed=0.0)
         self.lanes = {"out": Lane([]), "in": Lane([])}
         # values that may be parked: made by an op, or graph inputs not homed on the compute device; an output that
         # need not end here may also go to the store for good (after the autograd boundary, where wrap returns it)
@@ -248,12 +252,8 @@ class ParkTimeline(_Timeline):
             if held_to < n - 1:
                 extend.append((u, j))
                 changes.append((held_to + 1, n - 1, self.nbytes[u]))
-        lo = min(c[0] for c in changes)
-        delta = np.zeros(n - lo, dtype=np.int64)
-        for first, last, m in changes:
-            delta[first - lo : last + 1 - lo] += m
-        window, grown = self.mem[lo:], delta > 0
-        if delta[t - lo] >= 0 or np.any(window[grown] + delta[grown] > np.maximum(window[grown], budget)):
+        lo, delta = self.change(changes, n - 1)
+        if not self.lowers(t, lo, delta, budget):
             return None
         made = sum(self.nbytes[w] for w in producer.outputs) + self.workspace[producer.id]
         if self.mem[n - 1] + delta[-1] + made > budget:  # the end, with the rerun's outputs and workspace

@@ -1,0 +1,201 @@
+"""The retention-interval solver for a fixed order: CP-SAT or HiGHS (linearised), with C, the number of intervals
+per value and device, raised while it pays and time remains; the registry's `intervals-cpsat` and `intervals-highs`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Plan
+from xsched.contracts.profile import Profile
+from xsched.contracts.result import IntervalStats, SolveResult, Times
+from xsched.errors import BudgetError, NoIncumbent
+from xsched.solve.intervals.cpsat import Outcome, solve_cpsat
+from xsched.solve.intervals.data import IntervalData, build_data
+from xsched.solve.intervals.extract import hint_from_plan, step_counts, to_plan
+from xsched.solve.objective import better, objective
+from xsched.solve.options import DEFAULTS, SolverOptions
+from xsched.solve.order.order import first_compute_indices, topological, unbudgeted_plan
+from xsched.solve.problem import Problem
+from xsched.solve.registry import from_plan
+
+BACKENDS = ("cpsat", "highs")
+HARD_SHARE = 0.25  # without a plan to start from: this share of the time on the model as it is, then
+SOFT_SHARE = 0.8  # at most this share of the rest for the soft-budget phase (it stops at its first plan)
+C_START, C_MAX = 2, 4  # Moccasin finds C = 2 enough in practice; more only while it pays and time remains
+
+
+def solve_intervals(
+    problem: Problem,
+    options: SolverOptions = DEFAULTS,
+    warm_start: Plan | None = None,
+    *,
+    backend: str = "cpsat",
+    order: Sequence[int] | None = None,
+    seed: int = 0,
+    workers: int = 0,
+    c_max: int = C_MAX,
+) -> Plan:
+    """The best plan of the interval model for `order` (default: the warm start's first-compute order if it is
+    topological, else the graph's) within `options.time_limit_s`, checked by the simulator.
+
+    Starts at C = 2 and raises C while the last model was solved to optimality or proven infeasible, the last
+    raise paid, time remains and C < c_max. Raises BudgetError when the model is infeasible at the last C tried
+    (for this order and C: not a proof for other orders or more intervals) and NoIncumbent when no plan is found
+    in time. Its result's stats (IntervalStats) hold C and the model's own objective and bound (for this order and
+    C only)."""
+    t0 = time.perf_counter()
+    limit = options.time_limit_s if options.time_limit_s is not None else 3600.0
+    graph, profile, budgets, devices, homes = (
+        problem.graph,
+        problem.profile,
+        problem.budgets,
+        tuple(problem.devices),
+        problem.homes,
+    )
+    if order is None:
+        order = tuple(range(len(graph.ops)))
+        if warm_start is not None and topological(graph, first_compute_indices(graph, warm_start)):
+            order = first_compute_indices(graph, warm_start)
+    order = tuple(order)
+    # a warm start running this order gets a slot for each of its steps, even past C: a complete hint
+    least = step_counts(graph, warm_start, devices) if _fits(warm_start, order, graph) else None
+    best: Plan | None = None
+    hint = None
+    C, times = C_START, {"build_s": 0.0, "solve_s": 0.0, "extract_s": 0.0}
+    last: Outcome | None = None
+    prev_objective: int | None = None
+    while True:
+        data = build_data(graph, profile, budgets, devices, homes, order, C, options.alpha_energy, least)
+        if hint is None:  # the warm start if it runs this order, else every op once in this order (over budget)
+            hint = (hint_from_plan(data, warm_start) if warm_start is not None else {}) or hint_from_plan(
+                data, unbudgeted_plan(graph, order, _fastest(profile, devices), homes)
+            )
+        left = limit - (time.perf_counter() - t0)
+        if backend == "cpsat" and best is None and C == C_START and not _fits(warm_start, order, graph):
+            # no plan of this order to start from: a short search on the model as it is (often enough), then one
+            # with the budgets made soft (bytes over them cost more than any plan's time) from where it stopped
+            out = _run(data, backend, HARD_SHARE * left, hint, seed, workers, options)
+            times["build_s"] += out.build_s
+            times["solve_s"] += out.solve_s
+            if out.placed is None and out.status != "infeasible":
+                soft = solve_cpsat(
+                    data,
+                    SOFT_SHARE * (limit - (time.perf_counter() - t0)),
+                    workers or (options.solver_threads or 0),
+                    seed,
+                    hint,
+                    soft=True,
+                )
+                times["build_s"] += soft.build_s
+                times["solve_s"] += soft.solve_s
+                hint = soft.placed or hint
+            if out.status not in ("optimal", "infeasible"):  # the rest of the time, from the best start known
+                more = _run(
+                    data, backend, limit - (time.perf_counter() - t0), out.placed or hint, seed, workers, options
+                )
+                times["build_s"] += more.build_s
+                times["solve_s"] += more.solve_s
+                out = more if more.placed is not None or out.placed is None else out
+        else:
+            out = _run(data, backend, left, hint, seed, workers, options)
+            times["build_s"] += out.build_s
+            times["solve_s"] += out.solve_s
+        if out.placed is not None:
+            t1 = time.perf_counter()
+            plan = to_plan(data, out.placed, SolveResult(f"intervals-{backend}", "feasible"))
+            times["extract_s"] += time.perf_counter() - t1
+            if better(plan, best, options.alpha_energy):
+                best, last = plan, out
+                best_data = data
+            hint = out.placed
+        if out.status not in ("optimal", "infeasible") or C >= c_max or time.perf_counter() - t0 > 0.5 * limit:
+            break  # stopped by the time limit, or no C left: more intervals would not get their time
+        if out.status == "optimal" and prev_objective is not None and out.objective >= prev_objective:
+            break  # C + 1 intervals did not pay: the last two optima are equal
+        prev_objective = out.objective if out.status == "optimal" else None
+        C += 1
+        hint = (
+            _lift(
+                out.placed,
+                data,
+                build_data(graph, profile, budgets, devices, homes, order, C, options.alpha_energy, least),
+            )
+            if out.placed
+            else None
+        )
+    if best is None and out.status == "infeasible":
+        raise BudgetError(
+            f"the interval model (this order of {len(order)} ops, up to C = {C} intervals) has no plan "
+            "within the budgets",
+            stage="solve",
+            device=devices[0] if len(devices) == 1 else None,
+        )
+    if best is None or last is None:
+        raise NoIncumbent(f"intervals-{backend} found no plan in {time.perf_counter() - t0:.1f} s ({out.status})")
+    gap = None
+    if last.bound is not None and last.objective:
+        gap = max(0.0, last.objective - last.bound) / last.objective
+    status = "optimal" if last.status == "optimal" else "time_limit"
+    stats = IntervalStats(
+        backend=backend,
+        intervals=best_data.C,
+        order_kept=first_compute_indices(graph, best) == order,
+        model_objective=best_data.objective_s(last.objective) if last.objective is not None else None,
+        model_bound=best_data.objective_s(last.bound) if last.bound is not None else None,
+    )
+    spent = time.perf_counter() - t0
+    times = Times(times["build_s"], max(0.0, spent - times["build_s"] - times["extract_s"]), times["extract_s"])
+    info = SolveResult(f"intervals-{backend}", status, objective(best, options.alpha_energy), None, gap, times, stats)
+    return replace(best, solver=info)
+
+
+# the registry's entries: an infeasible model is a proof for this order and C only, so it is not reported as one
+def intervals_cpsat(problem: Problem, options: SolverOptions = DEFAULTS, warm: Plan | None = None) -> Plan:
+    """`intervals-cpsat`: the model for the warm start's order (else the graph's), CP-SAT with the options' seed."""
+    workers = options.solver_threads or 0
+    return solve_intervals(problem, options, warm, seed=options.seed, workers=workers)
+
+
+def intervals_highs(problem: Problem, options: SolverOptions = DEFAULTS, warm: Plan | None = None) -> Plan:
+    """`intervals-highs`: the same model linearised, HiGHS."""
+    return solve_intervals(problem, options, warm, backend="highs")
+
+
+run_cpsat = from_plan(intervals_cpsat, proofs=False)
+run_highs = from_plan(intervals_highs, proofs=False)
+
+
+def _run(
+    data: IntervalData, backend: str, left: float, hint, seed: int, workers: int, options: SolverOptions
+) -> Outcome:
+    if backend == "cpsat":
+        return solve_cpsat(data, left, workers or (options.solver_threads or 0), seed, hint, options.verbose)
+    if backend == "highs":
+        from xsched.solve.intervals.highs import solve_highs_intervals
+
+        return solve_highs_intervals(data, left, hint, options)
+    raise ValueError(f"unknown interval backend {backend!r}; choose one of {BACKENDS}")
+
+
+def _lift(placed: Mapping, old: IntervalData, new: IntervalData) -> dict:
+    """A placement of `old` (C) as one of `new` (C + 1): the same steps, in the slots of the same kind."""
+
+    def key(sl):
+        return (sl.kind, sl.op, sl.values, sl.src, sl.device, sl.c)
+
+    index = {key(sl): k for k, sl in enumerate(new.slots)}
+    return {index[key(old.slots[k])]: p for k, p in placed.items() if key(old.slots[k]) in index}
+
+
+def _fits(warm: Plan | None, order: Sequence[int], graph: Graph) -> bool:
+    """The warm start is a plan within the budgets running `order`: a complete hint, no soft phase needed."""
+    return warm is not None and warm.predicted is not None and first_compute_indices(graph, warm) == tuple(order)
+
+
+def _fastest(profile: Profile, devices: Sequence[str]) -> str:
+    """The device running the most ops, the fastest in total among those: where the order's hint computes."""
+    ops = {d: profile.compute.get(d, {}) for d in devices}
+    return min(devices, key=lambda d: (-len(ops[d]), sum(c.time_s for c in ops[d].values())))
