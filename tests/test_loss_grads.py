@@ -180,3 +180,17 @@ def test_zoo_gpt2_loss_only_keeps_its_forward() -> None:
     assert tangents(loss_only) == ["tangent:1"]
     assert len(loss_only.ops) < len(every.ops)
     assert {o.target for o in loss_only.ops if o.phase != "bwd"} == {o.target for o in every.ops if o.phase != "bwd"}
+
+
+def test_the_capture_command_takes_grad_outputs(tmp_path, capsys) -> None:
+    """`xsched capture --grad-outputs auto` writes the loss-only graph; a position the model lacks is one line."""
+    from xsched.cli import main
+    from xsched.contracts.graph import Graph
+
+    out = tmp_path / "g.json"
+    assert main(["capture", "zoo:gpt2", "--scale", "tiny", "--grad-outputs", "auto", "-o", str(out)]) == 0
+    assert tangents(Graph.load(out)) == ["tangent:1"]
+    capsys.readouterr()
+    assert main(["capture", "zoo:gpt2", "--scale", "tiny", "--grad-outputs", "0,5", "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "grad_outputs names output 5" in err and "\n" not in err
