@@ -113,10 +113,11 @@ def _profile_capped(setup: dict[str, Any], cache: str) -> str:
     from xsched.profiling.measure import profile_graph
     from xsched.profiling.store import save_profile
     from xsched.train.optim import autocast
+    from xsched.train.session import grad_outputs
 
     task = task_of(setup)
     with autocast("bf16", ("cuda",)):
-        graph = capture(task.model, task.example_batch[0], name="gpt2")
+        graph = capture(task.model, task.example_batch[0], name="gpt2", grad_outputs=grad_outputs(task))
     path = profile_path(graph, [setup["device"]], cache)
     if not path.exists():
         save_profile(profile_graph(graph, [setup["device"]], max_total_s=setup["profile_s"], progress=False), path)

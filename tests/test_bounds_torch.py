@@ -106,6 +106,8 @@ def gpt2_full_vocab():
     for kinds in ((), ("cuda",)):
         with xsched_autocast("bf16", kinds):
             graphs[kinds or ("cpu",)] = capture(z.model, z.inputs, name="gpt2")
+    with xsched_autocast("bf16", ("cuda",)):  # the loss's backward alone, as `xsched train` captures it
+        graphs["loss"] = capture(z.model, z.inputs, name="gpt2", grad_outputs="auto")
     return z.model, z.inputs, graphs
 
 
@@ -143,3 +145,24 @@ def test_a_plan_runs_below_the_bound_the_cpu_rules_set(gpt2_full_vocab) -> None:
     plan = solve_plan(g, {"cpu": budget}, method="checkpoint")
     homed = sum(g.value[v].nbytes for v in g.inputs)
     assert homed + measured_peaks(g, plan, bind_inputs(g, model, inputs))["cpu"] <= budget
+
+
+def test_the_loss_only_graph_is_bounded_by_and_planned_within_the_loss_only_steps(gpt2_full_vocab) -> None:
+    """Captured for `loss.backward()` (no gradient input for the logits, no backward through it), the graph's bound
+    is below eager's and checkpoint's loss-only steps with the logits dropped, allocator-counted, and a checkpoint
+    plan runs within torch checkpoint's measured peak."""
+    model, inputs, graphs = gpt2_full_vocab
+    g, every = graphs["loss"], graphs[("cuda",)]
+    bound, old = (lower_bounds(x, None, ["cpu"], {v: "cpu" for v in x.inputs})["cpu"] for x in (g, every))
+    bf16_logits = 4 * 64 * 50257 * 2
+    assert bound.bytes <= old.bytes - bf16_logits  # the logits' tangent is gone from the homed inputs
+    amp = functools.partial(xsched_autocast, "bf16", ("cuda",))
+    homed = sum(g.value[v].nbytes for v in g.inputs)
+    steps = {}
+    for ckpt in (False, True):
+        with checkpointed(model) if ckpt else contextlib.nullcontext():
+            resident, peak = step_peak(model, inputs, amp, "loss-only")
+        assert bound.bytes - homed <= peak and bound.bytes <= resident + peak, (ckpt, bound.bytes, resident + peak)
+        steps[ckpt] = resident + peak
+    plan = solve_plan(g, {"cpu": steps[True]}, method="checkpoint")
+    assert homed + measured_peaks(g, plan, bind_inputs(g, model, inputs))["cpu"] <= steps[True]

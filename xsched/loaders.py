@@ -54,9 +54,11 @@ def load_graph(
     scale: str = "default",
     inference: bool = False,
     shapes: Mapping[str, Sequence[int]] | None = None,
+    grad_outputs: str | Sequence[int] = "all",
 ) -> Graph:
     """A graph from a graph JSON, an external bench graph (networkx node-link), an ONNX model (its inference
-    graph; `shapes` bind its symbolic input dimensions), or a model spec (captured)."""
+    graph; `shapes` bind its symbolic input dimensions), or a model spec (captured; `grad_outputs`: the forward
+    outputs its backward differentiates, see xsched.capture.grad_outputs)."""
     if spec.endswith(".onnx"):
         from xsched.capture.onnx import capture_onnx
 
@@ -76,7 +78,7 @@ def load_graph(
     from xsched.capture.torch import capture
 
     model, inputs = load_model(spec, batch, scale)
-    return capture(model, inputs, inference=inference, name=spec)
+    return capture(model, inputs, inference=inference, name=spec, grad_outputs=grad_outputs)
 
 
 Batch = tuple[tuple[Any, ...], Any]  # (model inputs, targets for the loss)

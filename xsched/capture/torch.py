@@ -34,6 +34,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 from xsched.capture.fxgraph import Slot, TraceInfo, build_graph
+from xsched.capture.grad_outputs import GradOutputs, differentiated
 from xsched.contracts.graph import Graph
 from xsched.contracts.torch_ops import resolve_ref
 from xsched.errors import CaptureError, XschedError
@@ -49,17 +50,27 @@ class CapturedOutputs:
     input_grads: dict[int, torch.Tensor] = field(default_factory=dict)  # input position -> gradient
 
 
-def capture(model: nn.Module, example_inputs: tuple, *, inference: bool = False, name: str | None = None) -> Graph:
+def capture(
+    model: nn.Module,
+    example_inputs: tuple,
+    *,
+    inference: bool = False,
+    name: str | None = None,
+    grad_outputs: GradOutputs = "all",
+) -> Graph:
     """Trace `model(*example_inputs)` (and its backward unless `inference`) into a Graph.
 
     Graph inputs: params ("param:<name>"), buffers ("buffer:<name>"), tensor inputs ("input:<i>")
-    and, for training, one tangent per forward output that requires grad ("tangent:<i>").
+    and, for training, one tangent per differentiated forward output ("tangent:<i>", i its position).
+    `grad_outputs` says which outputs the backward differentiates (xsched.capture.grad_outputs): "all" that
+    require grad (default), "auto" (the scalar losses if the forward returns any) or their positions; the others
+    get no tangent and no backward ops, as `loss.backward()` runs none for the logits beside the loss.
     Outputs: the forward outputs, param (and input) gradients, and updated buffers.
     """
     if not isinstance(model, nn.Module):
         raise CaptureError(f"capture needs an nn.Module, got {type(model).__name__}")
     try:
-        return _capture(model, example_inputs, inference, name)
+        return _capture(model, example_inputs, inference, name, grad_outputs)
     except CaptureError as e:  # one line that names the model (and the library model inside a loss wrapper)
         raise CaptureError(f"{model_label(model)}: {e.detail}", op=e.op, value=e.value) from e
 
@@ -72,7 +83,9 @@ def model_label(model: nn.Module) -> str:
     return f"{outer} ({inner})" if inner and inner != outer else outer
 
 
-def _capture(model: nn.Module, example_inputs: tuple, inference: bool, name: str | None) -> Graph:
+def _capture(
+    model: nn.Module, example_inputs: tuple, inference: bool, name: str | None, grad_outputs: GradOutputs
+) -> Graph:
     if not isinstance(example_inputs, tuple):
         example_inputs = (example_inputs,)
     params = dict(model.named_parameters())
@@ -80,7 +93,11 @@ def _capture(model: nn.Module, example_inputs: tuple, inference: bool, name: str
     input_pos = [i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor)]
     modules = _ModuleTracker(model)
     out_meta = _forward_outputs(model, params, buffers, example_inputs, modules)
-    wants_grad = [not inference and m.requires_grad for m in out_meta]
+    wants_grad = [False] * len(out_meta)
+    if not inference:
+        wants_grad = list(
+            differentiated(grad_outputs, [m.requires_grad for m in out_meta], [not m.shape for m in out_meta])
+        )
     grad_params = [] if inference else [k for k, p in params.items() if p.requires_grad]
     grad_inputs = [] if inference else [i for i in input_pos if example_inputs[i].requires_grad]
     slots = (

@@ -8,8 +8,21 @@ from xsched.cli.common import add_shape_flag, parse_shape_flags, print_json
 from xsched.loaders import load_graph
 
 
+def _grad_outputs(text: str) -> str | tuple[int, ...]:
+    """--grad-outputs: all, auto, or comma-separated output positions."""
+    if text in ("all", "auto"):
+        return text
+    try:
+        return tuple(int(k) for k in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"want all, auto or output positions such as 1 or 0,1; got {text!r}") from None
+
+
 def cmd_capture(a: argparse.Namespace) -> int:
-    g = load_graph(a.model, batch=a.batch, scale=a.scale, inference=a.inference, shapes=parse_shape_flags(a.shape))
+    shapes = parse_shape_flags(a.shape)
+    g = load_graph(
+        a.model, batch=a.batch, scale=a.scale, inference=a.inference, shapes=shapes, grad_outputs=a.grad_outputs
+    )
     g.save(a.output)
     phases = {p: sum(o.phase == p for o in g.ops) for p in ("fwd", "loss", "bwd")}
     if a.json:
@@ -61,6 +74,13 @@ def add(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--batch", type=int)
     c.add_argument("--scale", default="default", help="zoo size knob: tiny, small, default")
     c.add_argument("--inference", action="store_true", help="forward only")
+    c.add_argument(
+        "--grad-outputs",
+        type=_grad_outputs,
+        default="all",
+        help="the forward outputs the backward differentiates: all (default), auto (the scalar losses, if the "
+        "model returns any: loss.backward() of a (logits, loss) model) or positions, e.g. 1",
+    )
     add_shape_flag(c)
     c.add_argument("-o", "--output", required=True)
     c.add_argument("--json", action="store_true")

@@ -16,6 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.autograd.function import _SingleLevelFunction
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
+from xsched.capture.grad_outputs import GradOutputs
 from xsched.capture.torch import capture
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Plan
@@ -36,15 +37,16 @@ def _signature(inputs: tuple) -> tuple:
     )
 
 
-def _output_spec(model: nn.Module, inputs: tuple) -> tuple[TreeSpec, list[Any]]:
-    """The structure of model(*inputs), found on fake tensors: its treespec and non-tensor leaves (None at tensors)."""
+def _output_spec(model: nn.Module, inputs: tuple) -> tuple[TreeSpec, list[Any], list[bool]]:
+    """The structure of model(*inputs), found on fake tensors: its treespec, non-tensor leaves (None at tensors)
+    and, for each tensor leaf, whether it has a gradient (floating point, requiring grad)."""
     with FakeTensorMode(allow_non_fake_inputs=False) as mode:
         state = {k: mode.from_tensor(t) for k, t in [*model.named_parameters(), *model.named_buffers()]}
         args = tuple(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs)
-        with torch.no_grad():
-            out = torch.func.functional_call(model, state, args)
+        out = torch.func.functional_call(model, state, args)
     leaves, spec = tree_flatten(out)
-    return spec, [None if isinstance(x, torch.Tensor) else x for x in leaves]
+    grads = [x.requires_grad and x.is_floating_point() for x in leaves if isinstance(x, torch.Tensor)]
+    return spec, [None if isinstance(x, torch.Tensor) else x for x in leaves], grads
 
 
 @dataclass
@@ -63,6 +65,7 @@ class Compiled:
     fed: list[tuple[str, int]]  # graph input id, position among the call's inputs
     updates: list[tuple[dict, torch.Tensor]]  # ref of a buffer's new value, the module buffer it goes to
     points: ParamPoints  # when the run is done with each param on its home (a listener's updates wait for it)
+    ungraded: tuple[int, ...] = ()  # outputs with a gradient in eager that the graph does not differentiate
 
     def __post_init__(self) -> None:
         # Params and buffers go into the stores as they are: the executor runs under no_grad, so nothing it
@@ -76,6 +79,7 @@ class Compiled:
             for v in g.inputs
             if g.value[v].kind == "tangent"
         ]
+        self.zeros_on = {v: ex.dev[self.plan.homes.get(v, ex.names[0])] for v, *_ in self.tangents}
         self.out_get = [(r["ref"], {d: getter(r, ex.dev[d]) for d in ex.names}) for r in g.forward_outputs or ()]
         self.grad_ids = tuple(dict.fromkeys(r["ref"] for r in self.grad_refs if r is not None))
         ends = ex.must_end_on
@@ -156,11 +160,14 @@ class _Run:
     def backward(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
         assert self.state is not None, "backward through the wrapped module twice"
         c = self.c
+        _check_graded(c, grads)
         tangents = {}
         for vid, k, shape, dtype in c.tangents:
             gr = grads[k]
             # contiguous, as captured (autograd may hand an expanded gradient that a folded view cannot reshape)
-            tangents[vid] = gr.contiguous() if gr is not None else torch.zeros(shape, dtype=dtype)
+            tangents[vid] = (
+                gr.contiguous() if gr is not None else torch.zeros(shape, dtype=dtype, device=c.zeros_on[vid])
+            )
         c.executor.bind(self.state, tangents)
         self.run(c.plan.boundary or 0, None)
         st, self.state = self.state, None  # the stores of this run go when this returns
@@ -179,10 +186,27 @@ class _Run:
         return grads
 
 
+def _check_graded(c: Compiled, grads: Sequence[torch.Tensor | None]) -> None:
+    """An output the graph does not differentiate (see `wrap`'s grad_outputs) must not receive a gradient: this
+    run's forward kept nothing for its backward, and running the forward again would draw other dropout masks and
+    update the buffers twice, so the step cannot be eager's. Say so, and how to capture it."""
+    for k in c.ungraded:
+        gr = grads[k]
+        if gr is not None:
+            took = sorted(k for _, k, _, _ in c.tangents)
+            raise XschedError(
+                f"forward output {k} ({str(gr.dtype).removeprefix('torch.')} {list(gr.shape)}) received a gradient, "
+                f"but the plan was made for the backward of output(s) {took} alone; wrap with grad_outputs='all' "
+                "(or the positions of every output the loss reads)",
+                stage="execute",
+            )
+
+
 class _PlanFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, run: _Run, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
         ctx.run = run
+        ctx.set_materialize_grads(False)  # None for an output the loss does not read: _check_graded tells them apart
         outs = run.forward()
         ctx.mark_non_differentiable(*[o for o in outs if not o.is_floating_point()])
         return outs
@@ -234,8 +258,10 @@ class XschedModule(nn.Module):
         stores: Sequence[str] = (),
         param_home: str | None = None,
         compile: bool = False,
+        grad_outputs: GradOutputs = "auto",
     ) -> None:
         super().__init__()
+        self.grad_outputs = grad_outputs  # which outputs the training graphs differentiate (see `wrap`)
         self.compile = compile  # run one-device runs of steps as compiled regions (xsched.execute.segments)
         self.inplace = inplace  # Executor's in-place reuse of dying inputs (off: every op allocates, as captured)
         self.module = model
@@ -301,15 +327,24 @@ class XschedModule(nn.Module):
                     t.data = t.data.pin_memory()
 
     def _compile(self, key: tuple, inputs: tuple, *, inference: bool, plan: Plan | None = None) -> Compiled:
-        graph = capture(self.module, inputs, inference=inference, name=type(self.module).__name__)
+        name = type(self.module).__name__
+        graph = capture(self.module, inputs, inference=inference, name=name, grad_outputs=self.grad_outputs)
+        if plan is not None and plan.graph != graph.fingerprint and self.grad_outputs == "auto" and not inference:
+            # a plan made for the graph of every output (capture's and `xsched capture`'s default) runs as made
+            every = capture(self.module, inputs, name=name, grad_outputs="all")
+            graph = every if every.fingerprint == plan.graph else graph
         homes = param_homes(graph, self.param_home) if self.param_home is not None else None
         if plan is None:
             how = (self.method, self.profile, self.time_limit, self.profile_dir, self.stores)
             plan = solve_plan(graph, self.budgets, self.devices or None, *how, homes=homes)
         elif self.param_home is not None:
             check_homes(graph, plan, self.param_home)
-        spec, leaves = _output_spec(self.module, inputs)
+        spec, leaves, has_grad = _output_spec(self.module, inputs)
         c = self._bindings(graph, plan, inputs, spec, leaves)
+        took = {
+            int((graph.value[v].name or "").split(":")[1]) for v in graph.inputs if graph.value[v].kind == "tangent"
+        }
+        c.ungraded = () if inference else tuple(k for k, g in enumerate(has_grad) if g and k not in took)
         self.compiled[key] = c
         return c
 
@@ -448,12 +483,18 @@ def wrap(
     stores: Sequence[str] = (),
     param_home: str | None = None,
     compile: bool = False,
+    grad_outputs: GradOutputs = "auto",
 ) -> XschedModule:
     """`model` as a module whose training steps run an xsched plan within `budgets` (see XschedModule): method
     "auto" by default, within `time_limit` seconds (default 60), on costs measured once and cached (`profile`).
     `store` (or several `stores`): a device that only holds values, e.g. `store="cpu"` beside `cuda:0`;
     `param_home`: where the parameters, buffers and gradients live (default the first device), e.g. that store;
-    `compile`: each one-device run of computes and frees runs as one inductor-compiled region."""
+    `compile`: each one-device run of computes and frees runs as one inductor-compiled region.
+    `grad_outputs`: the outputs whose gradients the plan computes (xsched.capture.grad_outputs). "auto" (default):
+    the scalar outputs when the forward returns any, as a model returning (logits, loss) is trained by
+    `loss.backward()`, so no gradient of the logits is made or held; else every differentiable output. "all", or
+    the positions among the forward's tensor outputs, when the loss reads others: a gradient reaching an output
+    left out raises a one-line XschedError at that backward, which names the output."""
     if isinstance(stores, str):
         raise XschedError(f"stores must be a sequence of device names, got the string {stores!r}", stage="execute")
     both = (*([store] if store else []), *stores)
@@ -471,4 +512,5 @@ def wrap(
         both,
         param_home,
         compile,
+        grad_outputs,
     )

@@ -201,6 +201,16 @@ def _token_count(task: TrainingTask) -> int | None:
     return first.numel() if first is not None and not first.is_floating_point() else None
 
 
+def grad_outputs(task: TrainingTask) -> str | tuple[int, ...]:
+    """The model outputs whose gradients a step computes: those the task's loss function reads (found on fake
+    tensors), so a model returning (logits, loss) trained on its loss captures no backward of its logits; every
+    output where that cannot be found."""
+    from xsched.capture.grad_outputs import loss_outputs
+
+    inputs, targets = task.example_batch
+    return loss_outputs(task.model, tuple(inputs), task.loss_fn, targets) or "all"
+
+
 def _plan_and_wrap(
     config: TrainConfig,
     task: TrainingTask,
@@ -240,12 +250,21 @@ def _plan_and_wrap(
         )
 
     inputs = task.example_batch[0]
-    graph = capture(task.model, inputs, name=graph_name(config.model))
+    grads = grad_outputs(task)
+    graph = capture(task.model, inputs, name=graph_name(config.model), grad_outputs=grads)
     chosen = plan_for(graph, budgets)
     if config.optimizer_split is not None and home is not None:
         chosen, budgets = _split(config, graph, chosen, budgets, devices, stores, home, plan_for, rep)
     wrapped = wrap(
-        task.model, inputs, budgets, devices, plan=chosen.plan, stores=stores, param_home=home, compile=config.compile
+        task.model,
+        inputs,
+        budgets,
+        devices,
+        plan=chosen.plan,
+        stores=stores,
+        param_home=home,
+        compile=config.compile,
+        grad_outputs=grads,
     )
     if evaluates:
         wrapped.eval()
