@@ -122,6 +122,7 @@ class ParkTimeline(Timeline):
         self.parks: list[Park] = []
         self.ended: set[str] = set()  # outputs made again at the end, or parked for good
         self.end_redo: list[str] = []  # their producers, run after the last position
+        self.end_reads: set[str] = set()  # the inputs those reruns read at the end: never parked for good
         self.refresh()
         self.fetch = self._fetch_store_inputs()
 
@@ -162,8 +163,8 @@ class ParkTimeline(Timeline):
         if gap is None:
             return None
         (a, b), s = gap, self.spans[v][k][0]
-        if b is None and (v not in self.may_leave or any(x > t for x in self.uses[v])):
-            return None  # for good only after its last read of all, where it may leave
+        if b is None and (v not in self.may_leave or v in self.end_reads or any(x > t for x in self.uses[v])):
+            return None  # for good only after its last read of all (an end rerun's included), where it may leave
         # freed after its last read before the gap (an output parked for good: after the autograd boundary too)
         free_from = a + 1 if b is not None else max(a, self.boundary) + 1
         if free_from > t:
@@ -268,3 +269,4 @@ class ParkTimeline(Timeline):
         self.mem[r.lo :] += r.delta
         self.ended.add(r.value)
         self.end_redo.append(r.producer)
+        self.end_reads.update(self.graph.op[r.producer].inputs)
