@@ -18,6 +18,8 @@ from xsched.capture.torch import capture
 from xsched.errors import XschedError
 from xsched.profiling.measure import profile_graph
 from xsched.solve import SolverOptions, eager_peak, solve
+from xsched.solve.hier import solve_hier
+from xsched.solve.problem import Problem
 
 
 def main() -> None:
@@ -48,12 +50,16 @@ def main() -> None:
         for method in args.methods.split(","):
             s = time.perf_counter()
             try:
-                plan = solve(
-                    g, prof, budgets, [dev, "cpu"], method, SolverOptions(time_limit_s=args.time_limit), homes=homes
-                )
+                if method == "hier":  # its own plan, alone: through solve, every heuristic (park too) runs first
+                    opts = SolverOptions(time_limit_s=args.time_limit, hier_processes=1)
+                    plan = solve_hier(Problem(g, prof, budgets, [dev, "cpu"], homes), opts)
+                else:
+                    plan = solve(
+                        g, prof, budgets, [dev, "cpu"], method, SolverOptions(time_limit_s=args.time_limit), homes=homes
+                    )
                 what = (
                     f"makespan {plan.predicted.makespan_s * 1e3:.2f} ms, peak "
-                    f"{plan.predicted.peak_bytes.get(dev, 0) / 2**20:.1f} MiB, by {plan.solver.found_by}"
+                    f"{plan.predicted.peak_bytes.get(dev, 0) / 2**20:.1f} MiB, by {plan.solver.found_by or plan.solver.method}"
                 )
             except XschedError as e:
                 what = f"{type(e).__name__}: {e.detail[:300]}"
