@@ -2,6 +2,7 @@
 compare two such records: a refactoring of the solvers must leave every plan the same (issue 33, "Done when").
 
     python scripts/check_plans_unchanged.py record OUT.json [--quick] [--only bench|zoo|gpu] [--zoo-percents 90,70]
+        [--methods hier,park]
     python scripts/check_plans_unchanged.py compare BEFORE.json AFTER.json
 
 Cases: every graph of benchmarks/graphs/ on its one device at 90/70/50% of the eager peak; every zoo model at scale
@@ -10,7 +11,9 @@ with the host as a 57 GB/s store at 60/45%. Methods: every heuristic alone, and 
 before the time limit (`park-search`, not on GPT-2, where it runs until the limit; the stage MILP on graphs up to
 60 ops x devices). `order-gaps` is left out: it gives each order 10 ms, so its plans depend on the machine's load. A plan is
 recorded as the SHA-1 of its steps (JSON), its step count and predicted makespan; a method without a plan as its
-error. `--quick`: two graphs, two zoo models, no GPT-2 (for the test that runs this script).
+error. `--quick`: two graphs, two zoo models, no GPT-2 (for the test that runs this script). `--methods`: these methods
+instead; `hier` runs with deterministic stops (no leaf MILP, H-ILPs stopped by a node limit, no refinement, one
+process), so its plans do not depend on the machine's load.
 
 Only the public API is used (`xsched.solve`, `eager_peak`, the importers and the zoo), so one script runs on the
 commit before and after.
@@ -37,12 +40,15 @@ from xsched.errors import XschedError
 from xsched.importers import BENCH_DEVICE, import_networkx
 from xsched.profiling.model import cost_profile
 from xsched.solve import SolverOptions, eager_peak, solve
+from xsched.solve.hier import HierSettings, solve_hier
+from xsched.solve.problem import Problem
 
 ROOT = Path(__file__).resolve().parents[1]
 HEURISTICS = ("eager", "greedy", "fastest", "sqrt", "checkpoint", "offload", "gaps", "park")
 SEARCHES = ("park-search",)
 MILP_MAX_SIZE = 60  # ops x devices: the registry's own threshold for the stage MILP inside auto
 TIME_LIMIT_S = 60.0  # the searches end by themselves well before this on these graphs (checked: status recorded)
+HIER_NODES = 200  # hier's H-ILPs stop at this many nodes, long before the clock (as tests/test_hier.py's determinism)
 
 
 Case = tuple[str, Graph, Profile, dict[str, int], tuple[str, ...]]
@@ -86,7 +92,10 @@ def gpt2_gpu() -> tuple[Graph, Profile]:
 def record_one(g: Graph, prof: Profile, budgets: Mapping[str, int], devices: tuple[str, ...], method: str) -> dict:
     t0 = time.perf_counter()
     try:
-        plan = solve(g, prof, budgets, devices, method, SolverOptions(time_limit_s=TIME_LIMIT_S))
+        if method == "hier":
+            plan = deterministic_hier(g, prof, budgets, devices)
+        else:
+            plan = solve(g, prof, budgets, devices, method, SolverOptions(time_limit_s=TIME_LIMIT_S))
     except XschedError as e:
         return {"error": f"{type(e).__name__}: {e.detail}", "s": round(time.perf_counter() - t0, 2)}
     steps = json.dumps(plan.to_dict()["steps"], sort_keys=True)
@@ -99,12 +108,26 @@ def record_one(g: Graph, prof: Profile, budgets: Mapping[str, int], devices: tup
     }
 
 
-def record(out: Path, quick: bool, only: str | None = None, zoo_percents: tuple[int, ...] = (90, 70)) -> None:
+def deterministic_hier(g: Graph, prof: Profile, budgets: Mapping[str, int], devices: tuple[str, ...]):
+    """hier's plan with stops that do not depend on the clock: heuristic leaves, H-ILPs to a node limit."""
+    homes = {v: devices[0] for v in g.inputs}
+    opts = SolverOptions(time_limit_s=TIME_LIMIT_S * 10, node_limit=HIER_NODES, hier_processes=1, hier_refine=False)
+    settings = HierSettings(leaf_s=0, region_s=TIME_LIMIT_S * 10, refine=False)
+    return solve_hier(Problem(g, prof, dict(budgets), list(devices), homes), opts, settings=settings)
+
+
+def record(
+    out: Path,
+    quick: bool,
+    only: str | None = None,
+    zoo_percents: tuple[int, ...] = (90, 70),
+    only_methods: tuple[str, ...] = (),
+) -> None:
     rows: dict[str, dict] = {}
     for label, g, prof, budgets, devices in cases(quick, only, zoo_percents):
         size = len(g.ops) * len(devices)
         searches = SEARCHES if not label.startswith("gpt2-gpu") else ()
-        methods = (*HEURISTICS, *searches, *(("milp",) if size <= MILP_MAX_SIZE else ()))
+        methods = only_methods or (*HEURISTICS, *searches, *(("milp",) if size <= MILP_MAX_SIZE else ()))
         for m in methods:
             rows[f"{label} {m}"] = r = record_one(g, prof, budgets, devices, m)
             print(f"{label} {m}: {r.get('steps', r.get('error'))[:60]} ({r['s']} s)", flush=True)
@@ -134,12 +157,14 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--quick", action="store_true")
     r.add_argument("--only", choices=("bench", "zoo", "gpu"))
     r.add_argument("--zoo-percents", default="90,70", help="budgets of the zoo cases, in %% of the eager peak")
+    r.add_argument("--methods", default="", help="comma-separated methods instead of the default set (e.g. hier)")
     c = sub.add_parser("compare")
     c.add_argument("before", type=Path)
     c.add_argument("after", type=Path)
     args = p.parse_args(argv)
     if args.cmd == "record":
-        record(args.out, args.quick, args.only, tuple(int(x) for x in args.zoo_percents.split(",")))
+        methods = tuple(m for m in args.methods.split(",") if m)
+        record(args.out, args.quick, args.only, tuple(int(x) for x in args.zoo_percents.split(",")), methods)
         return 0
     return compare(args.before, args.after)
 

@@ -30,7 +30,8 @@ from xsched.simulate import simulate
 from xsched.solve.autograd_boundary import hold_to_boundary
 from xsched.solve.hier.greedy import as_start, greedy_events
 from xsched.solve.hier.hindex import HIndex, Unit, index
-from xsched.solve.hier.menu import fastest, leanest
+from xsched.solve.hier.menu import Part, fastest, leanest
+from xsched.solve.hier.park import kept_frees, with_kept_frees
 from xsched.solve.milp.extract import free_unwanted_ends, prune
 from xsched.solve.options import SolverOptions
 
@@ -283,8 +284,14 @@ def event_steps(ix: HIndex, events: Sequence) -> list[Step]:
         if e[0] == "copy":
             steps.append(Copy(ix.values[e[1]], ix.devices[e[2]], ix.devices[e[3]]))
         else:
-            steps += [s for s in ix.parts[e[1]][e[2]].steps if not isinstance(s, Free)]
+            steps += part_steps(ix, ix.parts[e[1]][e[2]])
     return steps
+
+
+def part_steps(ix: HIndex, part: Part) -> list[Step]:
+    """A part's steps without its frees, but for those of its parked values (finish_plan keeps them there)."""
+    kept = kept_frees(ix.graph, part.steps, ix.profile)
+    return [s for i, s in enumerate(part.steps) if not isinstance(s, Free) or i in kept]
 
 
 def _ends(ix: HIndex, events: Sequence) -> set[tuple[str, str]]:
@@ -386,10 +393,15 @@ def plan_steps(ix: HIndex, r_on: set, c_on: set) -> list[Step]:
         copies.setdefault(t, []).append((v, s_, d))
     steps: list[Step] = []
     for t in range(ix.T + 1):
-        steps += [Copy(ix.values[v], ix.devices[s_], ix.devices[d]) for v, s_, d in sorted(copies.get(t, ()))]
+        moved = [Copy(ix.values[v], ix.devices[s_], ix.devices[d]) for v, s_, d in sorted(copies.get(t, ()))]
+        steps += moved
         rank = {k: i for i, k in enumerate(ix.r_at.get(t, ()))}
         for k, o in sorted(runs.get(t, ()), key=lambda r: (rank[r[0]], r[1])):
-            steps += [s for s in ix.parts[k][o].steps if not isinstance(s, Free)]
+            steps += part_steps(ix, ix.parts[k][o])
+        # a value parked on a store at the start of the stage is resident on its source to the stage's end in the
+        # model: its free there (finish_plan keeps it, unless the value is read later) lets the stage's computes
+        # run while it moves
+        steps += [Free(c.value, c.src) for c in moved if c.dst in ix.profile.stores]
     return steps
 
 
@@ -402,10 +414,30 @@ def finish_plan(
     ends: set[tuple[str, str]],
     info: SolveResult,
 ) -> Plan:
-    """Steps pruned, frees placed, simulated under the budgets (an error here is a bug of the memory model)."""
+    """Steps pruned, frees placed (a parked value's where its block's schedule has it, when that plan is valid
+    within the budgets; else after its last read too), simulated under the budgets (an error here is a bug of the
+    memory model)."""
     steps = prune(graph, steps, ends)
-    steps = free_unwanted_ends(graph, place_frees(graph, steps, homes), homes, ends)
-    steps = hold_to_boundary(graph, steps)
+    placed = place_frees(graph, steps, homes)
+    kept = with_kept_frees(graph, steps, placed, profile)
+    if kept != list(placed):
+        try:
+            return _checked(graph, profile, kept, budgets, homes, ends, info)
+        except XschedError:
+            pass  # a parked value held where the level above did not count it: freed after its copy out instead
+    return _checked(graph, profile, placed, budgets, homes, ends, info)
+
+
+def _checked(
+    graph,
+    profile: Profile,
+    placed: Sequence[Step],
+    budgets: Mapping[str, int],
+    homes: Mapping[str, str],
+    ends: set[tuple[str, str]],
+    info: SolveResult,
+) -> Plan:
+    steps = hold_to_boundary(graph, free_unwanted_ends(graph, placed, homes, ends))
     plan = Plan(
         graph.fingerprint, dict(budgets), dict(homes), tuple(steps), info, boundary=autograd_boundary(graph, steps)
     )

@@ -248,10 +248,14 @@ def _keys(ix: HIndex, need_end: set[int]) -> None:
             where[v].add(d)
     for v, d in ix.end_dev.items():
         where[v].add(d)
+    linked = {  # device -> the stores linked to it both ways, which may hold its boundary values (parking)
+        d: {s for s in range(len(ix.devices)) if s != d and _both_ways(ix, d, s)} for d in range(len(ix.devices))
+    }
     for v in range(nv):
         first = 0 if ix.prod[v] is None else ix.prod[v] + 1
         if ix.prod[v] is None:
             where[v].add(ix.home[v])
+        where[v].update(*(linked[d] for d in list(where[v])))
         for d in sorted(where[v]):
             if ix.home.get(v) == d:
                 continue
@@ -269,6 +273,12 @@ def _keys(ix: HIndex, need_end: set[int]) -> None:
                     nbytes = int(round(ix.mem[v] * ix.mu))
                     ix.copy_time[key] = (ix.profile.copy_time(name, nbytes, src, dst) or 0.0) / ix.tu
                     ix.copy_energy[key] = ix.profile.copy_energy(nbytes, src, dst) / ix.eu
+
+
+def _both_ways(ix: HIndex, d: int, s: int) -> bool:
+    """Device s is a store (declared in the profile: hier.park.with_stores) with links to and from device d."""
+    dev, store = ix.devices[d], ix.devices[s]
+    return store in ix.profile.stores and bool(ix.profile.link(dev, store)) and bool(ix.profile.link(store, dev))
 
 
 def _rng(ix: HIndex, units: Sequence[Unit]) -> None:

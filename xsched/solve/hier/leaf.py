@@ -17,6 +17,7 @@ from xsched.solve.heuristics.checkpoint import candidate_keeps, checkpoint_compu
 from xsched.solve.heuristics.gaps import gap_computes
 from xsched.solve.heuristics.routing import finish, route
 from xsched.solve.hier.menu import Option, pareto, partial, summarize
+from xsched.solve.hier.park import park_plans
 from xsched.solve.hier.region import Region, deferring_graph, plain, region_homes
 from xsched.solve.objective import best_of
 from xsched.solve.options import SolverOptions
@@ -60,6 +61,9 @@ def leaf_options(task: LeafTask) -> list[Option]:
             continue
         plans = heuristic_plans(base, prof, h, homes, task.fractions)
         made += [(p, h, p.solver.method) for p in plans]
+        if region.b_ops and plans:  # values kept for its backward part may wait on a store instead
+            peaks = [p.predicted.peak_bytes.get(h, 0) for p in plans]
+            made += [(p, h, label) for p, label in park_plans(sub, prof, h, homes, peaks, task.devices)]
         if task.exact_s > 0 and plans and region.b_ops:  # without a backward part every plan keeps the same
             peaks = sorted(p.predicted.peak_bytes.get(h, 0) for p in plans)
             for f in EXACT_FRACTIONS:
@@ -79,11 +83,16 @@ def leaf_options(task: LeafTask) -> list[Option]:
             op=sub.ops[0].id if sub.ops else None,
         )
     found += deferring(region, made, prof, task.graph_homes, task.deferred)
-    kept = pareto(found, task.limit)
+    kept = pareto(found, task.limit, stores_of(prof, task.devices))
     if not region.b_ops:
         kept += cones(region, prof, task.devices, task.graph_homes, task.limit * 2)
     kept += deferred_options(region, prof, task.devices, task.graph_homes, task.deferred)
     return kept
+
+
+def stores_of(prof: Profile, devices: Sequence[str]) -> frozenset[str]:
+    """The stores among `devices` (declared in the profile: hier.park.with_stores)."""
+    return frozenset(d for d in devices if d in prof.stores)
 
 
 def deferring(

@@ -11,6 +11,7 @@ from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Free, Plan, Step, rng_domain
 from xsched.contracts.profile import Profile
 from xsched.contracts.torch_ops import random_ops
+from xsched.solve.hier.park import lanes_time, parks
 from xsched.solve.hier.region import Region
 
 Res = tuple[str, str]  # (value, device): one residency
@@ -210,6 +211,8 @@ def _part(
         ):
             points.setdefault(d, []).append((b, done))
     left = {d: b - sum(size[v] for v, dd in made if dd == d and (v, dd) in outs) for d, b in held.items()}
+    if parks(steps, profile):  # its copies to and from the store move while the device computes
+        time_s = lanes_time(g, profile, steps)
     return Part(
         tuple(steps),
         time_s,
@@ -224,7 +227,8 @@ def _part(
 
 
 def retime(part: Part, g: Graph, profile: Profile) -> Part:
-    """The part's time and energy from another profile (a translated part: same steps, other ops)."""
+    """The part's time and energy from another profile (a translated part: same steps, other ops); a part that
+    parks, its makespan on the lanes (as `_part`)."""
     size = {v.id: v.nbytes for v in g.values}
     t = e = 0.0
     for s in part.steps:
@@ -235,6 +239,8 @@ def retime(part: Part, g: Graph, profile: Profile) -> Part:
         elif isinstance(s, Copy):
             t += profile.copy_time(s.value, size[s.value], s.src, s.dst) or 0.0
             e += profile.copy_energy(size[s.value], s.src, s.dst)
+    if parks(part.steps, profile):
+        t = lanes_time(g, profile, part.steps)
     return replace(part, time_s=t, energy_j=e)
 
 
@@ -295,10 +301,11 @@ def leanest(options: Sequence[Option], home: str) -> int:
     return min(mine, key=lambda i: (held(options[i]), options[i].time_s, i))
 
 
-def pareto(options: Sequence[Option], limit: int) -> list[Option]:
+def pareto(options: Sequence[Option], limit: int, stores: frozenset[str] = frozenset()) -> list[Option]:
     """The options no other beats on time, phantom and running bytes at once (per home device and outputs left),
-    at most `limit` of them spread over the phantom sizes: the largest, the smallest, then the one nearest each middle left
-    (HiREmate's selection)."""
+    at most `limit` of them spread over the phantom sizes on the devices other than `stores` (what a parked value
+    leaves is on a store): the largest, the smallest, then the one nearest each middle left (HiREmate's
+    selection)."""
     unique: dict[tuple, Option] = {}
     for o in options:
         if o.full:
@@ -324,7 +331,7 @@ def pareto(options: Sequence[Option], limit: int) -> list[Option]:
 
         group.sort(key=figures)
         front = [o for o in group if not any(_dominates(figures(p), figures(o)) for p in group if p is not o)]
-        kept += _spread(front, limit)
+        kept += _spread(front, limit, stores)
     return kept
 
 
@@ -332,15 +339,19 @@ def _dominates(a: tuple, b: tuple) -> bool:
     return len(a) == len(b) and all(x <= y for x, y in zip(a, b)) and a != b
 
 
-def _spread(front: list[Option], limit: int) -> list[Option]:
+def _spread(front: list[Option], limit: int, stores: frozenset[str]) -> list[Option]:
     if len(front) <= limit:
         return sorted(front, key=lambda o: o.time_s)
-    ranked = sorted(front, key=lambda o: (o.phantom, o.time_s))
+
+    def phantom(o: Option) -> int:
+        return sum(b for d, b in o.f.left.items() if d not in stores)
+
+    ranked = sorted(front, key=lambda o: (phantom(o), o.time_s))
     picked = [ranked[-1], ranked[0]]
     while len(picked) < limit:
-        sizes = sorted(o.phantom for o in picked)
+        sizes = sorted(phantom(o) for o in picked)
         gaps = [(b - a, (a + b) / 2) for a, b in zip(sizes, sizes[1:])]
         _, mid = max(gaps)
         rest = [o for o in ranked if o not in picked]
-        picked.append(min(rest, key=lambda o: (abs(o.phantom - mid), o.time_s)))
+        picked.append(min(rest, key=lambda o: (abs(phantom(o) - mid), o.time_s)))
     return sorted(picked, key=lambda o: o.time_s)

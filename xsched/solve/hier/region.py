@@ -133,10 +133,12 @@ def _trim(v: Value, present: set[str]) -> Value:
 
 
 def sub_profile(profile: Profile, sub: Graph) -> Profile:
-    """The profile restricted to the region's ops, for its fingerprint."""
+    """The profile restricted to the region's ops, for its fingerprint; the devices that run no op of the whole
+    graph declared its stores (a device that runs none of the region's ops is no store)."""
     ops = set(sub.op)
     compute = {d: {o: c for o, c in costs.items() if o in ops} for d, costs in profile.compute.items()}
-    return replace(profile, graph=sub.fingerprint, compute=compute)
+    stores = tuple(d for d in profile.devices if profile.is_store(d))
+    return replace(profile, graph=sub.fingerprint, compute=compute, stores=stores)
 
 
 def region_homes(region: Region, homes: Mapping[str, str], home: str) -> dict[str, str]:

@@ -28,6 +28,7 @@ from xsched.solve.hier.hilp import Unit, direct_plan, solve_hilp
 from xsched.solve.hier.hindex import index
 from xsched.solve.hier.leaf import DRIVEN_FRACTIONS, LeafTask, leaf_options
 from xsched.solve.hier.menu import Option, fastest, leanest, translate
+from xsched.solve.hier.park import with_stores
 from xsched.solve.hier.region import Region, deferrable, late_grads, make_region, sub_profile
 from xsched.solve.hier.upper import RegionTask, region_options
 from xsched.solve.objective import better, objective
@@ -103,7 +104,8 @@ def solve_hier(
 ) -> Plan:
     """The hierarchical plan (simulator-checked under the problem's budgets) found within `options.time_limit_s`."""
     t0 = time.perf_counter()
-    graph, profile, budgets, homes = problem.graph, problem.profile, problem.budgets, problem.homes
+    graph, budgets, homes = problem.graph, problem.budgets, problem.homes
+    profile = with_stores(problem.profile)  # what parks, for the blocks' park options and their pricing
     st = settings or HierSettings()
     workers = st.workers if st.workers is not None else options.hier_processes
     limit = options.time_limit_s if options.time_limit_s is not None else 3600.0

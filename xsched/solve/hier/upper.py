@@ -12,7 +12,7 @@ from xsched.contracts.profile import Profile
 from xsched.errors import XschedError
 from xsched.solve.hier.hilp import Unit, direct_plan, solve_hilp
 from xsched.solve.hier.hindex import index
-from xsched.solve.hier.leaf import deferred_options, deferring
+from xsched.solve.hier.leaf import deferred_options, deferring, stores_of
 from xsched.solve.hier.menu import Option, fastest, leanest, pareto, summarize
 from xsched.solve.hier.region import Region, plain, region_homes
 from xsched.solve.options import SolverOptions
@@ -75,4 +75,6 @@ def region_options(task: RegionTask) -> list[Option]:
     found = [summarize(region, p, prof, h, label) for p, h, label in made]
     found += deferring(region, made, prof, task.graph_homes, task.deferred)
     # the children's deferred gradient ops as this block's recomputes (what they read is its boundary too)
-    return pareto(found, task.limit) + deferred_options(region, prof, task.devices, task.graph_homes, task.deferred)
+    return pareto(found, task.limit, stores_of(prof, task.devices)) + deferred_options(
+        region, prof, task.devices, task.graph_homes, task.deferred
+    )
