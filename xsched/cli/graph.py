@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 
 from xsched.cli.common import add_shape_flag, parse_shape_flags, print_json
-from xsched.loaders import load_graph
 
 
 def cmd_capture(a: argparse.Namespace) -> int:
+    from xsched.loaders import load_graph  # capturing imports torch
+
     g = load_graph(a.model, batch=a.batch, scale=a.scale, inference=a.inference, shapes=parse_shape_flags(a.shape))
     g.save(a.output)
     phases = {p: sum(o.phase == p for o in g.ops) for p in ("fwd", "loss", "bwd")}
