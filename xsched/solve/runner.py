@@ -14,7 +14,7 @@ from xsched.contracts.result import MemberOutcome, RunStats, SolveResult, Times
 from xsched.errors import BudgetError, NoIncumbent, SolverError, XschedError
 from xsched.solve.bounds.memory import check_budgets, lower_bounds
 from xsched.solve.objective import better, objective, objective_floor
-from xsched.solve.options import SolverOptions, deadline, now, out_of_time, past_deadline
+from xsched.solve.options import SolverOptions, deadline, now, past_deadline
 from xsched.solve.problem import Outcome, Problem, runnable
 from xsched.solve.registry import SOLVERS, SolverEntry, run_member
 
@@ -287,7 +287,7 @@ def _known_to_work(problem: Problem, seconds: float) -> str:
         for f in PROBE_FACTORS:
             bigger = problem.with_budgets({d: int(b * f) for d, b in problem.budgets.items()})
             for entry in SOLVERS.values():
-                if out_of_time():
+                if past_deadline():  # each heuristic keeps the deadline itself: none is skipped for a guess
                     return "none found"
                 if entry.kind == "heuristic":
                     r = run_member(entry, bigger, SolverOptions(), None)
