@@ -60,7 +60,7 @@ def makespan(graph: Graph, plan: Plan, profile: Profile) -> float:
     earlier free on its device could run (after the last read of what it frees, and after the compute before the
     free on its device). A copy also waits for the compute before it on its destination. Frees take no time. A
     random op's first run starts after the previous random op's first run ends."""
-    from xsched.contracts.torch_ops import random_ops
+    from xsched.contracts.random_ops import random_ops
 
     randoms, drawn, last_draw = random_ops(graph), set(), 0.0
     ready: dict[tuple[str, str], float] = {(v, d): 0.0 for v, d in plan.homes.items()}

@@ -179,3 +179,35 @@ def test_warm_up_runs_until_the_times_settle():
     # runs 1-3 are still falling; from run 4 on the last SETTLE_WINDOW agree within 5%: settled after run 3 + window
     assert n == len(calls) == 3 + SETTLE_WINDOW
     assert warm_up(run, fixed=2, clock=clock) == 2
+
+
+# what `xsched plan`, `simulate` and `report` on graph files run, in a fresh interpreter that reports what it imported
+NO_TORCH_RUN = """
+import sys
+from xsched.cli import main
+
+bench = sys.argv[1]
+assert main(["import", bench, "-o", "g.json", "--profile-out", "p.json"]) == 0
+assert main(["plan", "g.json", "p.json", "--budget", "bench=90%", "--time-limit", "0.3", "-o", "plan.json"]) == 0
+assert main(["simulate", "g.json", "p.json", "plan.json"]) == 0
+report = ["--machine", "bench", "-o", "report", "--points", "2", "--time-limit", "0.2", "--sections", "sweep"]
+assert main(["report", "g.json", "--profile", "p.json", *report, "--baselines", "eager", "--quiet"]) == 0
+print("IMPORTED", sorted(m for m in ("torch", "xsched.capture", "xsched.execute") if m in sys.modules))
+"""
+
+
+def test_planning_from_graph_files_imports_no_torch(tmp_path):
+    """Planning, simulating and reporting on a graph file and its profile import neither torch nor the executor:
+    the command starts in a fraction of a second (scripts/bench_time_limit.py times it; nothing is timed here)."""
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-c", NO_TORCH_RUN, str(BENCH / "random_layered_n100.json")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "IMPORTED []" in run.stdout, run.stdout[-500:]

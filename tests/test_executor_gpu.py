@@ -16,8 +16,8 @@ from xsched.capture.torch import bind_inputs, capture, unpack_outputs
 from xsched.contracts.graph import Graph, Op, Value
 from xsched.contracts.plan import Compute, Copy, Free, Plan
 from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
+from xsched.contracts.random_ops import random_ops
 from xsched.contracts.result import SolveResult
-from xsched.contracts.torch_ops import random_ops
 from xsched.execute.executor import Executor
 from xsched.execute.run_report import measure
 from xsched.execute.wrap import wrap

@@ -11,7 +11,16 @@ from torch import nn
 
 from xsched.capture import capture
 from xsched.contracts.graph import Graph, Op, Value
-from xsched.contracts.torch_ops import decode, encode_literal, is_executable, op_input_tensors, resolve, run_op
+from xsched.contracts.random_ops import RANDOM_TARGETS, TABLE_NAMESPACES, is_random_target
+from xsched.contracts.torch_ops import (
+    decode,
+    encode_literal,
+    has_random_tag,
+    is_executable,
+    op_input_tensors,
+    resolve,
+    run_op,
+)
 from xsched.errors import CaptureError, XschedError
 
 
@@ -185,3 +194,30 @@ def test_op_input_tensors_are_made_on_the_device(monkeypatch):
     a = op_input_tensors(g, op, "cpu", torch.Generator().manual_seed(3))
     b = op_input_tensors(g, op, torch.device("cpu"), torch.Generator().manual_seed(3))
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _tagged_random_targets() -> set[str]:
+    """Every op of the table's namespaces that torch tags nondeterministic_seeded, read from torch's registry."""
+    import torch._prims.rng_prims  # noqa: F401  registers prims and rngprims (Python-defined ops)
+
+    found = set()
+    for full in torch._C._dispatch_get_all_op_names():
+        ns, _, rest = full.partition("::")
+        if ns not in TABLE_NAMESPACES:
+            continue
+        name, _, overload = rest.partition(".")
+        if ns == "aten":  # thousands of ops: the registry's own lookup, without building each OpOverload
+            found_op = torch._C._get_operation_overload(full.partition(".")[0], overload)
+            tags = found_op[2] if found_op is not None else ()
+        else:  # Python-defined ops keep their tags on the OpOverload
+            tags = getattr(getattr(getattr(torch.ops, ns), name), overload or "default").tags
+        if torch.Tag.nondeterministic_seeded in tags:
+            found.add(f"{ns}.{name}.{overload or 'default'}")
+    return found
+
+
+def test_random_op_table_is_what_torch_tags():
+    """The table that lets planning skip torch equals torch's own tags, so it cannot drift from them."""
+    assert RANDOM_TARGETS == _tagged_random_targets()
+    assert all(is_random_target(t) == has_random_tag(t) for t in ("aten.native_dropout.default", "aten.mm.default"))
+    assert not is_random_target("onnx::Dropout")

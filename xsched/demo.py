@@ -9,20 +9,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from xsched.budgets import format_bytes
-from xsched.capture.torch import bind_inputs, capture, unpack_outputs
-from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Plan
-from xsched.execute.reference import run_plan
-from xsched.execute.wrap import wrap
-from xsched.profiling.measure import profile_graph
-from xsched.solve.api import solve
-from xsched.solve.options import SolverOptions
-from xsched.solve.reference import eager_plan
-from xsched.zoo import build
+
+if TYPE_CHECKING:  # the run imports torch and the pipeline; `xsched --help` reads only DemoSettings
+    import torch
+
+    from xsched.contracts.graph import Graph
 
 
 @dataclass(frozen=True)
@@ -47,9 +42,17 @@ class DemoSettings:
 
 def run_demo(s: DemoSettings = DemoSettings(), say: Callable[[str], None] = print) -> int:
     """Run the showcase; 0 when the trained plan matches eager PyTorch, 1 when it does not."""
+    import torch
+
+    from xsched.capture.torch import capture
+    from xsched.profiling.measure import profile_graph
     from xsched.report.build import ReportSettings, build_report, check_settings
     from xsched.report.machines import parse_machine
     from xsched.report.sweep import SweepSettings
+    from xsched.solve.api import solve
+    from xsched.solve.options import SolverOptions
+    from xsched.solve.reference import eager_plan
+    from xsched.zoo import build
 
     gpu = s.gpu or ("cuda:0" if torch.cuda.is_available() else "sim:rtx4090")
     settings = ReportSettings(
@@ -106,6 +109,11 @@ def _since(t0: float) -> str:
 
 def _reference_check(graph: Graph, plan: Plan, model: torch.nn.Module, inputs: tuple) -> float:
     """Largest absolute difference between the plan's outputs and gradients and eager PyTorch's, same seed."""
+    import torch
+
+    from xsched.capture.torch import bind_inputs, unpack_outputs
+    from xsched.execute.reference import run_plan
+
     model = copy.deepcopy(model)
     state = copy.deepcopy(model.state_dict())
     torch.manual_seed(0)
@@ -134,7 +142,10 @@ def _train_against_eager(
     """SGD steps of the model eagerly and through wrap(plan=...), same seeds: (all losses and parameters equal within
     1e-5, median wrapped step time over eager's). Each is warmed up until its step time settles, then `steps` steps
     of each are timed, interleaved (so both see the machine's load alike); every step is compared."""
+    import torch
+
     from xsched.execute.run_report import warm_up
+    from xsched.execute.wrap import wrap
 
     eager_model, xs_model = copy.deepcopy(model), copy.deepcopy(model)
     wrapped = wrap(xs_model, inputs, {"cpu": plan.budgets["cpu"]}, plan=plan)

@@ -14,7 +14,7 @@ from typing import Any
 
 from xsched.contracts.graph import Graph, Op
 from xsched.contracts.plan import Compute, Copy, Free, Plan, Step, required_homes, rng_domain
-from xsched.contracts.torch_ops import random_ops
+from xsched.contracts.random_ops import random_ops
 from xsched.errors import PlanError, XschedError
 
 

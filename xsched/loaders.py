@@ -8,10 +8,11 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # imported where a model is loaded: a graph file needs no torch
+    import torch
+    from torch import nn
 
 from xsched.contracts.graph import Graph
 from xsched.errors import XschedError
@@ -91,6 +92,8 @@ def split_batch(batch: Any, where: str) -> Batch:
         got = f"a {type(batch).__name__}" + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else "")
         raise XschedError(f"{where} must be (inputs, targets), got {got}", stage="load")
     inputs, targets = batch
+    import torch
+
     inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     if not any(isinstance(x, torch.Tensor) for x in inputs):
         raise XschedError(
@@ -143,6 +146,8 @@ def load_training_task(spec: str, batch: int | None = None, scale: str = "defaul
         )
         raise XschedError(f"{spec} returned {got}; a training factory returns {TASK_SHAPE}", stage="load")
     model, example, loss_fn, *rest = made
+    from torch import nn
+
     if not isinstance(model, nn.Module):
         raise XschedError(f"{spec}: the model must be an nn.Module, got {type(model).__name__}", stage="load")
     if not callable(loss_fn):

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 
 from xsched.cli.common import quiet
-from xsched.demo import DemoSettings, run_demo
+from xsched.demo import DemoSettings
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
+    from xsched.demo import run_demo
+
     settings = DemoSettings(a.model, a.scale, a.gpu, a.cpu_budget, a.output, a.time_limit, progress=not quiet(a))
     return run_demo(settings)
 

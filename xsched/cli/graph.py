@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 from xsched.cli.common import add_shape_flag, parse_shape_flags, print_json
-from xsched.loaders import load_graph
 
 
 def _grad_outputs(text: str) -> str | tuple[int, ...]:
@@ -19,6 +18,8 @@ def _grad_outputs(text: str) -> str | tuple[int, ...]:
 
 
 def cmd_capture(a: argparse.Namespace) -> int:
+    from xsched.loaders import load_graph  # capturing imports torch
+
     shapes = parse_shape_flags(a.shape)
     g = load_graph(
         a.model, batch=a.batch, scale=a.scale, inference=a.inference, shapes=shapes, grad_outputs=a.grad_outputs

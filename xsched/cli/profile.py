@@ -9,8 +9,6 @@ import json
 from xsched.budgets import format_bytes
 from xsched.cli.common import add_shape_flag, parse_shape_flags, print_json, quiet
 from xsched.devices.base import Policy, available_devices, split_device_list
-from xsched.loaders import load_graph
-from xsched.profiling.measure import profile_graph
 from xsched.profiling.store import default_profile_path, save_profile
 
 
@@ -39,6 +37,9 @@ def cmd_devices(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     """`xsched profile MODEL|graph.json --devices cpu,cuda:0,sim:h100 [--store cpu] -o profile.json [--reps N]
     [--max-time S]`."""
+    from xsched.loaders import load_graph  # capturing and measuring import torch
+    from xsched.profiling.measure import profile_graph
+
     graph = load_graph(args.model, batch=args.batch, scale=args.scale, shapes=parse_shape_flags(args.shape))
     names = split_device_list(str(args.devices))
     stores = [s for text in args.store for s in split_device_list(text)]

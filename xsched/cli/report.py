@@ -59,12 +59,15 @@ def cmd_report(a: argparse.Namespace) -> int:
 
 def _profile(a: argparse.Namespace, graph: Graph, devices: list[str]) -> Profile:
     """The given profile with the devices it lacks added (simulated: modelled; real: measured), or a new one."""
-    from xsched.profiling.measure import extend_profile, profile_graph
     from xsched.profiling.store import load_profile
 
     bars = not a.quiet and sys.stderr.isatty()  # like the report's own bar: none into a log file
-    if a.profile:
-        given = load_profile(a.profile, graph, check_machine=False)
+    given = load_profile(a.profile, graph, check_machine=False) if a.profile else None
+    if given is not None and all(d in given.devices for d in devices):
+        return given  # nothing to measure (measuring imports torch)
+    from xsched.profiling.measure import extend_profile, profile_graph
+
+    if given is not None:
         return extend_profile(graph, given, devices, max_total_s=a.max_profile_time, progress=bars)
     return profile_graph(graph, devices, max_total_s=a.max_profile_time, progress=bars)
 

@@ -6,12 +6,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from xsched.capture.torch import bind_inputs, capture
 from xsched.cli.common import add_shape_flag, parse_shape_flags, print_json
 from xsched.contracts.plan import Plan
 from xsched.errors import PlanError
-from xsched.execute.run_report import measure
-from xsched.loaders import load_model
 from xsched.profiling.model import cost_profile
 from xsched.profiling.store import load_profile
 
@@ -19,6 +16,10 @@ from xsched.profiling.store import load_profile
 def cmd_run(args: argparse.Namespace) -> int:
     """`xsched run MODEL plan.json [--iters N] [--profile P] [--batch B] [--scale S] [--trace OUT.json]`: run a plan,
     print the report, and with --trace write a Chrome trace of one more run."""
+    from xsched.capture.torch import bind_inputs, capture  # running a plan imports torch
+    from xsched.execute.run_report import measure
+    from xsched.loaders import load_model
+
     plan = Plan.load(args.plan)
     if args.model.endswith(".onnx"):
         return _run_onnx(args, plan)

@@ -75,18 +75,14 @@ def resolve(target: str) -> Callable[..., Any]:
 
 
 @cache
-def is_random_target(target: str) -> bool:
-    """Ops that draw from the RNG (dropout, bernoulli, rand*): recomputing them must replay the same state."""
+def has_random_tag(target: str) -> bool:
+    """torch's own answer to whether an op draws from the RNG (its nondeterministic_seeded tag): the source of
+    xsched.contracts.random_ops' table, and its answer for ops outside the table's namespaces."""
     try:
         fn = resolve(target)
     except XschedError:
         return False
     return torch.Tag.nondeterministic_seeded in getattr(fn, "tags", ())
-
-
-def random_ops(graph: Graph) -> frozenset[str]:
-    """Ids of the ops of `graph` that draw from the RNG."""
-    return frozenset(o.id for o in graph.ops if is_random_target(o.target))
 
 
 def target_name(fn: Any) -> str:

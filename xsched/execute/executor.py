@@ -28,7 +28,7 @@ import torch
 
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Free, Plan, required_homes
-from xsched.contracts.torch_ops import random_ops
+from xsched.contracts.random_ops import random_ops
 from xsched.errors import PlanError, XschedError
 from xsched.execute.compiled import RngLog, compile_inplace, compile_op, reusable_inputs, with_rng
 from xsched.execute.program import PreparedPlan, inline_program

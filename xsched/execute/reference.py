@@ -14,7 +14,8 @@ import torch
 
 from xsched.contracts.graph import Graph, Op
 from xsched.contracts.plan import Compute, Copy, Free, Plan, Step
-from xsched.contracts.torch_ops import is_random_target, run_op
+from xsched.contracts.random_ops import is_random_target
+from xsched.contracts.torch_ops import run_op
 from xsched.errors import XschedError
 from xsched.execute.rng import get_rng, set_rng
 from xsched.interpret import PlanInterpreter, at_step, wrong_size

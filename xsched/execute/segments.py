@@ -27,7 +27,8 @@ from torch import fx
 
 from xsched.contracts.graph import Graph, Op
 from xsched.contracts.plan import Compute, Free, Plan, Step
-from xsched.contracts.torch_ops import decode, random_ops, resolve
+from xsched.contracts.random_ops import random_ops
+from xsched.contracts.torch_ops import decode, resolve
 from xsched.errors import XschedError
 from xsched.execute.compiled import _has_ref, _rng_lock
 from xsched.interpret import PlanInterpreter, at_step, wrong_size

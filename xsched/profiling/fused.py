@@ -17,7 +17,8 @@ import torch
 
 from xsched.contracts.graph import Graph, Op
 from xsched.contracts.profile import Profile
-from xsched.contracts.torch_ops import is_random_target, resolve
+from xsched.contracts.random_ops import is_random_target
+from xsched.contracts.torch_ops import resolve
 from xsched.errors import XschedError
 
 REGION_LABEL = "xsched::region:"  # the profiler label of each compiled region's call: REGION_LABEL + "<first>-<last>"

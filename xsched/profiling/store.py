@@ -9,14 +9,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from xsched.contracts.graph import Graph
 from xsched.contracts.profile import Profile
 from xsched.devices.base import get_device, installed_kinds
 from xsched.errors import ProfileError
 from xsched.files import atomic_write
-from xsched.profiling.measure import profile_graph
 
 log = logging.getLogger("xsched.profiling")
 
@@ -64,6 +61,8 @@ def check_profile(
             )
     if not check_machine:
         return
+    import torch  # here, not at the top: planning from a stored profile (check_machine off) needs no torch
+
     stored_torch = profile.extra.get("torch_version")
     if stored_torch is not None and stored_torch != torch.__version__:
         raise ProfileError(f"profile was measured with torch {stored_torch}, this is torch {torch.__version__}")
@@ -115,6 +114,8 @@ def load_profile(
         if devices is None and profile is not None and not stores:
             stores = list(profile.stores)
         log.warning("re-profiling %s on %s: %s", graph.name, ", ".join(names), e.detail)
+    from xsched.profiling.measure import profile_graph  # measuring imports torch
+
     fresh = profile_graph(graph, [n for n in names if n not in stores], stores=list(stores), **profile_kwargs)
     save_profile(fresh, path)
     return fresh

@@ -47,8 +47,20 @@ DEFAULTS = SolverOptions()  # frozen: the one shared default of every solver's `
 # share as `options.time_limit_s`; a heuristic keeps that limit (`keeps_limit`), and a member checks `out_of_time()`
 # between its variants (helpers deep inside a heuristic take no options, so the deadline is not an argument);
 # tests swap in a clock of their own (`using_clock`) to stop members without measuring wall time
+
+
+@dataclass
+class _Deadline:
+    """When the innermost deadline falls, and when `out_of_time` was last asked under it (or it was set): the time
+    between two checks is what the next unit of work is expected to take."""
+
+    end: float
+    checked: float
+
+
 _CLOCK: ContextVar[Callable[[], float]] = ContextVar("xsched_clock", default=time.perf_counter)
-_DEADLINE: ContextVar[float] = ContextVar("xsched_deadline", default=math.inf)
+# the default is never changed: out_of_time writes `checked` only under a deadline that `deadline` set
+_DEADLINE: ContextVar[_Deadline] = ContextVar("xsched_deadline", default=_Deadline(math.inf, 0.0))  # noqa: B039
 
 
 def now() -> float:
@@ -58,22 +70,33 @@ def now() -> float:
 
 def time_left() -> float:
     """Seconds until the innermost deadline (inf without one)."""
-    return _DEADLINE.get() - now()
+    return _DEADLINE.get().end - now()
+
+
+def past_deadline() -> bool:
+    """The deadline has passed (nothing predicted: what the runner labels a stopped member by)."""
+    return time_left() <= 0.0
 
 
 def out_of_time() -> bool:
-    """The deadline has passed: start nothing new, return the best plan so far."""
-    return time_left() <= 0.0
+    """Start nothing new and return the best plan so far: the deadline has passed, or it is nearer than the time
+    since the last check, so another unit of work as long as the last would end past it."""
+    d, t = _DEADLINE.get(), now()
+    if d.end == math.inf:
+        return False
+    since, d.checked = t - d.checked, t
+    return d.end - t <= max(since, 0.0)
 
 
 @contextmanager
 def deadline(seconds: float | None) -> Iterator[float]:
     """Within the block the deadline is `seconds` from now, or the enclosing one where that comes first (None: the
     enclosing one). Yields the seconds granted."""
-    end = _DEADLINE.get() if seconds is None else min(_DEADLINE.get(), now() + max(seconds, 0.0))
-    token = _DEADLINE.set(end)
+    t = now()
+    end = _DEADLINE.get().end if seconds is None else min(_DEADLINE.get().end, t + max(seconds, 0.0))
+    token = _DEADLINE.set(_Deadline(end, t))
     try:
-        yield end - now()
+        yield end - t
     finally:
         _DEADLINE.reset(token)
 
@@ -82,7 +105,7 @@ def deadline(seconds: float | None) -> Iterator[float]:
 def using_clock(clock: Callable[[], float]) -> Iterator[None]:
     """The solve stage reads `clock` within the block (a test's fake clock that advances as it is read)."""
     token = _CLOCK.set(clock)
-    outer = _DEADLINE.set(math.inf)  # a deadline on the old clock means nothing on the new one
+    outer = _DEADLINE.set(_Deadline(math.inf, 0.0))  # a deadline on the old clock means nothing on the new one
     try:
         yield
     finally:

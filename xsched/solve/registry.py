@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -22,7 +24,7 @@ from xsched.solve.heuristics.greedy import greedy_fill
 from xsched.solve.heuristics.offload import offload_search
 from xsched.solve.heuristics.park import park_remat
 from xsched.solve.heuristics.sqrt import sqrt_checkpoint
-from xsched.solve.options import SolverOptions, out_of_time
+from xsched.solve.options import SolverOptions, past_deadline, time_left
 from xsched.solve.problem import Outcome, Problem
 
 # A solver: the problem, its options (options.time_limit_s is its own share of the time), and a warm start (the
@@ -37,7 +39,8 @@ class SolverEntry:
     """One method. `min_size`/`max_size`: ops x devices outside which a configuration (auto, portfolio) does not
     run it (a method named on its own always runs); `share`: its share of the time left when later members follow
     it; `one_device`: it plans for one computing device (the others may only store); `requires`: an optional
-    package it needs."""
+    package it needs; `imports`: the heavy modules its first call loads (the runner does not start it where the time
+    left cannot cover loading them, `runner.IMPORT_S`)."""
 
     name: str
     fn: Solver
@@ -47,6 +50,7 @@ class SolverEntry:
     share: float = 1.0
     one_device: bool = False
     requires: str | None = None
+    imports: tuple[str, ...] = ()
     doc: str = ""
 
     def __post_init__(self) -> None:
@@ -100,17 +104,63 @@ def from_plan(call: Callable[[Problem, SolverOptions, Plan | None], Plan], *, pr
     return run
 
 
-def lazy(target: str) -> Solver:
-    """The solver `module:function`, imported on its first call (Pyomo, OR-Tools and torch load only when used)."""
+def lazy(target: str, *imports: str) -> Solver:
+    """The solver `module:function`, imported on its first call with the packages of `imports` its run loads
+    (Pyomo, OR-Tools and torch load only when used). A first import takes seconds that the clock cannot interrupt,
+    so it runs beside the caller, which waits for it only while its time lasts (`import_within`)."""
 
     def run(problem: Problem, options: SolverOptions, warm: Plan | None = None) -> Outcome:
         module, _, name = target.partition(":")
+        waited = time.perf_counter()
+        for m in (module, *imports):
+            if not import_within(m, time_left()):
+                why = f"not started: importing {m} took the {time.perf_counter() - waited:.1f} s it had"
+                return Outcome(SolveResult("", "no_incumbent", message=why))
         fn = getattr(importlib.import_module(module), name)
-        if out_of_time():  # the first import (Pyomo: seconds) took the member's time
+        if past_deadline():  # the first import (Pyomo: seconds) took the member's time
             return Outcome(SolveResult("", "no_incumbent", message=f"no time left after importing {module}"))
         return fn(problem, options, warm)
 
     return run
+
+
+_IMPORTS: dict[str, threading.Event] = {}  # module -> set once its import (in a thread of its own) has ended
+_IMPORTS_LOCK = threading.Lock()
+
+
+def import_within(module: str, seconds: float) -> bool:
+    """`module` imported, or being imported in a background thread that ends within `seconds` (inf: however long);
+    False if it has not ended by then (it goes on, and a later call finds it done). No two imports run at once,
+    and a caller runs nothing while one is under way (a forked worker must not inherit an import's locks), so
+    this first waits for any other import under way."""
+    end = time.perf_counter() + max(seconds, 0.0)
+    with _IMPORTS_LOCK:
+        others = [e for m, e in _IMPORTS.items() if m != module and not e.is_set()]
+    for event in others:
+        if not event.wait(_timeout(end)):
+            return False
+    with _IMPORTS_LOCK:
+        if module not in _IMPORTS:
+            if module in sys.modules:  # imported by someone else
+                return True
+            _IMPORTS[module] = threading.Event()
+            threading.Thread(target=_import, args=(module,), name=f"xsched import {module}", daemon=True).start()
+        event = _IMPORTS[module]
+    return event.wait(_timeout(end))
+
+
+def _import(module: str) -> None:
+    try:
+        importlib.import_module(module)
+    except BaseException:  # the caller's own import_module raises it again, in the caller's thread
+        pass
+    finally:
+        _IMPORTS[module].set()
+
+
+def _timeout(end: float) -> float | None:
+    left = end - time.perf_counter()
+    return None if left == float("inf") else max(left, 0.0)
 
 
 def heuristic(name: str, fn: Callable[[Problem, SolverOptions, Plan | None], Plan]) -> SolverEntry:
@@ -132,6 +182,8 @@ def _fused_cut(problem: Problem, options: SolverOptions, warm: Plan | None) -> P
     return run(problem, options, warm)
 
 
+CP_SAT = "ortools.sat.python.cp_model"  # OR-Tools' CP-SAT: a second's import, when it is installed
+
 # ---- the built-in solvers, one line each (sizes are ops x devices); the heuristics run first, in this order
 register(heuristic("eager", eager))
 register(heuristic("greedy", greedy_fill))
@@ -144,10 +196,11 @@ register(heuristic("park", park_remat))
 register(
     SolverEntry(
         "hier",
-        lazy("xsched.solve.hier.solver:run"),
+        lazy("xsched.solve.hier.solver:run", "pyomo.environ"),
         kind="search",
         min_size=100,
         share=0.4,
+        imports=("pyomo.environ",),
         doc="hierarchical decomposition (HiREmate's H-Partition and H-ILP, on several devices)",
     )
 )
@@ -155,9 +208,10 @@ register(
 register(
     SolverEntry(
         "milp",
-        lazy("xsched.solve.milp.milp:run"),
+        lazy("xsched.solve.milp.milp:run", "pyomo.environ"),
         max_size=60,
         share=0.5,
+        imports=("pyomo.environ",),
         doc="the stage MILP (Checkmate's stages on several devices, copies overlapping compute in a stage), HiGHS",
     )
 )
@@ -185,32 +239,35 @@ register(
 register(
     SolverEntry(
         "order-cpsat",
-        lazy("xsched.solve.order.cpsat:run_cpsat"),
+        lazy("xsched.solve.order.cpsat:run_cpsat", CP_SAT),
         kind="search",
         max_size=5000,
         share=0.35,
         requires="ortools",
+        imports=("ortools.sat.python.cp_model",),
         doc="order search, each order scored by CP-SAT on the interval model",
     )
 )
 register(
     SolverEntry(
         "intervals-cpsat",
-        lazy("xsched.solve.intervals.solver:run_cpsat"),
+        lazy("xsched.solve.intervals.solver:run_cpsat", CP_SAT),
         kind="search",
         max_size=5000,
         share=0.7,
         requires="ortools",
+        imports=("ortools.sat.python.cp_model",),
         doc="the retention-interval model for one order, CP-SAT",
     )
 )
 register(
     SolverEntry(
         "intervals-highs",
-        lazy("xsched.solve.intervals.solver:run_highs"),
+        lazy("xsched.solve.intervals.solver:run_highs", "xsched.solve.intervals.highs"),
         kind="search",
         max_size=60,
         share=0.5,
+        imports=("pyomo.environ",),
         doc="the retention-interval model for one order, linearised, HiGHS",
     )
 )

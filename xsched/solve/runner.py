@@ -4,6 +4,7 @@ and one typed result. `auto`, `portfolio` and a single method are configurations
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -13,16 +14,21 @@ from xsched.contracts.result import MemberOutcome, RunStats, SolveResult, Times
 from xsched.errors import BudgetError, NoIncumbent, SolverError, XschedError
 from xsched.solve.bounds.memory import check_budgets, lower_bounds
 from xsched.solve.objective import better, objective, objective_floor
-from xsched.solve.options import SolverOptions, deadline, now, out_of_time
+from xsched.solve.options import SolverOptions, deadline, now, past_deadline
 from xsched.solve.problem import Outcome, Problem, runnable
 from xsched.solve.registry import SOLVERS, SolverEntry, run_member
 
 CONFIGURATIONS = ("auto", "portfolio", "heuristics")
 NO_LIMIT_S = 3600.0  # time_limit_s=None: an hour
 MIN_MEMBER_S = 0.5  # a timed member is not started with less time left: building its model alone takes longer
+# what loading a member's heavy modules takes, on the 2-core development machine under load (Pyomo with its HiGHS
+# interface and xsched's model modules 1.4 s, OR-Tools' CP-SAT 0.6 s; more under a heavier load): a member that
+# needs them is not started unless the time left covers them and MIN_MEMBER_S
+IMPORT_S = {"pyomo.environ": 1.5, "ortools.sat.python.cp_model": 0.7}
 MIN_METHOD_S = 1.0  # a method named on its own gets at least this much, even when the heuristics took the limit
 # time for finding a budget that works after no plan was found: a share of the time left, at least PROBE_MIN_S
 PROBE_SHARE, PROBE_MIN_S, PROBE_MAX_S = 0.2, 0.5, 10.0
+GRACE_SHARE, GRACE_S = 0.1, 1.0  # a run returns within limit x (1 + GRACE_SHARE) + GRACE_S (issue 33)
 PROBE_FACTORS = (1.1, 1.25, 1.5, 2.0, 4.0)  # budgets scaled by these until a heuristic fits
 _PROOF_SCOPE = {"milp": ", for plans that first compute the ops in graph order"}
 
@@ -63,6 +69,7 @@ def run(problem: Problem, config: Configuration, options: SolverOptions, given: 
     whether no plan is *proven* or only *not found*)."""
     t0 = now()
     limit = options.time_limit_s if options.time_limit_s is not None else NO_LIMIT_S
+    grace_end = limit * (1 + GRACE_SHARE) + GRACE_S  # the run returns by then (issue 33)
     alpha = options.alpha_energy
     try:
         check_budgets(problem.graph, problem.profile, problem.budgets, problem.devices, problem.homes)
@@ -87,13 +94,14 @@ def run(problem: Problem, config: Configuration, options: SolverOptions, given: 
     until = limit - (MIN_METHOD_S if config.method is not None and timed else 0.0)
     for k, entry in enumerate(heuristics):
         started = now()
-        if best is not None and started - t0 >= until:  # without a plan each still tries its first variant
+        # without a plan each still tries its first variant (which runs however late), but only within the grace
+        if started - t0 >= (until if best is not None else grace_end):
             outcomes.append(MemberOutcome(entry.name, "no_incumbent", 0.0, None, "not started: no time left"))
             continue
         share = max(until - (started - t0), 0.0) / (len(heuristics) - k)
         with deadline(share):  # the heuristic keeps it as its options.time_limit_s (options.keeps_limit)
             r = run_member(entry, problem, replace(options, time_limit_s=share), None)
-            stopped = out_of_time()
+            stopped = past_deadline()
         consider(entry.name, _stopped(_checked(problem, r, options), stopped), now() - started)
     if given is not None:
         consider("warm start", _given(problem, given, options), 0.0)
@@ -105,6 +113,10 @@ def run(problem: Problem, config: Configuration, options: SolverOptions, given: 
             left = max(left, MIN_METHOD_S)
         elif left < MIN_MEMBER_S or _done(best, found, results, floor, alpha):
             break
+        elif left < MIN_MEMBER_S + (loading := _import_s(entry)):  # a later member may need no import
+            why = f"not started: loading {', '.join(entry.imports)} (about {loading:g} s) leaves too little of {left:.2f} s"
+            outcomes.append(MemberOutcome(entry.name, "no_incumbent", 0.0, None, why))
+            continue
         started = now()
         member = _member_options(entry, options, left, timed[k + 1 :])
         with deadline(member.time_limit_s):  # what the member runs inside (heuristics, scoring) checks it too
@@ -127,7 +139,8 @@ def run(problem: Problem, config: Configuration, options: SolverOptions, given: 
         else:
             tried = ", ".join(f"{o.method}: {o.status}" for o in outcomes)
             why = f"not found within the time limit ({limit:g} s; {tried})"
-        return _no_plan(problem, config, why, proofs[0] if proofs else None, limit - seconds, None)
+        proof = proofs[0] if proofs else None  # the probe for a budget that works takes what is left of the grace
+        return _no_plan(problem, config, why, proof, limit - seconds, None, grace_end - seconds)
     return _labelled(config.name, best, found, results, (floor, floor_why), stats, options, seconds)
 
 
@@ -139,6 +152,11 @@ def _given(problem: Problem, given: Plan, options: SolverOptions) -> Outcome:
         return _checked(problem, Outcome(replace(given.solver, method="warm start"), given), options)
     except XschedError as e:  # over these budgets or not for this graph: not a candidate
         return Outcome(SolveResult("warm start", "failed", message=e.detail, error=e))
+
+
+def _import_s(entry: SolverEntry) -> float:
+    """What loading the member's heavy modules will take: nothing for those this process has loaded already."""
+    return sum(IMPORT_S.get(m, 0.0) for m in entry.imports if m not in sys.modules)
 
 
 def _member_options(entry: SolverEntry, options: SolverOptions, left: float, later: Sequence[SolverEntry]):
@@ -245,15 +263,17 @@ def _method_result(method: str, results, best: Plan | None, found, stats: RunSta
     return Outcome(record, best)
 
 
-def _no_plan(problem, config, why, exact, seconds, cause: BudgetError | None) -> Outcome:
-    """No plan: one short BudgetError saying why, the smallest budgets known to work, the largest known not to."""
+def _no_plan(problem, config, why, exact, seconds, cause: BudgetError | None, most_s: float = PROBE_MAX_S) -> Outcome:
+    """No plan: one short BudgetError saying why, the smallest budgets known to work (looked for in a share of the
+    `seconds` left, at most `most_s`), the largest known not to."""
     budgets = problem.budgets
     lows = lower_bounds(problem.graph, problem.profile, problem.devices, problem.homes)
     if exact is not None and exact.status == "infeasible":
         fails = ", ".join(f"{d} {format_bytes(b)}" for d, b in budgets.items())
     else:
         fails = ", ".join(f"{d} {format_bytes(max(lows[d].bytes - 1, 0))}" for d in budgets) + " (lower bound)"
-    works = _known_to_work(problem, min(PROBE_MAX_S, max(PROBE_SHARE * seconds, PROBE_MIN_S)))
+    probe = min(PROBE_MAX_S, max(PROBE_SHARE * seconds, PROBE_MIN_S), most_s)
+    works = _known_to_work(problem, probe) if probe > 0 else "none looked for (no time left)"
     msg = f"no plan within the budgets: {why}; smallest budget known to work: {works}; largest known not to: {fails}"
     device = cause.device if cause is not None else (next(iter(budgets)) if len(budgets) == 1 else None)
     err = BudgetError(msg, stage="solve", device=device, op=cause.op if cause is not None else None)
@@ -267,7 +287,7 @@ def _known_to_work(problem: Problem, seconds: float) -> str:
         for f in PROBE_FACTORS:
             bigger = problem.with_budgets({d: int(b * f) for d, b in problem.budgets.items()})
             for entry in SOLVERS.values():
-                if out_of_time():
+                if past_deadline():  # each heuristic keeps the deadline itself: none is skipped for a guess
                     return "none found"
                 if entry.kind == "heuristic":
                     r = run_member(entry, bigger, SolverOptions(), None)

@@ -5,10 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import numpy as np
-from scipy.sparse import csr_matrix
-from scipy.sparse.csgraph import maximum_flow
-
 from xsched.contracts.graph import Graph
 
 CAP_UNITS = 2**30  # value sizes are floored to units that keep every capacity sum inside scipy's int32 flows
@@ -32,6 +28,8 @@ class _Network:
     its size (holding it), and a sink behind every value that must be resident at the end."""
 
     def __init__(self, graph: Graph, homes: Mapping[str, str], device: str, ends: set[str]) -> None:
+        import numpy as np  # here: scipy's import takes most of a second, and only one-device bounds need it
+
         self.graph = graph
         total = sum(v.nbytes for v in graph.values)
         self.unit = max(1, -(-total // CAP_UNITS))
@@ -60,6 +58,10 @@ class _Network:
     def cut(self, sources: list[int], free: set[str]) -> int:
         """Least bytes of values (beyond `free` and the homed ones) whose holding separates every path from an
         op in `sources` to a value that must end resident; floored to whole units, so never above the true cut."""
+        import numpy as np
+        from scipy.sparse import csr_matrix
+        from scipy.sparse.csgraph import maximum_flow
+
         cap = self.cap.copy()
         cap[[self.val_index[v] for v in free]] = 0
         data = np.full(len(self.rows), INF, dtype=np.int64)

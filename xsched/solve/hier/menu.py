@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Free, Plan, Step, rng_domain
 from xsched.contracts.profile import Profile
-from xsched.contracts.torch_ops import random_ops
+from xsched.contracts.random_ops import random_ops
 from xsched.solve.hier.park import lanes_time, parks
 from xsched.solve.hier.region import Region
 

@@ -14,7 +14,7 @@ from dataclasses import replace
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Free, Plan, Step
 from xsched.contracts.profile import Profile
-from xsched.contracts.torch_ops import random_ops
+from xsched.contracts.random_ops import random_ops
 from xsched.errors import XschedError
 from xsched.lanes import overlapped_spans, step_waits
 

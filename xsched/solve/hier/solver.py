@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from multiprocessing import get_context
-
-import torch
 
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Plan
@@ -378,7 +377,8 @@ _logger = logging.getLogger(__name__)
 def _start_method() -> str:
     """fork (workers start at once), unless this process has initialised CUDA: a forked child inherits a CUDA
     context it cannot use and dies at its first CUDA call, or when its garbage collector frees a CUDA tensor."""
-    return "forkserver" if torch.cuda.is_initialized() else "fork"
+    torch = sys.modules.get("torch")  # not imported: no CUDA context (planning from files needs no torch)
+    return "forkserver" if torch is not None and torch.cuda.is_initialized() else "fork"
 
 
 class _pool:

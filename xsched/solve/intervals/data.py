@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import required_homes, rng_domain
 from xsched.contracts.profile import Profile
-from xsched.contracts.torch_ops import random_ops
+from xsched.contracts.random_ops import random_ops
 from xsched.errors import PlanError, ProfileError
 from xsched.solve.order.order import topological
 

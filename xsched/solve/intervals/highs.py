@@ -5,6 +5,7 @@ binaries, reads and ends by indicator binaries with big-M, memory checked at eve
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pyomo.environ as pyo
@@ -14,13 +15,19 @@ from xsched.solve.intervals.cpsat import Outcome
 from xsched.solve.intervals.data import IntervalData
 from xsched.solve.intervals.extract import Placement
 from xsched.solve.milp.backends import new_highs, set_threads
-from xsched.solve.options import SolverOptions
+from xsched.solve.options import SolverOptions, out_of_time
 
+CHECK_EVERY = 500  # memory pairs built between two looks at the clock
 MAX_PAIRS = 15_000  # pairwise memory rows beyond which building alone eats a minute's limit (n100: 15-20 s)
 
 
-def build(data: IntervalData) -> pyo.ConcreteModel:
-    """Variables and constraints; see the module docstring. Events are integers 0..end, big-M = end + 1."""
+class _Late(Exception):
+    """The deadline passed while the model was being built: no time is left to solve it."""
+
+
+def build(data: IntervalData, late: Callable[[], bool] = lambda: False) -> pyo.ConcreteModel:
+    """Variables and constraints; see the module docstring. Events are integers 0..end, big-M = end + 1. Raises
+    _Late when `late()` says so between constraint groups and within the memory rows (the largest group)."""
     M, end, slots = data.end + 1, data.end, data.slots
     m = pyo.ConcreteModel(name="xsched_intervals")
     n = range(len(slots))
@@ -90,7 +97,9 @@ def build(data: IntervalData) -> pyo.ConcreteModel:
         m.ends.add(e[k, v] >= end * m.y[t])
     for v, devs in data.ends:
         m.ends.add(sum(m.y[t] for t, (k, w) in enumerate(ends) if w == v and slots[k].device in devs) >= 1)
-    _memory(m, data, s)
+    if late():
+        raise _Late
+    _memory(m, data, s, late)
     m.rng = pyo.ConstraintList()  # a random op runs from one RNG only
     if data.rng_groups:  # K[g, r]: random op g draws from RNG r
         m.K = pyo.Var([(gi, ri) for gi, g in enumerate(data.rng_groups) for ri in range(len(g))], domain=pyo.Binary)
@@ -108,7 +117,7 @@ def _kind(sl) -> tuple:
     return (sl.kind, sl.op, sl.src)
 
 
-def _memory(m: pyo.ConcreteModel, data: IntervalData, s) -> None:
+def _memory(m: pyo.ConcreteModel, data: IntervalData, s, late: Callable[[], bool]) -> None:
     """At the start of each slot i on a capped device: its own values and workspace, plus every value w of slot j
     with s_j <= s_i <= e_jw (o >= a_j + p + q - 2, p: j started by then, q: w still held), within the capacity."""
     slots, M = data.slots, data.end + 1
@@ -134,6 +143,8 @@ def _memory(m: pyo.ConcreteModel, data: IntervalData, s) -> None:
     # o_mem[t, w]: value w of slot j counts in the memory at slot i's start
     held: dict[int, list] = {}
     for t, (i, j) in enumerate(trip):
+        if t % CHECK_EVERY == CHECK_EVERY - 1 and late():
+            raise _Late
         m.mem.add(s(j) >= s(i) + 1 - M * m.p[t] - M * (1 - m.a[j]))
         for w in slots[j].values:
             m.mem.add(m.e[j, w] <= s(i) - 1 + M * m.h[t, w])
@@ -157,7 +168,14 @@ def solve_highs_intervals(
     from pyomo.repn.plugins.standard_form import LinearStandardFormCompiler
 
     t0 = time.perf_counter()
-    m = build(data)
+    late = lambda: out_of_time() or time.perf_counter() - t0 > time_limit_s  # noqa: E731
+    try:
+        m = build(data, late)
+    except _Late:
+        return Outcome("unknown", None, None, None, time.perf_counter() - t0, 0.0)
+    # handing the model to HiGHS takes about as long as building it: not started when that is more than is left
+    if 2 * (time.perf_counter() - t0) > time_limit_s or out_of_time():
+        return Outcome("unknown", None, None, None, time.perf_counter() - t0, 0.0)
     if hint:
         _start(m, data, hint)
     info = LinearStandardFormCompiler().write(m, mixed_form=True, set_sense=None)

@@ -10,7 +10,7 @@ from typing import Any
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import rng_domain
 from xsched.contracts.profile import Profile
-from xsched.contracts.torch_ops import random_ops
+from xsched.contracts.random_ops import random_ops
 from xsched.errors import PlanError, ProfileError
 from xsched.solve.options import SolverOptions
 
