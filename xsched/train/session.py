@@ -236,6 +236,7 @@ def _plan_and_wrap(
                 rep.notice,
                 stores,
                 homes,
+                fused=config.compile,
             ),
         )
 
