@@ -183,3 +183,25 @@ def test_a_given_plan_that_overruns_runs_the_overrunning_regions_uncompiled(monk
     mem = bench.step_memory(lambda: bench.loss_of(w(x)), [*w.parameters()])
     assert mem.peak <= limit - resident(w) + 2 * bench.LOSS_BYTES
     _train(w, eager, 1)
+
+
+def test_xsched_plan_compile_prices_the_ops_as_fused(tmp_path) -> None:
+    """`xsched plan --compile`: the plan's predicted time is the simulator's on the fused profile, below the same
+    plan's on the profile as given (the chain's layer norm, GELU and tanh cost nothing fused)."""
+    import json
+
+    from xsched.capture.torch import capture
+    from xsched.cli import main
+    from xsched.contracts.plan import Plan
+    from xsched.profiling.fused import fused_profile
+    from xsched.profiling.model import cost_profile
+
+    graph = capture(chain(), (data(0),))
+    profile = cost_profile(graph, ["cpu"])
+    g, p, out = tmp_path / "g.json", tmp_path / "p.json", tmp_path / "plan.json"
+    g.write_text(json.dumps(graph.to_dict()))
+    p.write_text(json.dumps(profile.to_dict()))
+    assert main(["plan", str(g), str(p), "--budget", "cpu=85%", "--compile", "--quiet", "-o", str(out)]) == 0
+    plan = Plan.load(out)
+    fused = simulate(graph, plan, fused_profile(graph, profile, "cpu")).time_s
+    assert plan.predicted.time_s == pytest.approx(fused) and fused < simulate(graph, plan, profile).time_s
