@@ -205,3 +205,20 @@ def test_xsched_plan_compile_prices_the_ops_as_fused(tmp_path) -> None:
     plan = Plan.load(out)
     fused = simulate(graph, plan, fused_profile(graph, profile, "cpu")).time_s
     assert plan.predicted.time_s == pytest.approx(fused) and fused < simulate(graph, plan, profile).time_s
+
+
+def test_the_training_plan_cache_keys_and_prices_a_compiled_run_as_fused(tmp_path) -> None:
+    """`xsched train --compile` plans through cached_plan(fused=True): its own cache entry, priced as fused."""
+    from xsched.capture.torch import capture
+    from xsched.profiling.fused import fused_profile
+    from xsched.profiling.model import cost_profile
+    from xsched.train.plans import cached_plan
+
+    graph = capture(chain(), (data(0),))
+    how = dict(profile="model", time_limit=5, cache_dir=tmp_path, notice=lambda s: None)
+    fused = cached_plan(graph, {"cpu": "85%"}, ["cpu"], fused=True, **how)
+    plain = cached_plan(graph, {"cpu": "85%"}, ["cpu"], **how)
+    assert fused.path != plain.path and not fused.reused
+    want = simulate(graph, fused.plan, fused_profile(graph, cost_profile(graph, ["cpu"]), "cpu")).time_s
+    assert fused.plan.predicted.time_s == pytest.approx(want)
+    assert cached_plan(graph, {"cpu": "85%"}, ["cpu"], fused=True, **how).reused
