@@ -8,8 +8,9 @@ fraction of --budgets; xsched compiled plans (wrap(..., compile=True)) with the 
 measured peak as their budget (plus the params and inputs, which the plan counts and the peak column does not);
 and the xsched compiled eager plan. wrap plans them on costs priced as compiled (fusible ops free), measures their
 regions on the first step, and plans once more within less when that step went over the budget (its notices are
-in the notes); the predicted peak is the settled plan's, from its regions' measured allocations. Step = forward + loss + backward. Times are medians of interleaved steps, so
-ratios share the machine's load. Peak: the bytes a step allocates above what existed before it, from the CPU
+in the notes); the predicted peak is the settled plan's, from its regions' measured allocations. Step = forward +
+loss + backward. Times: the median and the best of interleaved steps, so ratios share the machine's load (on a
+shared box the best step is the least blurred). Peak: the bytes a step allocates above what existed before it, from the CPU
 allocator's events (torch.profiler, bench_executor.step_memory) on the CPU, from max_memory_allocated on CUDA.
 """
 
