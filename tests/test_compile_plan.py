@@ -16,7 +16,7 @@ from torch.testing import assert_close
 from xsched.contracts.plan import Compute
 from xsched.execute import segments as segments_module
 from xsched.execute.compiled_memory import PLANNED_WITHIN_KEY
-from xsched.execute.wrap import wrap
+from xsched.execute.wrap import MAX_REPLANS, wrap
 from xsched.pipeline import PER_OP_KEY, plan_profile
 from xsched.profiling.fused import fusible
 from xsched.simulate import simulate
@@ -152,7 +152,11 @@ def test_an_overrunning_compiled_run_is_planned_again_within_the_budget(monkeypa
     err = capsys.readouterr().err
     assert "the compiled plan peaked at cpu" in err and "planning again within less" in err
     first = w.plan
-    _train(w, eager, 1)  # the re-plan runs: solved within less, recorded against the budget
+    for _ in range(MAX_REPLANS):  # each re-plan runs: solved within less, recorded against the budget
+        _train(w, eager, 1)
+        if w._first.first_run is None and w._first.replan is None:
+            break  # settled
+    assert w._first.first_run is None and w._first.replan is None
     assert w.plan is not first and w.plan.budgets["cpu"] == limit
     assert w.plan.extra[PLANNED_WITHIN_KEY]["cpu"] < limit
     assert w.plan.predicted.peak_bytes["cpu"] <= limit

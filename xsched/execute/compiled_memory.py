@@ -28,9 +28,10 @@ def over_budget(peaks: Mapping[str, int], limits: Mapping[str, int]) -> dict[str
 
 
 def lowered_budgets(plan: Plan, over: Mapping[str, int]) -> dict[str, int]:
-    """The plan's budgets with each device over its limit lowered by its excess: a re-plan's per-op budgets, aiming
-    its compiled peak at the limit."""
-    return {d: b - over.get(d, 0) for d, b in plan.budgets.items()}
+    """The budgets the plan was solved within (a re-plan's lowered ones) with each device over its limit lowered by
+    its excess: the next re-plan's per-op budgets, aiming its compiled peak at the limit."""
+    within = plan.extra.get(PLANNED_WITHIN_KEY, plan.budgets)
+    return {d: b - over.get(d, 0) for d, b in within.items()}
 
 
 def as_replanned(plan: Plan, limits: Mapping[str, int]) -> Plan:

@@ -43,6 +43,7 @@ class Compiled:
     first_run: Callable[[Compiled], None] | None = None
     limits: Mapping[str, int] = dataclasses.field(default_factory=dict)
     replan: dict[str, int] | None = None
+    replans: int = 0  # re-plans made for this key before this plan
 
     def __post_init__(self) -> None:
         # Params and buffers go into the stores as they are: the executor runs under no_grad, so nothing it
