@@ -14,16 +14,17 @@ cpu:1 is the store (a copy is a clone), peaks from the CPU allocator's events (t
 counted on cpu:0 (xsched rows, xsched.execute.live_bytes); OffloadActivations (CUDA streams) is skipped there. Every
 row also has torch.compile's (plain, and with activation_memory_budget at each budget as a fraction), CUDA's reserved
 memory beside the allocated, and (with --out) a plot of step time against measured peak for every row beside the
-markdown. Setup in scripts/gpu/README.md.
+markdown. `--xsched-compile` (default on CUDA) adds an xsched compiled row at every xsched row's budget
+(bench_gpu_compiled_rows: wrap(compile=True), its peak from the allocator, its prediction from the regions'
+measured allocations). The torch rows and the shared timing are in bench_gpu_torch_rows. Setup in
+scripts/gpu/README.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as futures
-import contextlib
 import functools
-import gc
 import gzip
 import json
 import multiprocessing
@@ -34,14 +35,14 @@ import statistics
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from html import escape as html_escape
 from pathlib import Path
-from typing import Any
 
 import torch
-from bench_cuda import _Backward, _tensor_leaves, device_name, no_plan, one_line, sync
-from bench_executor import step_memory
+from bench_cuda import device_name, no_plan, one_line
+from bench_gpu_compiled_rows import compiled_plan_rows
+from bench_gpu_torch_rows import compile_rows, log, timed, torch_rows
 from bench_offload import hidden_share
 from gpu.memory_report import mib, render
 
@@ -58,96 +59,6 @@ from xsched.explain import reserved_peaks
 from xsched.profiling.measure import profile_graph
 from xsched.simulate import simulate
 from xsched.solve.reference import eager_peak, eager_plan
-
-SEED = 1234
-
-
-# ---- torch rows: forward under a context, backward with ones outside it ----
-def torch_step(model: torch.nn.Module, inputs: tuple, ones: list, context: Callable[[], Any]) -> Callable[[], Any]:
-    """One step: grads set to None, the forward under `context()`, returned as an object whose .backward() runs
-    the backward (so bench_executor.step_memory can replay it) and .loss holds the loss."""
-
-    def forward() -> _Backward:
-        model.zero_grad(set_to_none=True)
-        with context():
-            outs = _tensor_leaves(model(*inputs))
-        b = _Backward([o for o in outs if o.requires_grad], ones)
-        b.loss = outs[-1].detach()  # type: ignore[attr-defined]  # zoo gpt2 returns (logits, loss)
-        return b
-
-    return forward
-
-
-@contextlib.contextmanager
-def checkpointed_blocks(model: torch.nn.Module) -> Iterator[None]:
-    """torch.utils.checkpoint around every transformer block (model.h[i]) while the context is open."""
-    from torch.utils.checkpoint import checkpoint
-
-    for block in model.h:  # type: ignore[union-attr]
-        block.forward = functools.partial(checkpoint, type(block).forward.__get__(block), use_reentrant=False)
-    try:
-        yield
-    finally:
-        for block in model.h:  # type: ignore[union-attr]
-            del block.forward
-
-
-def torchtune_offload() -> Callable[[], Any] | str:
-    """torchtune's OffloadActivations as a context factory, or why not."""
-    try:
-        from torchtune.training import OffloadActivations
-    except Exception as e:  # not installed, or its imports (torchao, datasets, ...) fail
-        return f"skipped: torchtune does not import ({one_line(e)})"
-    return OffloadActivations
-
-
-def compile_rows(
-    model: torch.nn.Module, inputs: tuple, dev: torch.device, eager: Callable[[], float], a, t_start: float
-) -> list[dict]:
-    """torch.compile, plain and with `torch._functorch.config.activation_memory_budget` at each xsched budget (as a
-    fraction: torch's min-cut partitioner saves that share of the activations and recomputes the rest), each timed
-    interleaved with eager PyTorch. Compiled one at a time (dynamo's cache does not key on the budget); a row is
-    skipped when less than 1.5x the last compile's time is left before --deadline."""
-    import torch._dynamo
-    import torch._functorch.config as functorch_config
-
-    ones = [torch.ones_like(o) for o in _tensor_leaves(model(*inputs)) if o.requires_grad]
-    model.zero_grad(set_to_none=True)
-    rows: list[dict] = []
-    took = 0.0
-    for pct in [None, *a.budgets]:
-        label = "torch.compile" if pct is None else f"torch.compile, activation_memory_budget {pct / 100:g}"
-        left = a.deadline - (time.perf_counter() - t_start)
-        if left < max(10.0 if dev.type == "cpu" else 45.0, 1.5 * took):  # inductor on GPT-2: tens of seconds
-            rows.append({"plan": label, "error": f"skipped: {left:.0f} s left of --deadline"})
-            continue
-        t0 = time.perf_counter()
-        try:
-            torch._dynamo.reset()
-            step = torch_step(torch.compile(model, backend=a.compile_backend), inputs, ones, contextlib.nullcontext)
-            run = backward_of(step, model)
-            with functorch_config.patch(activation_memory_budget=1.0 if pct is None else pct / 100):
-                run()  # forward and backward compiled now; the partition (what is saved) is chosen here
-            took = time.perf_counter() - t0
-            got = timed({"row": run, "eager": eager}, dev, a.iters, a.warmup)
-            peak = got["row"]["peak"] if dev.type == "cuda" else step_memory(step, model.parameters()).peak  # type: ignore[arg-type]
-        except Exception as e:  # a backend that does not build here must not lose the other rows
-            rows.append({"plan": label, "error": f"error: {one_line(e)}"})
-            continue
-        finally:
-            model.zero_grad(set_to_none=True)
-        row = {
-            "plan": label,
-            "time_s": statistics.median(got["row"]["times"]),
-            "peak": peak,
-            "loss": got["row"]["loss"],
-        }
-        row |= {"reserved": got["row"]["reserved"], "eager_s": statistics.median(got["eager"]["times"])}
-        row |= {"eager_times": got["eager"]["times"], "compile_s": took, "budget": None if pct is None else pct / 100}
-        rows.append(row)
-        log(f"{label}: {row['time_s'] * 1e3:.1f} ms, step peak {mib(peak)} (compiled in {took:.0f} s)")
-    torch._dynamo.reset()
-    return rows
 
 
 def frontier_plot(rows: list[dict], path: Path, title: str) -> Path:
@@ -192,48 +103,6 @@ def plain_svg(rows: list[dict], title: str, w: int = 720, h: int = 460) -> str:
         out.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="4" fill="{color[family(r["plan"])]}"/>')
         out.append(f'<text x="{cx + 5:.1f}" y="{cy - 4:.1f}">{html_escape(r["plan"])}</text>')
     return "\n".join([*out, "</svg>"])
-
-
-# ---- measuring ----
-def timed(runs: dict[str, Callable[[], float]], dev: torch.device, iters: int, warmup: int) -> dict[str, dict]:
-    """Per run name: wall seconds of `iters` steps after `warmup` untimed rounds, the runs interleaved (drift and
-    load spread over all of them); on CUDA the step peak above the resident state in the first timed round
-    (max_memory_allocated less memory_allocated before) and the reserved memory's growth (max_memory_reserved less
-    memory_reserved before, the cache emptied first); the loss of the last step, every step seeded alike."""
-    out: dict[str, dict] = {k: {"times": [], "peak": None, "reserved": None, "loss": None} for k in runs}
-    for r in range(warmup + iters):
-        for k, run in runs.items():
-            first = r == warmup
-            if first:
-                gc.collect()
-            sync(dev)
-            if first and dev.type == "cuda":
-                torch.cuda.empty_cache()  # the cached pool of earlier rows would hide this row's reserved growth
-                base = torch.cuda.memory_allocated(dev)
-                base_reserved = torch.cuda.memory_reserved(dev)
-                torch.cuda.reset_peak_memory_stats(dev)
-            torch.manual_seed(SEED)
-            t0 = time.perf_counter()
-            out[k]["loss"] = run()
-            sync(dev)
-            if r >= warmup:
-                out[k]["times"].append(time.perf_counter() - t0)
-            if first and dev.type == "cuda":
-                out[k]["peak"] = torch.cuda.max_memory_allocated(dev) - base
-                out[k]["reserved"] = torch.cuda.max_memory_reserved(dev) - base_reserved
-    return out
-
-
-def backward_of(step: Callable[[], _Backward], model: torch.nn.Module) -> Callable[[], float]:
-    """A whole torch step; its grads are dropped after it, so the next run's resident state does not hold them."""
-
-    def run() -> float:
-        b = step()
-        b.backward()
-        model.zero_grad(set_to_none=True)
-        return float(b.loss)  # type: ignore[attr-defined]
-
-    return run
 
 
 def plan_row(label: str, graph: Graph, plan: Plan, profile: Profile, env: dict, compute: str, eager: Callable, a):
@@ -329,10 +198,6 @@ def setup(a: argparse.Namespace) -> tuple[str, str, torch.device, str | int]:
     return a.device, "cpu", torch.device(a.device), a.store_budget
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda:0", help="cuda:N (the host is the store) or cpu (cpu:0 + cpu:1)")
@@ -353,6 +218,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument(
         "--compile", action=argparse.BooleanOptionalAction, default=True, help="the torch.compile rows (default: on)"
+    )
+    ap.add_argument(
+        "--xsched-compile",
+        action=argparse.BooleanOptionalAction,
+        help="xsched compiled rows (wrap(compile=True), inductor on each region) at every xsched row's budget (default: "
+        "on CUDA only; inductor on the CPU takes minutes per plan)",
     )
     ap.add_argument(
         "--compile-backend",
@@ -381,33 +252,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     a.compile_backend = a.compile_backend or ("aot_eager_decomp_partition" if cpu else "inductor")
     a.jobs = a.jobs or max(1, (os.cpu_count() or 1) - 2)
     a.lanes = not cpu if a.lanes is None else a.lanes
+    a.xsched_compile = not cpu if a.xsched_compile is None else a.xsched_compile
     a.argv = argv if argv is not None else sys.argv[1:]
     return a
-
-
-def torch_rows(model: torch.nn.Module, inputs: tuple, dev: torch.device, a) -> tuple[list[dict], Callable, list]:
-    """The torch rows, measured interleaved with each other; the eager step (as a whole) and its step times."""
-    ones = [torch.ones_like(o) for o in _tensor_leaves(model(*inputs)) if o.requires_grad]
-    model.zero_grad(set_to_none=True)
-    contexts: dict[str, Callable[[], Any] | str] = {
-        "eager PyTorch": contextlib.nullcontext,
-        "torch.utils.checkpoint per block": lambda: checkpointed_blocks(model),
-        "save_on_cpu(pin_memory=True)": lambda: torch.autograd.graph.save_on_cpu(pin_memory=True),
-        "torchtune OffloadActivations": torchtune_offload() if dev.type == "cuda" else "skipped: CUDA streams only",
-    }
-    steps = {k: torch_step(model, inputs, ones, c) for k, c in contexts.items() if not isinstance(c, str)}
-    got = timed({k: backward_of(s, model) for k, s in steps.items()}, dev, a.iters, a.warmup)
-    rows = []
-    for k, c in contexts.items():
-        if isinstance(c, str):
-            rows.append({"plan": k, "error": c})
-            continue
-        peak = got[k]["peak"] if dev.type == "cuda" else step_memory(steps[k], model.parameters()).peak  # type: ignore[arg-type]
-        model.zero_grad(set_to_none=True)
-        row = {"plan": k, "time_s": statistics.median(got[k]["times"]), "peak": peak, "loss": got[k]["loss"]}
-        rows.append({**row, "reserved": got[k]["reserved"]})
-        log(f"{k}: {rows[-1]['time_s'] * 1e3:.1f} ms, step peak {mib(peak)}")
-    return rows, backward_of(steps["eager PyTorch"], model), list(got["eager PyTorch"]["times"])
 
 
 def profiled(graph: Graph, compute: str, store: str, a) -> Profile:
@@ -494,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd = " ".join(["python scripts/bench_gpu_memory.py", *a.argv])
         header = [
             f"Command: `{cmd}` ({total_s:.0f} s: profile {profile_s:.0f} s, solves {solve_s:.0f} s at {limit:.0f} s "
-            "each)" + (" (partial: the torch.compile rows follow)" if partial else "") + "  ",
+            "each)" + (" (partial: the compiled rows follow)" if partial else "") + "  ",
             f"Device: {device_name(dev)}; torch {torch.__version__}, Python {platform.python_version()}, TF32 matmul "
             f"{torch.backends.cuda.matmul.allow_tf32}; graph {len(graph.ops)} ops ({graph.fingerprint}); links {links}",
         ]
@@ -519,6 +366,11 @@ def main(argv: list[str] | None = None) -> int:
         publish(partial=True)
         compiled = compile_rows(model, inputs, dev, eager_run, a, t_start)
         rows[len(torch_done) : len(torch_done)] = compiled
+        eager_times += [t for r in compiled for t in r.get("eager_times", [])]
+    if a.xsched_compile:
+        publish(partial=True)
+        compiled = compiled_plan_rows(model, inputs, profile, budgets, store, eager_run, a, t_start)
+        rows += compiled
         eager_times += [t for r in compiled for t in r.get("eager_times", [])]
     publish(partial=False)
     return 0

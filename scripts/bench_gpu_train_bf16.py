@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_gpu_memory import checkpointed_blocks
 from bench_gpu_param_offload import (
     LR,
     backward_with,
@@ -36,6 +35,7 @@ from bench_gpu_param_offload import (
     task_of,
     train_loop,
 )
+from bench_gpu_torch_rows import checkpointed_blocks
 
 ROWS = ("eager", "checkpoint", "xsched", "xsched_equal")
 GPU = {"scale": "full:dropout=0.0", "device": "cuda:0", "budget": "60%"}

@@ -17,6 +17,7 @@ from xsched.solve.reference import eager_peak
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import bench_gpu_memory as bench  # noqa: E402
+import bench_gpu_torch_rows as torch_rows  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -101,7 +102,7 @@ def test_checkpointed_blocks_are_restored_and_match_eager():
     z = zoo.build("gpt2", scale="tiny")
     model = z.model.eval()
     want = model(*z.inputs)[1]
-    with bench.checkpointed_blocks(model):
+    with torch_rows.checkpointed_blocks(model):
         assert all("forward" in vars(b) for b in model.h)
         got = model(*z.inputs)[1]
     assert not any("forward" in vars(b) for b in model.h)

@@ -18,6 +18,11 @@ def cmd_plan(a: argparse.Namespace) -> int:
     graph = Graph.load(a.graph)
     # Planning for another machine is allowed (graph check only); --reprofile re-measures a stale profile here.
     profile = load_profile(a.profile, graph, reprofile=a.reprofile, check_machine=a.reprofile)
+    if a.compile:  # the plan runs as compiled regions (`xsched run --compile`): its ops priced as fused
+        from xsched.profiling.fused import fused_profile
+
+        for d in [d for d in profile.compute if profile.compute[d]]:
+            profile = fused_profile(graph, profile, d)
     budgets = parse_budget_flags(a.budget)
     devices = split_device_list(a.devices) if a.devices else None
     if a.method == "eager" and not budgets:
@@ -138,6 +143,11 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--solver", default="highs")
     p.add_argument(
         "--reprofile", action="store_true", help="re-profile when the profile is stale for this graph or machine"
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="price the ops as compiled regions fuse them (fusible ops free), for `xsched run --compile`",
     )
     p.add_argument("--explain", action="store_true", help="why each value is kept, recomputed or moved")
     p.add_argument("--json", action="store_true")

@@ -243,6 +243,13 @@ class Segments:
         self._plans: dict[tuple[int, ...], Callable] = {}
         self.eager_ops = frozenset(ex.recomputed_random)
 
+    def uncompile(self, steps: tuple[int, ...], device: str, why: str) -> None:
+        """Region `steps` runs uncompiled from now on (its steps one by one, allocating as the plan counts), with a
+        one-line notice naming it and why."""
+        self.failed[steps] = why
+        self.peaks.pop(steps, None)
+        print(f"xsched: region steps {steps[0]}-{steps[-1]} on {device} runs uncompiled ({why})", file=sys.stderr)
+
     def program(self, idx: Sequence[int]) -> Callable[[Any], None]:
         """A step function running steps `idx` (computes and frees on one device, in order) as compiled regions."""
         key = tuple(idx)
@@ -302,8 +309,7 @@ class Segments:
                     gm = gm or region_graph(ex.graph, ex.plan.steps, r, dev)
                     fn = self._fns[key] = self.compile_fn(gm, args)
                 except Exception as e:  # the compiler cannot handle it: this region runs uncompiled
-                    self.failed[r.steps] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                    print(f"xsched: region {r.name} runs uncompiled ({self.failed[r.steps]})", file=sys.stderr)
+                    self.uncompile(r.steps, r.device, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
                     for f in fallback:
                         f(st)
                     return
@@ -346,11 +352,22 @@ def compiled_peaks(graph: Graph, plan: Plan, peaks: Mapping[tuple[int, ...], int
     return _CompiledPeaks(graph, plan, peaks).run()
 
 
+def region_peaks(
+    graph: Graph, plan: Plan, peaks: Mapping[tuple[int, ...], int]
+) -> dict[tuple[int, ...], tuple[str, int]]:
+    """Each measured region (its steps) -> its device and the bytes there at its peak: what the plan holds when the
+    region begins plus the most the region allocated above that."""
+    walk = _CompiledPeaks(graph, plan, peaks)
+    walk.run()
+    return walk.at
+
+
 class _CompiledPeaks(PlanInterpreter):
     def __init__(self, graph: Graph, plan: Plan, peaks: Mapping[tuple[int, ...], int]) -> None:
         super().__init__(graph, plan)
         self.inside = {i: steps for steps in peaks for i in steps}
-        self.first = {steps[0]: extra for steps, extra in peaks.items()}
+        self.first = {steps[0]: (steps, extra) for steps, extra in peaks.items()}
+        self.at: dict[tuple[int, ...], tuple[str, int]] = {}  # region steps -> (device, its peak)
 
     def bump(self, i: int, device: str, during: int, **where: str) -> None:
         if i not in self.inside:
@@ -364,7 +381,9 @@ class _CompiledPeaks(PlanInterpreter):
 
     def _enter(self, i: int, device: str) -> None:
         if i in self.first:  # a region begins: what is resident now plus what it allocated, at most
-            super().bump(i, device, self.used[device] + self.first[i])
+            steps, extra = self.first[i]
+            self.at[steps] = (device, self.used[device] + extra)
+            super().bump(i, device, self.used[device] + extra)
 
     def end(self) -> dict[str, int]:
         return dict(self.peak)

@@ -90,15 +90,17 @@ def cached_plan(
     notice: Callable[[str], None] = print,
     stores: Sequence[str] = (),
     homes: Mapping[str, str] | None = None,
+    fused: bool = False,
 ) -> CachedPlan:
     """The plan for `graph` on `devices` within `budgets`: the cached one when its key matches and it simulates,
     else solved (`method`, within `time_limit` s) on the stored or freshly measured profile, and cached. `stores`
-    run no op (only their copies are costed); `homes` places graph inputs (default: the first device)."""
+    run no op (only their copies are costed); `homes` places graph inputs (default: the first device); `fused`: the
+    plan runs as compiled regions, its costs priced as fused (and keyed so: the profile's numbers differ)."""
     from xsched.solve.api import solve
     from xsched.solve.options import SolverOptions
 
     devices = list(devices)
-    costs = plan_profile(graph, devices, profile, cache_dir, stores)
+    costs = plan_profile(graph, devices, profile, cache_dir, stores, fused=fused)
     compute = [d for d in devices if d not in stores]
     stored = profile_path(graph, compute, cache_dir, stores) if profile == "measure" else None
     key = plan_key(graph, costs, devices, budgets, method, time_limit, stores, homes)

@@ -246,6 +246,7 @@ def _plan_and_wrap(
                 rep.notice,
                 stores,
                 homes,
+                fused=config.compile,
             ),
         )
 

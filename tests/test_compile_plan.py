@@ -1,0 +1,228 @@
+"""Compiled plans through wrap's own profile -> plan path: priced as fused, their predicted peak the compiled regions'
+real allocations (against the CPU allocator's events), and the re-plan or fallback when a compiled run overruns."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.testing import assert_close
+
+from xsched.contracts.plan import Compute
+from xsched.execute import segments as segments_module
+from xsched.execute.compiled_memory import PLANNED_WITHIN_KEY
+from xsched.execute.wrap import MAX_REPLANS, wrap
+from xsched.pipeline import PER_OP_KEY, plan_profile
+from xsched.profiling.fused import fusible
+from xsched.simulate import simulate
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# torch.compile's own tolerance against eager on float32 (fused kernels reassociate sums): torch's inductor tests
+TOL = {"rtol": 1e-4, "atol": 1e-5}
+
+_spec = importlib.util.spec_from_file_location(
+    "bench_executor", Path(__file__).resolve().parents[1] / "scripts" / "bench_executor.py"
+)
+bench = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
+sys.modules["bench_executor"] = bench
+_spec.loader.exec_module(bench)  # type: ignore[union-attr]
+
+
+def chain() -> nn.Module:
+    """Linear, layer norm, GELU, tanh: fusible chains between matmuls, no dropout or batch norm (whose uncompiled
+    steps allocate beside the plan's values), so the allocator's count of a step is the plan's to the loss."""
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(16, 32),
+        nn.LayerNorm(32),
+        nn.GELU(),
+        nn.Linear(32, 32),
+        nn.Tanh(),
+        nn.Linear(32, 32),
+        nn.GELU(),
+        nn.Linear(32, 4),
+    )
+
+
+def data(k: int) -> torch.Tensor:
+    return torch.randn(64, 16, generator=torch.Generator().manual_seed(k))
+
+
+def step(m: nn.Module, k: int) -> torch.Tensor:
+    loss = bench.loss_of(m(data(k)))
+    loss.backward()
+    return loss.detach()
+
+
+def resident(w: nn.Module) -> int:
+    g = w.graph
+    return sum(g.value[v].nbytes for v in g.inputs if g.value[v].kind != "tangent")
+
+
+@pytest.fixture(scope="module")
+def inductor_run():
+    """One compiled plan by wrap at 85% of the eager peak (it recomputes), inductor on its regions; its first step
+    and the allocator's count of the second; eager PyTorch's two steps beside it."""
+    eager = chain()
+    w = wrap(copy.deepcopy(eager), (data(0),), {"cpu": "85%"}, profile="model", inplace=False, compile=True)
+    per_op = dict(w.plan.predicted.peak_bytes)
+    losses = [step(w, 0)]  # compiles and measures the regions
+    x = data(1)  # made before the count: the step's allocations only
+    mem = bench.step_memory(lambda: bench.loss_of(w(x)), [*w.parameters()])
+    w.zero_grad()
+    losses.append(step(w, 1))
+    want = [step(eager, 0)]
+    eager.zero_grad()
+    want.append(step(eager, 1))
+    return {"w": w, "eager": eager, "per_op": per_op, "losses": losses, "want": want, "mem": mem}
+
+
+def test_wrap_plans_a_compiled_model_with_fused_costs(inductor_run) -> None:
+    w = inductor_run["w"]
+    fused = plan_profile(w.graph, ["cpu"], "model", fused=True)
+    plain = plan_profile(w.graph, ["cpu"], "model")
+    for op in w.graph.ops:
+        want = 0.0 if fusible(op) else plain.compute["cpu"][op.id].time_s
+        assert fused.compute["cpu"][op.id].time_s == want, op.target
+    assert w.plan.predicted.time_s == pytest.approx(simulate(w.graph, w.plan, fused).time_s)
+    assert sum(isinstance(s, Compute) for s in w.plan.steps) > len(w.graph.ops)  # it recomputes
+
+
+def test_a_compiled_plan_predicts_the_peak_the_allocator_counts(inductor_run) -> None:
+    """After its first step the plan's predicted peak is its compiled regions' (measured then): the allocator's
+    events of the next step agree, to the loss and its gradient; fused intermediates never materialise, so it is
+    below the per-op count, which the plan keeps beside it."""
+    w, mem = inductor_run["w"], inductor_run["mem"]
+    segments = w._first.executor.segments
+    assert segments.peaks and not segments.failed
+    predicted = w.plan.predicted.peak_bytes["cpu"]
+    assert w.plan.extra[PER_OP_KEY] == inductor_run["per_op"]
+    assert 0 <= mem.peak - (predicted - resident(w)) <= 2 * bench.LOSS_BYTES
+    assert predicted < inductor_run["per_op"]["cpu"] <= w.plan.budgets["cpu"]
+    assert "measured on the first run" in w.report()
+
+
+def test_a_compiled_plan_trains_like_eager(inductor_run) -> None:
+    for a, b in zip(inductor_run["losses"], inductor_run["want"]):
+        assert_close(a, b, **TOL)
+    for (n, p), q in zip(inductor_run["eager"].named_parameters(), inductor_run["w"].parameters()):
+        assert_close(q.grad, p.grad, **TOL, msg=lambda s, n=n: f"grad of {n}: {s}")
+
+
+SCRATCH = 6000  # bytes a stand-in compiler's region allocates beside its values, as inductor's buffers can
+
+
+def scratching(gm: torch.fx.GraphModule, inputs: list) -> object:
+    """A region "compiled" as its fx graph run as it is (no inductor: fast, and the same aten calls as the
+    uncompiled steps, so the numbers are eager's) that holds SCRATCH bytes while it runs."""
+
+    def run(args: list) -> object:
+        scratch = torch.empty(SCRATCH // 4)
+        out = torch.fx.Interpreter(gm).boxed_run(args)  # it empties args: each value freed after its last use
+        del scratch
+        return out
+
+    return run
+
+
+def _train(w: nn.Module, eager: nn.Module, steps: int) -> None:
+    for k in range(steps):
+        for m in (w, eager):
+            m.zero_grad()
+        assert_close(step(w, k), step(eager, k), rtol=0, atol=0)
+        for (n, p), q in zip(eager.named_parameters(), w.parameters()):
+            assert_close(q.grad, p.grad, rtol=0, atol=0, msg=lambda s, n=n: f"grad of {n}: {s}")
+
+
+def test_an_overrunning_compiled_run_is_planned_again_within_the_budget(monkeypatch, capsys) -> None:
+    """Regions that allocate more than the plan counts: the first step overruns, the next call runs a plan solved
+    within the budget less the excess, and from then on the step stays within the budget by the allocator's count
+    (the re-plan's regions that still overrun run uncompiled, each named). Every step equals eager PyTorch."""
+    monkeypatch.setattr(segments_module, "_inductor", scratching)
+    eager = chain()
+    w = wrap(copy.deepcopy(eager), (data(0),), {"cpu": "85%"}, profile="model", inplace=False, compile=True)
+    limit = w.plan.budgets["cpu"]
+    _train(w, eager, 1)
+    err = capsys.readouterr().err
+    assert "the compiled plan peaked at cpu" in err and "planning again within less" in err
+    first = w.plan
+    for _ in range(MAX_REPLANS):  # each re-plan runs: solved within less, recorded against the budget
+        _train(w, eager, 1)
+        if w._first.first_run is None and w._first.replan is None:
+            break  # settled
+    assert w._first.first_run is None and w._first.replan is None
+    assert w.plan is not first and w.plan.budgets["cpu"] == limit
+    assert w.plan.extra[PLANNED_WITHIN_KEY]["cpu"] < limit
+    assert w.plan.predicted.peak_bytes["cpu"] <= limit
+    notices = [line for line in capsys.readouterr().err.splitlines() if "runs uncompiled" in line]
+    assert all("over the budget" in line and line.startswith("xsched: region steps ") for line in notices)
+    x = data(2)
+    mem = bench.step_memory(lambda: bench.loss_of(w(x)), [*w.parameters()])
+    assert mem.peak <= limit - resident(w) + 2 * bench.LOSS_BYTES
+    _train(w, eager, 1)
+
+
+def test_a_given_plan_that_overruns_runs_the_overrunning_regions_uncompiled(monkeypatch, capsys) -> None:
+    """A plan given to wrap is not solved again: each region over the budget runs uncompiled, with a one-line
+    notice naming it, and the step is within the budget by the allocator's count."""
+    monkeypatch.setattr(segments_module, "_inductor", scratching)
+    eager = chain()
+    planned = wrap(copy.deepcopy(eager), (data(0),), {"cpu": "85%"}, profile="model", compile=True)
+    w = wrap(copy.deepcopy(eager), (data(0),), {"cpu": "85%"}, plan=planned.plan, inplace=False, compile=True)
+    limit = w.plan.budgets["cpu"]
+    _train(w, eager, 1)
+    notices = [line for line in capsys.readouterr().err.splitlines() if line.startswith("xsched:")]
+    assert notices and all(
+        line.startswith("xsched: region steps ") and "runs uncompiled (compiled, it peaks at" in line
+        for line in notices
+    )
+    assert w._first.executor.segments.failed and w.plan.predicted.peak_bytes["cpu"] <= limit
+    x = data(1)
+    mem = bench.step_memory(lambda: bench.loss_of(w(x)), [*w.parameters()])
+    assert mem.peak <= limit - resident(w) + 2 * bench.LOSS_BYTES
+    _train(w, eager, 1)
+
+
+def test_xsched_plan_compile_prices_the_ops_as_fused(tmp_path) -> None:
+    """`xsched plan --compile`: the plan's predicted time is the simulator's on the fused profile, below the same
+    plan's on the profile as given (the chain's layer norm, GELU and tanh cost nothing fused)."""
+    import json
+
+    from xsched.capture.torch import capture
+    from xsched.cli import main
+    from xsched.contracts.plan import Plan
+    from xsched.profiling.fused import fused_profile
+    from xsched.profiling.model import cost_profile
+
+    graph = capture(chain(), (data(0),))
+    profile = cost_profile(graph, ["cpu"])
+    g, p, out = tmp_path / "g.json", tmp_path / "p.json", tmp_path / "plan.json"
+    g.write_text(json.dumps(graph.to_dict()))
+    p.write_text(json.dumps(profile.to_dict()))
+    assert main(["plan", str(g), str(p), "--budget", "cpu=85%", "--compile", "--quiet", "-o", str(out)]) == 0
+    plan = Plan.load(out)
+    fused = simulate(graph, plan, fused_profile(graph, profile, "cpu")).time_s
+    assert plan.predicted.time_s == pytest.approx(fused) and fused < simulate(graph, plan, profile).time_s
+
+
+def test_the_training_plan_cache_keys_and_prices_a_compiled_run_as_fused(tmp_path) -> None:
+    """`xsched train --compile` plans through cached_plan(fused=True): its own cache entry, priced as fused."""
+    from xsched.capture.torch import capture
+    from xsched.profiling.fused import fused_profile
+    from xsched.profiling.model import cost_profile
+    from xsched.train.plans import cached_plan
+
+    graph = capture(chain(), (data(0),))
+    how = dict(profile="model", time_limit=5, cache_dir=tmp_path, notice=lambda s: None)
+    fused = cached_plan(graph, {"cpu": "85%"}, ["cpu"], fused=True, **how)
+    plain = cached_plan(graph, {"cpu": "85%"}, ["cpu"], **how)
+    assert fused.path != plain.path and not fused.reused
+    want = simulate(graph, fused.plan, fused_profile(graph, cost_profile(graph, ["cpu"]), "cpu")).time_s
+    assert fused.plan.predicted.time_s == pytest.approx(want)
+    assert cached_plan(graph, {"cpu": "85%"}, ["cpu"], fused=True, **how).reused
