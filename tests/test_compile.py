@@ -19,6 +19,7 @@ from xsched.contracts.plan import Compute, Copy, Free, Plan
 from xsched.execute.executor import Executor
 from xsched.execute.segments import compiled_peaks, regions_of
 from xsched.execute.wrap import wrap
+from xsched.pipeline import PER_OP_KEY
 from xsched.solve.reference import eager_plan
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -69,7 +70,9 @@ def train(m: nn.Module, steps: int) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize(
     "budgets,method",
-    [({"cpu:0": "100%"}, "eager"), ({"cpu:0": "45%", "cpu:1": "100%"}, "greedy")],
+    # 110%: inductor's own buffers take a compiled eager plan a little over the per-op peak, and the eager method
+    # cannot plan again below it (that region would run uncompiled)
+    [({"cpu:0": "110%"}, "eager"), ({"cpu:0": "45%", "cpu:1": "100%"}, "greedy")],
     ids=["cpu0", "cpu0-cpu1"],
 )
 def test_compiled_plans_train_like_eager(budgets: dict, method: str) -> None:
@@ -247,7 +250,7 @@ def test_a_compiled_recomputing_plan_trains_like_eager_and_peaks_where_the_alloc
     mem = bench.step_memory(fwd, [*w.parameters(), x])
     assert 0 <= mem.peak - (peak - before) <= 2 * bench.LOSS_BYTES
     # fused intermediates never materialise: the compiled plan's peak is below the plan's per-op count
-    assert peak < c.plan.predicted.peak_bytes["cpu"]
+    assert peak < c.plan.extra[PER_OP_KEY]["cpu"]  # the solver's count, kept once the regions were measured
     assert sum(isinstance(s, Compute) for s in c.plan.steps) > len(c.graph.ops)
     bench.loss_of(eager(x)).backward()
     for (n, p), q in zip(eager.named_parameters(), w.parameters()):

@@ -215,7 +215,7 @@ def test_the_linearised_interval_model_is_not_built_past_its_deadline(monkeypatc
     the time left cannot take: past its deadline it stops without a plan, and nothing is compiled."""
     from pyomo.repn.plugins.standard_form import LinearStandardFormCompiler
 
-    from xsched.solve.intervals import intervals_highs
+    from xsched.solve.intervals.solver import intervals_highs
 
     compiled = itertools.count()
     original = LinearStandardFormCompiler.write
