@@ -37,7 +37,9 @@ def compiled_plan_row(
     max_memory_allocated; the CPU allocator's events), the settled plan's predicted peak (its regions as measured),
     wrap's notices (a re-plan, regions run uncompiled)."""
     dev = torch.device("cuda", int(devices[0].split(":")[1])) if devices[0].startswith("cuda") else torch.device("cpu")
-    w = wrap(model, inputs, budgets, devices, time_limit=a.time_limit, profile=profile, stores=stores, compile=True)
+    # every output: this benchmark backpropagates ones through all of them, as its torch and xsched rows do
+    how = dict(time_limit=a.time_limit, profile=profile, stores=stores, compile=True, grad_outputs="all")
+    w = wrap(model, inputs, budgets, devices, **how)
     ones = [torch.ones_like(o) for o in _tensor_leaves(model(*inputs)) if o.requires_grad]
     model.zero_grad(set_to_none=True)
     step = torch_step(w, inputs, ones, contextlib.nullcontext)
