@@ -218,6 +218,7 @@ def _tagged_random_targets() -> set[str]:
 
 def test_random_op_table_is_what_torch_tags():
     """The table that lets planning skip torch equals torch's own tags, so it cannot drift from them."""
-    assert RANDOM_TARGETS == _tagged_random_targets()
+    # inductor registers its own seed ops (prims.inductor_*) when it loads; captured graphs never hold them
+    assert RANDOM_TARGETS == {t for t in _tagged_random_targets() if not t.startswith("prims.inductor_")}
     assert all(is_random_target(t) == has_random_tag(t) for t in ("aten.native_dropout.default", "aten.mm.default"))
     assert not is_random_target("onnx::Dropout")
