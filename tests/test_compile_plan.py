@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_compile import chain  # fusible chains between matmuls, no dropout or batch norm
 from torch import nn
 from torch.testing import assert_close
 
@@ -32,22 +33,6 @@ _spec = importlib.util.spec_from_file_location(
 bench = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
 sys.modules["bench_executor"] = bench
 _spec.loader.exec_module(bench)  # type: ignore[union-attr]
-
-
-def chain() -> nn.Module:
-    """Linear, layer norm, GELU, tanh: fusible chains between matmuls, no dropout or batch norm (whose uncompiled
-    steps allocate beside the plan's values), so the allocator's count of a step is the plan's to the loss."""
-    torch.manual_seed(0)
-    return nn.Sequential(
-        nn.Linear(16, 32),
-        nn.LayerNorm(32),
-        nn.GELU(),
-        nn.Linear(32, 32),
-        nn.Tanh(),
-        nn.Linear(32, 32),
-        nn.GELU(),
-        nn.Linear(32, 4),
-    )
 
 
 def data(k: int) -> torch.Tensor:
