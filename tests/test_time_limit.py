@@ -210,9 +210,6 @@ def test_a_member_waits_for_its_first_import_only_while_its_time_lasts(tmp_path,
     assert registry.import_within("json", 0.0)  # imported long ago: no thread, no wait
 
 
-# Known defect, open: passes alone and in its file, but after the whole suite's earlier tests the model reaches the
-# compiler once (order-dependent: under investigation, see the wave's closing note)
-@pytest.mark.xfail(reason="order-dependent: the model is compiled once when run after the full suite", strict=False)
 def test_the_linearised_interval_model_is_not_built_past_its_deadline(monkeypatch) -> None:
     """intervals-highs checks the clock while it builds its Pyomo model and does not hand a model to HiGHS that
     the time left cannot take: past its deadline it stops without a plan, and nothing is compiled."""
