@@ -131,7 +131,16 @@ def test_an_overrunning_compiled_run_is_planned_again_within_the_budget(monkeypa
     (the re-plan's regions that still overrun run uncompiled, each named). Every step equals eager PyTorch."""
     monkeypatch.setattr(segments_module, "_inductor", scratching)
     eager = chain()
-    w = wrap(copy.deepcopy(eager), (data(0),), {"cpu": "85%"}, profile="model", inplace=False, compile=True)
+    # checkpoint: a deterministic planner that answers at once; the re-plan path, not the solver, is under test
+    w = wrap(
+        copy.deepcopy(eager),
+        (data(0),),
+        {"cpu": "85%"},
+        profile="model",
+        inplace=False,
+        compile=True,
+        method="checkpoint",
+    )
     limit = w.plan.budgets["cpu"]
     _train(w, eager, 1)
     err = capsys.readouterr().err

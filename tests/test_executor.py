@@ -150,8 +150,16 @@ def check_against_eager(name: str, plan: Plan, *, trace: bool, overlap: bool | N
     return ex
 
 
-@pytest.mark.parametrize("devices", [("cpu:0",), TWO], ids=["one", "two"])
-@pytest.mark.parametrize("name", zoo.names())
+# on two devices, resnet34 and resnet50 add nothing resnet18 does not run (the same residual blocks and copies at
+# two and three times the ops): left out for the suite's time; on one device every model runs
+ZOO_CASES = [
+    (n, d) for n in zoo.names() for d in (("cpu:0",), TWO) if d == ("cpu:0",) or n not in ("resnet34", "resnet50")
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "devices"), ZOO_CASES, ids=[f"{n}-{'one' if len(d) == 1 else 'two'}" for n, d in ZOO_CASES]
+)
 def test_zoo_matches_eager_pytorch(name: str, devices: tuple[str, ...]) -> None:
     """Outputs, grads and buffers equal eager PyTorch under the eager plan and the 50% and 25% recomputation
     plans; with trace the bytes resident after every step equal the simulator's; without it, on two devices, the
