@@ -117,7 +117,7 @@ def test_report_has_each_section_figure_table_and_data_file(report):
     assert [m["machine"] for m in summary["machines"]] == [parse_machine(m).label for m in MACHINES]
     svg = r.html.read_text()
     assert all(f">{m}<" in svg for m in ("auto", "eager", "greedy", "checkpoint"))  # legend text kept as text
-    assert "reserved for a peak of" in svg  # the pictured plan's expected fragmentation (xsched.explain)
+    assert "over the plan's peak of" in svg  # the pictured plan's expected fragmentation (xsched.allocator)
 
 
 def test_sweep_points_are_checked_plans_and_auto_beats_baselines(report):

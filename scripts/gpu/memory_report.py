@@ -28,7 +28,7 @@ rows (torch rows); the eager row pools every eager step of the run. `step peak`:
 resident before the step (params, inputs, the ones). `step reserved`: CUDA max_memory_reserved less
 memory_reserved before the step, the cache emptied first (what the caching allocator took from the GPU: the step
 peak and its fragmentation; - on the CPU); for xsched rows, beside it, the reserved memory predicted by replaying
-the plan on a model of the caching allocator (xsched.explain.AllocatorModel, as `xsched plan --explain` says it)
+the plan on a model of the caching allocator (xsched.allocator, as `xsched plan --explain` says it)
 over the measured. torch.compile rows: `--compile-backend`, plain and with
 `torch._functorch.config.activation_memory_budget` = the xsched budget as a fraction (of the activations, not of the
 eager peak), each timed interleaved with eager PyTorch. Budgets: % of the simulated eager peak ({eager_peak}, of which
