@@ -47,7 +47,7 @@ from bench_offload import hidden_share
 from gpu.memory_report import mib, render
 
 from xsched import zoo
-from xsched.allocator import replay_reserved
+from xsched.allocator import reserved_range
 from xsched.capture.torch import bind_inputs, capture
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Plan
@@ -129,9 +129,12 @@ def plan_row(label: str, graph: Graph, plan: Plan, profile: Profile, env: dict, 
         return float(ex.outputs(st, [loss_id])[loss_id])
 
     # the caching-allocator model as the measured run allocates: the steps that overwrite a dying input (no
-    # allocation there), copies from the host on side streams when on lanes; growth above the homed inputs
+    # allocation there), copies from the host on side streams when on lanes; growth above the homed inputs, from
+    # the GPU keeping up with the host to the host a step ahead
     ex = exs["default"]
-    predicted = replay_reserved(graph, plan, profile, devices=[compute], reuse=ex.reuse, side_streams=ex.overlap)
+    low, high = reserved_range(graph, plan, profile, devices=[compute], reuse=ex.reuse, side_streams=ex.overlap)[
+        compute
+    ]
     try:
         runs = {k: functools.partial(run, k) for k in exs}
         got = timed({**runs, "eager": eager}, exs["default"].dev[compute], a.iters, a.warmup)
@@ -148,7 +151,8 @@ def plan_row(label: str, graph: Graph, plan: Plan, profile: Profile, env: dict, 
         "peak": mine["peak"] if mine["peak"] is not None else measured_peaks(graph, plan, env)[compute],
         "counted_peak": counted["default"],
         "reserved": mine["reserved"],
-        "predicted_reserved": predicted[compute].step_reserved,
+        "predicted_reserved": low.step_reserved,
+        "predicted_reserved_ahead": high.step_reserved,
         "loss": mine["loss"],
         "predicted_s": sim.makespan_s,
         "predicted_seq_s": sim.time_s,

@@ -7,8 +7,9 @@ the default settings: no max_split_size, no roundup_power2_divisions, no expanda
 `replay_reserved` walks a plan (xsched.interpret) and allocates as the executor does (xsched.execute.executor):
 homed inputs first, a compute's outputs then its workspace (freed at once) on the device's compute stream, a copy
 from the host on its copy lane's side stream. It is a model, checked by hand counts, not a measurement: cudaMalloc's
-addresses are unknowable, so segments are ordered by creation, and blocks freed with uses on other streams
-(record_stream) are assumed back in their pool by the next allocation, as if the GPU kept up with the host.
+addresses are unknowable, so segments are ordered by creation; blocks freed while other streams use them
+(record_stream) are back in their pool by the next allocation if the GPU keeps up with the host, only after the step
+if the host runs a step ahead (`host_ahead`): a run lies between the two.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class Block:
     segment: int
     offset: int
     size: int
-    allocated: bool = False
+    allocated: bool = False  # in use: by a tensor, or freed while another stream still uses it
     prev: Block | None = field(default=None, repr=False)
     next: Block | None = field(default=None, repr=False)
 
@@ -85,6 +86,7 @@ class CachingAllocator:
         self.free_index: dict[tuple[bool, str], list[tuple[int, int, int]]] = {}  # (small, stream) -> sorted keys
         self.free_blocks: dict[tuple[int, int], Block] = {}  # (segment, offset) -> free block
         self.live: dict[Hashable, Block] = {}
+        self.pending: list[Block] = []  # freed, awaiting other streams (see free)
         self.reserved = self.peak_reserved = self.allocated = self.peak_allocated = 0
         self.released = 0  # segments given back to the device to make room
         self.out_of_memory: Hashable | None = None
@@ -141,13 +143,27 @@ class CachingAllocator:
         self.peak_allocated = max(self.peak_allocated, self.allocated)
         return block
 
-    def free(self, key: Hashable) -> None:
-        """Return `key`'s block to its pool, merged with free neighbours (free_block, try_merge_blocks)."""
+    def free(self, key: Hashable, in_use_elsewhere: bool = False) -> None:
+        """Return `key`'s block to its pool, merged with free neighbours (free_block, try_merge_blocks). A block
+        another stream still uses (record_stream) stops counting as allocated at once but joins its pool only once
+        that stream's work is done (free: insert_events; process_events): here at `sync`."""
         block = self.live.pop(key, None)
         if block is None:
             return
-        block.allocated = False
         self.allocated -= block.size
+        if in_use_elsewhere:
+            self.pending.append(block)  # still marked allocated: not found, not merged (event_count > 0)
+        else:
+            self._return(block)
+
+    def sync(self) -> None:
+        """The other streams' work is done: every pending block goes back to its pool."""
+        for block in self.pending:
+            self._return(block)
+        self.pending.clear()
+
+    def _return(self, block: Block) -> None:
+        block.allocated = False
         for other in (block.prev, block.next):
             if other is not None and not other.allocated:
                 self._remove_free(other)
@@ -168,6 +184,7 @@ class CachingAllocator:
         """cudaMalloc of `whole` bytes (alloc_block); when over capacity, first give back the wholly free segments
         of every pool and stream (release_cached_blocks: the blocks that are not split) and try again."""
         if self.capacity is not None and self.reserved + whole > self.capacity:
+            self.sync()  # release_cached_blocks synchronises the device and processes every event first
             for seg, head in list(self.heads.items()):
                 if not head.allocated and head.next is None:
                     self._remove_free(head)
@@ -244,13 +261,15 @@ class _Replay(PlanInterpreter):
         capacity: Mapping[str, int],
         reuse: Mapping[int, str],
         side_streams: bool,
+        host_ahead: bool,
     ) -> None:
         super().__init__(graph, plan)
         self.profile = profile
         self.reuse = reuse
-        self.side_streams = side_streams
+        self.side_streams, self.host_ahead = side_streams, host_ahead
         self.models = {d: CachingAllocator(capacity.get(d)) for d in devices}
         self.donors: set[tuple[str, str]] = set()  # (value, device) whose block an in-place output took
+        self.shared: set[tuple[str, str]] = set()  # (value, device) whose tensor a side stream used (record_stream)
         for v in graph.inputs:  # homed inputs are there before the step, allocated on the compute stream
             if (m := self.models.get(plan.homes[v])) is not None:
                 m.alloc(v, self.nbytes[v])
@@ -286,11 +305,17 @@ class _Replay(PlanInterpreter):
         if m is not None:  # from the host on lanes: the copy lane's side stream; else the current (compute) one
             side = self.side_streams and s.src not in self.models
             m.alloc(s.value, self.nbytes[s.value], lane_of(s) if side else "compute")
+            if side:  # the compute stream reads it: out.record_stream(reader)
+                self.shared.add((s.value, s.dst))
+        if self.side_streams and s.src in self.models:  # read on the copy lane's side stream: t.record_stream(side)
+            self.shared.add((s.value, s.src))
 
     def on_free(self, i: int, s: Free) -> None:
         m = self.models.get(s.device)
+        shared = (s.value, s.device) in self.shared
+        self.shared.discard((s.value, s.device))
         if m is not None and not self._donated(s.value, s.device):
-            m.free(s.value)
+            m.free(s.value, in_use_elsewhere=shared and self.host_ahead)
 
     def _donated(self, v: str, d: str) -> bool:
         if (v, d) in self.donors:
@@ -318,12 +343,33 @@ def replay_reserved(
     capacity: Mapping[str, int] | None = None,
     reuse: Mapping[int, str] | None = None,
     side_streams: bool = True,
+    host_ahead: bool = False,
 ) -> dict[str, ReservedPeak]:
     """Per modelled device (default: every plan device that is not the host): the plan's allocations and frees
     replayed on PyTorch's caching allocator rules. `capacity`: device bytes where cudaMalloc fails (default none);
     `reuse`: compute step -> the input it overwrites in place (the executor's `reuse`, when known); `side_streams`:
     copies from the host allocate on their lane's side stream, as the executor on its lanes does (off: in plan
-    order, every allocation on the compute stream)."""
+    order, every allocation on the compute stream). The GPU's progress is unknown: by default blocks freed after use
+    on another stream are back in their pool by the next allocation (the GPU keeps up); with `host_ahead` not until
+    the step ends (the host runs a whole step ahead, as the executor's lanes may). A run lies between the two."""
     if devices is None:
         devices = [d for d in plan.devices if not is_host(d, profile)]
-    return _Replay(graph, plan, profile, devices, capacity or {}, reuse or {}, side_streams).run()
+    return _Replay(graph, plan, profile, devices, capacity or {}, reuse or {}, side_streams, host_ahead).run()
+
+
+def reserved_range(
+    graph: Graph,
+    plan: Plan,
+    profile: Profile | None = None,
+    *,
+    devices: Collection[str] | None = None,
+    reuse: Mapping[int, str] | None = None,
+    side_streams: bool = True,
+) -> dict[str, tuple[ReservedPeak, ReservedPeak]]:
+    """Per modelled device: (the GPU keeping up, the host a step ahead), the two ends between which a run is
+    expected; the same twice where no tensor is shared across streams. Arguments as replay_reserved's."""
+    low, high = (
+        replay_reserved(graph, plan, profile, devices=devices, reuse=reuse, side_streams=side_streams, host_ahead=ahead)
+        for ahead in (False, True)
+    )
+    return {d: (low[d], high[d]) for d in low}

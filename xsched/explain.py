@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from xsched.allocator import replay_reserved
+from xsched.allocator import reserved_range
 from xsched.budgets import format_bytes
 from xsched.contracts.graph import Graph, Op
 from xsched.contracts.plan import Compute, Copy, Free, Plan, Step
@@ -230,18 +231,30 @@ def explain_table(rows: tuple[ValueExplanation, ...], kept_rows: int = 10) -> st
 # ---- reserved memory: what the caching allocator takes from each GPU for the plan (xsched.allocator) ----
 def reserved_text(graph: Graph, plan: Plan, profile: Profile | None = None) -> str:
     """`--explain`'s line on fragmentation: per accelerator, the reserved memory the allocator model expects."""
+    ranges = reserved_range(graph, plan, profile)
     parts = [
-        f"{d}: reserved ~{format_bytes(r.reserved)}, {r.over_plan:+.1%} over the plan's peak of "
-        f"{format_bytes(r.plan_peak)} ({format_bytes(r.fragmentation)} fragmentation; the step adds "
-        f"{format_bytes(r.step_reserved)} reserved for {format_bytes(r.step_peak)} above the homed inputs)"
-        + (f"; out of memory at {r.out_of_memory}" if r.out_of_memory else "")
-        for d, r in replay_reserved(graph, plan, profile).items()
-        if r.plan_peak
+        f"{d}: reserved ~{_span(low.reserved, high.reserved, format_bytes)}, "
+        f"{_span(low.over_plan, high.over_plan, lambda x: f'{x:+.1%}')} over the plan's peak of "
+        f"{format_bytes(low.plan_peak)} (the step adds {_span(low.step_reserved, high.step_reserved, format_bytes)} "
+        f"reserved for {format_bytes(low.step_peak)} above the homed inputs)"
+        + (f"; out of memory at {high.out_of_memory}" if high.out_of_memory else "")
+        for d, (low, high) in ranges.items()
+        if low.plan_peak
     ]
     if not parts:
         return ""
     return (
         "caching allocator (PyTorch CUDA's rules, modelled, not measured): "
         + "; ".join(parts)
+        + (
+            ". A range runs from the GPU keeping up with the host to the host a step ahead (the blocks a copy's "
+            "stream still reads held back)"
+            if any(lo.reserved != hi.reserved for lo, hi in ranges.values())
+            else ""
+        )
         + ". A GPU runs out on reserved memory, not on the plan's peak."
     )
+
+
+def _span(low: float, high: float, fmt: Callable[[Any], str]) -> str:
+    return fmt(low) if fmt(low) == fmt(high) else f"{fmt(low)} to {fmt(high)}"

@@ -68,7 +68,10 @@ def _status(p: Any) -> str:
 def _peak(p: Point, device: str) -> str:
     """The plan's peak on `device`, and on an accelerator the reserved memory the caching allocator model expects."""
     peak, reserved = p.peak_bytes.get(device, 0), p.reserved_bytes.get(device)
-    return fmt_bytes(peak) + (f" (reserved ~{fmt_bytes(reserved)})" if reserved is not None and peak else "")
+    if reserved is None or not peak:
+        return fmt_bytes(peak)
+    low, high = (fmt_bytes(b) for b in reserved)
+    return f"{fmt_bytes(peak)} (reserved ~{low if low == high else f'{low}-{high}'})"
 
 
 def sweep_cells(points: Sequence[Point], methods: Sequence[str], devices: Sequence[str]) -> tuple[tuple[str, ...], ...]:

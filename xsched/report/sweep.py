@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from xsched.allocator import replay_reserved
+from xsched.allocator import reserved_range
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Plan
 from xsched.contracts.profile import Profile
@@ -57,7 +57,8 @@ class Point:
     found_by: str | None = None
     solve_s: float = 0.0
     note: str = ""
-    reserved_bytes: Mapping[str, int] = field(default_factory=dict)  # per accelerator, modelled (xsched.allocator)
+    # per accelerator, modelled (xsched.allocator): the GPU keeping up with the host, the host a step ahead
+    reserved_bytes: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -139,7 +140,7 @@ def point_of(
         dict(budgets),
         found,
         plan.solver.solve_s,
-        reserved_bytes={d: r.reserved for d, r in replay_reserved(graph, plan, profile).items()},
+        reserved_bytes={d: (lo.reserved, hi.reserved) for d, (lo, hi) in reserved_range(graph, plan, profile).items()},
     )
 
 
