@@ -248,3 +248,20 @@ def test_reserved_never_below_allocated_nor_allocated_below_the_plan_peak(gp, ho
     r = replay_reserved(g, plan, host_ahead=host_ahead)["cuda:0"]
     # every value the plan counts gets a block of at least its size; every block lies in a segment
     assert r.reserved >= r.allocated >= simulate(g, plan).peak_bytes["cuda:0"] == r.plan_peak
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.sampled_from(SIZES), st.booleans(), st.booleans()), max_size=40))
+def test_random_mallocs_and_frees_keep_the_segments_tiled_and_merged(ops) -> None:
+    """Any sequence of allocations and frees, on two streams, some waiting for the other stream, keeps every
+    invariant: blocks tile their segments, free neighbours are merged, the counters are the sums."""
+    m = CachingAllocator(capacity=64 * MiB)
+    for key, nbytes, side, elsewhere in ops:
+        if key in m.live:
+            m.free(key, in_use_elsewhere=elsewhere)
+        else:
+            m.alloc(key, nbytes, "side" if side else "compute")
+        if elsewhere and side:
+            m.sync()
+        well_formed(m)
+        assert m.reserved >= m.allocated + sum(b.size for b in m.pending)
