@@ -339,7 +339,11 @@ def main(argv: list[str] | None = None) -> int:
         eager_times += row["eager_times"]
         if a.json:  # a run cut short keeps what it measured
             a.json.write_text(json.dumps({"facts": {"partial": True}, "rows": rows}, indent=1, default=str))
-        log(f"{k}: {row['time_s'] * 1e3:.1f} ms ({row['time_s'] / row['eager_s']:.2f}x), peak {mib(row['peak'])}")
+        log(
+            f"{k}: {row['time_s'] * 1e3:.1f} ms ({row['time_s'] / row['eager_s']:.2f}x), peak {mib(row['peak'])}, "
+            f"reserved {mib(row['reserved'])} (predicted {mib(row['predicted_reserved'])} to "
+            f"{mib(row['predicted_reserved_ahead'])})"
+        )
 
     def publish(partial: bool) -> None:
         """The markdown, the frontier and the JSON of the rows so far (again after the compile rows: a run cut
