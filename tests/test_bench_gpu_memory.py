@@ -136,3 +136,12 @@ def test_the_plain_frontier_svg_without_matplotlib():
     svg = bench.plain_svg([*rows, {"plan": "torchtune", "error": "skipped"}], "gpt2 & co")
     doc = xml.dom.minidom.parseString(svg)  # well-formed, labels escaped
     assert len(doc.getElementsByTagName("circle")) == 2 and "xsched 45% &lt;store&gt;" in svg
+
+
+def test_predicted_reserved_is_a_range_where_the_two_ends_differ():
+    from gpu.memory_report import predicted_reserved
+
+    row = {"reserved": 100, "predicted_reserved": 75, "predicted_reserved_ahead": 104}
+    assert predicted_reserved(row) == " (predicted 0.75-1.04x)"  # the GPU keeping up, the host a step ahead
+    assert predicted_reserved({**row, "predicted_reserved_ahead": 75}) == " (predicted 0.75x)"
+    assert predicted_reserved({"reserved": None, "predicted_reserved": 75}) == ""  # nothing measured (the CPU)

@@ -16,7 +16,7 @@ LAYERS = [
     ["xsched.errors", "xsched.files", "xsched.budgets", "xsched.zoo"],
     ["xsched.contracts"],
     ["xsched.lanes", "xsched.interpret", "xsched.capture", "xsched.importers", "xsched.devices"],
-    ["xsched.simulate", "xsched.profiling"],
+    ["xsched.simulate", "xsched.allocator", "xsched.profiling"],
     ["xsched.solve"],
     ["xsched.pipeline", "xsched.explain", "xsched.loaders"],
     ["xsched.execute"],

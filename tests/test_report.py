@@ -7,6 +7,7 @@ import csv
 import importlib.util
 import json
 import sys
+from dataclasses import replace
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -117,7 +118,9 @@ def test_report_has_each_section_figure_table_and_data_file(report):
     assert [m["machine"] for m in summary["machines"]] == [parse_machine(m).label for m in MACHINES]
     svg = r.html.read_text()
     assert all(f">{m}<" in svg for m in ("auto", "eager", "greedy", "checkpoint"))  # legend text kept as text
-    assert "reserved for a peak of" in svg  # the pictured plan's expected fragmentation (xsched.explain)
+    assert (
+        "reserved ~" in svg and "over the plan" in svg
+    )  # the pictured plan's expected fragmentation (xsched.allocator)
 
 
 def test_sweep_points_are_checked_plans_and_auto_beats_baselines(report):
@@ -260,6 +263,13 @@ def test_tables_show_the_makespan_and_label_the_sequential_time():
 
     (row,) = machine_cells([Result()], ["auto", "checkpoint"])
     assert row[1:5] == ("152 ms", "164 ms", "optimal", "248 ms")
+    gpu = Point(
+        "m", "gpu", 1, "auto", "optimal", 1.0, peak_bytes={"gpu": 5 << 20}, reserved_bytes={"gpu": (22 << 20,) * 2}
+    )
+    (row,) = sweep_cells([gpu], ["auto"], ["gpu", "cpu"])
+    assert row[-2:] == ("5 MiB (reserved ~22 MiB)", "0 B")  # the reserved memory beside an accelerator's peak
+    gpu = replace(gpu, reserved_bytes={"gpu": (22 << 20, 30 << 20)})  # from the GPU keeping up to the host ahead
+    assert sweep_cells([gpu], ["auto"], ["gpu"])[0][-1] == "5 MiB (reserved ~22 MiB-30 MiB)"
 
 
 def test_the_measured_frontier_section(tmp_path):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+from xsched.allocator import reserved_range
 from xsched.budgets import format_bytes
 from xsched.contracts.graph import Graph, Op
 from xsched.contracts.plan import Compute, Copy, Free, Plan, Step
@@ -226,153 +228,33 @@ def explain_table(rows: tuple[ValueExplanation, ...], kept_rows: int = 10) -> st
     return "\n".join([f"values: {counts}{more}", *lines])
 
 
-# ---- reserved memory: what a caching allocator takes from the device for the plan's peak ----
-_SMALL = 1 << 20  # PyTorch's CUDA caching allocator: blocks up to 1 MiB come from 2 MiB segments
-_SMALL_SEGMENT = 2 << 20
-_LARGE_SEGMENT = 20 << 20  # blocks of 1-10 MiB from 20 MiB segments
-_LARGE_ALONE = 10 << 20  # larger blocks get a segment of their own, rounded up to 2 MiB
-
-
-@dataclass(eq=False)  # blocks are found by identity
-class _Block:
-    segment: int
-    offset: int
-    size: int
-    free: bool
-
-
-@dataclass(frozen=True)
-class Reserved:
-    """One device's modelled caching-allocator peak: the plan's peak (`allocated`, bytes of values), the memory the
-    allocator reserves for it (`reserved`), both above the inputs homed there, and the share lost to rounding and
-    fragmentation (`reserved / allocated - 1`)."""
-
-    allocated: int
-    reserved: int
-    base: int = 0  # reserved for the homed inputs before the step (the step may fill their segments' free room)
-
-    @property
-    def fragmentation(self) -> float:
-        return self.reserved / self.allocated - 1 if self.allocated else 0.0
-
-
-class AllocatorModel:
-    """PyTorch's CUDA caching allocator in outline: sizes rounded up to 512 B; a best fit among the free blocks of
-    the size's pool (small: up to 1 MiB), split when what is left is worth keeping (512 B small, over 1 MiB large);
-    a new segment when none fits (2 MiB small, 20 MiB for 1-10 MiB, the block itself rounded up to 2 MiB above);
-    freed blocks merge with free neighbours in their segment; segments are never given back within a step."""
-
-    def __init__(self) -> None:
-        self.segments: list[list[_Block]] = []
-        self.small: list[bool] = []  # each segment's pool
-        self.live: dict[object, _Block] = {}
-        self.reserved = self.peak_reserved = 0
-
-    def alloc(self, key: object, nbytes: int) -> None:
-        if nbytes <= 0:
-            return
-        size = max(512, -(-nbytes // 512) * 512)
-        small = size <= _SMALL
-        fits = [
-            b for k, seg in enumerate(self.segments) if self.small[k] == small for b in seg if b.free and b.size >= size
-        ]
-        block = min(fits, key=lambda b: (b.size, b.segment, b.offset), default=None)
-        if block is None:
-            whole = (
-                _SMALL_SEGMENT
-                if small
-                else _LARGE_SEGMENT
-                if size < _LARGE_ALONE
-                else -(-size // (2 << 20)) * (2 << 20)
-            )
-            block = _Block(len(self.segments), 0, whole, True)
-            self.segments.append([block])
-            self.small.append(small)
-            self.reserved += whole
-            self.peak_reserved = max(self.peak_reserved, self.reserved)
-        rest = block.size - size
-        if rest >= 512 if small else rest > _SMALL:
-            seg = self.segments[block.segment]
-            seg.insert(seg.index(block) + 1, _Block(block.segment, block.offset + size, rest, True))
-            block.size = size
-        block.free = False
-        self.live[key] = block
-
-    def free(self, key: object) -> None:
-        block = self.live.pop(key, None)
-        if block is None:
-            return
-        block.free = True
-        seg = self.segments[block.segment]
-        k = seg.index(block)
-        if k + 1 < len(seg) and seg[k + 1].free:
-            block.size += seg.pop(k + 1).size
-        if k > 0 and seg[k - 1].free:
-            seg[k - 1].size += seg.pop(k).size
-
-
-class _Allocations(PlanInterpreter):
-    """The plan's allocations and frees per device, in plan order, replayed on one AllocatorModel each."""
-
-    def __init__(self, graph: Graph, plan: Plan, profile: Profile | None) -> None:
-        super().__init__(graph, plan)
-        self.profile = profile
-        self.models = {d: AllocatorModel() for d in self.devices}
-        for v in graph.inputs:  # the homed inputs are allocated before the step
-            self.models[plan.homes[v]].alloc(v, self.nbytes[v])
-        self.base = {d: m.reserved for d, m in self.models.items()}
-        for m in self.models.values():
-            m.peak_reserved = m.reserved
-
-    def workspace(self, i: int, s: Compute, op: Op) -> int:
-        cost = self.profile.op_cost(op.id, s.device) if self.profile is not None else None
-        return max(op.workspace_bytes, cost.workspace_bytes if cost else 0)
-
-    def on_compute(self, i: int, s: Compute, op: Op) -> None:
-        m = self.models[s.device]
-        for v in op.outputs:
-            if v not in self.resident[s.device]:
-                m.alloc(v, self.nbytes[v])
-        m.alloc(("workspace", i), self.workspace(i, s, op))
-        m.free(("workspace", i))
-
-    def on_copy(self, i: int, s: Copy) -> None:
-        self.models[s.dst].alloc(s.value, self.nbytes[s.value])
-
-    def on_free(self, i: int, s: Free) -> None:
-        self.models[s.device].free(s.value)
-
-    def end(self) -> dict[str, Reserved]:
-        homed = {d: sum(self.nbytes[v] for v, h in self.plan.homes.items() if h == d) for d in self.devices}
-        return {
-            d: Reserved(self.peak[d] - homed[d], m.peak_reserved - self.base[d], self.base[d])
-            for d, m in self.models.items()
-        }
-
-
-def reserved_peaks(graph: Graph, plan: Plan, profile: Profile | None = None) -> dict[str, Reserved]:
-    """Per device: the plan's peak and what a CUDA caching allocator would reserve for it (above the homed inputs
-    and the segments they hold), replaying the plan's allocations and frees on AllocatorModel."""
-    return _Allocations(graph, plan, profile).run()
-
-
-def _host(device: str, profile: Profile | None) -> bool:
-    """Host memory has no caching allocator of this kind in a plan's run."""
-    info = profile.devices.get(device) if profile is not None else None
-    return device.startswith("cpu") or (info is not None and info.kind == "cpu")
-
-
+# ---- reserved memory: what the caching allocator takes from each GPU for the plan (xsched.allocator) ----
 def reserved_text(graph: Graph, plan: Plan, profile: Profile | None = None) -> str:
-    """`--explain`'s line on fragmentation: per device, the reserved memory expected for the plan's peak."""
+    """`--explain`'s line on fragmentation: per accelerator, the reserved memory the allocator model expects."""
+    ranges = reserved_range(graph, plan, profile)
     parts = [
-        f"{d}: {format_bytes(r.reserved)} reserved for a peak of {format_bytes(r.allocated)} ({r.fragmentation:+.1%})"
-        for d, r in reserved_peaks(graph, plan, profile).items()
-        if r.allocated and not _host(d, profile)
+        f"{d}: reserved ~{_span(low.reserved, high.reserved, format_bytes)}, "
+        f"{_span(low.over_plan, high.over_plan, lambda x: f'{x:+.1%}')} over the plan's peak of "
+        f"{format_bytes(low.plan_peak)} (the step adds {_span(low.step_reserved, high.step_reserved, format_bytes)} "
+        f"reserved for {format_bytes(low.step_peak)} above the homed inputs)"
+        + (f"; out of memory at {high.out_of_memory}" if high.out_of_memory else "")
+        for d, (low, high) in ranges.items()
+        if low.plan_peak
     ]
     if not parts:
         return ""
     return (
-        "caching allocator (PyTorch CUDA's, modelled; above the homed inputs): "
+        "caching allocator (PyTorch CUDA's rules, modelled, not measured): "
         + "; ".join(parts)
-        + ". On a GPU the step's max_memory_reserved is expected there, not at the peak."
+        + (
+            ". A range runs from the GPU keeping up with the host to the host a step ahead (the blocks a copy's "
+            "stream still reads held back)"
+            if any(lo.reserved != hi.reserved for lo, hi in ranges.values())
+            else ""
+        )
+        + ". A GPU runs out on reserved memory, not on the plan's peak."
     )
+
+
+def _span(low: float, high: float, fmt: Callable[[Any], str]) -> str:
+    return fmt(low) if fmt(low) == fmt(high) else f"{fmt(low)} to {fmt(high)}"

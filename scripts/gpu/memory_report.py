@@ -28,11 +28,12 @@ rows (torch rows); the eager row pools every eager step of the run. `step peak`:
 resident before the step (params, inputs, the ones). `step reserved`: CUDA max_memory_reserved less
 memory_reserved before the step, the cache emptied first (what the caching allocator took from the GPU: the step
 peak and its fragmentation; - on the CPU); for xsched rows, beside it, the reserved memory predicted by replaying
-the plan on a model of the caching allocator (xsched.explain.AllocatorModel, as `xsched plan --explain` says it)
-over the measured. torch.compile rows: `--compile-backend`, plain and with
-`torch._functorch.config.activation_memory_budget` = the xsched budget as a fraction (of the activations, not of the
-eager peak), each timed interleaved with eager PyTorch. Budgets: % of the simulated eager peak ({eager_peak}, of which
-{resident} resident); `at checkpoint's peak`: resident + the step peak measured for torch.utils.checkpoint.
+the plan on a model of the caching allocator (xsched.allocator, as `xsched plan --explain` says it)
+over the measured: a range, where they differ, from the GPU keeping up with the host to the host a step ahead.
+torch.compile rows: `--compile-backend`, plain and with `torch._functorch.config.activation_memory_budget` = the
+xsched budget as a fraction (of the activations, not of the eager peak), each timed interleaved with eager PyTorch.
+Budgets: % of the simulated eager peak ({eager_peak}, of which {resident} resident); `at checkpoint's peak`:
+resident + the step peak measured for torch.utils.checkpoint.
 `predicted`: the simulator on the one profile: the lanes model's makespan, and the compute device's peak less its
 resident inputs. `copy time hidden` = (the same plan with every step in plan order on the calling thread, copies on
 the compute stream, less the step on the lanes) / the plan's copy time predicted by the profile; {hidden}. Beside
@@ -66,6 +67,16 @@ def ratio(a: float | None, b: float | None, pct: bool = False) -> str:
     return f"{a / b:.0%}" if pct else f"{a / b:.2f}x"
 
 
+def predicted_reserved(row: dict) -> str:
+    """' (predicted 0.75x)' or, where the GPU keeping up and the host a step ahead differ, ' (predicted 0.75-1.04x)'."""
+    got, low = row.get("reserved"), row.get("predicted_reserved")
+    if not got or low is None:
+        return ""
+    high = row.get("predicted_reserved_ahead", low)
+    a, b = ratio(low, got), ratio(high, got)
+    return f" (predicted {a if a == b else a[:-1] + '-' + b})"
+
+
 def cells(row: dict, eager: dict) -> list[str]:
     """One table row; a row that did not run says why in its second cell."""
     if "error" in row:
@@ -82,12 +93,7 @@ def cells(row: dict, eager: dict) -> list[str]:
         ratio(row["time_s"], row.get("eager_s", eager["time_s"])),
         mib(row["peak"]),
         ratio(row["peak"], eager["peak"], pct=True),
-        mib(row.get("reserved"))
-        + (
-            f" (predicted {ratio(row['predicted_reserved'], row['reserved'])})"
-            if row.get("reserved") and row.get("predicted_reserved") is not None
-            else ""
-        ),
+        mib(row.get("reserved")) + predicted_reserved(row),
         ratio(row.get("predicted_s"), row["time_s"]),
         ratio(row.get("predicted_peak"), row["peak"]),
         str(row.get("copies", "-")),

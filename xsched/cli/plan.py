@@ -68,9 +68,9 @@ def cmd_plan(a: argparse.Namespace) -> int:
         if rows is not None:
             out["explain"] = [r.as_dict() for r in rows]
             out["makespan_bounds"] = [{"seconds": b.seconds, "by": b.by, "why": b.why} for b in bounds]
-            from xsched.explain import reserved_peaks
+            from xsched.allocator import replay_reserved
 
-            out["reserved"] = {d: vars(r) for d, r in reserved_peaks(graph, plan, profile).items()}
+            out["reserved"] = {d: r.as_dict() for d, r in replay_reserved(graph, plan, profile).items()}
         print_json(out)
         return 0
     found = f", found by {s.found_by}" if s.found_by != s.method else ""

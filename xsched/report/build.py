@@ -251,7 +251,9 @@ def _sweep_section(sweeps: list, s: SweepSettings, machine: Machine, out: Path, 
     )
     intro = (
         f"How much time each byte of budget buys. {plots.budget_note(points)}; the solver's plan and the "
-        "baselines at each budget, every plan checked by the simulator."
+        "baselines at each budget, every plan checked by the simulator. Beside a peak on an accelerator, the memory "
+        "PyTorch's CUDA caching allocator is expected to reserve for the plan (a model, xsched.allocator; a range "
+        "from the GPU keeping up with the host to the host a step ahead): what runs out on a GPU."
     )
     return html.Section("sweep", "Budget sweep", intro, (fig,), tables, names)
 

@@ -65,6 +65,15 @@ def _status(p: Any) -> str:
     return p.status
 
 
+def _peak(p: Point, device: str) -> str:
+    """The plan's peak on `device`, and on an accelerator the reserved memory the caching allocator model expects."""
+    peak, reserved = p.peak_bytes.get(device, 0), p.reserved_bytes.get(device)
+    if reserved is None or not peak:
+        return fmt_bytes(peak)
+    low, high = (fmt_bytes(b) for b in reserved)
+    return f"{fmt_bytes(peak)} (reserved ~{low if low == high else f'{low}-{high}'})"
+
+
 def sweep_cells(points: Sequence[Point], methods: Sequence[str], devices: Sequence[str]) -> tuple[tuple[str, ...], ...]:
     """One row per budget: each method's makespan (or why it has no plan), then the first method's status, sequential time,
     energy and peak on each device."""
@@ -83,7 +92,7 @@ def sweep_cells(points: Sequence[Point], methods: Sequence[str], devices: Sequen
                 _status(main),
                 fmt_seconds(main.time_s),
                 _energy(main.energy_j),
-                *(fmt_bytes(main.peak_bytes.get(d, 0)) for d in devices),
+                *(_peak(main, d) for d in devices),
             ]
         rows.append((fmt_bytes(b), *times, *rest))
     return tuple(rows)
@@ -97,7 +106,7 @@ def machine_cells(results: Sequence[MachineResult], methods: Sequence[str]) -> t
         by = {p.method: p for p in r.points}
         times = [fmt_seconds(by[m].step_s) if by[m].ok else by[m].status for m in methods]
         main = by[methods[0]]
-        peaks = ", ".join(f"{d} {fmt_bytes(b)}" for d, b in main.peak_bytes.items()) or "-"
+        peaks = ", ".join(f"{d} {_peak(main, d)}" for d in main.peak_bytes) or "-"
         budgets = ", ".join(f"{d} {fmt_bytes(b)}" for d, b in r.budgets.items())
         rows.append(
             (

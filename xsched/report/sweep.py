@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from xsched.allocator import reserved_range
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Plan
 from xsched.contracts.profile import Profile
@@ -56,6 +57,8 @@ class Point:
     found_by: str | None = None
     solve_s: float = 0.0
     note: str = ""
+    # per accelerator, modelled (xsched.allocator): the GPU keeping up with the host, the host a step ahead
+    reserved_bytes: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -114,7 +117,11 @@ def point_of(
     method: str,
     budgets: Mapping[str, int],
     result: tuple[Plan | None, str, str],
+    graph: Graph,
+    profile: Profile,
 ) -> Point:
+    """The point of one solve; with a plan, its predictions and what the caching allocator is expected to reserve
+    for it on each accelerator (what runs out on a GPU)."""
     plan, status, note = result
     if plan is None:
         return Point(machine.label, swept, budget, method, status, budgets=dict(budgets), note=note)
@@ -133,6 +140,7 @@ def point_of(
         dict(budgets),
         found,
         plan.solver.solve_s,
+        reserved_bytes={d: (lo.reserved, hi.reserved) for d, (lo, hi) in reserved_range(graph, plan, profile).items()},
     )
 
 
@@ -173,7 +181,7 @@ def sweep(
         budgets = {**base, **dict.fromkeys(swept, budget)}
         for method in settings.methods:
             result = plan_point(graph, profile, machine, budgets, method, options)
-            points.append(point_of(machine, label, budget, method, budgets, result))
+            points.append(point_of(machine, label, budget, method, budgets, result, graph, profile))
             if method == settings.method and result[0] is not None:
                 plans[budget] = result[0]
             tick()

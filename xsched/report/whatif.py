@@ -68,7 +68,7 @@ def device_whatif(
         points = []
         for method in settings.methods:
             result = plan_point(graph, sub, m, base, method, settings.options())
-            points.append(point_of(m, "base budgets", 0, method, base, result))
+            points.append(point_of(m, "base budgets", 0, method, base, result, graph, sub))
             tick()
         s = machine_sweep(graph, profile, m, accelerators(sub, m), eager_peak, settings, cache, tick)
         sources = {d: cost_source(sub, d) for d in m.devices}
