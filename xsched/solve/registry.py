@@ -124,6 +124,12 @@ def lazy(target: str, *imports: str) -> Solver:
     return run
 
 
+def lazy_entry(name: str, target: str, **fields) -> SolverEntry:
+    """A registry entry whose solver `module:function` is imported on its first call (`lazy`) with the modules of
+    its `imports` field: one list for what the runner budgets time for and what the call loads."""
+    return SolverEntry(name, lazy(target, *fields.get("imports", ())), **fields)
+
+
 _IMPORTS: dict[str, threading.Event] = {}  # module -> set once its import (in a thread of its own) has ended
 _IMPORTS_LOCK = threading.Lock()
 
@@ -194,9 +200,9 @@ register(heuristic("offload", offload_search))
 register(heuristic("gaps", gap_remat))
 register(heuristic("park", park_remat))
 register(
-    SolverEntry(
+    lazy_entry(
         "hier",
-        lazy("xsched.solve.hier.solver:run", "pyomo.environ"),
+        "xsched.solve.hier.solver:run",
         kind="search",
         min_size=100,
         share=0.4,
@@ -206,9 +212,9 @@ register(
 )
 # the stage MILP first where it is small: it proves optimality (in graph order) within seconds there
 register(
-    SolverEntry(
+    lazy_entry(
         "milp",
-        lazy("xsched.solve.milp.milp:run", "pyomo.environ"),
+        "xsched.solve.milp.milp:run",
         max_size=60,
         share=0.5,
         imports=("pyomo.environ",),
@@ -216,9 +222,9 @@ register(
     )
 )
 register(
-    SolverEntry(
+    lazy_entry(
         "park-search",
-        lazy("xsched.solve.heuristics.park_search:park_search"),
+        "xsched.solve.heuristics.park_search:park_search",
         kind="search",
         max_size=5000,
         share=0.3,
@@ -226,9 +232,9 @@ register(
     )
 )
 register(
-    SolverEntry(
+    lazy_entry(
         "order-gaps",
-        lazy("xsched.solve.order.gaps:run_gaps"),
+        "xsched.solve.order.gaps:run_gaps",
         kind="search",
         max_size=5000,
         share=0.25,
@@ -237,37 +243,37 @@ register(
     )
 )
 register(
-    SolverEntry(
+    lazy_entry(
         "order-cpsat",
-        lazy("xsched.solve.order.cpsat:run_cpsat", CP_SAT),
+        "xsched.solve.order.cpsat:run_cpsat",
         kind="search",
         max_size=5000,
         share=0.35,
         requires="ortools",
-        imports=("ortools.sat.python.cp_model",),
+        imports=(CP_SAT,),
         doc="order search, each order scored by CP-SAT on the interval model",
     )
 )
 register(
-    SolverEntry(
+    lazy_entry(
         "intervals-cpsat",
-        lazy("xsched.solve.intervals.solver:run_cpsat", CP_SAT),
+        "xsched.solve.intervals.solver:run_cpsat",
         kind="search",
         max_size=5000,
         share=0.7,
         requires="ortools",
-        imports=("ortools.sat.python.cp_model",),
+        imports=(CP_SAT,),
         doc="the retention-interval model for one order, CP-SAT",
     )
 )
 register(
-    SolverEntry(
+    lazy_entry(
         "intervals-highs",
-        lazy("xsched.solve.intervals.solver:run_highs", "xsched.solve.intervals.highs"),
+        "xsched.solve.intervals.solver:run_highs",
         kind="search",
         max_size=60,
         share=0.5,
-        imports=("pyomo.environ",),
+        imports=("pyomo.environ", "xsched.solve.intervals.highs"),
         doc="the retention-interval model for one order, linearised, HiGHS",
     )
 )
