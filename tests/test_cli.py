@@ -211,3 +211,27 @@ def test_planning_from_graph_files_imports_no_torch(tmp_path):
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert "IMPORTED []" in run.stdout, run.stdout[-500:]
+
+
+def test_the_plan_time_limit_is_the_commands(tmp_path, monkeypatch):
+    """`xsched plan --time-limit L` run as the process's own command: what loading took (from when xsched.cli
+    loaded) is taken off the solver's limit, so the command keeps L; called with an argv, the clock starts there."""
+    import xsched.cli
+    import xsched.solve.api
+    from xsched.errors import XschedError
+
+    g, p = tmp_path / "g.json", tmp_path / "p.json"
+    assert main(["import", str(BENCH / "random_layered_n100.json"), "-o", str(g), "--profile-out", str(p)]) == 0
+    limits: list[float] = []
+
+    def solve(graph, profile, budgets, devices, method, options):
+        limits.append(options.time_limit_s)
+        raise XschedError("stopped here", stage="solve")
+
+    monkeypatch.setattr(xsched.solve.api, "solve", solve)
+    argv = ["plan", str(g), str(p), "--budget", "bench=90%", "--time-limit", "5", "-o", str(tmp_path / "plan.json")]
+    assert main(argv) == 2
+    monkeypatch.setattr(xsched.cli, "LOADED", xsched.cli.LOADED - 4.0)  # as if loading had taken 4 s
+    monkeypatch.setattr("sys.argv", ["xsched", *argv])
+    assert main() == 2
+    assert 4.0 < limits[0] <= 5.0 and limits[1] <= 1.0

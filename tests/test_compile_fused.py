@@ -8,6 +8,7 @@ import random
 
 import pytest
 import torch
+from conftest import BENCH
 from torch import nn
 
 from xsched.capture.torch import capture
@@ -176,3 +177,28 @@ def test_region_times_name_each_compiled_region_by_its_ops() -> None:
     times = region_times(ex, env, runs=2)
     assert list(times) == [tuple(s.op for s in plan.steps if isinstance(s, Compute))]
     assert all(t > 0 for t in times.values())
+
+
+def test_fused_cut_waits_for_torch_only_where_it_needs_it_and_the_time_covers_it(monkeypatch) -> None:
+    """Telling a captured graph's fusible ops apart needs torch's tags; an imported graph's names need nothing.
+    Without torch loaded and less time left than its import, fused-cut is not started (the runner records why)."""
+    import sys
+
+    from xsched.importers import import_networkx
+    from xsched.profiling.fused import needs_torch
+    from xsched.solve import registry
+    from xsched.solve.options import SolverOptions, deadline
+    from xsched.solve.problem import Problem
+
+    captured = capture(nn.Sequential(nn.Linear(8, 8), nn.GELU()), (torch.randn(4, 8),))
+    bench_graph, bench_profile = import_networkx(BENCH / "random_layered_n100.json")
+    assert needs_torch(captured) and not needs_torch(bench_graph)
+    monkeypatch.delitem(sys.modules, "torch")  # as in a process that has not loaded it (restored after)
+    entry = registry.SOLVERS["fused-cut"]
+    p = Problem.make(captured, cost_profile(captured, ["cpu"]), {"cpu": "90%"})
+    with deadline(registry.IMPORT_S["torch"] / 2):
+        r = registry.run_member(entry, p, SolverOptions(time_limit_s=1.0), None)
+    assert r.status == "no_incumbent" and "importing torch" in r.message
+    q = Problem.make(bench_graph, bench_profile, {"bench": "90%"})
+    with deadline(registry.IMPORT_S["torch"] / 2):  # no torch needed: it runs
+        assert "importing torch" not in registry.run_member(entry, q, SolverOptions(time_limit_s=1.0), None).message

@@ -268,3 +268,33 @@ def test_a_member_whose_import_the_time_left_cannot_cover_is_skipped_and_recorde
     outcome = {o.method: o for o in r.record.stats.members}["needs-import"]
     assert not ran and outcome.status == "no_incumbent" and "loading xsched_absent" in outcome.message
     assert r.plan is not None and r.record.gap is not None
+
+
+def test_the_h_ilp_is_not_built_past_its_deadline(monkeypatch) -> None:
+    """hier's H-ILP checks the clock while its greedy start and its Pyomo model are built: past the deadline nothing
+    reaches HiGHS and it stops without a plan; hier then falls back to a plan without the solver."""
+    from xsched.solve.hier import hilp, solver
+    from xsched.solve.hier.solver import HierSettings, solve_hier
+
+    calls: list[tuple] = []
+    original = hilp.solve_hilp
+
+    def recorded(*args):
+        calls.append(args)
+        return original(*args)
+
+    monkeypatch.setattr(solver, "solve_hilp", recorded)
+    p, settings = problem(30), HierSettings(max_leaf=4, workers=1, refine=False)
+    plan = solve_hier(p, SolverOptions(time_limit_s=None), settings=settings)
+    assert plan.solver.stats.top == "hilp" and calls  # without the clock's pressure the top H-ILP solves
+    handed = itertools.count()
+    monkeypatch.setattr(hilp, "run_highs", lambda *a, **k: next(handed))
+    top = calls[-1]
+    with using_clock(FakeClock(1.0)), pytest.raises(NoIncumbent, match="was not solved: the time limit came"):
+        original(*top[:-1], SolverOptions(time_limit_s=0.5))
+    assert next(handed) == 0
+    monkeypatch.setattr(solver, "solve_hilp", original)
+    with using_clock(FakeClock(0.01)), deadline(1.0):  # the H-ILPs meet the deadline: a plan without HiGHS
+        stats = solve_hier(p, SolverOptions(time_limit_s=1.0), settings=settings).solver.stats
+    assert next(handed) == 1  # no H-ILP reached HiGHS: the greedy schedule's plan, or one without the model
+    assert "was not solved" in stats.top if stats.top != "hilp" else stats.top_stats.model_status == "time_limit"

@@ -12,14 +12,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 from functools import cache
-
-import torch
+from typing import TYPE_CHECKING
 
 from xsched.contracts.graph import Graph, Op
 from xsched.contracts.profile import Profile
 from xsched.contracts.random_ops import is_random_target
-from xsched.contracts.torch_ops import resolve
 from xsched.errors import XschedError
+
+if TYPE_CHECKING:
+    import torch
 
 REGION_LABEL = "xsched::region:"  # the profiler label of each compiled region's call: REGION_LABEL + "<first>-<last>"
 
@@ -47,14 +48,31 @@ FUSIBLE_TARGETS = frozenset(
 )
 
 
+def _known(target: str) -> bool | None:
+    """Whether `target` is fusible where that is known without torch (None: only its tags say)."""
+    if target in FUSIBLE_TARGETS:
+        return True
+    if len(target.split(".")) != 3 or is_random_target(target):  # not a torch op's name, or a draw
+        return False
+    return None
+
+
+def needs_torch(graph: Graph) -> bool:
+    """Telling the graph's fusible ops apart imports torch (seconds): some op is a torch op outside the table."""
+    return any(_known(op.target) is None for op in graph.ops)
+
+
 @cache
 def fusible_target(target: str) -> bool:
     """True for an op inductor computes inside its consumer's kernel: pointwise (torch's `pointwise` tag) or one
     of FUSIBLE_TARGETS, and not random (a draw is an ATen call of its own, and recomputing it needs a replay)."""
-    if target in FUSIBLE_TARGETS:
-        return True
-    if is_random_target(target):
-        return False
+    known = _known(target)
+    if known is not None:
+        return known
+    import torch  # here: graphs from other sources (the importers' names) are told apart without it
+
+    from xsched.contracts.torch_ops import resolve
+
     try:
         fn = resolve(target)
     except XschedError:
@@ -93,6 +111,7 @@ def region_times(executor: object, env: Mapping[str, torch.Tensor], runs: int = 
     """Each compiled region of `executor` (an Executor made with compile=True) -> the ops it computes and its time
     as compiled: the median over `runs` runs of the whole plan (after one that compiles), from the region's
     profiler label (`xsched.execute.segments` marks each call)."""
+    import torch
     from torch.profiler import ProfilerActivity, profile
 
     from xsched.contracts.plan import Compute

@@ -31,7 +31,15 @@ from xsched.solve.problem import Outcome, Problem
 # best plan so far, for the same graph and homes, or None). It returns an Outcome: its record, with or without a plan.
 Solver = Callable[[Problem, SolverOptions, "Plan | None"], Outcome]
 
-KINDS = ("heuristic", "search", "exact")  # heuristics run first and whole; searches and exact models share time
+KINDS = ("heuristic", "search", "exact")
+# what loading a member's heavy modules takes, on the 2-core development machine under load (Pyomo with its HiGHS
+# interface and xsched's model modules 1.4 s, OR-Tools' CP-SAT 0.6 s, torch 2.8-3.0 s at a load of 4.6; more under
+# a heavier load): the runner budgets for an entry's `imports` with it, and fused-cut for torch where it needs it
+IMPORT_S = {
+    "pyomo.environ": 1.5,
+    "ortools.sat.python.cp_model": 0.7,
+    "torch": 3.0,
+}  # heuristics run first and whole; searches and exact models share time
 
 
 @dataclass(frozen=True)
@@ -40,7 +48,7 @@ class SolverEntry:
     run it (a method named on its own always runs); `share`: its share of the time left when later members follow
     it; `one_device`: it plans for one computing device (the others may only store); `requires`: an optional
     package it needs; `imports`: the heavy modules its first call loads (the runner does not start it where the time
-    left cannot cover loading them, `runner.IMPORT_S`)."""
+    left cannot cover loading them, IMPORT_S)."""
 
     name: str
     fn: Solver
@@ -124,6 +132,12 @@ def lazy(target: str, *imports: str) -> Solver:
     return run
 
 
+def lazy_entry(name: str, target: str, **fields) -> SolverEntry:
+    """A registry entry whose solver `module:function` is imported on its first call (`lazy`) with the modules of
+    its `imports` field: one list for what the runner budgets time for and what the call loads."""
+    return SolverEntry(name, lazy(target, *fields.get("imports", ())), **fields)
+
+
 _IMPORTS: dict[str, threading.Event] = {}  # module -> set once its import (in a thread of its own) has ended
 _IMPORTS_LOCK = threading.Lock()
 
@@ -177,8 +191,16 @@ def run_member(entry: SolverEntry, problem: Problem, options: SolverOptions, war
 
 
 def _fused_cut(problem: Problem, options: SolverOptions, warm: Plan | None) -> Plan:
+    """fused-cut, not started where it needs torch (the ops' pointwise tags) and the time left cannot cover its
+    import, which is waited for only while that time lasts (`import_within`)."""
+    from xsched.profiling.fused import needs_torch
     from xsched.solve.heuristics.fused_cut import run
 
+    if needs_torch(problem.graph) and "torch" not in sys.modules:
+        left = time_left()
+        if left < IMPORT_S["torch"] or not import_within("torch", left):
+            why = f"not started: importing torch (about {IMPORT_S['torch']:g} s) for the ops' pointwise tags"
+            raise NoIncumbent(f"{why} takes more than the {max(left, 0.0):.2f} s left", stage="solve")
     return run(problem, options, warm)
 
 
@@ -194,9 +216,9 @@ register(heuristic("offload", offload_search))
 register(heuristic("gaps", gap_remat))
 register(heuristic("park", park_remat))
 register(
-    SolverEntry(
+    lazy_entry(
         "hier",
-        lazy("xsched.solve.hier.solver:run", "pyomo.environ"),
+        "xsched.solve.hier.solver:run",
         kind="search",
         min_size=100,
         share=0.4,
@@ -206,9 +228,9 @@ register(
 )
 # the stage MILP first where it is small: it proves optimality (in graph order) within seconds there
 register(
-    SolverEntry(
+    lazy_entry(
         "milp",
-        lazy("xsched.solve.milp.milp:run", "pyomo.environ"),
+        "xsched.solve.milp.milp:run",
         max_size=60,
         share=0.5,
         imports=("pyomo.environ",),
@@ -216,9 +238,9 @@ register(
     )
 )
 register(
-    SolverEntry(
+    lazy_entry(
         "park-search",
-        lazy("xsched.solve.heuristics.park_search:park_search"),
+        "xsched.solve.heuristics.park_search:park_search",
         kind="search",
         max_size=5000,
         share=0.3,
@@ -226,9 +248,9 @@ register(
     )
 )
 register(
-    SolverEntry(
+    lazy_entry(
         "order-gaps",
-        lazy("xsched.solve.order.gaps:run_gaps"),
+        "xsched.solve.order.gaps:run_gaps",
         kind="search",
         max_size=5000,
         share=0.25,
@@ -237,37 +259,37 @@ register(
     )
 )
 register(
-    SolverEntry(
+    lazy_entry(
         "order-cpsat",
-        lazy("xsched.solve.order.cpsat:run_cpsat", CP_SAT),
+        "xsched.solve.order.cpsat:run_cpsat",
         kind="search",
         max_size=5000,
         share=0.35,
         requires="ortools",
-        imports=("ortools.sat.python.cp_model",),
+        imports=(CP_SAT,),
         doc="order search, each order scored by CP-SAT on the interval model",
     )
 )
 register(
-    SolverEntry(
+    lazy_entry(
         "intervals-cpsat",
-        lazy("xsched.solve.intervals.solver:run_cpsat", CP_SAT),
+        "xsched.solve.intervals.solver:run_cpsat",
         kind="search",
         max_size=5000,
         share=0.7,
         requires="ortools",
-        imports=("ortools.sat.python.cp_model",),
+        imports=(CP_SAT,),
         doc="the retention-interval model for one order, CP-SAT",
     )
 )
 register(
-    SolverEntry(
+    lazy_entry(
         "intervals-highs",
-        lazy("xsched.solve.intervals.solver:run_highs", "xsched.solve.intervals.highs"),
+        "xsched.solve.intervals.solver:run_highs",
         kind="search",
         max_size=60,
         share=0.5,
-        imports=("pyomo.environ",),
+        imports=("pyomo.environ", "xsched.solve.intervals.highs"),
         doc="the retention-interval model for one order, linearised, HiGHS",
     )
 )

@@ -16,15 +16,11 @@ from xsched.solve.bounds.memory import check_budgets, lower_bounds
 from xsched.solve.objective import better, objective, objective_floor
 from xsched.solve.options import SolverOptions, deadline, now, past_deadline
 from xsched.solve.problem import Outcome, Problem, runnable
-from xsched.solve.registry import SOLVERS, SolverEntry, run_member
+from xsched.solve.registry import IMPORT_S, SOLVERS, SolverEntry, run_member
 
 CONFIGURATIONS = ("auto", "portfolio", "heuristics")
 NO_LIMIT_S = 3600.0  # time_limit_s=None: an hour
 MIN_MEMBER_S = 0.5  # a timed member is not started with less time left: building its model alone takes longer
-# what loading a member's heavy modules takes, on the 2-core development machine under load (Pyomo with its HiGHS
-# interface and xsched's model modules 1.4 s, OR-Tools' CP-SAT 0.6 s; more under a heavier load): a member that
-# needs them is not started unless the time left covers them and MIN_MEMBER_S
-IMPORT_S = {"pyomo.environ": 1.5, "ortools.sat.python.cp_model": 0.7}
 MIN_METHOD_S = 1.0  # a method named on its own gets at least this much, even when the heuristics took the limit
 # time for finding a budget that works after no plan was found: a share of the time left, at least PROBE_MIN_S
 PROBE_SHARE, PROBE_MIN_S, PROBE_MAX_S = 0.2, 0.5, 10.0
@@ -155,7 +151,8 @@ def _given(problem: Problem, given: Plan, options: SolverOptions) -> Outcome:
 
 
 def _import_s(entry: SolverEntry) -> float:
-    """What loading the member's heavy modules will take: nothing for those this process has loaded already."""
+    """What loading the member's heavy modules will take (IMPORT_S): nothing for those this process has loaded
+    already. A member is not started unless the time left covers them and MIN_MEMBER_S."""
     return sum(IMPORT_S.get(m, 0.0) for m in entry.imports if m not in sys.modules)
 
 

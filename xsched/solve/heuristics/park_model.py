@@ -68,10 +68,10 @@ class Lane:
         self.items.insert(at, item)
         self.emits.insert(at, item[0])
 
-    def finishes(self, start: np.ndarray) -> list[float]:
+    def finishes(self, start: Sequence[float]) -> list[float]:
         out, prev = [], 0.0
         for _, ready, secs, _ in self.items:
-            prev = max(float(start[ready]), prev) + secs
+            prev = max(start[ready], prev) + secs
             out.append(prev)
         return out
 
@@ -79,12 +79,12 @@ class Lane:
         """Where a copy emitted at `emit` goes: after every copy emitted at or before it."""
         return bisect.bisect_right(self.emits, emit)
 
-    def delay(self, start: np.ndarray, done: Sequence[float], at: int, first_done: float) -> float:
+    def delay(self, start: Sequence[float], done: Sequence[float], at: int, first_done: float) -> float:
         """The lateness a copy inserted at index `at`, done at `first_done`, adds to the copies after it."""
         extra, prev = 0.0, first_done
         for j in range(at, len(self.items)):
             _, ready, secs, due = self.items[j]
-            moved = max(float(start[ready]), prev) + secs
+            moved = max(start[ready], prev) + secs
             if moved <= done[j] + 1e-15:
                 break  # the queue behind is as before
             extra += max(0.0, moved - start[due]) - max(0.0, done[j] - start[due])
@@ -141,14 +141,16 @@ class ParkTimeline(Timeline):
             self.mem[:p] -= self.nbytes[v]
             self.mem[last + 1 :] -= self.nbytes[v]
             fetch[v] = p
-            self.done["in"] = self.lanes["in"].finishes(self.start)  # a fetch moves no compute: only its lane
+            self.done["in"] = self.lanes["in"].finishes(self.starts)  # a fetch moves no compute: only its lane
         return fetch
 
     def refresh(self) -> None:
         """The positions' start times (reruns included) and the lanes' finish times, after a move."""
         dur = [self.op_s[op.id] + sum(self.op_s[p] for p in set(self.redo.get(t, ()))) for t, op in enumerate(self.ops)]
         self.start = np.concatenate(([0.0], np.cumsum(dur)))
-        self.done = {way: lane.finishes(self.start) for way, lane in self.lanes.items()}
+        self.starts = self.start.tolist()  # the same floats, read one at a time in the lanes' loops (numpy's
+        # scalar reads there took most of a park variant's time)
+        self.done = {way: lane.finishes(self.starts) for way, lane in self.lanes.items()}
 
     def seconds(self, way: str, n: int) -> float:
         link = self.links[way]
@@ -175,29 +177,29 @@ class ParkTimeline(Timeline):
             secs = self.seconds("out", n)
             lane, done = self.lanes["out"], self.done["out"]
             at = lane.slot(s)
-            finish = max(float(self.start[s + 1]), done[at - 1] if at else 0.0) + secs
+            finish = max(self.starts[s + 1], done[at - 1] if at else 0.0) + secs
             q = max(free_from, int(np.searchsorted(self.start, finish - 1e-15)))
             if q > t:
-                stall, q = finish - self.start[t], t
-            stall += lane.delay(self.start, done, at, finish)
+                stall, q = finish - self.starts[t], t
+            stall += lane.delay(self.starts, done, at, finish)
             link_s += secs
         p = len(self.ops)
         if b is not None:  # back on the in lane, from the latest position that lets it be done before b
             secs = self.seconds("in", n)
             p, late, at, finish = self._back(t, b, secs)
-            stall += late + self.lanes["in"].delay(self.start, self.done["in"], at, finish)
+            stall += late + self.lanes["in"].delay(self.starts, self.done["in"], at, finish)
             link_s += secs
         return Park(v, k, s, q, p, b, out, stall + price * link_s, stall, free_from - 1)
 
     def _back(self, t: int, b: int, secs: float) -> tuple[int, float, int, float]:
         """The copy back's position p in (t, b): the latest whose start lets it be done by b's (t + 1 when none
         does), its lateness, its index on the in lane, and when it is done."""
-        lane, done, start = self.lanes["in"], self.done["in"], self.start
+        lane, done, start = self.lanes["in"], self.done["in"], self.starts
         emits = lane.emits
 
         def finish(p: int) -> tuple[int, float]:
             at = bisect.bisect_right(emits, p)
-            return at, max(float(start[p]), done[at - 1] if at else 0.0) + secs
+            return at, max(start[p], done[at - 1] if at else 0.0) + secs
 
         lo, hi = t + 1, b - 1
         if hi < lo or finish(lo)[1] > start[b]:  # none in time: as early as it may, and late

@@ -11,7 +11,7 @@ children's options), then the H-ILP of the whole graph under the real budgets, f
 | `menu` | options (a block's schedule summarised for the level above), translation, Pareto selection |
 | `leaf` | options of bottom blocks from the flat solvers |
 | `park` | with a store: blocks' park options, their pricing on the lanes, parked values' frees kept in the flat plan |
-| `hindex`, `hilp` | the H-ILP: index sets, model, HiGHS, extraction; plans without a solver |
+| `hindex`, `hilp`, `highs` | the H-ILP: index sets, model (built on the clock), its HiGHS run, extraction; plans without a solver |
 | `upper` | options of blocks above the bottom from the H-ILP |
 | `solver` | `solve_hier`: the levels, the pool, the top |
 """

@@ -7,7 +7,7 @@ simulated, are a plan of its own when the model has none."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from xsched.solve.hier.hindex import HIndex
 
@@ -19,11 +19,14 @@ class _Stuck(Exception):
     pass
 
 
-def greedy_events(ix: HIndex, choice: Sequence[int], strict: bool) -> list[Event] | None:
+def greedy_events(
+    ix: HIndex, choice: Sequence[int], strict: bool, late: Callable[[], bool] = lambda: False
+) -> list[Event] | None:
     """The eviction schedule with option `choice[block]` for each block's first run, or None when it cannot fit
-    the budgets. `strict`: within the model's rules (then a MIP start)."""
+    the budgets or `late()` says so before it is done (asked once a stage). `strict`: within the model's rules
+    (then a MIP start)."""
     try:
-        return _Greedy(ix, choice, strict).schedule()
+        return _Greedy(ix, choice, strict).schedule(late)
     except _Stuck:
         return None
 
@@ -57,9 +60,11 @@ class _Greedy:
         for us in self.uses.values():
             us.sort()
 
-    def schedule(self) -> list[Event]:
+    def schedule(self, late: Callable[[], bool]) -> list[Event]:
         ix = self.ix
         for t in range(ix.T):
+            if late():
+                raise _Stuck
             self.fresh = set()
             if t == ix.t_back:
                 for v in ix.fwd_out:

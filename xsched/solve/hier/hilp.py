@@ -16,8 +16,7 @@ again late as the flat optimum does: its first run's copy is then freed at once.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import pyomo.environ as pyo
@@ -29,11 +28,22 @@ from xsched.errors import BudgetError, NoIncumbent, XschedError
 from xsched.simulate import simulate
 from xsched.solve.autograd_boundary import hold_to_boundary
 from xsched.solve.hier.greedy import as_start, greedy_events
+from xsched.solve.hier.highs import run_highs
 from xsched.solve.hier.hindex import HIndex, Unit, index
 from xsched.solve.hier.menu import Part, fastest, leanest
 from xsched.solve.hier.park import kept_frees, with_kept_frees
 from xsched.solve.milp.extract import free_unwanted_ends, prune
-from xsched.solve.options import SolverOptions
+from xsched.solve.options import SolverOptions, now, out_of_time, time_left
+
+CHECK_EVERY = 200  # steps of the model's loops (a constraint or a few each) between two looks at the clock
+# handing the built model to HiGHS (Pyomo's standard form) takes about this many times its build (1.35 on
+# random_layered_n250's 16-stage H-ILP, 3.4 s after a 2.5 s build under load): not started when that is more than
+# is left
+HANDOFF_PER_BUILD = 1.5
+
+
+class _Late(Exception):
+    """The deadline passed while the model was being built: no time is left to solve it."""
 
 
 def solve_hilp(
@@ -48,19 +58,35 @@ def solve_hilp(
 ) -> Plan:
     """The fastest plan of the H-ILP within `options.time_limit_s`, simulator-checked under `budgets`.
     BudgetError when HiGHS proves the model infeasible (for these options and stages), NoIncumbent without a plan."""
-    t0 = time.perf_counter()
+    t0, clock = time.perf_counter(), now()
+    limit = options.time_limit_s if options.time_limit_s is not None else 3600.0
+    # lateness on the solve stage's clock: the runner's deadline for hier, or this model's own limit
+    late = lambda: out_of_time() or now() - clock > limit  # noqa: E731
     ix = index(graph, profile, units, budgets, devices, homes, fwd_out)
-    m = build_model(ix, options.alpha_energy)
-    events, start = _start(ix, units)
-    build_s = time.perf_counter() - t0
-    out = run_highs(m, ix, options, t0, start)
-    if out.x is None and events:  # the model has no plan in time (it is stricter): the schedule's may fit
-        stats = HilpStats(ix.T, start is not None, len(events), model_status=out.status)
+    events, start = _start(ix, units, late)  # first: its schedule is a plan of its own when the model gets none
+    out, why = None, "the time limit came while it was being built"
+    try:
+        built = time.perf_counter()
+        m = build_model(ix, options.alpha_energy, late)
+        build_s = time.perf_counter() - t0
+        handoff = HANDOFF_PER_BUILD * (time.perf_counter() - built)
+        if handoff > min(time_left(), limit - (now() - clock)):
+            why = f"handing it to HiGHS would take about {handoff:.1f} s, more than is left"
+        else:
+            out = run_highs(m, ix, options, t0, start)
+    except _Late:
+        pass
+    if (out is None or out.x is None) and events:  # no plan from the model in time (it is stricter): the
+        # schedule's may fit
+        status = out.status if out is not None else "time_limit"
+        stats = HilpStats(ix.T, start is not None, len(events), model_status=status)
         info = SolveResult("greedy", "heuristic", times=Times(solve_s=time.perf_counter() - t0), stats=stats)
         try:
             return finish_plan(graph, profile, event_steps(ix, events), budgets, homes, _ends(ix, events), info)
         except XschedError:
             pass
+    if out is None:
+        raise NoIncumbent(f"the H-ILP of {graph.name} ({ix.T} stages) was not solved: {why}")
     if out.status == "infeasible":
         raise BudgetError(
             f"the H-ILP of {graph.name} ({ix.T} stages) has no plan within the budgets {dict(budgets)}", stage="solve"
@@ -86,8 +112,11 @@ def solve_hilp(
 
 
 # ---------------------------------------------------------------- the model
-def build_model(ix: HIndex, alpha: float = 0.0) -> pyo.ConcreteModel:
+def build_model(ix: HIndex, alpha: float = 0.0, late: Callable[[], bool] = lambda: False) -> pyo.ConcreteModel:
+    """The H-ILP over `ix`; raises _Late when `late()` says so (looked at every CHECK_EVERY constraints and
+    between constraint groups)."""
     m = pyo.ConcreteModel(name="xsched_hilp")
+    tick = _ticker(late)
     T = ix.T
     c_into: dict[tuple[int, int, int], list] = {}
     for key in ix.c_keys:
@@ -147,6 +176,7 @@ def build_model(ix: HIndex, alpha: float = 0.0) -> pyo.ConcreteModel:
         m.frontier.add(sum(R[t, o, t] for o in range(len(ix.parts[t])) if (t, o, t) in R) == 1)
     m.needs = pyo.ConstraintList()  # a part's boundary reads are resident, copied in, or made earlier in the stage
     for k, o, t in ix.r_keys:
+        tick()
         for v, d in ix.reads[(k, o)]:
             m.needs.add(R[k, o, t] <= sum([s(v, d, t), *arrive(v, d, t), *made(v, d, t, k)]))
     m.phantom = pyo.ConstraintList()  # a backward part needs its forward part's phantom of the same option
@@ -160,10 +190,12 @@ def build_model(ix: HIndex, alpha: float = 0.0) -> pyo.ConcreteModel:
         m.phantom.add(P[f, o, t] <= sum([P[f, o, t - 1] if (f, o, t - 1) in P else 0, R[f, o, t - 1]]))
     m.keep = pyo.ConstraintList()  # resident at t+1: resident at t, copied in or made during t
     for v, d, t in ix.s_keys:
+        tick()
         m.keep.add(S[v, d, t] <= sum([s(v, d, t - 1), *arrive(v, d, t - 1), *made(v, d, t - 1)] if t else [0]))
     m.source = pyo.ConstraintList()  # a copy reads a value resident on its source when the stage starts
     m.once = pyo.ConstraintList()  # resident or copied in, not both
     for v, src, d, t in ix.c_keys:
+        tick()
         have = s(v, src, t)
         if not isinstance(have, int):
             m.source.add(C[v, src, d, t] <= have)
@@ -180,14 +212,17 @@ def build_model(ix: HIndex, alpha: float = 0.0) -> pyo.ConcreteModel:
             m.ends.add(sum(s(v, d, ix.t_back) for d in ix.dev_range) >= 1)
     m.draws = pyo.ConstraintList()  # every run of a block draws its random numbers from the same RNGs
     for k, fits in ix.rng_class.items():
+        tick()
         m.draws.add(sum(m.K[k, c] for c in {c for f in fits for c in f}) <= 1)
         for kk in [k, *(b for b, f in ix.twin.items() if f == k)]:
             for o, f in enumerate(fits):
                 for t in range(kk, ix.last[kk] + 1):
                     if (kk, o, t) in R:
                         m.draws.add(R[kk, o, t] <= sum(m.K[k, c] for c in f))
+    tick(at_once=True)
     m.free = pyo.ConstraintList()  # free after k only if k used it, once, with no later reader in the stage
     for (v, d, t), ks in acts.items():
+        tick()
         fs = [F[v, d, t, k] for k in ks if (v, d, t, k) in F]
         for k in ks:
             if (v, d, t, k) in F:
@@ -200,6 +235,7 @@ def build_model(ix: HIndex, alpha: float = 0.0) -> pyo.ConcreteModel:
         if fs:
             nxt = s(v, d, t + 1)
             m.free.add(sum(fs) + (nxt if not isinstance(nxt, int) else 0) <= 1)
+    tick(at_once=True)
     m.start_mem = pyo.ConstraintList()  # what is resident (values, copies arriving, phantoms) fits when t starts
     m.run_mem = pyo.ConstraintList()  # U[d,t,k]: bytes before k runs (U of the part before, + its lasting change,
     # - the values freed after it); + each of k's memory points, less the values it read last that are freed
@@ -230,6 +266,7 @@ def build_model(ix: HIndex, alpha: float = 0.0) -> pyo.ConcreteModel:
                 m.start_mem.add(base <= cap)
             prev = None
             for k in ix.r_at.get(t, ()):
+                tick()
                 rhs = (
                     base
                     if prev is None
@@ -253,6 +290,7 @@ def build_model(ix: HIndex, alpha: float = 0.0) -> pyo.ConcreteModel:
                             U[d, t, k] + b * R[k, o, t] - sum(ix.mem[v] * gone(v, d, t, k) for v in done) <= cap
                         )
                 prev = k
+    tick(at_once=True)
     run_time = sum(ix.time[k][o] * R[k, o, t] for k, o, t in ix.r_keys)
     run_time = run_time + sum(ix.copy_time[key] * C[key] for key in ix.c_keys)
     if alpha:
@@ -263,15 +301,28 @@ def build_model(ix: HIndex, alpha: float = 0.0) -> pyo.ConcreteModel:
     return m
 
 
+def _ticker(late: Callable[[], bool]) -> Callable[..., None]:
+    """A step counter that raises _Late when `late()`, asked every CHECK_EVERY steps (or at once: `at_once`)."""
+    steps = 0
+
+    def tick(at_once: bool = False) -> None:
+        nonlocal steps
+        steps += 1
+        if (at_once or steps % CHECK_EVERY == 0) and late():
+            raise _Late
+
+    return tick
+
+
 # ---------------------------------------------------------------- solving and extraction
-def _start(ix: HIndex, units: Sequence[Unit]) -> tuple[list, tuple[set, set] | None]:
+def _start(ix: HIndex, units: Sequence[Unit], late: Callable[[], bool]) -> tuple[list, tuple[set, set] | None]:
     """The eviction schedule over blocks (fastest options first, then leanest) within the model's rules (a MIP
-    start), else one outside them (a plan only), else none."""
+    start), else one outside them (a plan only), else none (also once `late()` says so)."""
     home = ix.devices[0]
     choices = [[pick(u.options, home) for u in units] for pick in (fastest, leanest)]
     for strict in (True, False):
         for choice in choices:
-            events = greedy_events(ix, choice, strict)
+            events = greedy_events(ix, choice, strict, late)
             if events is not None:
                 return events, as_start(events) if strict else None
     return [], None
@@ -301,72 +352,6 @@ def _ends(ix: HIndex, events: Sequence) -> set[tuple[str, str]]:
         ends |= set(ix.outs[(e[1], e[2])]) if e[0] == "run" else {(e[1], e[3])}
     outs = set(ix.outputs)
     return {(ix.values[v], ix.devices[d]) for v, d in ends if v in outs}
-
-
-@dataclass(frozen=True)
-class HighsRun:
-    """One HiGHS run of the H-ILP: its status, the watched columns' values (None without a solution), the model's
-    objective and bound (None where unknown), and its seconds."""
-
-    status: str
-    x: np.ndarray | None
-    objective: float | None
-    bound: float | None
-    solver_s: float
-
-
-def run_highs(
-    m: pyo.ConcreteModel, ix: HIndex, options: SolverOptions, t0: float, start: tuple[set, set] | None = None
-) -> HighsRun:
-    """HiGHS on the model until the time limit (from t0), from `start` (runs and copies; HiGHS completes the
-    other variables or drops it): status, the watched columns' values, objective, bound."""
-    from xsched.solve.milp.backends import set_threads, to_highs
-
-    watched = [*m.R.values(), *m.S.values(), *m.C.values()]
-    h, _, cols = to_highs(m, watched)
-    if start is not None:
-        runs, copies = start
-        nr, ns = len(m.R), len(m.S)
-        idx = [int(cols[i]) for i in range(nr)] + [int(cols[nr + ns + i]) for i in range(len(m.C))]
-        val = [1.0 if k in runs else 0.0 for k in m.R.keys()] + [1.0 if k in copies else 0.0 for k in m.C.keys()]
-        keep = [i for i, c in enumerate(idx) if c >= 0]
-        h.setSolution(
-            len(keep), np.array([idx[i] for i in keep], dtype=np.int32), np.array([val[i] for i in keep], dtype=float)
-        )
-    limit = options.time_limit_s if options.time_limit_s is not None else 3600.0
-    h.setOptionValue("time_limit", max(0.05, limit - (time.perf_counter() - t0)))
-    h.setOptionValue("mip_rel_gap", float(options.mip_gap))
-    h.setOptionValue("output_flag", bool(options.verbose))
-    set_threads(h, 1)
-    h.setOptionValue("random_seed", int(options.seed))
-    if options.node_limit is not None:
-        h.setOptionValue("mip_max_nodes", int(options.node_limit))
-    t1 = time.perf_counter()
-    h.run()
-    import highspy
-
-    kind = highspy.HighsModelStatus
-    said = {
-        kind.kOptimal: "optimal",
-        kind.kTimeLimit: "time_limit",
-        kind.kInfeasible: "infeasible",
-        kind.kUnboundedOrInfeasible: "infeasible",
-    }
-    status = said.get(h.getModelStatus(), "feasible")
-    if status == "infeasible":  # HiGHS 1.16's presolve wrongly proves some H-ILPs infeasible (a 5-stage one in
-        # tests/test_hier.py): a proof counts only when the model without presolve agrees in the time left
-        h.setOptionValue("presolve", "off")
-        h.setOptionValue("time_limit", max(0.05, limit - (time.perf_counter() - t0)))
-        h.run()
-        status = said.get(h.getModelStatus(), "feasible")
-        status = "time_limit" if status == "feasible" and h.getInfo().primal_solution_status != 2 else status
-    info = h.getInfo()
-    x = None
-    if info.primal_solution_status == 2:
-        x = np.append(np.asarray(h.getSolution().col_value), 0.0)[cols]
-    bound = info.mip_dual_bound if np.isfinite(info.mip_dual_bound) else None
-    objective = info.objective_function_value if x is not None else None
-    return HighsRun(status, x, objective, bound, time.perf_counter() - t1)
 
 
 def extract(ix: HIndex, m: pyo.ConcreteModel, x: np.ndarray, info: SolveResult) -> Plan:

@@ -184,7 +184,7 @@ run = from_plan(solve_hier, proofs=False)
 
 
 def _refinable(graph: Graph, devices: tuple[str, ...]) -> bool:
-    from xsched.solve.intervals import available
+    from xsched.solve.intervals.cpsat import available
 
     return available() and len(graph.ops) * len(devices) <= REFINE_MAX_SIZE
 
@@ -208,7 +208,7 @@ def _refined(
 ) -> tuple[Plan, str]:
     """CP-SAT's interval model for `start`'s order, from `start` (a complete hint: every step has its slot), within
     `seconds`: its plan if faster, else `start`; and what happened, for the log."""
-    from xsched.solve.intervals import solve_intervals
+    from xsched.solve.intervals.solver import solve_intervals
     from xsched.solve.order.order import first_compute_indices
 
     if seconds < REFINE_MIN_S:

@@ -15,7 +15,7 @@ GIVE_UP_OPS = 300  # beyond this the CP-SAT-scored search stops when its first o
 
 def run_cpsat(problem: Problem, options: SolverOptions = DEFAULTS, warm: Plan | None = None) -> Outcome:
     """The best CP-SAT interval plan (C = 2) over the starting orders and local moves, within the time limit."""
-    from xsched.solve.intervals import solve_intervals
+    from xsched.solve.intervals.solver import solve_intervals
 
     def score(order: tuple[int, ...], seconds: float) -> Plan:
         opts = replace(options, time_limit_s=seconds)
