@@ -116,3 +116,16 @@ def test_an_output_freed_under_the_callers_hold_is_what_was_undercounted(monkeyp
     assert got["cpu:0"] - want["cpu:0"] >= out_bytes
     with pytest.raises(BudgetError):
         wrap_module.wrap(blocks(), (x,), {"cpu:0": "82%"}, method="checkpoint", profile="model")
+
+
+def test_held_outputs_survive_json_and_keep_the_fingerprint() -> None:
+    """The fact travels with the graph file; profiles measured for the graph (keyed by fingerprint) still match."""
+    from xsched.capture.torch import capture
+    from xsched.contracts.graph import Graph, GraphError
+
+    g = capture(blocks(), (torch.randn(8, 64),))
+    held = wrap_module.held_by_caller(g)
+    assert held.held_outputs and held.fingerprint == g.fingerprint
+    assert Graph.from_dict(held.to_dict()).held_outputs == held.held_outputs
+    with pytest.raises(GraphError, match="held output"):
+        Graph.from_dict({**g.to_dict(), "held_outputs": [g.inputs[0]]})
