@@ -68,6 +68,10 @@ class Graph:
     grads: Mapping[str, Mapping[str, Any]] | None = None  # param name -> ref of its gradient
     input_grads: Mapping[int, Mapping[str, Any]] | None = None  # model input position -> ref of its gradient
     buffer_updates: Mapping[str, Mapping[str, Any]] | None = None  # buffer name -> ref of its new content
+    # forward outputs the caller holds from the autograd boundary until the plan ends (`wrap` returns them to code
+    # that keeps them through its backward): a plan's free of one there releases nothing. Not in the fingerprint:
+    # the same ops and costs, so profiles measured for the graph still match
+    held_outputs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -110,6 +114,7 @@ class Graph:
         where files before they were fields kept them, so that profiles measured then still match."""
         body = self.to_dict()
         body.pop("name")
+        body.pop("held_outputs", None)
         roles = {k: body.pop(k) for k in ROLES if k in body}
         if roles:
             body["extra"] = {**body.get("extra", {}), **roles}
@@ -130,6 +135,7 @@ class Graph:
             "ops": [_op_to_dict(o) for o in self.ops],
             "outputs": list(self.outputs),
             **_roles_to_dict(self),
+            **({"held_outputs": list(self.held_outputs)} if self.held_outputs else {}),
             **({"extra": dict(self.extra)} if self.extra else {}),
         }
 
@@ -143,7 +149,8 @@ class Graph:
             ops = tuple(_op_from_dict(o) for o in d["ops"])
             extra = dict(d.get("extra", {}))
             roles = _roles_from_dict(d, extra)
-            return Graph(str(d.get("name", "")), values, ops, tuple(d["outputs"]), extra, **roles)
+            held = tuple(d.get("held_outputs", ()))
+            return Graph(str(d.get("name", "")), values, ops, tuple(d["outputs"]), extra, **roles, held_outputs=held)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise GraphError(f"malformed graph JSON: {type(e).__name__}: {e}") from e
 
@@ -290,6 +297,9 @@ def _validate(g: Graph) -> None:
     for v in g.outputs:
         if v not in values:
             raise GraphError("graph output is an unknown value", value=v)
+    for v in g.held_outputs:
+        if v not in produced_by:
+            raise GraphError("held output is not a value an op produces", value=v)
     for v in g.values:
         _check_layout(v)
     _check_roles(g, values)

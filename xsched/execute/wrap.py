@@ -6,6 +6,7 @@ backward runs the rest, so `loss.backward()` and `optimizer.step()` work unchang
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -35,6 +36,7 @@ from xsched.execute.reference import torch_device
 from xsched.execute.segments import compiled_peaks
 from xsched.execute.wrap_run import Compiled, _apply_c, _PlanFunction, _Run
 from xsched.pipeline import plan_report, solve_plan
+from xsched.solve.autograd_boundary import forward_outputs
 
 
 def _signature(inputs: tuple) -> tuple:
@@ -91,8 +93,10 @@ class XschedModule(nn.Module):
         param_home: str | None = None,
         compile: bool = False,
         grad_outputs: GradOutputs = "auto",
+        hold_outputs: bool = True,
     ) -> None:
         super().__init__()
+        self.hold_outputs = hold_outputs  # the caller keeps the outputs through backward (see `wrap`)
         self.grad_outputs = grad_outputs  # which outputs the training graphs differentiate (see `wrap`)
         self.compile = compile  # run one-device runs of steps as compiled regions (xsched.execute.segments)
         self.inplace = inplace  # Executor's in-place reuse of dying inputs (off: every op allocates, as captured)
@@ -172,10 +176,12 @@ class XschedModule(nn.Module):
         lower ones (`replan` of the plan it replaces), the `replans`-th for this key."""
         name = type(self.module).__name__
         graph = capture(self.module, inputs, inference=inference, name=name, grad_outputs=self.grad_outputs)
+        graph = held_by_caller(graph) if self.hold_outputs and not inference else graph
         if plan is not None and plan.graph != graph.fingerprint and self.grad_outputs == "auto" and not inference:
             # a plan made for the graph of every output (capture's and `xsched capture`'s default) runs as made
             every = capture(self.module, inputs, name=name, grad_outputs="all")
             graph = every if every.fingerprint == plan.graph else graph
+            graph = held_by_caller(graph) if self.hold_outputs else graph
         homes = param_homes(graph, self.param_home) if self.param_home is not None else None
         solved = plan is None
         if plan is None:
@@ -340,6 +346,13 @@ def _read_after_update(graph: Graph, plan: Plan) -> set[str]:
     return out
 
 
+def held_by_caller(graph: Graph) -> Graph:
+    """`graph` with its non-scalar forward outputs held by the caller from the autograd boundary on: `wrap` returns
+    them, and code such as `loss = F.cross_entropy(model(x), y); loss.backward()` keeps them through backward."""
+    held = tuple(v for v in forward_outputs(graph) if graph.value[v].shape != ())
+    return dataclasses.replace(graph, held_outputs=held) if held else graph
+
+
 def _computing_first(devices: Sequence[str], stores: Sequence[str]) -> list[str]:
     """The computing devices, then the stores (added where `devices` lacks them): the solver homes graph inputs on
     the first device, which must run ops. A store that is the only device leaves nothing to compute on."""
@@ -377,6 +390,7 @@ def wrap(
     param_home: str | None = None,
     compile: bool = False,
     grad_outputs: GradOutputs = "auto",
+    hold_outputs: bool = True,
 ) -> XschedModule:
     """`model` as a module whose training steps run an xsched plan within `budgets` (see XschedModule): method
     "auto" by default, within `time_limit` seconds (default 60), on costs measured once and cached (`profile`).
@@ -387,7 +401,11 @@ def wrap(
     the scalar outputs when the forward returns any, as a model returning (logits, loss) is trained by
     `loss.backward()`, so no gradient of the logits is made or held; else every differentiable output. "all", or
     the positions among the forward's tensor outputs, when the loss reads others: a gradient reaching an output
-    left out raises a one-line XschedError at that backward, which names the output."""
+    left out raises a one-line XschedError at that backward, which names the output.
+    `hold_outputs`: the caller keeps the returned non-scalar outputs until its backward has run, as PyTorch code
+    does (`logits = model(x); F.cross_entropy(logits, y).backward()`), so the plan counts them resident from the
+    forward's end to the backward's; False where the caller drops them before `backward()` (the plan may then
+    free and recompute them)."""
     if isinstance(stores, str):
         raise XschedError(f"stores must be a sequence of device names, got the string {stores!r}", stage="execute")
     both = (*([store] if store else []), *stores)
@@ -406,4 +424,5 @@ def wrap(
         param_home,
         compile,
         grad_outputs,
+        hold_outputs,
     )

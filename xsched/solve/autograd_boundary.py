@@ -96,3 +96,36 @@ def hold_to_boundary(graph: Graph, steps: Sequence[Step]) -> list[Step]:
         del out[i]
     b -= len(moved)
     return out[: b + 1] + moved + out[b + 1 :]
+
+
+def hold_to_end(graph: Graph, plan: Plan) -> Plan:
+    """The plan as it runs when the caller holds `graph.held_outputs` from the boundary on: where one is resident
+    at the boundary, a later free of it there releases nothing and a later copy or compute making it there again
+    makes nothing new, so those steps are dropped (the value stays resident to the end, as the simulator then
+    counts it). Unchanged where nothing is held or nothing is dropped."""
+    held = set(graph.held_outputs)
+    b = plan.boundary
+    if not held or b is None:
+        return plan
+    where: dict[str, set[str]] = {}  # held output -> devices where it is resident at the boundary
+    for s in plan.steps[:b]:
+        if isinstance(s, Compute):
+            for v in held.intersection(graph.op[s.op].outputs):
+                where.setdefault(v, set()).add(s.device)
+        elif isinstance(s, Copy) and s.value in held:
+            where.setdefault(s.value, set()).add(s.dst)
+        elif isinstance(s, Free) and s.value in held:
+            where.get(s.value, set()).discard(s.device)
+    pinned = {(v, d) for v, ds in where.items() for d in ds}
+    kept = [s for s in plan.steps[b:] if not _remakes_or_frees(graph, s, pinned)]
+    if len(kept) == len(plan.steps) - b:
+        return plan
+    steps = (*plan.steps[:b], *kept)
+    return Plan(**{**plan.__dict__, "steps": steps, "boundary": autograd_boundary(graph, steps), "predicted": None})
+
+
+def _remakes_or_frees(graph: Graph, s: Step, pinned: set[tuple[str, str]]) -> bool:
+    """`s` frees a pinned residency, or makes only pinned residencies again."""
+    if isinstance(s, (Free, Copy)):
+        return (s.value, s.device if isinstance(s, Free) else s.dst) in pinned
+    return all((v, s.device) in pinned for v in graph.op[s.op].outputs)

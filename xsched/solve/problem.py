@@ -110,26 +110,35 @@ def validated(graph: Graph, plan: Plan, profile: Profile, budgets: Mapping[str, 
     """The plan under `budgets`, replayed by the simulator (PlanError if invalid), with its predicted figures: the
     one path by which any solver's plan leaves the solve stage. A captured graph's plan whose forward outputs are
     not resident when backward starts is repaired (those computes moved before it) or refused (PlanError): `wrap`
-    could not run it."""
-    from xsched.solve.autograd_boundary import keep_forward_outputs, missing_at_boundary
+    could not run it. Outputs the caller holds (`graph.held_outputs`) stay resident from the boundary to the end
+    (`hold_to_end`); a plan that fits only by freeing them is refused (PlanError)."""
+    from xsched.solve.autograd_boundary import hold_to_end, keep_forward_outputs, missing_at_boundary
 
     plan = replace(plan, budgets=dict(budgets))
     missing = missing_at_boundary(graph, plan)
     if missing:
         repaired = keep_forward_outputs(graph, plan)
         try:
-            result = simulate(graph, repaired, profile) if repaired is not None else None
+            result = simulate(graph, hold_to_end(graph, repaired), profile) if repaired is not None else None
         except PlanError:
             result = None
         if result is None:
             raise PlanError(BOUNDARY_RULE, stage="solve", value=missing[0])
+        assert repaired is not None
         solver = replace(repaired.solver, repaired=tuple(missing))
-        return replace(repaired, predicted=result.prediction(), solver=solver)
-    result = simulate(graph, plan, profile)
-    return replace(plan, predicted=result.prediction())
+        return replace(hold_to_end(graph, repaired), predicted=result.prediction(), solver=solver)
+    held = hold_to_end(graph, plan)
+    try:
+        result = simulate(graph, held, profile)
+    except PlanError as e:
+        if held is plan:
+            raise
+        raise PlanError(HELD_RULE, stage="solve", value=graph.held_outputs[0]) from e
+    return replace(held, predicted=result.prediction())
 
 
 BOUNDARY_RULE = "a forward output is not resident when backward starts, and computing it earlier breaks the budgets"
+HELD_RULE = "the plan fits only by freeing a forward output that the caller holds through backward"
 
 
 def runnable(graph: Graph, plan: Plan, profile: Profile, budgets: Mapping[str, int]) -> Plan:
@@ -139,6 +148,6 @@ def runnable(graph: Graph, plan: Plan, profile: Profile, budgets: Mapping[str, i
     try:
         return validated(graph, plan, profile, budgets)
     except PlanError as e:
-        if e.detail != BOUNDARY_RULE:
+        if e.detail not in (BOUNDARY_RULE, HELD_RULE):
             raise
-        raise BudgetError(f"{plan.solver.method}: {BOUNDARY_RULE}", stage="solve", value=e.value) from e
+        raise BudgetError(f"{plan.solver.method}: {e.detail}", stage="solve", value=e.value) from e

@@ -154,7 +154,8 @@ def evict_computes(
     # with evict_outputs, the values the wrapped forward returns may be evicted once backward ops have read them
     # (the boundary rule holds them until backward starts) and are recomputed at the end; gradients and buffer
     # updates stay (recomputing one redoes a chain at the end for a few bytes)
-    late = set(forward_outputs(graph)) & set(graph.outputs) if evict_outputs else set()
+    # (never those the caller holds through backward: evicting one frees nothing)
+    late = (set(forward_outputs(graph)) & set(graph.outputs)) - set(graph.held_outputs) if evict_outputs else set()
     # re-making a producer at the end re-makes all its outputs, so each must have been read in backward first
     siblings = {v: [u for u in graph.op[graph.producer[v]].outputs if u in late] for v in late}
     read_in_bwd: set[str] = set()
