@@ -56,4 +56,6 @@ def test_compiled_rows_train_like_eager_within_their_budgets(monkeypatch) -> Non
         assert 0 < row["predicted_peak"] <= row["budget"] - resident, name
         assert all(n.startswith("xsched: ") for n in row["notices"])
     alone, store = rows["xsched compiled 80%, cpu:0 alone"], rows["xsched compiled 80%, cpu:1 store"]
-    assert alone["recomputes"] > 0 and store["copies"] > 0 and alone["peak"] > 0
+    # at 80% each plan must recompute or park; whether `auto`'s 1 s finds the store plan that parks or one that
+    # recomputes depends on the machine's load
+    assert alone["recomputes"] > 0 and store["copies"] + store["recomputes"] > 0 and alone["peak"] > 0
