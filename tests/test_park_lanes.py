@@ -135,17 +135,18 @@ class NoNoise(random.Random):
         return 0.0
 
 
-@pytest.mark.parametrize("share", [0.5, 0.3])
-def test_stopping_at_a_free_move_changes_no_choice(share: float) -> None:
-    """gpt2 (tiny), weights on the store, link price 0: parks that keep no compute waiting score 0 and end the scan
-    early; the full scan (forced by a jitter that adds nothing) makes the same moves, in the same order."""
+@pytest.mark.parametrize("share, price, depth", [(0.5, 0.0, 0), (0.3, 0.1, 4), (0.3, 0.0, 4), (0.5, None, 4)])
+def test_skipping_values_that_cannot_win_changes_no_choice(share: float, price: float | None, depth: int) -> None:
+    """gpt2 (tiny), weights on the store: the greedy skips values whose score floor is no better than the best so
+    far and stops at a score of 0; the full scan (forced by a jitter that adds nothing) makes the same moves, in the
+    same order, with each link price (0: free parks end the scan; None: reruns only) and rerun depth."""
     _, graph = workload("gpt2")
     profile = store_profile(graph, bandwidth=3e8)
     homes = {v: ("cpu:1" if v.startswith(("param:", "buffer:")) else "cpu:0") for v in graph.inputs}
     budget = int(share * eager_peak(graph))
     order = next(iter(starting_orders(graph).values()))
-    fast = park_mod.park_computes(graph, order, "cpu:0", "cpu:1", budget, profile, homes, 0, 0.0)
-    full = park_mod.park_computes(graph, order, "cpu:0", "cpu:1", budget, profile, homes, 0, 0.0, NoNoise())
-    assert fast.parks  # the case the early stop is for
+    args = (graph, order, "cpu:0", "cpu:1", budget, profile, homes, depth, price)
+    fast, full = park_mod.park_computes(*args), park_mod.park_computes(*args, NoNoise())
+    assert fast.parks or any(fast.redo.values())  # moves were made: the case the skipping is for
     assert fast.parks == full.parks and fast.redo == full.redo and fast.end_redo == full.end_redo
     assert fast.spans == full.spans
