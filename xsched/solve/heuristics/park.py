@@ -88,11 +88,10 @@ def _best_move(line: ParkTimeline, t: int, budget: int, depth: int, price, cost,
     for rank, v in enumerate(line.spans):
         if line.nbytes[v] == 0:
             continue
-        if exact and best is not None and _score_floor(line, v, price, cost) >= best[0][0]:
+        over = [k for k, (s, e) in enumerate(line.spans[v]) if s < t < e]
+        if not over or (exact and best is not None and _score_floor(line, v, price, cost) >= best[0][0]):
             continue
-        for k, (s, e) in enumerate(line.spans[v]):
-            if not s < t < e:
-                continue
+        for k in over:
             if v not in line.fixed and (d := line.drop(v, k, t, budget, depth)) is not None:
                 key = (sum(cost[p] for p in d.reruns) / d.freed(t) * noise(), 0.0, rank)
                 if best is None or key < best[0]:
