@@ -150,3 +150,38 @@ def test_skipping_values_that_cannot_win_changes_no_choice(share: float, price: 
     assert fast.parks or any(fast.redo.values())  # moves were made: the case the skipping is for
     assert fast.parks == full.parks and fast.redo == full.redo and fast.end_redo == full.end_redo
     assert fast.spans == full.spans
+
+
+SAME_PLAN = """
+import hashlib
+from xsched.contracts.graph import Graph, Op, Value
+from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
+from xsched.solve.heuristics.park import park_remat
+from xsched.solve.problem import Problem
+ws = [f"w{k}" for k in range(12)]  # weights on the store, first read together: their fetches tie on position
+values = [Value("x", 100, "input"), *(Value(w, 100 + k, "input") for k, w in enumerate(ws))]
+values += [Value("h", 100), Value("y", 100), Value("g", 100)]
+ops = (Op("f", "t", ("x", *ws), ("h",)), Op("f2", "t", ("h", *ws[:6]), ("y",)), Op("b", "t", ("y", "h", *ws), ("g",), "bwd"))
+g = Graph("tie", tuple(values), ops, ("g",))
+link = LinkCost(1e-4, 1e6)
+profile = Profile(g.fingerprint, {d: DeviceInfo("cpu") for d in ("cpu:0", "cpu:1")},
+                  {"cpu:0": {o.id: OpCost(1e-3) for o in ops}, "cpu:1": {}}, {"cpu:0->cpu:1": link, "cpu:1->cpu:0": link})
+homes = {"x": "cpu:0"} | {w: "cpu:1" for w in ws}
+plan = park_remat(Problem(g, profile, {"cpu:0": 4000}, ["cpu:0", "cpu:1"], homes))
+print(hashlib.sha256(repr(plan.steps).encode()).hexdigest())
+"""
+
+
+def test_the_plan_does_not_depend_on_the_hash_seed() -> None:
+    """Weights on the store first read by one op: their fetches are ordered by name on the tie, so two processes
+    with different string hashes (set orders) make the same plan (a cached plan is what a fresh solve gives)."""
+    import os
+    import subprocess
+    import sys
+
+    out = set()
+    for seed in ("1", "2", "3"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        run = subprocess.run([sys.executable, "-c", SAME_PLAN], env=env, capture_output=True, text=True, check=True)
+        out.add(run.stdout.strip())
+    assert len(out) == 1

@@ -143,7 +143,7 @@ class ParkTimeline(Timeline):
         fetch: dict[str, int] = {}
         n = len(self.ops)
         homed = [v for v in self.on_store if v in self.graph.value and self.uses[v]]
-        for v in sorted(homed, key=lambda v: self.uses[v][0]):
+        for v in sorted(homed, key=lambda v: (self.uses[v][0], v)):  # by name on a tie: not by hash order
             first, last = self.uses[v][0], (n - 1 if v in self.graph.outputs else self.uses[v][-1])
             secs = self.seconds("in", self.nbytes[v])
             p, _, _, _ = self._back(-1, first, secs)
