@@ -64,28 +64,9 @@ def park_computes(
         t = int(line.mem.argmax())
         if line.mem[t] <= budget:
             return line
-        best = None
-        for rank, v in enumerate(line.spans):
-            if line.nbytes[v] == 0:
-                continue
-            for k, (s, e) in enumerate(line.spans[v]):
-                if not s < t < e:
-                    continue
-                if v not in line.fixed and (d := line.drop(v, k, t, budget, depth)) is not None:
-                    key = (sum(cost[p] for p in d.reruns) / d.freed(t) * noise(), 0.0, rank)
-                    if best is None or key < best[0]:
-                        best = (key, d)
-                if price is not None and (pk := line.park(v, k, t, price)) is not None:
-                    key = (pk.cost / line.nbytes[v] * noise(), 0.0, rank)
-                    if best is None or key < best[0]:
-                        best = (key, pk)
-                if (er := line.end_rerun(v, k, t, budget)) is not None:
-                    key = (cost[er.producer] / er.freed(t) * noise(), 0.0, rank)
-                    if best is None or key < best[0]:
-                        best = (key, er)
-        if best is None:
+        move = _best_move(line, t, budget, depth, price, cost, noise, exact=jitter is None)
+        if move is None:
             raise line.peak_error("parking and recomputing", t, budget)
-        move = best[1]
         if isinstance(move, Park):
             line.apply_park(move)
         elif isinstance(move, EndRerun):
@@ -95,6 +76,57 @@ def park_computes(
             line.apply(move)
             line.refresh()
     raise BudgetError(f"parking and recomputing gave up on {device}", stage="solve", device=device)
+
+
+def _best_move(line: ParkTimeline, t: int, budget: int, depth: int, price, cost, noise, exact: bool):
+    """The move at the peak `t` with the least (score, rank): each span over `t`, in rank order, scored as a drop,
+    a park (price None: none) and an end rerun. Ties go to the lower rank, so a value whose scores cannot go below
+    the best so far (`_score_floor`) is not scored at all, and a best of 0 ends the scan. Both only when `exact`
+    (unjittered): each jittered score draws from the seeded stream, whose later draws must stay as they were. On
+    GPT-2 with 48 layers and its weights on the host this skips most of the ~1000 values over each peak."""
+    best = None
+    for rank, v in enumerate(line.spans):
+        if line.nbytes[v] == 0:
+            continue
+        over = [k for k, (s, e) in enumerate(line.spans[v]) if s < t < e]
+        if not over or (exact and best is not None and _score_floor(line, v, price, cost) >= best[0][0]):
+            continue
+        for k in over:
+            if v not in line.fixed and (d := line.drop(v, k, t, budget, depth)) is not None:
+                key = (sum(cost[p] for p in d.reruns) / d.freed(t) * noise(), 0.0, rank)
+                if best is None or key < best[0]:
+                    best = (key, d)
+            if price is not None and (pk := line.park(v, k, t, price)) is not None:
+                key = (pk.cost / line.nbytes[v] * noise(), 0.0, rank)
+                if best is None or key < best[0]:
+                    best = (key, pk)
+            if (er := line.end_rerun(v, k, t, budget)) is not None:
+                key = (cost[er.producer] / er.freed(t) * noise(), 0.0, rank)
+                if best is None or key < best[0]:
+                    best = (key, er)
+            if exact and best is not None and best[0][0] <= 0.0:
+                return best[1]
+    return best[1] if best is not None else None
+
+
+def _score_floor(line: ParkTimeline, v: str, price: float | None, cost: Mapping[str, float]) -> float:
+    """No unjittered score of a move on `v` is below this: a drop or an end rerun runs at least v's producer again
+    and frees at most v's bytes (what it holds longer only adds); a park costs at least its link price, for the copy
+    out unless v is on the store already and the copy back unless v may stay there for good. Computed as the moves
+    compute their scores, term for term, so rounding keeps the floor below them."""
+    n = line.nbytes[v]
+    floors = []
+    producer = line.graph.producer.get(v)
+    if producer is not None:
+        floors.append(cost[producer] / n)
+    if price is not None:
+        link_s = 0.0
+        if v not in line.on_store:
+            link_s += line.seconds("out", n)
+        if v not in line.may_leave:
+            link_s += line.seconds("in", n)
+        floors.append(price * link_s / n)
+    return min(floors, default=float("inf"))
 
 
 def park_steps(graph: Graph, line: ParkTimeline, homes: Mapping[str, str], profile: Profile) -> tuple[Step, ...]:
@@ -242,12 +274,18 @@ def park_remat(problem: Problem, options: SolverOptions = DEFAULTS, warm: Plan |
         for name, order in starting_orders(graph).items()
         for depth, price in ((d, p) for d in (0, MAX_DEPTH) for p in PRICES)
     ]
+    as_is: set[tuple[str, str, str]] = set()  # (device, store, order) whose order fits with no move at all
     for k, (c, store, name, order, depth, price) in enumerate(variants):
         if k and out_of_time():  # the first variant runs however late: the most promising, and often the only fit
             why.insert(0, f"stopped at the time limit after {k} of {len(variants)} variants")
             break
+        if (c, store, name) in as_is:  # depth and price only rank moves: none made, the same plan again
+            continue
         try:
-            plans.append(park_variant(graph, profile, budgets, homes, c, store, name, order, depth, price, 1.0, t0))
+            line = park_line(graph, profile, budgets, homes, c, store, order, depth, price, 1.0)
+            if line.untouched:
+                as_is.add((c, store, name))
+            plans.append(line_plan(graph, profile, budgets, homes, line, name, depth, t0))
         except BudgetError as e:
             why.append(f"{c}/{store} {name} order, depth {depth}, price {price}: {e.detail}")
     if not plans:
@@ -277,8 +315,18 @@ def park_pairs(graph: Graph, profile: Profile | None, devices: Sequence[str]) ->
 def park_variant(graph, profile, budgets, homes, c, store, name, order, depth, price, aim, t0, jitter=None) -> Plan:
     """One run of the greedy (aiming at `aim` x the budget, its scores jittered by `jitter` if given) made into a
     plan checked against the budgets."""
-    limit = int(budgets[c] * aim) if c in budgets else 1 << 62  # no budget: the order as it is
-    line = park_computes(graph, order, c, store, limit, profile, homes, depth, price, jitter)
+    line = park_line(graph, profile, budgets, homes, c, store, order, depth, price, aim, jitter)
+    return line_plan(graph, profile, budgets, homes, line, name, depth, t0)
+
+
+def park_line(graph, profile, budgets, homes, c, store, order, depth, price, aim, jitter=None) -> ParkTimeline:
+    """The greedy's timeline on `c` with `store`, aiming at `aim` x the budget (no budget: the order as it is)."""
+    limit = int(budgets[c] * aim) if c in budgets else 1 << 62
+    return park_computes(graph, order, c, store, limit, profile, homes, depth, price, jitter)
+
+
+def line_plan(graph, profile, budgets, homes, line: ParkTimeline, name: str, depth: int, t0: float) -> Plan:
+    """The greedy's timeline as a plan checked against the budgets."""
     steps = park_steps(graph, line, homes, profile)
     parked = sum(isinstance(s, Copy) and s.src == line.device for s in steps)
     recomputes = sum(isinstance(s, Compute) for s in steps) - len(graph.ops)

@@ -63,28 +63,37 @@ class Lane:
     items: list[tuple[int, int, float, int]]
     emits: list[int] = field(default_factory=list)  # the items' emit positions, kept beside them for bisect
 
-    def add(self, item: tuple[int, int, float, int]) -> None:
+    def add(self, item: tuple[int, int, float, int]) -> int:
+        """Insert `item` at its slot; its index."""
         at = self.slot(item[0])
         self.items.insert(at, item)
         self.emits.insert(at, item[0])
+        return at
 
-    def finishes(self, start: Sequence[float]) -> list[float]:
-        out, prev = [], 0.0
-        for _, ready, secs, _ in self.items:
-            prev = max(start[ready], prev) + secs
+    def finishes(self, start: np.ndarray, begin: int = 0, prev: float = 0.0) -> list[float]:
+        """When each copy from index `begin` on is done, the one before it done at `prev`."""
+        out = []
+        for _, ready, secs, _ in self.items[begin:]:
+            prev = max(float(start[ready]), prev) + secs
             out.append(prev)
         return out
+
+    def added(self, start: np.ndarray, done: list[float], item: tuple[int, int, float, int]) -> list[float]:
+        """Insert `item` and return the finish times given `done` before it: those ahead of its slot are unchanged,
+        so only the copies from it on are timed again (adding one copy at a time stays linear, not quadratic)."""
+        at = self.add(item)
+        return done[:at] + self.finishes(start, at, done[at - 1] if at else 0.0)
 
     def slot(self, emit: int) -> int:
         """Where a copy emitted at `emit` goes: after every copy emitted at or before it."""
         return bisect.bisect_right(self.emits, emit)
 
-    def delay(self, start: Sequence[float], done: Sequence[float], at: int, first_done: float) -> float:
+    def delay(self, start: np.ndarray, done: Sequence[float], at: int, first_done: float) -> float:
         """The lateness a copy inserted at index `at`, done at `first_done`, adds to the copies after it."""
         extra, prev = 0.0, first_done
         for j in range(at, len(self.items)):
             _, ready, secs, due = self.items[j]
-            moved = max(start[ready], prev) + secs
+            moved = max(float(start[ready]), prev) + secs
             if moved <= done[j] + 1e-15:
                 break  # the queue behind is as before
             extra += max(0.0, moved - start[due]) - max(0.0, done[j] - start[due])
@@ -110,6 +119,8 @@ class ParkTimeline(Timeline):
         self.store, self.links = store, {"out": out, "in": back}
         self.op_s = op_seconds(graph, device, profile, untimed=0.0)
         self.lanes = {"out": Lane([]), "in": Lane([])}
+        self.outputs = frozenset(graph.outputs)  # end_rerun asks for every candidate: a set, not the tuple
+        self._ready: tuple | None = None  # _in_ready's arrays and the lane finish times and starts they are of
         # values that may be parked: made by an op, or graph inputs not homed on the compute device; an output that
         # need not end here may also go to the store for good (after the autograd boundary, where wrap returns it)
         self.homed_here = {v for v, d in homes.items() if d == device}
@@ -132,25 +143,28 @@ class ParkTimeline(Timeline):
         fetch: dict[str, int] = {}
         n = len(self.ops)
         homed = [v for v in self.on_store if v in self.graph.value and self.uses[v]]
-        for v in sorted(homed, key=lambda v: self.uses[v][0]):
+        for v in sorted(homed, key=lambda v: (self.uses[v][0], v)):  # by name on a tie: not by hash order
             first, last = self.uses[v][0], (n - 1 if v in self.graph.outputs else self.uses[v][-1])
             secs = self.seconds("in", self.nbytes[v])
             p, _, _, _ = self._back(-1, first, secs)
-            self.lanes["in"].add((p, p, secs, first))
+            # a fetch moves no compute: only its lane's finish times change
+            self.done["in"] = self.lanes["in"].added(self.start, self.done["in"], (p, p, secs, first))
             self.spans[v] = [[p, last]]
             self.mem[:p] -= self.nbytes[v]
             self.mem[last + 1 :] -= self.nbytes[v]
             fetch[v] = p
-            self.done["in"] = self.lanes["in"].finishes(self.starts)  # a fetch moves no compute: only its lane
         return fetch
+
+    @property
+    def untouched(self) -> bool:
+        """No park, rerun or end rerun made: the order fits as it is (its inputs homed on the store fetched)."""
+        return not self.parks and not any(self.redo.values()) and not self.end_redo
 
     def refresh(self) -> None:
         """The positions' start times (reruns included) and the lanes' finish times, after a move."""
         dur = [self.op_s[op.id] + sum(self.op_s[p] for p in set(self.redo.get(t, ()))) for t, op in enumerate(self.ops)]
         self.start = np.concatenate(([0.0], np.cumsum(dur)))
-        self.starts = self.start.tolist()  # the same floats, read one at a time in the lanes' loops (numpy's
-        # scalar reads there took most of a park variant's time)
-        self.done = {way: lane.finishes(self.starts) for way, lane in self.lanes.items()}
+        self.done = {way: lane.finishes(self.start) for way, lane in self.lanes.items()}
 
     def seconds(self, way: str, n: int) -> float:
         link = self.links[way]
@@ -177,39 +191,47 @@ class ParkTimeline(Timeline):
             secs = self.seconds("out", n)
             lane, done = self.lanes["out"], self.done["out"]
             at = lane.slot(s)
-            finish = max(self.starts[s + 1], done[at - 1] if at else 0.0) + secs
+            finish = max(float(self.start[s + 1]), done[at - 1] if at else 0.0) + secs
             q = max(free_from, int(np.searchsorted(self.start, finish - 1e-15)))
             if q > t:
-                stall, q = finish - self.starts[t], t
-            stall += lane.delay(self.starts, done, at, finish)
+                stall, q = finish - self.start[t], t
+            stall += lane.delay(self.start, done, at, finish)
             link_s += secs
         p = len(self.ops)
         if b is not None:  # back on the in lane, from the latest position that lets it be done before b
             secs = self.seconds("in", n)
             p, late, at, finish = self._back(t, b, secs)
-            stall += late + self.lanes["in"].delay(self.starts, self.done["in"], at, finish)
+            stall += late + self.lanes["in"].delay(self.start, self.done["in"], at, finish)
             link_s += secs
         return Park(v, k, s, q, p, b, out, stall + price * link_s, stall, free_from - 1)
 
     def _back(self, t: int, b: int, secs: float) -> tuple[int, float, int, float]:
         """The copy back's position p in (t, b): the latest whose start lets it be done by b's (t + 1 when none
         does), its lateness, its index on the in lane, and when it is done."""
-        lane, done, start = self.lanes["in"], self.done["in"], self.starts
-        emits = lane.emits
-
-        def finish(p: int) -> tuple[int, float]:
-            at = bisect.bisect_right(emits, p)
-            return at, max(start[p], done[at - 1] if at else 0.0) + secs
-
+        ready, at = self._in_ready()
+        due = float(self.start[b])
         lo, hi = t + 1, b - 1
-        if hi < lo or finish(lo)[1] > start[b]:  # none in time: as early as it may, and late
-            at, f = finish(lo)
-            return lo, max(0.0, f - start[b]), at, f
-        while lo < hi:  # finish(p) grows with p: the largest p still in time
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if finish(mid)[1] <= start[b] else (lo, mid - 1)
-        at, f = finish(lo)
-        return lo, 0.0, at, f
+        if hi < lo or float(ready[lo]) + secs > due:  # none in time: as early as it may, and late
+            f = float(ready[lo]) + secs
+            return lo, max(0.0, f - due), int(at[lo]), f
+        # ready + secs grows with p: the largest p still in time, found on `ready` and checked in the exact sums
+        p = min(hi, max(lo, int(np.searchsorted(ready, due - secs, side="right")) - 1))
+        while p < hi and float(ready[p + 1]) + secs <= due:
+            p += 1
+        while p > lo and float(ready[p]) + secs > due:
+            p -= 1
+        return p, 0.0, int(at[p]), float(ready[p]) + secs
+
+    def _in_ready(self) -> tuple[np.ndarray, np.ndarray]:
+        """For each position p: when a copy back emitted there could start (its start, or when the in lane's copies
+        emitted at or before p are done), and its index on the in lane; kept until the lane or the starts change
+        (every candidate park of one greedy step asks it)."""
+        done, start = self.done["in"], self.start
+        if self._ready is None or self._ready[0] is not done or self._ready[1] is not start:
+            at = np.searchsorted(np.asarray(self.lanes["in"].emits, dtype=np.int64), np.arange(len(start)), "right")
+            before = np.concatenate(([0.0], np.asarray(done, dtype=np.float64)))[at]
+            self._ready = (done, start, np.maximum(start, before), at)
+        return self._ready[2], self._ready[3]
 
     def apply_park(self, pk: Park) -> None:
         s, e = self.spans[pk.value][pk.span]
@@ -217,24 +239,26 @@ class ParkTimeline(Timeline):
         self.spans[pk.value][pk.span : pk.span + 1] = kept
         self.mem[pk.q : pk.p] -= self.nbytes[pk.value]
         n = self.nbytes[pk.value]
+        # a park moves no compute (the start times stay): only its lanes' finish times change
         if pk.out:
-            lane = self.lanes["out"]
-            lane.add((pk.a, pk.a + 1, self.seconds("out", n), pk.q))
+            self.done["out"] = self.lanes["out"].added(
+                self.start, self.done["out"], (pk.a, pk.a + 1, self.seconds("out", n), pk.q)
+            )
         if pk.b is not None:
-            lane = self.lanes["in"]
-            lane.add((pk.p, pk.p, self.seconds("in", n), pk.b))
+            self.done["in"] = self.lanes["in"].added(
+                self.start, self.done["in"], (pk.p, pk.p, self.seconds("in", n), pk.b)
+            )
         self.on_store.add(pk.value)
         self.parks.append(pk)
         if pk.b is None:
             self.ended.add(pk.value)  # on the store for good: nothing more to do with it here
-        self.refresh()
 
     def end_rerun(self, v: str, k: int, t: int, budget: int) -> EndRerun | None:
         """Freeing an output after its last read around the peak `t` (and after the autograd boundary) and running
         its producer again at the end, its other inputs held until then; None when that cannot lower `t` or the end
         would not fit (what the eviction heuristic does to forward outputs, as one more move here)."""
         n = len(self.ops)
-        if v not in self.graph.outputs or v not in self.graph.producer or v in self.ended:
+        if v not in self.outputs or v not in self.graph.producer or v in self.ended:
             return None
         s, e = self.spans[v][k]
         if e != n - 1 or any(t <= x for x in self.uses[v] if s < x):
