@@ -75,10 +75,19 @@ def measure_back_to_back(
     torch_devices: Mapping[str, torch.device | str] | None = None,
     reps: int = REPS,
 ) -> Profile:
-    """`profile` calibrated on each of `devices` (default: every device of it that runs ops and is not simulated)
-    by its measured back-to-back eager step."""
-    names = devices or [
-        d for d in profile.devices if profile.compute.get(d) and not profile.devices[d].extra.get("simulated")
-    ]
+    """`profile` calibrated on each of `devices` by its measured back-to-back eager step. Default: every device the
+    torch executor runs (a CPU or a GPU, not simulated, not ONNX Runtime) that runs every op of the graph."""
+    names = devices if devices is not None else executable_devices(graph, profile)
     steps = {d: time_eager_step(graph, d, torch_devices, reps) for d in names}
     return calibrate(graph, profile, steps)
+
+
+def executable_devices(graph: Graph, profile: Profile) -> list[str]:
+    """The profile's devices whose eager step the executor can run: torch CPUs and GPUs that run every op."""
+    return [
+        d
+        for d, info in profile.devices.items()
+        if info.kind in ("cpu", "cuda")
+        and not info.extra.get("simulated")
+        and all(op.id in profile.compute.get(d, {}) for op in graph.ops)
+    ]
