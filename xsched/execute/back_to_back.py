@@ -17,7 +17,8 @@ from xsched.execute.executor import Executor
 from xsched.profiling.back_to_back import calibrate
 from xsched.solve.reference import eager_plan
 
-REPS = 5  # timed eager steps per device (after one untimed): the median is kept
+REPS = 5  # timed eager steps per device (after WARMUP untimed): the median is kept
+WARMUP = 2  # the first steps build the executor's programs and fill the allocator's caches
 
 
 def graph_inputs(graph: Graph, device: torch.device) -> dict[str, torch.Tensor]:
@@ -36,8 +37,8 @@ def graph_inputs(graph: Graph, device: torch.device) -> dict[str, torch.Tensor]:
 def time_plan_step(
     graph: Graph, plan: Plan, devices: Mapping[str, torch.device | str] | None = None, reps: int = REPS
 ) -> float:
-    """Median seconds of `plan` through the executor, every device synchronised around each step; one untimed
-    step first. Graph inputs are made on their homes' devices."""
+    """Median seconds of `plan` through the executor, every device synchronised around each step; WARMUP
+    untimed steps first. Graph inputs are made on their homes' devices."""
     executor = Executor(graph, plan, devices)
     env = {}
     for d in dict.fromkeys(plan.homes.values()):
@@ -50,12 +51,12 @@ def time_plan_step(
             torch.cuda.synchronize(t)
 
     samples = []
-    for k in range(reps + 1):
+    for k in range(WARMUP + reps):
         sync()
         start = time.perf_counter()
         executor(env)
         sync()
-        if k:
+        if k >= WARMUP:
             samples.append(time.perf_counter() - start)
     return statistics.median(samples)
 
