@@ -14,6 +14,7 @@ from xsched.contracts.graph import Graph
 from xsched.contracts.profile import BackToBack, DeviceInfo, OpCost, Profile
 from xsched.errors import ProfileError
 from xsched.profiling.back_to_back import calibrate, fit_overhead, step_time
+from xsched.profiling.fused import fused_profile
 from xsched.simulate import simulate
 from xsched.solve.api import solve
 from xsched.solve.hier.region import sub_profile
@@ -113,3 +114,9 @@ def test_a_region_keeps_the_calibration_of_the_devices_that_run_its_ops() -> Non
     graph = chain_graph([4, 4, 4])
     calibrated = chain_profile(graph, back_to_back={"d": BackToBack(11.0, 14.0, 2.0)})
     assert sub_profile(calibrated, graph).back_to_back == calibrated.back_to_back
+
+
+def test_compiled_pricing_drops_the_calibration_of_its_device() -> None:
+    graph = chain_graph([4, 4, 4])
+    calibrated = chain_profile(graph, back_to_back={"d": BackToBack(11.0, 14.0, 2.0)})
+    assert fused_profile(graph, calibrated, "d").back_to_back == {}
