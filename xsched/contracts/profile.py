@@ -7,6 +7,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -85,11 +86,17 @@ class Profile:
     def op_cost(self, op: str, device: str) -> OpCost | None:
         """The cost of `op` on `device` within a step, or None when the op cannot run there: its profiled time,
         calibrated by the device's back_to_back model where it has one (compute holds the times alone)."""
-        cost = self.compute.get(device, {}).get(op)
-        calibration = self.back_to_back.get(device)
-        if cost is None or calibration is None:
-            return cost
-        return replace(cost, time_s=calibration.time(cost.time_s))
+        if device in self.back_to_back:
+            return self._calibrated[device].get(op)
+        return self.compute.get(device, {}).get(op)
+
+    @cached_property
+    def _calibrated(self) -> dict[str, dict[str, OpCost]]:
+        """The calibrated devices' costs, made once: solvers ask for op costs in their inner loops."""
+        return {
+            d: {o: replace(c, time_s=b.time(c.time_s)) for o, c in self.compute.get(d, {}).items()}
+            for d, b in self.back_to_back.items()
+        }
 
     def can_run(self, op: str, device: str) -> bool:
         return op in self.compute.get(device, {})
