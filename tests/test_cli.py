@@ -95,7 +95,10 @@ def test_every_verb_on_a_small_model_with_json(tmp_path, capsys):
     captured = _json(capsys)
     assert captured["fingerprint"] == Graph.load(g).fingerprint and captured["ops"] == len(Graph.load(g).ops)
     assert main(["profile", str(g), "--devices", "cpu", "--reps", "2", "--max-time", "5", "-o", str(p), "--json"]) == 0
-    assert _json(capsys)["devices"]["cpu"]["ops"] == captured["ops"]
+    profiled = _json(capsys)["devices"]["cpu"]
+    assert profiled["ops"] == captured["ops"]
+    assert profiled["back_to_back"]["step_s"] > 0  # the eager step, run by the executor, calibrates the profile
+    assert Profile.load(p).back_to_back["cpu"].alone_s == pytest.approx(profiled["sum_time_s"])
     args = ["plan", str(g), str(p), "--budget", "cpu=100%", "--method", "checkpoint", "-o", str(plan)]
     assert main([*args, "--json", "--explain"]) == 0
     planned = _json(capsys)

@@ -54,6 +54,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
         pinned=not args.pageable,
         progress=not quiet(args),
     )
+    if not args.no_back_to_back:
+        from xsched.execute.back_to_back import measure_back_to_back
+
+        profile = measure_back_to_back(graph, profile)
     out = save_profile(profile, args.output or default_profile_path(graph, names, stores))
     wall = profile.profiling["wall_s"]
     if args.json:
@@ -69,6 +73,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
                         "ops": len(profile.compute[d]),
                         "sum_time_s": sum(c.time_s for c in profile.compute[d].values()),
                         "energy_source": profile.energy_source[d],
+                        **(
+                            {"back_to_back": dataclasses.asdict(profile.back_to_back[d])}
+                            if d in profile.back_to_back
+                            else {}
+                        ),
                     }
                     for d in names
                 },
@@ -93,6 +102,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
         print(
             f"  {d:<16} {len(ops):>5}/{len(graph.ops)} ops  sum {total * 1e3:10.3f} ms  energy: {profile.energy_source[d]}{late}"
         )
+        if d in profile.back_to_back:
+            b = profile.back_to_back[d]
+            print(
+                f"  {'':<16} eager step back to back {b.step_s * 1e3:10.3f} ms  overhead {b.overhead_s * 1e6:+.1f} us/op"
+            )
     for d in stores:
         print(f"  {d:<16} store: holds values, runs no op (copies only)")
     for key, link in profile.copy.items():
@@ -132,6 +146,11 @@ def add(sub: argparse._SubParsersAction) -> None:
         help="seconds for the whole run; ops it leaves unmeasured are modelled (listed in the profile)",
     )
     f.add_argument("--pageable", action="store_true", help="copy costs for pageable host memory (default pinned)")
+    f.add_argument(
+        "--no-back-to-back",
+        action="store_true",
+        help="skip timing the eager step on each CPU and GPU (the calibration of ops run back to back)",
+    )
     f.add_argument("--quiet", action="store_true", help="no progress bar")
     f.add_argument("--json", action="store_true")
     f.set_defaults(run=cmd_profile)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,23 @@ class DeviceInfo:
 
 
 @dataclass(frozen=True)
+class BackToBack:
+    """How one device runs a step's ops back to back, measured once: the eager step (every op in graph order,
+    as the executor's one-device program runs it) against the sum of the ops' profiled times, each timed alone.
+    Model: an op timed alone costs its kernel plus a launch overhead; back to back the next launch hides behind
+    the running kernel, so only the longer of the two is paid (never more than the op alone). A negative overhead
+    is a cost each op pays in a step and not alone (on a CPU: the executor's dispatch, allocations not reused)."""
+
+    step_s: float  # the measured back-to-back eager step
+    alone_s: float  # the sum of its ops' profiled (alone) times
+    overhead_s: float  # the per-op overhead fitted so that the model's step is step_s (0: the times alone)
+
+    def time(self, alone_s: float) -> float:
+        """Seconds an op profiled at `alone_s` takes within a step run back to back."""
+        return max(alone_s - self.overhead_s, min(alone_s, self.overhead_s))
+
+
+@dataclass(frozen=True)
 class Profile:
     """Costs for one graph (by fingerprint) on a set of devices."""
 
@@ -59,13 +77,26 @@ class Profile:
     stores: tuple[str, ...] = ()  # devices profiled as stores: their copies only, no op (no compute entries)
     modelled: bool = False  # every cost from the roofline model (profiling/model.py), none measured
     profiling: Mapping[str, Any] | None = None  # a measured profile's run: created, wall_s, policy, ops, ...
+    # device -> how it runs ops back to back; absent (old files, models, tests): each op costs its time alone
+    back_to_back: Mapping[str, BackToBack] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check_roles(self)
 
     def op_cost(self, op: str, device: str) -> OpCost | None:
-        """The cost of `op` on `device`, or None when the op cannot run there."""
+        """The cost of `op` on `device` within a step, or None when the op cannot run there: its profiled time,
+        calibrated by the device's back_to_back model where it has one (compute holds the times alone)."""
+        if device in self.back_to_back:
+            return self._calibrated[device].get(op)
         return self.compute.get(device, {}).get(op)
+
+    @cached_property
+    def _calibrated(self) -> dict[str, dict[str, OpCost]]:
+        """The calibrated devices' costs, made once: solvers ask for op costs in their inner loops."""
+        return {
+            d: {o: replace(c, time_s=b.time(c.time_s)) for o, c in self.compute.get(d, {}).items()}
+            for d, b in self.back_to_back.items()
+        }
 
     def can_run(self, op: str, device: str) -> bool:
         return op in self.compute.get(device, {})
@@ -118,6 +149,7 @@ class Profile:
             **({"stores": list(self.stores)} if self.stores else {}),
             **({"modelled": True} if self.modelled else {}),
             **({"profiling": dict(self.profiling)} if self.profiling is not None else {}),
+            **({"back_to_back": {d: asdict(b) for d, b in self.back_to_back.items()}} if self.back_to_back else {}),
             **dict(self.extra),
         }
 
@@ -162,6 +194,7 @@ class Profile:
                 "stores",
                 "modelled",
                 "profiling",
+                "back_to_back",
             }
             stores, profiling = d.get("stores", ()), d.get("profiling")
             return Profile(
@@ -174,6 +207,7 @@ class Profile:
                 stores=tuple(stores) if isinstance(stores, list) else stores,
                 modelled=d.get("modelled", False),
                 profiling=dict(profiling) if isinstance(profiling, Mapping) else profiling,
+                back_to_back=_read_back_to_back(d.get("back_to_back", {})),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ProfileError(f"malformed profile JSON: {type(e).__name__}: {e}") from e
@@ -197,6 +231,24 @@ class Profile:
             raise ProfileError(
                 f"profile is for graph {self.graph}, not {graph_fingerprint}: re-profile this graph (--reprofile)"
             )
+
+
+def _read_back_to_back(raw: Any) -> dict[str, BackToBack]:
+    """The JSON object of back_to_back: device -> {step_s, alone_s, overhead_s}, numbers checked by _check_roles."""
+    if not isinstance(raw, Mapping):
+        raise ProfileError(f"'back_to_back' must map devices to their calibration, got {raw!r}")
+    out = {}
+    for device, c in raw.items():
+        if not isinstance(c, Mapping) or set(c) != {"step_s", "alone_s", "overhead_s"}:
+            raise ProfileError(f"back_to_back[{device!r}] needs exactly step_s, alone_s and overhead_s, got {c!r}")
+        out[str(device)] = BackToBack(**{k: _number(c[k], f"back_to_back[{device!r}].{k}") for k in c})
+    return out
+
+
+def _number(x: Any, name: str) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise ProfileError(f"{name} must be a number of seconds, got {x!r}")
+    return float(x)
 
 
 def check_device_roles(devices: Sequence[str], stores: Sequence[str] = ()) -> None:
@@ -230,6 +282,13 @@ def _check_roles(p: Profile) -> None:
         wall = p.profiling.get("wall_s", 0.0)
         if isinstance(wall, bool) or not isinstance(wall, (int, float)) or not _ok(float(wall)):
             raise ProfileError(f"profiling.wall_s must be a finite non-negative number of seconds, got {wall!r}")
+    for device, b in p.back_to_back.items():
+        if not p.compute.get(device):
+            raise ProfileError(f"back_to_back names {device!r}, which runs no op in this profile", device=device)
+        if not isinstance(b, BackToBack) or not (_ok(b.step_s) and _ok(b.alone_s) and math.isfinite(b.overhead_s)):
+            raise ProfileError(
+                f"back_to_back[{device!r}] needs finite seconds (step and alone non-negative), got {b!r}", device=device
+            )
 
 
 def validate_profile(p: Profile, where: str = "profile") -> None:

@@ -92,7 +92,8 @@ def fused_profile(
 ) -> Profile:
     """`profile` with `device`'s ops priced as compiled: fusible ops at zero time and energy (their work is in their
     consumer's kernel), and each region of `regions` (its ops -> its measured time as compiled, e.g. from
-    `region_times`) at that time, shared over its non-fusible ops in proportion to their own times."""
+    `region_times`) at that time, shared over its non-fusible ops in proportion to their own times. The device's
+    back-to-back calibration is dropped."""
     costs = dict(profile.compute.get(device, {}))
     for op in graph.ops:
         if op.id in costs and fusible(op):
@@ -104,7 +105,9 @@ def fused_profile(
             share = profile.compute[device][o].time_s / total if total > 0 else 1 / len(heavy)
             old, new = costs[o].time_s, measured * share
             costs[o] = replace(costs[o], time_s=new, energy_j=costs[o].energy_j * new / old if old > 0 else 0.0)
-    return replace(profile, compute={**profile.compute, device: costs})
+    # a compiled region is neither the eager step the calibration timed nor one launch per op: the times alone
+    calibrated = {d: b for d, b in profile.back_to_back.items() if d != device}
+    return replace(profile, compute={**profile.compute, device: costs}, back_to_back=calibrated)
 
 
 def region_times(executor: object, env: Mapping[str, torch.Tensor], runs: int = 3) -> dict[tuple[str, ...], float]:

@@ -259,4 +259,5 @@ def extend_profile(
         stores=profile.stores,
         modelled=profile.modelled,
         profiling={**(profile.profiling or {}), "extended": extended},
+        back_to_back=profile.back_to_back,  # the devices it had keep theirs; the new ones are not calibrated here
     )

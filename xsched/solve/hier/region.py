@@ -138,7 +138,8 @@ def sub_profile(profile: Profile, sub: Graph) -> Profile:
     ops = set(sub.op)
     compute = {d: {o: c for o, c in costs.items() if o in ops} for d, costs in profile.compute.items()}
     stores = tuple(d for d in profile.devices if profile.is_store(d))
-    return replace(profile, graph=sub.fingerprint, compute=compute, stores=stores)
+    calibrated = {d: b for d, b in profile.back_to_back.items() if compute.get(d)}  # only devices that run an op
+    return replace(profile, graph=sub.fingerprint, compute=compute, stores=stores, back_to_back=calibrated)
 
 
 def region_homes(region: Region, homes: Mapping[str, str], home: str) -> dict[str, str]:

@@ -1,0 +1,133 @@
+"""Does the back-to-back calibration keep the CPU's fidelity? A small zoo model profiled on logical CPUs, then plans
+executed: predicted / measured step with and without the calibration, in one run.
+
+    PYTHONPATH=$PWD python scripts/bench_back_to_back.py [--model gpt2 --scale small:n_layer=2 --budget 60%]
+    PYTHONPATH=$PWD python scripts/bench_back_to_back.py --h100 [--eager-ms 121.4 --budgets 63,50,45]
+
+`--h100`: no run, the stored H100 graph and profile (benchmarks/gpu/): the profile calibrated by an eager step
+measured on that GPU (`--eager-ms`, default the README's), then GPU-alone plans (`auto` within `--time-limit`):
+their predicted step alone and calibrated, and the ratio that multiplies a measured predicted / measured.
+
+Predicted time: the makespan where the executor overlaps lanes (a GPU), else the sequential time (logical CPUs
+run a plan in plan order on the calling thread). Measured: the executor's median step (xsched.execute.back_to_back).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import gzip
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from xsched import zoo
+from xsched.capture.torch import capture
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Compute, Plan
+from xsched.contracts.profile import Profile
+from xsched.errors import XschedError
+from xsched.execute.back_to_back import measure_back_to_back, time_plan_step
+from xsched.profiling.back_to_back import calibrate
+from xsched.profiling.measure import profile_graph
+from xsched.simulate import simulate
+from xsched.solve.api import solve
+from xsched.solve.options import SolverOptions
+from xsched.solve.reference import eager_plan
+
+
+def predicted(graph: Graph, plan: Plan, profile: Profile) -> float:
+    r = simulate(graph, plan, profile, check_budgets=False)
+    return r.time_s if all(d.startswith("cpu") for d in plan.devices) else r.makespan_s
+
+
+def h100(eager_ms: float, budgets: list[str], time_limit: float) -> None:
+    gpu = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "gpt2-full_n_layer6"
+    graph = Graph.from_dict(json.loads(gzip.open(f"{gpu}.graph.json.gz").read()))
+    alone = Profile.from_dict(json.loads(gzip.open(f"{gpu}.h100.profile.json.gz").read()))
+    calibrated = calibrate(graph, alone, {"cuda:0": eager_ms / 1e3})
+    b = calibrated.back_to_back["cuda:0"]
+    print(
+        f"{graph.name} on the H100 profile: {len(graph.ops)} ops, sum alone {b.alone_s * 1e3:.2f} ms, eager step"
+        f" {b.step_s * 1e3:.2f} ms measured: fitted overhead {b.overhead_s * 1e6:.1f} us/op"
+    )
+    print("| plan | computes | predicted alone | predicted calibrated | calibrated / alone | scaled / alone |")
+    print("|---|---|---|---|---|---|")
+    options = SolverOptions(time_limit_s=time_limit)
+    plans = {"eager": eager_plan(graph, "cuda:0")}
+    for budget in budgets:
+        try:
+            plans[f"auto {budget}, cuda:0 alone"] = solve(graph, alone, {"cuda:0": budget}, options=options)
+        except XschedError as e:  # a loaded machine may find none within the limit: say so, go on
+            print(f"| auto {budget}, cuda:0 alone | {str(e)[:100]} |  |  |  |  |")
+    for name, plan in plans.items():
+        t0, t1, t2 = (
+            simulate(graph, plan, p, check_budgets=False).makespan_s for p in (alone, calibrated, scaled(calibrated))
+        )
+        n = sum(isinstance(s, Compute) for s in plan.steps)
+        print(f"| {name} | {n} | {t0 * 1e3:.2f} ms | {t1 * 1e3:.2f} ms | {t1 / t0:.4f} | {t2 / t0:.4f} |")
+
+
+def scaled(profile: Profile) -> Profile:
+    """The other model, for comparison: each calibrated device's op times scaled by step / sum alone."""
+    compute = dict(profile.compute)
+    for d, b in profile.back_to_back.items():
+        k = b.step_s / b.alone_s if b.alone_s > 0 else 1.0
+        compute[d] = {o: dataclasses.replace(c, time_s=c.time_s * k) for o, c in compute[d].items()}
+    return dataclasses.replace(profile, compute=compute, back_to_back={})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="gpt2")
+    ap.add_argument("--scale", default="small:n_layer=2")
+    ap.add_argument("--budget", default="60%", help="per device, for the checkpoint plans")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: no spinning on shared cores)")
+    ap.add_argument("--h100", action="store_true", help="the stored H100 data instead of a run (no GPU needed)")
+    ap.add_argument("--eager-ms", type=float, default=121.4, help="with --h100: the eager step measured there")
+    ap.add_argument("--budgets", default="63,50,45", help="with --h100: %% of the eager peak, GPU alone")
+    ap.add_argument("--time-limit", type=float, default=20.0, help="with --h100: seconds per plan")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    if a.h100:
+        h100(a.eager_ms, [f"{b}%" for b in a.budgets.split(",")], a.time_limit)
+        return
+    z = zoo.build(a.model, scale=a.scale)
+    graph = capture(copy.deepcopy(z.model), z.inputs, name=f"{a.model}-{a.scale}")
+    t0 = time.perf_counter()
+    alone = profile_graph(graph, ["cpu:0", "cpu:1"], progress=False)
+    t1 = time.perf_counter()
+    calibrated = measure_back_to_back(graph, alone, reps=a.reps)
+    t2 = time.perf_counter()
+    print(f"{graph.name}: {len(graph.ops)} ops; profile {t1 - t0:.1f} s, back-to-back steps {t2 - t1:.1f} s")
+    for d, b in calibrated.back_to_back.items():
+        print(
+            f"  {d}: eager step back to back {b.step_s * 1e3:.2f} ms, sum alone {b.alone_s * 1e3:.2f} ms,"
+            f" fitted overhead {b.overhead_s * 1e6:.1f} us/op"
+        )
+    plans = {
+        "eager cpu:0": eager_plan(graph, "cpu:0"),
+        f"checkpoint {a.budget} cpu:0": solve(graph, alone, {"cpu:0": a.budget}, method="checkpoint"),
+        f"greedy {a.budget} cpu:0+cpu:1": solve(
+            graph, alone, {"cpu:0": a.budget, "cpu:1": "100%"}, ["cpu:0", "cpu:1"], method="greedy"
+        ),
+    }
+    print("| plan | measured | predicted / measured: alone | calibrated | scaled (the other model) |")
+    print("|---|---|---|---|---|")
+    models = {"alone": alone, "calibrated": calibrated, "scaled": scaled(calibrated)}
+    err = dict.fromkeys(models, 0.0)
+    for name, plan in plans.items():
+        measured = time_plan_step(graph, plan, reps=a.reps)
+        ratios = {m: predicted(graph, plan, p) / measured for m, p in models.items()}
+        for m, r in ratios.items():
+            err[m] += abs(r - 1) / len(plans)
+        print(f"| {name} | {measured * 1e3:.2f} ms | " + " | ".join(f"{r:.3f}" for r in ratios.values()) + " |")
+    print("mean |predicted / measured - 1|: " + ", ".join(f"{m} {e:.3f}" for m, e in err.items()))
+
+
+if __name__ == "__main__":
+    main()
