@@ -53,7 +53,7 @@ def test_deadlines_nest_and_the_clock_can_be_swapped() -> None:
 
 # each heuristic's unit of work: what it would repeat for every variant if the clock did not stop it
 WORK = {
-    "park": (park, "park_variant"),
+    "park": (park, "park_line"),
     "gaps": (gaps, "gap_computes"),
     "offload": (offload, "_fit_order"),
     "checkpoint": (checkpoint, "checkpoint_computes"),
