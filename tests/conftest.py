@@ -12,6 +12,10 @@ import os
 # Set TORCHINDUCTOR_VEC_ISA_OK=1 to run them vectorized.
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "0")
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+# Under pytest-xdist (`-n 2`, one worker per core) each worker computes on one thread, and the scripts it starts
+# inherit that: two workers of two OpenMP threads each on 2 cores spin at their barriers for cores the other holds.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
