@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from test_executor import workload
 from test_offload import fwd_bwd
+from test_park import with_store
 
-from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
+from xsched.contracts.profile import LinkCost, Profile
 from xsched.errors import BudgetError
 from xsched.solve.heuristics import park as park_mod
 from xsched.solve.heuristics.park import park_pairs, park_remat, park_variant
@@ -25,14 +26,8 @@ DEVICES = ("cpu:0", "cpu:1")
 
 
 def store_profile(graph, op_s: float = 1e-3, latency: float = 1e-4, bandwidth: float = 3e7) -> Profile:
-    """cpu:0 computes every op in `op_s`; cpu:1 only stores; a link each way."""
-    link = LinkCost(latency, bandwidth)
-    return Profile(
-        graph.fingerprint,
-        {d: DeviceInfo("cpu") for d in DEVICES},
-        {"cpu:0": {o.id: OpCost(op_s) for o in graph.ops}, "cpu:1": {}},
-        {"cpu:0->cpu:1": link, "cpu:1->cpu:0": link},
-    )
+    """test_park's cpu:0-computes, cpu:1-stores profile, at this file's op time and link."""
+    return with_store(graph, op_s, latency, bandwidth)
 
 
 def test_a_lane_after_one_insert_finishes_as_a_full_recount_says() -> None:
