@@ -31,7 +31,7 @@ from xsched.solve.problem import Outcome, Problem
 # best plan so far, for the same graph and homes, or None). It returns an Outcome: its record, with or without a plan.
 Solver = Callable[[Problem, SolverOptions, "Plan | None"], Outcome]
 
-KINDS = ("heuristic", "search", "exact")
+KINDS = ("heuristic", "search", "exact")  # heuristics run first and whole; searches and exact models share time
 # what loading a member's heavy modules takes, on the 2-core development machine under load (Pyomo with its HiGHS
 # interface and xsched's model modules 1.4 s, OR-Tools' CP-SAT 0.6 s, torch 2.8-3.0 s at a load of 4.6; more under
 # a heavier load): the runner budgets for an entry's `imports` with it, and fused-cut for torch where it needs it
@@ -39,7 +39,7 @@ IMPORT_S = {
     "pyomo.environ": 1.5,
     "ortools.sat.python.cp_model": 0.7,
     "torch": 3.0,
-}  # heuristics run first and whole; searches and exact models share time
+}
 
 
 @dataclass(frozen=True)
