@@ -7,7 +7,8 @@ import json
 import pytest
 from conftest import chain_graph
 
-from xsched.contracts.graph import Graph, Op, Value, find_cycle
+from xsched.contracts.graph import Graph, Op, Value
+from xsched.contracts.toposort import find_cycle
 from xsched.errors import GraphError
 
 

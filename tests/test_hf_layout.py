@@ -8,7 +8,8 @@ import torch
 from hf_models import batches, build
 
 from xsched.capture.torch import bind_inputs, capture
-from xsched.contracts.graph import Graph, Value, layout
+from xsched.contracts.graph import Graph, Value
+from xsched.contracts.layout import layout
 from xsched.contracts.torch_ops import op_input_tensors, run_op
 from xsched.errors import GraphError, XschedError
 

@@ -7,8 +7,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from xsched.contracts.graph import Graph, Op, Value, topological_order
+from xsched.contracts.graph import Graph, Op, Value
 from xsched.contracts.profile import DeviceInfo, OpCost, Profile
+from xsched.contracts.toposort import topological_order
 from xsched.errors import GraphError
 
 BENCH_DEVICE = "bench"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import heapq
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -13,6 +12,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from xsched.contracts.layout import LAYOUT_KEYS, check_layout, layout_from_dict, layout_to_dict
+from xsched.contracts.toposort import find_cycle
 from xsched.errors import GraphError
 
 SCHEMA = "xsched.graph/1"
@@ -211,7 +212,7 @@ def _value_to_dict(v: Value) -> dict[str, Any]:
         if x is not None:
             d[k] = list(x) if k == "shape" else x
     d.update(v.extra)
-    d.update(_layout_to_dict(v))
+    d.update(layout_to_dict(v))
     return d
 
 
@@ -228,7 +229,7 @@ def _value_from_dict(d: Mapping[str, Any]) -> Value:
         grad_of=d.get("grad_of"),
         updates=d.get("updates"),
         extra={k: x for k, x in d.items() if k not in known},
-        **_layout_from_dict(d),
+        **layout_from_dict(d),
     )
 
 
@@ -301,70 +302,9 @@ def _validate(g: Graph) -> None:
         if v not in produced_by:
             raise GraphError("held output is not a value an op produces", value=v)
     for v in g.values:
-        _check_layout(v)
+        check_layout(v)
     _check_roles(g, values)
     _check_order(g, produced_by)
-
-
-# ---- layout (strides and storage offset of a value, as eager PyTorch lays it out) ----
-# An op may return a tensor that is not contiguous (SDPA's output is a transposed (batch, seq, heads, dim) buffer),
-# and the view chains folded into its readers' refs (transpose, then view) only work on that layout. Files without
-# these keys (contiguous values, graphs of older captures) load as contiguous.
-LAYOUT_KEYS = ("stride", "storage_offset")
-
-
-def contiguous_strides(shape: Iterable[int]) -> tuple[int, ...]:
-    """Row-major strides of `shape` (as torch gives a new tensor)."""
-    out: list[int] = []
-    step = 1
-    for s in reversed(tuple(shape)):
-        out.append(step)
-        step *= max(int(s), 1)
-    return tuple(reversed(out))
-
-
-def layout(v: Value) -> tuple[tuple[int, ...], int]:
-    """(strides, storage offset) of `v` as eager PyTorch makes it; contiguous when the graph records none."""
-    return (v.stride if v.stride is not None else contiguous_strides(v.shape or ())), v.storage_offset
-
-
-def storage_numel(shape: Iterable[int], stride: Iterable[int], offset: int = 0) -> int:
-    """Elements of storage a tensor of this shape, strides and offset spans (0 for an empty tensor)."""
-    shape = tuple(shape)
-    if any(s == 0 for s in shape):
-        return 0
-    return offset + 1 + sum((s - 1) * st for s, st in zip(shape, stride))
-
-
-def _layout_to_dict(v: Value) -> dict[str, Any]:
-    d: dict[str, Any] = {}
-    if v.stride is not None:
-        d["stride"] = list(v.stride)
-    if v.storage_offset:
-        d["storage_offset"] = v.storage_offset
-    return d
-
-
-def _layout_from_dict(d: Mapping[str, Any]) -> dict[str, Any]:
-    stride = d.get("stride")
-    return {
-        "stride": tuple(int(s) for s in stride) if stride is not None else None,
-        "storage_offset": int(d.get("storage_offset", 0)),
-    }
-
-
-def _check_layout(v: Value) -> None:
-    if not isinstance(v.storage_offset, int) or v.storage_offset < 0:
-        raise GraphError(f"storage_offset must be a non-negative integer, got {v.storage_offset!r}", value=v.id)
-    if v.stride is None:
-        return
-    if v.shape is None:
-        raise GraphError("a value with strides needs a shape", value=v.id)
-    if len(v.stride) != len(v.shape) or any(not isinstance(s, int) or s < 0 for s in v.stride):
-        raise GraphError(
-            f"stride {list(v.stride)} must be one non-negative integer per dimension of shape {list(v.shape)}",
-            value=v.id,
-        )
 
 
 def _check_roles(g: Graph, values: set[str]) -> None:
@@ -417,55 +357,3 @@ def _check_order(g: Graph, produced_by: Mapping[str, str]) -> None:
                 if cycle:
                     raise GraphError(f"graph has a cycle: {' -> '.join(cycle)}", op=cycle[0])
                 raise GraphError(f"ops out of topological order: reads {v!r}, produced later by {p}", op=o.id, value=v)
-
-
-def find_cycle(ops: Iterable[Op], produced_by: Mapping[str, str]) -> list[str]:
-    """Op ids along one cycle (first repeated at the end), or [] when the ops form a DAG."""
-    preds = {o.id: [produced_by[v] for v in o.inputs if v in produced_by] for o in ops}
-    state: dict[str, int] = {}  # 1 = on stack, 2 = done
-    for root in preds:
-        if state.get(root):
-            continue
-        stack: list[tuple[str, int]] = [(root, 0)]
-        path: list[str] = []
-        while stack:
-            node, k = stack.pop()
-            if k == 0:
-                state[node] = 1
-                path.append(node)
-            if k < len(preds[node]):
-                stack.append((node, k + 1))
-                nxt = preds[node][k]
-                if state.get(nxt) == 1:
-                    return path[path.index(nxt) :] + [nxt]
-                if not state.get(nxt):
-                    stack.append((nxt, 0))
-            else:
-                state[node] = 2
-                path.pop()
-    return []
-
-
-def topological_order(ids: Iterable[str], edges: Iterable[tuple[str, str]], key: Any = None) -> list[str]:
-    """Deterministic (lexicographic by `key`) topological order; raises GraphError on a cycle."""
-    ids = list(ids)
-    key = key or (lambda x: x)
-    succ: dict[str, list[str]] = {i: [] for i in ids}
-    indeg = {i: 0 for i in ids}
-    for a, b in edges:
-        succ[a].append(b)
-        indeg[b] += 1
-    heap = [(key(i), i) for i in ids if indeg[i] == 0]
-    heapq.heapify(heap)
-    order: list[str] = []
-    while heap:
-        _, i = heapq.heappop(heap)
-        order.append(i)
-        for j in succ[i]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                heapq.heappush(heap, (key(j), j))
-    if len(order) != len(ids):
-        stuck = next(i for i in ids if indeg[i] > 0)
-        raise GraphError("graph has a cycle", op=stuck)
-    return order

@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from xsched.contracts.graph import Graph, Op, Value, layout, storage_numel
+from xsched.contracts.graph import Graph, Op, Value
+from xsched.contracts.layout import layout, storage_numel
 from xsched.errors import CaptureError, XschedError
 
 MAX_INLINE_NUMEL = 64  # larger constant tensors belong in the graph as inputs, not in an op's JSON

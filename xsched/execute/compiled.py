@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-from xsched.contracts.graph import Graph, Op, layout
+from xsched.contracts.graph import Graph, Op
+from xsched.contracts.layout import layout
 from xsched.contracts.torch_ops import decode, is_executable, resolve
 from xsched.errors import XschedError
 from xsched.execute.rng import get_rng, set_rng

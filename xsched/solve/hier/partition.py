@@ -12,7 +12,7 @@ import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from xsched.contracts.graph import topological_order
+from xsched.contracts.toposort import topological_order
 
 ROOT = -1  # the virtual node before every source
 ALPHA = 0.5  # the score's exponent on the share of compute nodes (the paper's default)
