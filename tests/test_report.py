@@ -272,9 +272,9 @@ def test_tables_show_the_makespan_and_label_the_sequential_time():
     assert sweep_cells([gpu], ["auto"], ["gpu"])[0][-1] == "5 MiB (reserved ~22 MiB-30 MiB)"
 
 
-def test_the_measured_frontier_section(tmp_path):
+def test_the_measuredfrontier_section(tmp_path):
     """`xsched report --measured` shows a memory benchmark's rows: a marker per row that ran, a table of all."""
-    from xsched.report.build import _frontier_section
+    from xsched.report.sections import frontier_section
 
     rows = [
         {"plan": "eager PyTorch", "time_s": 0.129, "peak": 14 << 30, "reserved": 15 << 30},
@@ -285,7 +285,7 @@ def test_the_measured_frontier_section(tmp_path):
     measured = tmp_path / "gpu_memory.json"
     measured.write_text(json.dumps({"facts": {"device": "H100", "graph": "g"}, "rows": rows}))
     (tmp_path / "out").mkdir()
-    sec = _frontier_section(measured, tmp_path / "out", {})
+    sec = frontier_section(measured, tmp_path / "out", {})
     (fig,) = sec.figures
     assert "eager PyTorch" in fig.svg and "xsched 45%, cpu store" in fig.svg and "torchtune" not in fig.svg
     assert [r[0] for r in sec.tables[0].rows] == [r["plan"] for r in rows]
@@ -293,4 +293,4 @@ def test_the_measured_frontier_section(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("[1, 2]")
     with pytest.raises(XschedError, match="not a bench_gpu_memory JSON"):
-        _frontier_section(bad, tmp_path / "out", {})
+        frontier_section(bad, tmp_path / "out", {})
