@@ -5,8 +5,8 @@ the store, against eager PyTorch."""
 
 from __future__ import annotations
 
+import executor_support
 import pytest
-import test_executor
 from oracle import assert_prediction_matches
 from oracle import makespan as oracle_makespan
 from test_offload import fwd_bwd
@@ -83,8 +83,8 @@ def test_a_hier_plan_that_parks_trains_like_eager(monkeypatch) -> None:
     """gpt2 (tiny, 2 layers) at 60% of its eager peak on cpu:0 with cpu:1 as the store: hier's plan parks values,
     recomputes less than on cpu:0 alone, fits (independent counts), and the executor (step by step with the trace,
     and on its lanes) gives eager's outputs, gradients and buffers."""
-    monkeypatch.setitem(test_executor.ZOO, "gpt2", (8, "tiny:n_layer=2", 25, 25))
-    _, graph = test_executor.workload("gpt2")
+    monkeypatch.setitem(executor_support.ZOO, "gpt2", (8, "tiny:n_layer=2", 25, 25))
+    _, graph = executor_support.workload("gpt2")
     link = LinkCost(1e-4, 3e8)
     profile = Profile(
         graph.fingerprint,
@@ -100,5 +100,5 @@ def test_a_hier_plan_that_parks_trains_like_eager(monkeypatch) -> None:
     assert copies > 0 and recomputes < counts(graph, alone)[1]
     assert_prediction_matches(graph, plan, profile, budgets)
     assert plan.predicted.makespan_s == pytest.approx(oracle_makespan(graph, plan, profile))
-    test_executor.check_against_eager("gpt2", plan, trace=True).close()
-    test_executor.check_against_eager("gpt2", plan, trace=False, overlap=True).close()
+    executor_support.check_against_eager("gpt2", plan, trace=True).close()
+    executor_support.check_against_eager("gpt2", plan, trace=False, overlap=True).close()

@@ -4,7 +4,7 @@ simulator, prefetch that hides copies, clear failures, and the executor against 
 from __future__ import annotations
 
 import pytest
-from test_executor import TWO, check_against_eager, split_homes, unit_profile, workload
+from executor_support import TWO, check_against_eager, split_homes, unit_profile, workload
 
 from xsched.budgets import parse_budgets
 from xsched.contracts.graph import Graph, Op, Value

@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from executor_support import check_against_eager, workload
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from oracle import assert_prediction_matches
 from oracle import makespan as oracle_makespan
-from test_executor import check_against_eager, workload
 from test_heuristics import train_dags
 from test_offload import fwd_bwd
 

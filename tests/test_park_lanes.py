@@ -8,7 +8,7 @@ import random
 
 import numpy as np
 import pytest
-from test_executor import workload
+from executor_support import workload
 from test_offload import fwd_bwd
 from test_park import with_store
 

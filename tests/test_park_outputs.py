@@ -10,9 +10,9 @@ from dataclasses import replace
 
 import pytest
 import torch
+from executor_support import check_against_eager, eager_reference, workload
 from oracle import assert_prediction_matches
 from oracle import makespan as oracle_makespan
-from test_executor import check_against_eager, eager_reference, workload
 from torch.testing import assert_close
 from torch.utils._pytree import tree_flatten
 
