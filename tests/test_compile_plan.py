@@ -15,6 +15,7 @@ from torch import nn
 from torch.testing import assert_close
 
 from xsched.contracts.plan import Compute
+from xsched.execute import compiled_replans
 from xsched.execute import segments as segments_module
 from xsched.execute.compiled_memory import PLANNED_WITHIN_KEY
 from xsched.execute.wrap import MAX_REPLANS, wrap
@@ -159,6 +160,56 @@ def test_an_overrunning_compiled_run_is_planned_again_within_the_budget(monkeypa
     x = data(2)
     mem = bench.step_memory(lambda: bench.loss_of(w(x)), [*w.parameters()])
     assert mem.peak <= limit - resident(w) + 2 * bench.LOSS_BYTES
+    _train(w, eager, 1)
+
+
+def plain_fx(gm: torch.fx.GraphModule, inputs: list) -> object:
+    """A region "compiled" as its fx graph run as it is: eager's numbers and allocations, at once."""
+    return lambda args: torch.fx.Interpreter(gm).boxed_run(args)
+
+
+@pytest.mark.parametrize("raised_fits", [False, True])
+def test_a_replan_far_under_the_budget_is_raised_and_an_overrunning_raise_goes_back(
+    monkeypatch, capsys, raised_fits
+) -> None:
+    """The compiled peaks each first run measures, scripted: the first plan over the limit, its re-plan 30% under
+    it (memory recomputes could use), so it is solved once more within more; that plan, when over, gives way to the
+    re-plan that fit, and when within, stays. Every step equals eager PyTorch."""
+
+    monkeypatch.setattr(segments_module, "_inductor", plain_fx)
+    eager = chain()
+    w = wrap(
+        copy.deepcopy(eager),
+        (data(0),),
+        {"cpu": "85%"},
+        profile="model",
+        inplace=False,
+        compile=True,
+        method="checkpoint",
+    )
+    limit = w.plan.budgets["cpu"]
+    script = iter([limit + limit // 10, limit * 7 // 10, limit + (-1 if raised_fits else 1)])
+    monkeypatch.setattr(compiled_replans, "compiled_peaks", lambda *a: {"cpu": next(script)})
+    _train(w, eager, 1)  # the first plan measured over: solved again within less
+    first = w._first
+    _train(w, eager, 1)  # the re-plan, measured 30% under: solved again within more
+    lowered = w._first
+    assert lowered is not first and lowered.replan is not None
+    # within half the room more: the per-op count may pass the limit, which the compiled peak is measured against
+    within = lowered.plan.extra[PLANNED_WITHIN_KEY]["cpu"]
+    assert lowered.replan["cpu"] == within + (limit - limit * 7 // 10) // 2
+    assert "planning again within more" in capsys.readouterr().err
+    _train(w, eager, 1)  # the raised plan, measured at the limit +-1
+    raised = w._first
+    assert raised is not lowered and raised.plan.extra[PLANNED_WITHIN_KEY]["cpu"] == lowered.replan["cpu"]
+    _train(w, eager, 1)
+    err = capsys.readouterr().err
+    if raised_fits:
+        assert w._first is raised and "back to the plan before it" not in err
+    else:
+        assert w._first is lowered and "back to the plan before it" in err
+    assert w._first.replan is None and w._first.back_to is None and w._first.first_run is None
+    assert w.plan.budgets["cpu"] == limit
     _train(w, eager, 1)
 
 

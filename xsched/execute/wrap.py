@@ -7,7 +7,6 @@ backward runs the rest, so `loss.backward()` and `optimizer.step()` work unchang
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -16,24 +15,19 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import TreeSpec, tree_flatten
 
-from xsched.budgets import format_bytes
 from xsched.capture.grad_outputs import GradOutputs
 from xsched.capture.torch import capture
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Plan
 from xsched.contracts.profile import Profile
-from xsched.errors import BudgetError, XschedError
+from xsched.errors import XschedError
 from xsched.execute.compiled_memory import (
     as_replanned,
-    lowered_budgets,
-    over_budget,
-    uncompile_overruns,
-    with_compiled_peaks,
 )
+from xsched.execute.compiled_replans import MAX_REPLANS, CompiledReplans
 from xsched.execute.executor import Executor
 from xsched.execute.param_home import ListenerSlot, ParamListener, ParamPoints, check_homes, param_homes
 from xsched.execute.reference import torch_device
-from xsched.execute.segments import compiled_peaks
 from xsched.execute.wrap_run import Compiled, _apply_c, _PlanFunction, _Run
 from xsched.pipeline import plan_report, solve_plan
 from xsched.solve.autograd_boundary import forward_outputs
@@ -58,7 +52,7 @@ def _output_spec(model: nn.Module, inputs: tuple) -> tuple[TreeSpec, list[Any], 
     return spec, [None if isinstance(x, torch.Tensor) else x for x in leaves], grads
 
 
-class XschedModule(nn.Module):
+class XschedModule(CompiledReplans, nn.Module):
     """A model run by xsched plans. Training calls (train mode, grad enabled) run the training plan through
     autograd; `torch.no_grad()` or `.eval()` runs an inference plan, captured and solved at first use.
 
@@ -171,9 +165,11 @@ class XschedModule(nn.Module):
         plan: Plan | None = None,
         limits: Mapping[str, int] | None = None,
         replans: int = 0,
+        fallback: Compiled | None = None,
     ) -> Compiled:
         """Capture, plan (unless given) and bind; `limits`: a compiled re-plan's budgets, its plan solved within
-        lower ones (`replan` of the plan it replaces), the `replans`-th for this key."""
+        lower ones (`replan` of the plan it replaces), the `replans`-th for this key; `fallback`: the measured plan
+        that fits, which a re-plan solved within more replaces until its own first run is measured."""
         name = type(self.module).__name__
         graph = capture(self.module, inputs, inference=inference, name=name, grad_outputs=self.grad_outputs)
         graph = held_by_caller(graph) if self.hold_outputs and not inference else graph
@@ -199,46 +195,10 @@ class XschedModule(nn.Module):
         c.ungraded = () if inference else tuple(k for k, g in enumerate(has_grad) if g and k not in took)
         if self.compile and c.executor.segments is not None:
             c.limits = dict(plan.budgets)
-            c.replans = replans
-            c.first_run = self._measured if solved and replans < MAX_REPLANS else self._settled
+            c.replans, c.fallback = replans, fallback
+            c.first_run = self._measured if solved and (replans < MAX_REPLANS or fallback) else self._settled
         self.compiled[key] = c
         return c
-
-    def _measured(self, c: Compiled) -> None:
-        """After a compiled plan's first run: a device whose compiled peak went over its budget gets the plan
-        solved again at the next call, within the budget this plan was solved within less the excess (the
-        regions' real allocations differ from the per-op count the solver planned with); otherwise, or after
-        MAX_REPLANS, the plan is settled."""
-        peaks = compiled_peaks(c.graph, c.plan, c.executor.segments.peaks)
-        over = over_budget(peaks, c.limits)
-        if not over:
-            self._settled(c)
-            return
-        c.replan = lowered_budgets(c.plan, over)
-        c.plan = with_compiled_peaks(c.plan, peaks)
-        say = ", ".join(f"{d} {format_bytes(peaks[d])} over {format_bytes(c.limits[d])}" for d in over)
-        print(f"xsched: the compiled plan peaked at {say}: planning again within less", file=sys.stderr)
-
-    def _settled(self, c: Compiled) -> None:
-        """The plan's predicted peak becomes its compiled regions' (as measured); a region over its budget runs
-        uncompiled, with a notice (a re-plan that still overruns, a given plan, a re-plan that failed)."""
-        c.plan = with_compiled_peaks(c.plan, uncompile_overruns(c.graph, c.plan, c.executor.segments, c.limits))
-
-    def _replanned(self, key: tuple, c: Compiled, inputs: tuple) -> Compiled:
-        """The plan of `key` solved again within `c.replan`; where none exists, `c` with its overrunning regions
-        uncompiled."""
-        try:
-            new = self._compile(key, inputs, inference=key[0] != "train", limits=c.limits, replans=c.replans + 1)
-        except BudgetError as e:
-            print(f"xsched: no plan within the lowered budgets ({e.detail.splitlines()[0]})", file=sys.stderr)
-            c.replan = None
-            self.compiled[key] = c
-            self._settled(c)
-            return c
-        if c is self._first:
-            self._first = new
-            self._move_to_homes(new)
-        return new
 
     def _bindings(self, graph: Graph, plan: Plan, inputs: tuple, spec: TreeSpec, leaves: list[Any]) -> Compiled:
         """Resolve, once per graph, which module tensor or call input feeds each graph input and where each
@@ -286,6 +246,8 @@ class XschedModule(nn.Module):
         key = (mode, _signature(inputs))
         if key in self.compiled:
             c = self.compiled[key]
+            if c.back_to is not None:
+                return self._gone_back(key, c)
             return c if c.replan is None else self._replanned(key, c, inputs)
         if self.fixed_plan is not None:
             raise XschedError(
@@ -325,11 +287,6 @@ class XschedModule(nn.Module):
         c.points.end(run.state)
         c.ran()
         return c.structure(outs)
-
-
-# Re-plans of a compiled plan over its budget before its overrunning regions run uncompiled: the excess is the first
-# plan's, and a re-plan's regions allocate otherwise again (on gpt2 small, CPU, one re-plan fits in some runs only)
-MAX_REPLANS = 2
 
 
 def _read_after_update(graph: Graph, plan: Plan) -> set[str]:

@@ -45,6 +45,10 @@ class Compiled:
     limits: Mapping[str, int] = dataclasses.field(default_factory=dict)
     replan: dict[str, int] | None = None
     replans: int = 0  # re-plans made for this key before this plan
+    # a re-plan solved within more than one that fit: that plan (measured, settled), and, once this one overran,
+    # the plan the next call goes back to
+    fallback: Compiled | None = None
+    back_to: Compiled | None = None
 
     def __post_init__(self) -> None:
         # Params and buffers go into the stores as they are: the executor runs under no_grad, so nothing it

@@ -1,0 +1,98 @@
+"""The re-plans of a wrapped model's compiled plan after its first run, as a mixin of `XschedModule`: over its
+budget, solved again within less; a re-plan far under it, once more within more, going back if that overruns.
+The rules for the budgets are `compiled_memory`'s; this holds the sequence of plans per input signature."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from xsched.budgets import format_bytes
+from xsched.errors import BudgetError
+from xsched.execute.compiled_memory import (
+    lowered_budgets,
+    over_budget,
+    raised_budgets,
+    uncompile_overruns,
+    wasted_room,
+    with_compiled_peaks,
+)
+from xsched.execute.segments import compiled_peaks
+from xsched.execute.wrap_run import Compiled
+
+# Re-plans of a compiled plan over its budget before its overrunning regions run uncompiled: the excess is the first
+# plan's, and a re-plan's regions allocate otherwise again (on gpt2 small, CPU, one re-plan fits in some runs only)
+MAX_REPLANS = 2
+
+
+class CompiledReplans:
+    """`_measured` is a compiled plan's first-run hook; `_replanned` and `_gone_back` run at the next call. The host
+    class provides `compiled` (key -> Compiled), `_first`, `_compile` and `_move_to_homes`."""
+
+    compiled: dict[tuple, Compiled]
+    _first: Compiled
+    _compile: Any
+    _move_to_homes: Any
+
+    def _measured(self, c: Compiled) -> None:
+        """After a compiled plan's first run: a device whose compiled peak went over its budget gets the plan
+        solved again at the next call, within the budget this plan was solved within less the excess (the
+        regions' real allocations differ from the per-op count the solver planned with); a re-plan far under its
+        limit is settled and solved once more within more (`raised_budgets`), and that one, if over, gives way to
+        it; otherwise, or after MAX_REPLANS, the plan is settled."""
+        peaks = compiled_peaks(c.graph, c.plan, c.executor.segments.peaks)
+        over = over_budget(peaks, c.limits)
+        if over and c.fallback is not None:  # solved within more than a plan that fit, and over: back to that one
+            c.back_to = c.fallback
+            say = ", ".join(f"{d} {format_bytes(peaks[d])} over {format_bytes(c.limits[d])}" for d in over)
+            print(f"xsched: the compiled plan peaked at {say}: back to the plan before it", file=sys.stderr)
+            return
+        if not over:
+            room = wasted_room(c.plan, peaks, c.limits) if c.fallback is None and c.replans < MAX_REPLANS else {}
+            if room:  # a re-plan far under its limit: once more within more, this plan kept to go back to
+                c.replan = raised_budgets(c.plan, room)
+                say = ", ".join(f"{d} {format_bytes(peaks[d])} of {format_bytes(c.limits[d])}" for d in room)
+                print(f"xsched: the compiled re-plan peaked at {say}: planning again within more", file=sys.stderr)
+            self._settled(c)
+            return
+        c.replan = lowered_budgets(c.plan, over)
+        c.plan = with_compiled_peaks(c.plan, peaks)
+        say = ", ".join(f"{d} {format_bytes(peaks[d])} over {format_bytes(c.limits[d])}" for d in over)
+        print(f"xsched: the compiled plan peaked at {say}: planning again within less", file=sys.stderr)
+
+    def _settled(self, c: Compiled) -> None:
+        """The plan's predicted peak becomes its compiled regions' (as measured); a region over its budget runs
+        uncompiled, with a notice (a re-plan that still overruns, a given plan, a re-plan that failed)."""
+        c.plan = with_compiled_peaks(c.plan, uncompile_overruns(c.graph, c.plan, c.executor.segments, c.limits))
+
+    def _replanned(self, key: tuple, c: Compiled, inputs: tuple) -> Compiled:
+        """The plan of `key` solved again within `c.replan`; where none exists, `c` with its overrunning regions
+        uncompiled."""
+        # `c` within its limits (its peak the measured one): the re-plan is within more, and `c` is kept to go back to
+        raised = c if not over_budget(c.plan.predicted.peak_bytes, c.limits) else None
+        try:
+            new = self._compile(
+                key, inputs, inference=key[0] != "train", limits=c.limits, replans=c.replans + 1, fallback=raised
+            )
+        except BudgetError as e:
+            which = "raised" if raised else "lowered"
+            print(f"xsched: no plan within the {which} budgets ({e.detail.splitlines()[0]})", file=sys.stderr)
+            c.replan = None
+            self.compiled[key] = c
+            self._settled(c)
+            return c
+        if c is self._first:
+            self._first = new
+            self._move_to_homes(new)
+        return new
+
+    def _gone_back(self, key: tuple, c: Compiled) -> Compiled:
+        """The plan `c` was solved to replace (it fit), in its place for good, now that `c` overran."""
+        back = c.back_to
+        assert back is not None
+        back.replan = None
+        self.compiled[key] = back
+        if c is self._first:
+            self._first = back
+            self._move_to_homes(back)
+        return back
