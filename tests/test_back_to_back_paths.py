@@ -1,0 +1,99 @@
+"""Every path that measures a profile calibrates it back to back (execute.back_to_back.profile_calibrated): wrap,
+`xsched train`'s plan cache, a capped run; the cap counts the eager steps and bounds their reps."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from conftest import chain_graph
+from torch import nn
+
+import xsched.execute.back_to_back as b2b
+from xsched.capture.torch import capture
+from xsched.contracts.profile import DeviceInfo, OpCost, Profile
+from xsched.execute.wrap import wrap
+from xsched.profiling.store import load_profile
+from xsched.train.plans import cached_plan
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+FAST = {"rounds": 1, "copy_sizes": (1 << 10, 1 << 12)}  # one sweep of the ops, two small copies: cheap
+
+
+def tiny() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)), (torch.randn(4, 8),)
+
+
+def fast_measure(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """profile_calibrated's profile_graph made cheap, and the devices of each call it makes."""
+    calls: list[list[str]] = []
+    real = b2b.profile_graph
+
+    def cheap(graph, devices, **kwargs):
+        calls.append([str(d) for d in devices])
+        return real(graph, devices, **{**kwargs, **FAST})
+
+    monkeypatch.setattr(b2b, "profile_graph", cheap)
+    return calls
+
+
+def no_measuring(*args, **kwargs):
+    raise AssertionError("the stored profile must be reused")
+
+
+def test_reps_fit_the_seconds_left_by_hand() -> None:
+    graph = chain_graph([4, 4, 4])
+    costs = {op.id: OpCost(t) for op, t in zip(graph.ops, (0.05, 0.03, 0.02))}  # an eager step of 0.1 s
+    profile = Profile(graph.fingerprint, {"cpu": DeviceInfo("cpu")}, {"cpu": costs})
+    # each rep needs its step, plus WARMUP (2) and the executor's build (1) steps once: int(s / 0.1) - 3, at most 5
+    assert [b2b.reps_within(s, graph, profile, "cpu") for s in (1.0, 0.55, 0.35, 0.2, -1.0)] == [5, 2, 0, 0, 0]
+    assert b2b.reps_within(0.55, graph, profile, "cpu", reps=1) == 1
+
+
+def test_a_capped_profile_counts_its_eager_steps(monkeypatch) -> None:
+    module, inputs = tiny()
+    graph = capture(module, inputs)
+    fast_measure(monkeypatch)
+    p = b2b.profile_calibrated(graph, ["cpu"], max_total_s=30.0, progress=False)
+    b = p.back_to_back["cpu"]
+    assert b.step_s > 0 and b.alone_s == pytest.approx(sum(c.time_s for c in p.compute["cpu"].values()))
+    run = p.profiling or {}
+    assert run["max_total_s"] == 30.0 and 0 < run["back_to_back_s"] <= run["wall_s"]
+
+
+def test_a_cap_with_no_room_left_keeps_the_profile_uncalibrated(monkeypatch, caplog) -> None:
+    module, inputs = tiny()
+    graph = capture(module, inputs)
+    fast_measure(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger=b2b.__name__):
+        p = b2b.profile_calibrated(graph, ["cpu"], max_total_s=0.0, progress=False)
+    assert p.back_to_back == {} and "no back-to-back calibration of cpu" in caplog.text
+
+
+def test_wrap_measures_a_calibrated_profile_once(tmp_path, monkeypatch) -> None:
+    module, inputs = tiny()
+    calls = fast_measure(monkeypatch)
+    w = wrap(module, inputs, {"cpu": "100%"}, method="eager", profile_dir=tmp_path)
+    (stored,) = tmp_path.glob("*.json")
+    profile = load_profile(stored, w.graph, ["cpu"])
+    assert calls == [["cpu"]] and profile.back_to_back["cpu"].step_s > 0
+    monkeypatch.setattr(b2b, "profile_graph", no_measuring)
+    again = wrap(module, inputs, {"cpu": "100%"}, method="eager", profile_dir=tmp_path)
+    assert again.plan.steps == w.plan.steps
+
+
+def test_trains_plan_cache_is_calibrated_and_found_again(tmp_path, monkeypatch) -> None:
+    """`xsched train`'s plans are keyed on the profile's numbers: the calibrated profile is stored once, so the
+    second call finds the plan the first one cached."""
+    module, inputs = tiny()
+    graph = capture(module, inputs)
+    calls = fast_measure(monkeypatch)
+    how = dict(method="eager", cache_dir=tmp_path, notice=no_measuring, stores=["cpu:1"])
+    first = cached_plan(graph, {"cpu:0": "100%"}, ["cpu:0"], **how)
+    assert calls == [["cpu:0"]] and not first.reused
+    assert set(first.profile.back_to_back) == {"cpu:0"} and first.profile.is_store("cpu:1")
+    monkeypatch.setattr(b2b, "profile_graph", no_measuring)
+    again = cached_plan(graph, {"cpu:0": "100%"}, ["cpu:0"], **how)
+    assert again.reused and again.path == first.path and again.profile.to_dict() == first.profile.to_dict()
