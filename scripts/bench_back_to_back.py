@@ -117,11 +117,10 @@ def one_device(a: argparse.Namespace) -> None:
             print(f"| {name} | {plan} |  |  |  |  |")
             continue
         t_alone, t_cal = predicted(graph, plan, alone), predicted(graph, plan, calibrated)
-        reps = min(a.reps, int(left() / (2 * max(t_alone, t_cal, 1e-6))) - WARMUP - 1)  # 2x: prediction's margin
-        if reps < 1:
+        if left() < (WARMUP + 2) * max(t_alone, t_cal):  # its build, warm-up and one timed step
             print(f"| {name} | skipped: past --deadline |  |  |  |  |")
             continue
-        measured = time_plan_step(graph, plan, reps=reps)
+        measured = time_plan_step(graph, plan, reps=a.reps, within_s=left())
         err["alone"].append(abs(t_alone / measured - 1))
         err["calibrated"].append(abs(t_cal / measured - 1))
         print(

@@ -43,13 +43,26 @@ def no_measuring(*args, **kwargs):
     raise AssertionError("the stored profile must be reused")
 
 
-def test_reps_fit_the_seconds_left_by_hand() -> None:
+def test_one_step_fits_with_its_build_and_warm_up_by_hand() -> None:
     graph = chain_graph([4, 4, 4])
     costs = {op.id: OpCost(t) for op, t in zip(graph.ops, (0.05, 0.03, 0.02))}  # an eager step of 0.1 s
     profile = Profile(graph.fingerprint, {"cpu": DeviceInfo("cpu")}, {"cpu": costs})
-    # each rep needs its step, plus WARMUP (2) and the executor's build (1) steps once: int(s / 0.1) - 3, at most 5
-    assert [b2b.reps_within(s, graph, profile, "cpu") for s in (1.0, 0.55, 0.35, 0.2, -1.0)] == [5, 2, 0, 0, 0]
-    assert b2b.reps_within(0.55, graph, profile, "cpu", reps=1) == 1
+    # the build (1 step), WARMUP (2) and one timed step: 0.4 s
+    assert [b2b.fits_one_step(s, graph, profile, "cpu") for s in (0.41, 0.39, -1.0)] == [True, False, False]
+
+
+def test_timed_steps_stop_where_the_next_would_pass_the_seconds_given(monkeypatch) -> None:
+    module, inputs = tiny()
+    graph = capture(module, inputs)
+    calls = []
+    real = b2b.Executor.__call__
+    monkeypatch.setattr(b2b.Executor, "__call__", lambda self, env: calls.append(1) or real(self, env))
+    counts = []
+    for within in (None, 1e4, 0.0):
+        calls.clear()
+        assert b2b.time_eager_step(graph, "cpu", reps=4, within_s=within) > 0
+        counts.append(len(calls))
+    assert counts == [b2b.WARMUP + 4, b2b.WARMUP + 4, b2b.WARMUP + 1]  # none left: one timed step, not zero
 
 
 def test_a_capped_profile_counts_its_eager_steps(monkeypatch) -> None:

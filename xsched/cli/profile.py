@@ -142,7 +142,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     f.add_argument(
         "--max-time",
         type=float,
-        help="seconds for the whole run; ops it leaves unmeasured are modelled (listed in the profile)",
+        help="seconds for the whole run, the eager steps back to back included (a tenth kept for them); ops it leaves"
+        " unmeasured are modelled (listed in the profile)",
     )
     f.add_argument("--pageable", action="store_true", help="copy costs for pageable host memory (default pinned)")
     f.add_argument(

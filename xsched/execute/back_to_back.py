@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import statistics
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -47,10 +46,16 @@ def graph_inputs(graph: Graph, device: torch.device) -> dict[str, torch.Tensor]:
 
 
 def time_plan_step(
-    graph: Graph, plan: Plan, devices: Mapping[str, torch.device | str] | None = None, reps: int = REPS
+    graph: Graph,
+    plan: Plan,
+    devices: Mapping[str, torch.device | str] | None = None,
+    reps: int = REPS,
+    within_s: float | None = None,
 ) -> float:
     """Median seconds of `plan` through the executor, every device synchronised around each step; WARMUP
-    untimed steps first. Graph inputs are made on their homes' devices."""
+    untimed steps first. Graph inputs are made on their homes' devices. `within_s`: no further timed step once
+    the next (as long as the longest so far) would end after that many seconds from the call; at least one."""
+    begin = timecap.clock()
     executor = Executor(graph, plan, devices)
     env = {}
     for d in dict.fromkeys(plan.homes.values()):
@@ -62,23 +67,30 @@ def time_plan_step(
         for t in gpus:
             torch.cuda.synchronize(t)
 
-    samples = []
+    samples: list[float] = []
     for k in range(WARMUP + reps):
         sync()
-        start = time.perf_counter()
+        start = timecap.clock()
         executor(env)
         sync()
+        end = timecap.clock()
         if k >= WARMUP:
-            samples.append(time.perf_counter() - start)
+            samples.append(end - start)
+            if within_s is not None and end - begin + max(samples) > within_s:
+                break
     return statistics.median(samples)
 
 
 def time_eager_step(
-    graph: Graph, device: str, devices: Mapping[str, torch.device | str] | None = None, reps: int = REPS
+    graph: Graph,
+    device: str,
+    devices: Mapping[str, torch.device | str] | None = None,
+    reps: int = REPS,
+    within_s: float | None = None,
 ) -> float:
     """Median seconds of the eager plan on `device` through the executor: its one-device program, every op in
-    graph order, back to back."""
-    return time_plan_step(graph, eager_plan(graph, device), devices, reps)
+    graph order, back to back (`within_s`: as time_plan_step)."""
+    return time_plan_step(graph, eager_plan(graph, device), devices, reps, within_s)
 
 
 def measure_back_to_back(
@@ -91,26 +103,24 @@ def measure_back_to_back(
 ) -> Profile:
     """`profile` calibrated on each of `devices` by its measured back-to-back eager step. Default: every device the
     torch executor runs (a CPU or a GPU, not simulated, not ONNX Runtime) that runs every op of the graph.
-    `within_s`: the seconds all devices' steps may take, each device's reps cut to what its eager step (the sum of
-    its ops alone) lets fit; a device where not even one rep fits keeps no calibration (logged)."""
+    `within_s`: the seconds all devices' steps may take. A device starts only if its build, warm-up and one timed
+    step fit what is left (each step expected to take the sum of its ops alone), and its timed steps stop where the
+    next would not fit; one that cannot start keeps no calibration (logged)."""
     names = devices if devices is not None else executable_devices(graph, profile)
     start, steps = timecap.clock(), {}
     for d in names:
-        fit = reps if within_s is None else reps_within(within_s - (timecap.clock() - start), graph, profile, d, reps)
-        if fit < 1:
+        left = None if within_s is None else within_s - (timecap.clock() - start)
+        if left is not None and not fits_one_step(left, graph, profile, d):
             log.warning("no back-to-back calibration of %s: its eager steps do not fit the profiling cap", d)
             continue
-        steps[d] = time_eager_step(graph, d, torch_devices, fit)
+        steps[d] = time_eager_step(graph, d, torch_devices, reps, left)
     return calibrate(graph, profile, steps)
 
 
-def reps_within(seconds: float, graph: Graph, profile: Profile, device: str, reps: int = REPS) -> int:
-    """How many timed eager steps on `device` (at most `reps`) fit in `seconds` with the warm-up and the executor's
-    build, each step expected to take the sum of its ops alone (0: none fits)."""
-    step = sum(eager_alone_times(graph, profile, device))
-    if step <= 0:
-        return reps
-    return max(0, min(reps, int(seconds / step) - WARMUP - BUILD_STEPS))
+def fits_one_step(seconds: float, graph: Graph, profile: Profile, device: str) -> bool:
+    """Whether the executor's build, the warm-up and one timed eager step on `device` fit in `seconds`, each step
+    expected to take the sum of its ops alone."""
+    return (WARMUP + BUILD_STEPS + 1) * sum(eager_alone_times(graph, profile, device)) <= seconds
 
 
 def profile_calibrated(
@@ -124,7 +134,7 @@ def profile_calibrated(
 ) -> Profile:
     """The graph's profile on `devices` (profile_graph) calibrated back to back on its torch devices: what every
     path that measures a profile calls. Under `max_total_s` the ops get all but SHARE of it (or what they left) and
-    the eager steps the rest; the profile's wall_s counts both, back_to_back_s the steps."""
+    the eager steps the rest (measure_back_to_back); the profile's wall_s counts both, back_to_back_s the steps."""
     start = timecap.clock()
     ops_cap = None if max_total_s is None else max_total_s * (1 - SHARE)
     profile = profile_graph(graph, list(devices), stores=list(stores), max_total_s=ops_cap, **profile_kwargs)
