@@ -38,6 +38,7 @@ from xsched.contracts.plan import Compute, Plan
 from xsched.contracts.profile import Profile
 from xsched.errors import XschedError
 from xsched.execute.back_to_back import WARMUP, measure_back_to_back, profile_calibrated, time_plan_step
+from xsched.execute.reference import torch_device
 from xsched.profiling.back_to_back import calibrate
 from xsched.profiling.measure import profile_graph
 from xsched.simulate import simulate
@@ -85,7 +86,9 @@ def one_device(a: argparse.Namespace) -> None:
     cuda = dev.startswith("cuda")
     scale = a.scale if a.scale_given else ("full:n_layer=6" if cuda else a.scale)
     z = zoo.build(a.model, batch=a.batch, scale=scale)
-    graph = capture(copy.deepcopy(z.model), z.inputs, name=f"{a.model}-{scale}")
+    where = torch_device(dev)  # captured there: a GPU's graph has its own kernels (attention, for one)
+    inputs = tuple(x.to(where) for x in z.inputs)
+    graph = capture(copy.deepcopy(z.model).to(where), inputs, name=f"{a.model}-{scale}")
     calibrated = profile_calibrated(graph, [dev], max_total_s=max(0.0, min(a.profile_s, 0.4 * left())), progress=False)
     alone = dataclasses.replace(calibrated, back_to_back={})
     run = calibrated.profiling or {}
