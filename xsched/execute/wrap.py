@@ -203,10 +203,10 @@ class XschedModule(CompiledReplans, nn.Module):
 
     def _costs(self, graph: Graph, budgets: Mapping[str, str | int]) -> Profile | str:
         """The profile to plan with: "measure" is the stored one, else measured and calibrated back to back."""
-        if self.profile != "measure":
+        compute = [d for d in self.devices or list(budgets) if d not in self.stores]
+        if self.profile != "measure" or not compute:  # no device: solve_plan says so
             return self.profile
-        devices = self.devices or list(budgets)
-        return stored_profile(graph, [d for d in devices if d not in self.stores], self.profile_dir, self.stores)
+        return stored_profile(graph, compute, self.profile_dir, self.stores)
 
     def _bindings(self, graph: Graph, plan: Plan, inputs: tuple, spec: TreeSpec, leaves: list[Any]) -> Compiled:
         """Resolve, once per graph, which module tensor or call input feeds each graph input and where each
