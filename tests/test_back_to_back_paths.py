@@ -110,3 +110,37 @@ def test_trains_plan_cache_is_calibrated_and_found_again(tmp_path, monkeypatch) 
     monkeypatch.setattr(b2b, "profile_graph", no_measuring)
     again = cached_plan(graph, {"cpu:0": "100%"}, ["cpu:0"], **how)
     assert again.reused and again.path == first.path and again.profile.to_dict() == first.profile.to_dict()
+
+
+@pytest.mark.parametrize("share", [0.3, 1.0, 2.0])  # of the uncapped profile (below, its first op's set-up overruns)
+@pytest.mark.parametrize("slower", [1.0, 2.5])  # a step back to back as long as its ops alone, or longer (a CPU)
+def test_a_capped_profile_and_its_steps_hold_the_cap_on_a_fake_clock(monkeypatch, share, slower) -> None:
+    """profile_graph's cap test (tests/test_profiling_cap.py) with the steps counted: a device of kind "cpu" on
+    a fake clock measures the ops, the executor runs the real eager step and each step advances the clock by
+    `slower` x the sum of the ops alone. The whole run (ops and steps) keeps within the cap as profile_graph
+    does alone (10%)."""
+    from test_profiling_cap import FakeClock, Slow
+
+    from xsched.profiling import timecap
+
+    clock = FakeClock()
+    monkeypatch.setattr(timecap, "clock", clock)
+    module, inputs = tiny()
+    graph = capture(module, inputs)
+
+    class SlowCpu(Slow):
+        kind = "cpu"  # the executor runs it (on the torch CPU)
+
+    t0 = clock()
+    alone = b2b.profile_graph(graph, [SlowCpu("cpu", clock)], progress=False)
+    full = clock() - t0
+    step = slower * sum(c.time_s for c in alone.compute["cpu"].values())
+    real = b2b.Executor.__call__
+    monkeypatch.setattr(b2b.Executor, "__call__", lambda self, env: clock.advance(step) or real(self, env))
+    cap = share * full
+    t0 = clock()
+    p = b2b.profile_calibrated(graph, [SlowCpu("cpu", clock)], max_total_s=cap, progress=False)
+    spent = clock() - t0
+    assert p.profiling["wall_s"] == pytest.approx(spent, abs=1e-3) and spent <= 1.1 * cap + 1e-9, (spent, cap)
+    if share >= 2.0:  # room left for the steps: calibrated (at 1.0 the ops take the profile's share of the cap)
+        assert p.back_to_back["cpu"].step_s == pytest.approx(step)
