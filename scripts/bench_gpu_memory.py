@@ -54,9 +54,9 @@ from xsched.contracts.plan import Compute, Copy, Plan
 from xsched.contracts.profile import Profile
 from xsched.devices import get_device
 from xsched.errors import BudgetError, XschedError
+from xsched.execute.back_to_back import profile_calibrated
 from xsched.execute.executor import Executor
 from xsched.execute.live_bytes import measured_peaks
-from xsched.profiling.measure import profile_graph
 from xsched.simulate import simulate
 from xsched.solve.reference import eager_peak, eager_plan
 
@@ -266,11 +266,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def profiled(graph: Graph, compute: str, store: str, a) -> Profile:
-    """The one profile: ops on the compute device within --profile-s, the links to and from the store."""
+    """The one profile: ops on the compute device and its eager step back to back (calibration) within
+    --profile-s, the links to and from the store."""
     d = get_device(compute)
     if hasattr(d, "nvml"):
         d.nvml = None  # type: ignore[attr-defined]  # NVML energy needs a 0.2 s window per op per round
-    profile = profile_graph(graph, [d], stores=[store], max_total_s=a.profile_s, progress=False)
+    profile = profile_calibrated(graph, [d], stores=[store], max_total_s=a.profile_s, progress=False)
     if a.save_profile:  # file names of letters, digits, '.', '_' and '-' (what the device tool brings back)
         a.save_profile.mkdir(parents=True, exist_ok=True)
         stem = re.sub(r"[^A-Za-z0-9._-]", "_", graph.name)

@@ -28,8 +28,8 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from xsched.budgets import format_bytes  # noqa: E402
+from xsched.execute.back_to_back import profile_calibrated  # noqa: E402
 from xsched.execute.wrap import wrap  # noqa: E402
-from xsched.profiling.measure import profile_graph  # noqa: E402
 from xsched.train.hf import OwnLoss  # noqa: E402
 
 SIZES = {  # per mode: layers, hidden, heads, key/value heads (llama), vocab, sequence, batch
@@ -150,7 +150,7 @@ def bench(name: str, s: dict, device: torch.device, a: argparse.Namespace) -> di
         from xsched.capture.torch import capture
 
         graph = capture(mine, inputs, name=f"bench-hf-{name}")
-        profile = profile_graph(graph, [dev], max_total_s=a.profile_cap, progress=False)
+        profile = profile_calibrated(graph, [dev], max_total_s=a.profile_cap, progress=False)
     wrapped = wrap(mine, inputs, {dev: f"{a.budget}%"}, method=a.method, time_limit=a.time_limit, profile=profile)
     plan_s = time.perf_counter() - t0
     loss_diff, grad_diff = check(wrapped, eager, inputs)

@@ -94,6 +94,8 @@ def test_the_profile_is_saved_with_the_store(run):
     profile = Profile.from_dict(json.loads(gzip.open(out / "gpt2-small_n_layer_2.profile.json.gz", "rt").read()))
     assert profile.graph == got["facts"]["graph"] and profile.is_store("cpu:1") and not profile.is_store("cpu:0")
     assert set(profile.copy) == {"cpu:0->cpu:1", "cpu:1->cpu:0"} == set(got["facts"]["links"])
+    assert set(profile.back_to_back) == {"cpu:0"}  # calibrated back to back within --profile-s
+    assert 0 < profile.profiling["back_to_back_s"] <= profile.profiling["wall_s"]
 
 
 def test_checkpointed_blocks_are_restored_and_match_eager():

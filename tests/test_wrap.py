@@ -237,6 +237,7 @@ def test_grads_reach_param_grad_without_copies(monkeypatch: pytest.MonkeyPatch) 
 
 def test_measured_profile_is_cached_and_reused(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """wrap measures the graph's costs once (stored as `xsched profile` would, under profile_dir) and reuses them."""
+    import xsched.execute.back_to_back as back_to_back
     import xsched.pipeline as wrap_plan
     import xsched.profiling.store as store
 
@@ -247,11 +248,13 @@ def test_measured_profile_is_cached_and_reused(tmp_path, monkeypatch: pytest.Mon
     assert store.load_profile(stored[0]).graph == w.graph.fingerprint
     stored_profile = store.load_profile(stored[0])
     assert stored_profile.profiling is not None and not stored_profile.modelled  # measured
+    assert stored_profile.back_to_back["cpu"].step_s > 0  # and calibrated back to back
 
     def no_measuring(*a, **k):
         raise AssertionError("the stored profile must be reused")
 
     monkeypatch.setattr(wrap_plan, "profile_graph", no_measuring)
+    monkeypatch.setattr(back_to_back, "profile_graph", no_measuring)  # wrap measures through profile_calibrated
     again = wrap(copy.deepcopy(model), batch(n=16, width=8)[:1], {"cpu": "100%"}, method="eager", profile_dir=tmp_path)
     assert again.plan.steps == w.plan.steps
     assert "plan by eager" in again.report() and "cpu: peak" in again.report()
@@ -274,7 +277,7 @@ def test_a_store_parks_values_and_trains_like_eager(
     measured there): the plan parks values on cpu:1 and fetches them back, and 3 SGD steps through dropout and
     batch norm give the eager losses, params, grads and running stats. Graph inputs stay on cpu:0 even when the
     store is named first."""
-    import xsched.pipeline as pipeline
+    import xsched.execute.back_to_back as back_to_back
     from xsched.devices import Policy
     from xsched.profiling.measure import profile_graph
 
@@ -285,7 +288,7 @@ def test_a_store_parks_values_and_trains_like_eager(
         measured.append((list(devices), kw.get("stores")))
         return profile_graph(graph, devices, **kw, **fast, copy_sizes=(4096, 1 << 20), per_value=2)
 
-    monkeypatch.setattr(pipeline, "profile_graph", quick)
+    monkeypatch.setattr(back_to_back, "profile_graph", quick)  # wrap measures through profile_calibrated
     eager = mlp()
     model = copy.deepcopy(eager)
     w = wrap(model, batch()[:1], budgets, method=method, profile=profile, profile_dir=tmp_path, **store)

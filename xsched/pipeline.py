@@ -3,7 +3,8 @@ modelled), the solve (`auto` by default, within a time limit), and the plan's on
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from xsched.budgets import format_bytes
@@ -11,11 +12,13 @@ from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Plan
 from xsched.contracts.profile import Profile
 from xsched.contracts.result import RunStats
-from xsched.errors import XschedError
+from xsched.errors import ProfileError, XschedError
 from xsched.profiling.fused import fused_profile
 from xsched.profiling.measure import check_runnable, profile_graph
 from xsched.profiling.model import cost_profile
 from xsched.profiling.store import default_profile_path, load_profile, save_profile
+
+log = logging.getLogger(__name__)
 
 PROFILE_MODES = ("measure", "model")
 # Plan.extra of a compiled plan after its first run: the solver's per-op peak count (the predicted peak is then
@@ -34,15 +37,23 @@ def profile_path(
 
 
 def measured_profile(
-    graph: Graph, devices: Sequence[str], profile_dir: str | Path | None = None, stores: Sequence[str] = ()
+    graph: Graph,
+    devices: Sequence[str],
+    profile_dir: str | Path | None = None,
+    stores: Sequence[str] = (),
+    measure: Callable[..., Profile] | None = None,
 ) -> Profile:
     """The stored profile of `graph` on `devices` (ops measured) and `stores` (copies only) if it was measured on
-    this machine (same torch, same device fingerprints), else a fresh measurement, saved where `xsched profile`
-    would save it."""
+    this machine (same torch, same device fingerprints), else a fresh measurement by `measure` (default
+    profile_graph; execute.back_to_back.profile_calibrated adds the back-to-back calibration), saved where
+    `xsched profile` would save it."""
     path = profile_path(graph, devices, profile_dir, stores)
     if path.exists():  # stale (other machine or torch) or corrupt: measured again and overwritten
-        return load_profile(path, graph, [*devices, *stores], reprofile=True, stores=list(stores), progress=False)
-    fresh = profile_graph(graph, list(devices), stores=list(stores), progress=False)
+        try:
+            return load_profile(path, graph, [*devices, *stores])
+        except ProfileError as e:
+            log.warning("re-profiling %s on %s: %s", graph.name, ", ".join(devices), e.detail)
+    fresh = (measure or profile_graph)(graph, list(devices), stores=list(stores), progress=False)
     save_profile(fresh, path)
     return fresh
 

@@ -21,6 +21,7 @@ from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Plan
 from xsched.contracts.profile import Profile
 from xsched.errors import XschedError
+from xsched.execute.back_to_back import stored_profile
 from xsched.execute.compiled_memory import (
     as_replanned,
 )
@@ -181,8 +182,8 @@ class XschedModule(CompiledReplans, nn.Module):
         homes = param_homes(graph, self.param_home) if self.param_home is not None else None
         solved = plan is None
         if plan is None:
-            how = (self.method, self.profile, self.time_limit, self.profile_dir, self.stores)
             budgets = self.compiled[key].replan if limits is not None else self.budgets
+            how = (self.method, self._costs(graph, budgets), self.time_limit, self.profile_dir, self.stores)
             plan = solve_plan(graph, budgets, self.devices or None, *how, homes=homes, compile=self.compile)
             plan = as_replanned(plan, limits) if limits is not None else plan
         elif self.param_home is not None:
@@ -199,6 +200,13 @@ class XschedModule(CompiledReplans, nn.Module):
             c.first_run = self._measured if solved and (replans < MAX_REPLANS or fallback) else self._settled
         self.compiled[key] = c
         return c
+
+    def _costs(self, graph: Graph, budgets: Mapping[str, str | int]) -> Profile | str:
+        """The profile to plan with: "measure" is the stored one, else measured and calibrated back to back."""
+        compute = [d for d in self.devices or list(budgets) if d not in self.stores]
+        if self.profile != "measure" or not compute:  # no device: solve_plan says so
+            return self.profile
+        return stored_profile(graph, compute, self.profile_dir, self.stores)
 
     def _bindings(self, graph: Graph, plan: Plan, inputs: tuple, spec: TreeSpec, leaves: list[Any]) -> Compiled:
         """Resolve, once per graph, which module tensor or call input feeds each graph input and where each

@@ -18,6 +18,7 @@ from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Plan
 from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError, PlanError, XschedError
+from xsched.execute.back_to_back import stored_profile
 from xsched.files import atomic_write
 from xsched.pipeline import DEFAULT_TIME_LIMIT_S, plan_profile, profile_path
 from xsched.simulate import simulate
@@ -100,8 +101,9 @@ def cached_plan(
     from xsched.solve.options import SolverOptions
 
     devices = list(devices)
-    costs = plan_profile(graph, devices, profile, cache_dir, stores, fused=fused)
     compute = [d for d in devices if d not in stores]
+    measured = stored_profile(graph, compute, cache_dir, stores) if profile == "measure" else profile
+    costs = plan_profile(graph, devices, measured, cache_dir, stores, fused=fused)
     stored = profile_path(graph, compute, cache_dir, stores) if profile == "measure" else None
     key = plan_key(graph, costs, devices, budgets, method, time_limit, stores, homes)
     path = plan_path(cache_dir, graph, key)

@@ -1,0 +1,53 @@
+"""scripts/bench_back_to_back.py's one-device mode (the GPU's, run on cpu:0 at tiny sizes): the calibrated profile,
+the plans run by the executor, the table, and the deadline."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+TINY = ["--device", "cpu:0", "--scale", "small:n_layer=1", "--reps", "1", "--time-limit", "2", "--profile-s", "10"]
+
+
+def bench():
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_back_to_back.py"
+    spec = importlib.util.spec_from_file_location("bench_back_to_back", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def rows(text: str) -> dict[str, list[str]]:
+    return {c[0]: c[1:] for line in text.splitlines() if line.startswith("| ") for c in [line.strip("| ").split(" | ")]}
+
+
+def test_one_device_mode_calibrates_plans_and_runs_them(capsys) -> None:
+    bench().main([*TINY, "--budgets", "70", "--deadline", "120"])
+    out = capsys.readouterr().out
+    step = float(re.search(r"cpu:0: eager step back to back ([\d.]+) ms", out).group(1))
+    table = rows(out)
+    measured, alone, calibrated, *_ = table["eager"]
+    # the eager plan is the step the calibration measured: its calibrated prediction is that step (printed rounded)
+    assert float(calibrated.removesuffix(" ms")) == pytest.approx(step, abs=0.01)
+    assert float(alone.removesuffix(" ms")) < float(calibrated.removesuffix(" ms"))  # the CPU's steps cost more
+    assert float(measured.removesuffix(" ms")) > 0
+    checkpointed = table["auto 70%, cpu:0 alone"]  # ran, or no plan found within the limit on a loaded machine
+    ran = checkpointed[0].endswith(" ms")
+    assert float(checkpointed[-1]) > 0 if ran else checkpointed[0].startswith("[solve]")
+    assert f"mean |predicted / measured - 1| over {1 + ran} plans" in out
+
+
+def test_what_does_not_fit_the_deadline_is_skipped(capsys) -> None:
+    bench().main([*TINY, "--budgets", "70", "--deadline", "0.5"])
+    table = rows(capsys.readouterr().out)
+    assert table["eager"] == table["auto 70%, cpu:0 alone"] == ["skipped: past --deadline"]  # no cell after it
+
+
+def test_bad_arguments_are_one_line_errors(capsys) -> None:
+    with pytest.raises(SystemExit):
+        bench().main([*TINY, "--deadline", "-1"])
+    assert "--deadline and --profile-s must be positive" in capsys.readouterr().err
