@@ -129,7 +129,7 @@ def plan_row(label: str, graph: Graph, plan: Plan, profile: Profile, env: dict, 
         return float(ex.outputs(st, [loss_id])[loss_id])
 
     # the caching-allocator model as the measured run allocates: the steps that overwrite a dying input (no
-    # allocation there), copies from the host on side streams when on lanes; growth above the homed inputs, from
+    # allocation there), copies written or read on side streams when on lanes (record_stream); growth above the
     # the GPU keeping up with the host to the host a step ahead
     ex = exs["default"]
     low, high = reserved_range(graph, plan, profile, devices=[compute], reuse=ex.reuse, side_streams=ex.overlap)[

@@ -5,8 +5,8 @@ A GPU runs out on what the caching allocator reserves (its segments), not on the
 (read at commit 001074d25084fdb87a799823e395a50f5ec044d3; each rule below names the function it follows), with
 the default settings: no max_split_size, no roundup_power2_divisions, no expandable segments, no memory fraction.
 `replay_reserved` walks a plan (xsched.interpret) and allocates as the executor does (xsched.execute.executor):
-homed inputs first, a compute's outputs then its workspace (freed at once) on the device's compute stream, a copy
-from the host on its copy lane's side stream. It is a model, checked by hand counts, not a measurement: cudaMalloc's
+homed inputs first, a compute's outputs then its workspace (freed at once) on the device's compute stream, and a
+copy's destination there too, though its copy lane's side stream writes it (executor._mover). It is a model, checked by hand counts, not a measurement: cudaMalloc's
 addresses are unknowable, so segments are ordered by creation; blocks freed while other streams use them
 (record_stream) are back in their pool by the next allocation if the GPU keeps up with the host, only after the step
 if the host runs a step ahead (`host_ahead`): a run lies between the two.
@@ -22,7 +22,6 @@ from xsched.contracts.graph import Graph, Op
 from xsched.contracts.plan import Compute, Copy, Free, Plan
 from xsched.contracts.profile import Profile
 from xsched.interpret import PlanInterpreter
-from xsched.lanes import lane_of
 
 MIN_BLOCK = 512  # kMinBlockSize: every size is rounded up to a multiple of 512 B
 SMALL_SIZE = 1 << 20  # kSmallSize: the largest request of the small pool
@@ -302,10 +301,9 @@ class _Replay(PlanInterpreter):
 
     def on_copy(self, i: int, s: Copy) -> None:
         m = self.models.get(s.dst)
-        if m is not None:  # from the host on lanes: the copy lane's side stream; else the current (compute) one
-            side = self.side_streams and s.src not in self.models
-            m.alloc(s.value, self.nbytes[s.value], lane_of(s) if side else "compute")
-            if side:  # the compute stream reads it: out.record_stream(reader)
+        if m is not None:  # the destination: a block of the compute stream's pool, whichever stream writes it
+            m.alloc(s.value, self.nbytes[s.value])
+            if self.side_streams:  # written on the copy lane's side stream: out.record_stream(side)
                 self.shared.add((s.value, s.dst))
         if self.side_streams and s.src in self.models:  # read on the copy lane's side stream: t.record_stream(side)
             self.shared.add((s.value, s.src))
@@ -348,8 +346,8 @@ def replay_reserved(
     """Per modelled device (default: every plan device that is not the host): the plan's allocations and frees
     replayed on PyTorch's caching allocator rules. `capacity`: device bytes where cudaMalloc fails (default none);
     `reuse`: compute step -> the input it overwrites in place (the executor's `reuse`, when known); `side_streams`:
-    copies from the host allocate on their lane's side stream, as the executor on its lanes does (off: in plan
-    order, every allocation on the compute stream). The GPU's progress is unknown: by default blocks freed after use
+    copies run on their lane's side stream, as the executor on its lanes does, so the blocks they read or write are
+    shared with it (record_stream; off: in plan order on the compute stream, nothing shared). The GPU's progress is unknown: by default blocks freed after use
     on another stream are back in their pool by the next allocation (the GPU keeps up); with `host_ahead` not until
     the step ends (the host runs a whole step ahead, as the executor's lanes may). A run lies between the two."""
     if devices is None:

@@ -449,8 +449,9 @@ STEP_KINDS: dict[type, Callable[[Executor, int, Any], StepFn]] = {
 
 def _mover(ex: Executor, s: Copy) -> Callable[[torch.Tensor, RunState], torch.Tensor]:
     """How one copy moves a tensor: a real clone between logical CPU devices; on CUDA, non-blocking copies
-    on the lane's side stream through pinned host memory, with record_stream telling the caching allocator
-    which other streams use each tensor, so a free never hands its memory out while a stream still reads it."""
+    on the lane's side stream through pinned host memory into a block of the destination's compute stream, with
+    record_stream telling the caching allocator which other streams use each tensor, so a free never hands its
+    memory out while a stream still reads or writes it."""
     src, dst = ex.dev[s.src], ex.dev[s.dst]
     if src.type != "cuda" and dst.type != "cuda":
         return lambda t, st: t.to(dst, copy=True)
@@ -466,8 +467,15 @@ def _mover(ex: Executor, s: Copy) -> Callable[[torch.Tensor, RunState], torch.Te
                 staged.copy_(t)
                 st.keep.append(staged)
                 t = staged
-            out = t.to(dst, non_blocking=True)
-            out.record_stream(reader)
+            # the destination comes from the compute stream's pool, the device's one pool, so the compute stream
+            # reuses its block once freed (a side stream's pool is reused only by that stream's copies). The block
+            # may have held a tensor the compute stream's queued kernels still read: the side stream waits for
+            # them before writing, and record_stream(side) keeps the block until the write is done
+            with torch.cuda.stream(reader):
+                out = torch.empty_like(t, device=dst)
+            side.wait_stream(reader)
+            out.copy_(t, non_blocking=True)
+            out.record_stream(side)
             return out
 
         return h2d_or_d2d
