@@ -130,7 +130,7 @@ def plan_row(label: str, graph: Graph, plan: Plan, profile: Profile, env: dict, 
 
     # the caching-allocator model as the measured run allocates: the steps that overwrite a dying input (no
     # allocation there), copies written or read on side streams when on lanes (record_stream); growth above the
-    # the GPU keeping up with the host to the host a step ahead
+    # homed inputs, from the GPU keeping up with the host to the host a step ahead
     ex = exs["default"]
     low, high = reserved_range(graph, plan, profile, devices=[compute], reuse=ex.reuse, side_streams=ex.overlap)[
         compute
