@@ -119,6 +119,8 @@ def plan_row(label: str, graph: Graph, plan: Plan, profile: Profile, env: dict, 
     exs = {"default": Executor(graph, plan, check=False, overlap=a.lanes)}
     if copies:  # without copies a one-device plan runs in plan order in either mode
         exs["other"] = Executor(graph, plan, check=False, overlap=not a.lanes)
+        if a.lanes:  # copies' destinations from the compute stream's pool: fewer reserved bytes, maybe later copies
+            exs["compute_pool"] = Executor(graph, plan, check=False, overlap=True, copy_pool="compute")
     counted: dict[str, int] = {}  # the executor's accounting of `compute`, less what is resident before a step
 
     def run(name: str) -> float:
@@ -135,6 +137,9 @@ def plan_row(label: str, graph: Graph, plan: Plan, profile: Profile, env: dict, 
     low, high = reserved_range(graph, plan, profile, devices=[compute], reuse=ex.reuse, side_streams=ex.overlap)[
         compute
     ]
+    pool_low, pool_high = reserved_range(
+        graph, plan, profile, devices=[compute], reuse=ex.reuse, side_streams=True, copy_pool="compute"
+    )[compute]
     try:
         runs = {k: functools.partial(run, k) for k in exs}
         got = timed({**runs, "eager": eager}, exs["default"].dev[compute], a.iters, a.warmup)
@@ -164,6 +169,9 @@ def plan_row(label: str, graph: Graph, plan: Plan, profile: Profile, env: dict, 
         "found_by": plan.solver.found_by,
         "budget": plan.budgets.get(compute),
     }
+    if "compute_pool" in got:  # the same plan with copy_pool="compute", measured and predicted
+        row["compute_pool_s"], row["compute_pool_reserved"] = med["compute_pool"], got["compute_pool"]["reserved"]
+        row["predicted_reserved_compute_pool"] = (pool_low.step_reserved, pool_high.step_reserved)
     if copies:
         row["lanes_s"], row["inline_s"] = (med["default"], med["other"]) if a.lanes else (med["other"], med["default"])
         row["hidden"] = (row["inline_s"] - row["lanes_s"]) / copy_s if a.lanes and copy_s > 0 else None
@@ -343,6 +351,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{k}: {row['time_s'] * 1e3:.1f} ms ({row['time_s'] / row['eager_s']:.2f}x), peak {mib(row['peak'])}, "
             f"reserved {mib(row['reserved'])} (predicted {mib(row['predicted_reserved'])} to "
             f"{mib(row['predicted_reserved_ahead'])})"
+            + (
+                f"; copy_pool compute: {row['compute_pool_s'] * 1e3:.1f} ms, reserved "
+                f"{mib(row['compute_pool_reserved'])} (predicted {mib(row['predicted_reserved_compute_pool'][0])} "
+                f"to {mib(row['predicted_reserved_compute_pool'][1])})"
+                if "compute_pool_s" in row
+                else ""
+            )
         )
 
     def publish(partial: bool) -> None:

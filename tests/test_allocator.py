@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from conftest import chain_graph
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -155,7 +156,7 @@ def test_a_plan_replayed_by_hand() -> None:
     assert replay_reserved(g, plan, devices=[]) == {}  # a device not modelled: nothing
 
 
-def test_a_value_copied_back_from_the_host_takes_a_block_of_the_compute_streams_segment() -> None:
+def test_a_value_copied_back_from_the_host_takes_a_block_of_its_copy_pools_stream() -> None:
     g = Graph(
         "park",
         (Value("x", 8, "input"), Value("a", 4 * MiB), Value("b", 4 * MiB), Value("y", 4 * MiB)),
@@ -167,14 +168,18 @@ def test_a_value_copied_back_from_the_host_takes_a_block_of_the_compute_streams_
     plan = plan_of(g, [*steps, Free("a", "cpu"), Compute("h", d), Free("a", d), Free("b", d)])
     r = replay_reserved(g, plan)
     assert set(r) == {d}  # the host is not modelled
-    # a [0, 4) MiB of a compute-stream segment, freed; b takes it again; a back from the host: [4, 8) of the same
-    # segment (the executor allocates a copy's destination on the compute stream; its side stream only writes it);
-    # y: [8, 12). One 20 MiB segment beside x's 2 MiB small one, as in plan order on one stream
-    assert r[d].reserved == 2 * MiB + 20 * MiB and r[d].allocated == 512 + 12 * MiB
-    assert replay_reserved(g, plan, side_streams=False)[d] == r[d]
-    # the host a step ahead: a's first block waits for its copy out (record_stream), b takes [4, 8), a back [8, 12),
-    # y [12, 16): still the one segment
-    assert replay_reserved(g, plan, host_ahead=True)[d].reserved == 2 * MiB + 20 * MiB
+    # a [0, 4) MiB of a compute-stream segment, freed; b takes it again; a back from the host: the side stream's
+    # own 20 MiB segment, though the compute stream's has 16 MiB free; y: the compute stream's [4, 8)
+    assert r[d].reserved == 2 * MiB + 40 * MiB and r[d].allocated == 512 + 12 * MiB
+    # the executor in plan order copies on the compute stream: a back at [4, 8) MiB, y at [8, 12), one segment
+    assert replay_reserved(g, plan, side_streams=False)[d].reserved == 2 * MiB + 20 * MiB
+    # copy_pool "compute": the side stream writes a block of the compute stream's pool: one segment again, with
+    # the GPU keeping up or the host a step ahead (a's first block waits for its copy out, b takes [4, 8), a back
+    # [8, 12), y [12, 16))
+    for ahead in (False, True):
+        assert replay_reserved(g, plan, copy_pool="compute", host_ahead=ahead)[d].reserved == 2 * MiB + 20 * MiB
+    with pytest.raises(ValueError, match="copy_pool"):
+        replay_reserved(g, plan, copy_pool="pinned")
     # parked on another GPU instead: the copy back is allocated on cuda:0's current (compute) stream, in its segment
     there = [Compute("f", d), Copy("a", d, "cuda:1"), Free("a", d), Compute("g", d), Copy("a", "cuda:1", d)]
     r = replay_reserved(g, plan_of(g, [*there, Free("a", "cuda:1"), Compute("h", d)]))
@@ -270,7 +275,7 @@ def test_random_mallocs_and_frees_keep_the_segments_tiled_and_merged(ops) -> Non
         assert m.reserved >= m.allocated + sum(b.size for b in m.pending)
 
 
-def test_a_copied_in_value_freed_while_its_copy_may_run_holds_its_block_when_the_host_runs_ahead() -> None:
+def test_a_copied_in_value_takes_a_block_the_compute_stream_reuses_only_from_its_pool() -> None:
     g = Graph(
         "prefetch",
         (Value("a", 12 * MiB, "input"), Value("y", 8), Value("b", 12 * MiB), Value("z", 8)),
@@ -280,7 +285,10 @@ def test_a_copied_in_value_freed_while_its_copy_may_run_holds_its_block_when_the
     d = "cuda:0"
     steps = [Copy("a", "cpu", d), Compute("f", d), Free("a", d), Compute("g", d), Compute("h", d)]
     plan = Plan(g.fingerprint, {}, {"a": "cpu"}, tuple(steps), SolveResult("hand", "heuristic"))
-    # a: its own 12 MiB segment of the compute stream's pool; y and z share a 2 MiB small segment; b takes a's block
-    assert replay_reserved(g, plan)[d].reserved == 14 * MiB
-    # the side stream wrote a (record_stream(side)): with the host a step ahead its block waits, b needs its own
-    assert replay_reserved(g, plan, host_ahead=True)[d].reserved == 26 * MiB
+    # a: its own 12 MiB segment of the side stream's pool; y and z share a 2 MiB small segment; b: a 12 MiB
+    # segment of the compute stream's pool, though a's is free
+    assert replay_reserved(g, plan)[d].reserved == 26 * MiB
+    # copy_pool "compute": a's segment is the compute stream's, and b takes it once a is freed ...
+    assert replay_reserved(g, plan, copy_pool="compute")[d].reserved == 14 * MiB
+    # ... unless the side stream's write may still run (record_stream(side)) with the host a step ahead
+    assert replay_reserved(g, plan, copy_pool="compute", host_ahead=True)[d].reserved == 26 * MiB
