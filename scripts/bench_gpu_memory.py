@@ -182,9 +182,11 @@ def plan_row(label: str, graph: Graph, plan: Plan, profile: Profile, env: dict, 
 def solve_job(job: tuple) -> Plan | str:
     from xsched.solve import SolverOptions, solve
 
-    graph, profile, budgets, devices, limit = job
+    graph, profile, budgets, devices, limit, fit_reserved = job
     try:
-        return solve(graph, profile, budgets, devices, "auto", SolverOptions(time_limit_s=limit))
+        return solve(
+            graph, profile, budgets, devices, "auto", SolverOptions(time_limit_s=limit, fit_reserved=fit_reserved)
+        )
     except BudgetError as e:
         return no_plan(e.detail)
     except Exception as e:  # one plan failing must not lose the other rows
@@ -225,6 +227,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--profile-s", type=float, default=40.0, help="profiling time cap (max_total_s), seconds")
     ap.add_argument("--iters", type=int, default=10, help="timed steps per row")
     ap.add_argument("--warmup", type=int, default=3, help="untimed rounds before them")
+    ap.add_argument(
+        "--fit-reserved",
+        action="store_true",
+        help="plan so the allocator model's reserved memory (host a step ahead) fits each budget (solve's "
+        "fit_reserved; off here so the rows stay those of earlier runs)",
+    )
     ap.add_argument("--jobs", type=int, help="solver processes (default: the cores less two, at most one per plan)")
     ap.add_argument(
         "--deadline",
@@ -328,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     reserve = len(budgets) * (5 + 4 * (a.warmup + a.iters) * eager["time_s"])  # measuring them, roughly
     limit = max(2.0, min(a.time_limit, (a.deadline - (time.perf_counter() - t_start) - reserve) / rounds - 3))
     t0 = time.perf_counter()
-    plans = solve_all({k: (graph, profile, b, ds, limit) for k, (b, ds) in budgets.items()}, a.jobs)
+    plans = solve_all({k: (graph, profile, b, ds, limit, a.fit_reserved) for k, (b, ds) in budgets.items()}, a.jobs)
     solve_s = time.perf_counter() - t0
     log(f"{len(plans)} plans solved in {solve_s:.1f} s ({limit:.1f} s limit each, {min(a.jobs, len(plans))} jobs)")
 

@@ -33,12 +33,12 @@ def test_a_plan_whose_reserved_memory_exceeds_the_budget_is_planned_again_lower(
     over = solve(g, prof, at80, method="checkpoint", options=SolverOptions(time_limit_s=10, fit_reserved=False))
     assert reserved(g, over, prof) == 86 * MiB > at80["cuda:0"]  # seven values: 7 x 12 MiB + the 2 MiB small segment
     fitted = solve(g, prof, at80, method="checkpoint", options=SolverOptions(time_limit_s=10))
-    # re-planned at 80 - (86 - 77) = 71 MiB: six values kept, 74 MiB reserved
+    # re-planned at 80 x 80 / 86 = 74.42 MiB: six values kept, 74 MiB reserved
     assert reserved(g, fitted, prof) == 74 * MiB <= at80["cuda:0"]
-    assert "re-planned for reserved memory: cuda:0 at 71.00 MiB: fits" in fitted.solver.message
+    assert "re-planned for reserved memory: cuda:0 at 74.42 MiB: fits" in fitted.solver.message
     assert simulate(g, fitted, prof).time_s > simulate(g, over, prof).time_s  # the room went to recomputes
     text = reserved_text(g, fitted, prof)  # --explain
-    assert text.startswith("re-planned for reserved memory: cuda:0 at 71.00 MiB: fits. ")
+    assert text.startswith("re-planned for reserved memory: cuda:0 at 74.42 MiB: fits. ")
     # six 12 MiB blocks (an 11 MiB request takes its whole segment: a 1 MiB tail is not split off) and x's 512 B
     assert "cuda:0: predicted reserved 74.00 MiB (fragmentation 2.00 MiB" in text
 

@@ -12,7 +12,7 @@ from xsched.budgets import format_bytes
 from xsched.errors import BudgetError
 from xsched.solve.problem import Outcome, Problem
 
-RESERVED_TRIES = 3  # re-plans at most: each lowers the budget by the last excess, halving the cut after a failure
+RESERVED_TRIES = 3  # re-plans at most
 FIRST_SHARE = 0.5  # of the time limit, for the first solve when its plan may have to be re-planned
 
 
@@ -43,10 +43,9 @@ def fit_reserved(
     tries: int = RESERVED_TRIES,
 ) -> Outcome:
     """`solve_at(problem, seconds)`'s plan, re-planned at lower budgets until every checked device's predicted
-    reserved memory fits its budget. A try's budget leaves room for the last plan's fragmentation (reserved less its
-    peak) below the caller's budget, and at least its excess below the last plan's budget; after a try that finds
-    no plan, the next comes down half as far. The first solve gets FIRST_SHARE of the limit when a device is
-    checked, each re-plan an equal share of what is left. Raises BudgetError ("not found") when no tried plan fits,
+    reserved memory fits its budget. A try scales the last plan's budget by the caller's budget over that plan's
+    reserved memory; after a try that finds no plan, the next comes down half as far. The first solve gets
+    FIRST_SHARE of the limit when a device is checked, each re-plan half of what is left (the last all of it). Raises BudgetError ("not found") when no tried plan fits,
     and solve_at's own error when the first solve finds none."""
     if not reserved_devices(problem):
         return solve_at(problem, time_limit_s)
@@ -60,14 +59,12 @@ def fit_reserved(
         left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - start)
         if not over or (left is not None and left <= 0):
             break
-        cut = cut or {
-            d: max(fits[d] - problem.budgets[d] + r.reserved - r.plan_peak, r.reserved - problem.budgets[d])
-            for d, r in over.items()
-        }
+        # reserved taken to grow in proportion to the budget: the budget scaled by how far reserved overshoots
+        cut = cut or {d: fits[d] - fits[d] * problem.budgets[d] // r.reserved for d, r in over.items()}
         lowered = replace(problem, budgets={**fits, **{d: fits[d] - c for d, c in cut.items()}})
         at = ", ".join(f"{d} at {format_bytes(lowered.budgets[d])}" for d in cut)
         try:
-            outcome = solve_at(lowered, None if left is None else left / (tries - k))
+            outcome = solve_at(lowered, None if left is None else left / (2 if k < tries - 1 else 1))
         except BudgetError:  # nothing at that budget: come down half as far from the last plan found
             tried.append(f"{at}: no plan")
             cut = {d: c // 2 for d, c in cut.items() if c > 1}
