@@ -231,7 +231,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--fit-reserved",
         action="store_true",
         help="plan so the allocator model's reserved memory (host a step ahead) fits each budget (solve's "
-        "fit_reserved; off here so the rows stay those of earlier runs)",
+        "fit_reserved, off by default)",
     )
     ap.add_argument("--jobs", type=int, help="solver processes (default: the cores less two, at most one per plan)")
     ap.add_argument(

@@ -18,7 +18,6 @@ from xsched.profiling.fused import fused_profile
 from xsched.simulate import simulate
 from xsched.solve.api import solve
 from xsched.solve.hier.region import sub_profile
-from xsched.solve.options import SolverOptions
 from xsched.solve.reference import eager_plan
 
 GPU = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu"
@@ -107,9 +106,7 @@ def test_plans_from_uncalibrated_profiles_are_unchanged() -> None:
     zero = calibrate(graph, plain, {"d": alone})  # back to back as fast as alone: overhead 0, the same times
     assert zero.back_to_back["d"].overhead_s == 0.0
     for method in ("checkpoint", "sqrt"):
-        # 4 B values: no CUDA segment (2 MiB at least) fits the budget, so reserved memory is not fitted here
-        options = SolverOptions(fit_reserved=False)
-        a, b = (solve(graph, p, {"d": "90%"}, method=method, options=options) for p in (plain, zero))
+        a, b = (solve(graph, p, {"d": "90%"}, method=method) for p in (plain, zero))
         assert a.steps == b.steps
 
 

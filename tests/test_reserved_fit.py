@@ -32,7 +32,7 @@ def test_a_plan_whose_reserved_memory_exceeds_the_budget_is_planned_again_lower(
     at80 = {"cuda:0": 80 * MiB}
     over = solve(g, prof, at80, method="checkpoint", options=SolverOptions(time_limit_s=10, fit_reserved=False))
     assert reserved(g, over, prof) == 86 * MiB > at80["cuda:0"]  # seven values: 7 x 12 MiB + the 2 MiB small segment
-    fitted = solve(g, prof, at80, method="checkpoint", options=SolverOptions(time_limit_s=10))
+    fitted = solve(g, prof, at80, method="checkpoint", options=SolverOptions(time_limit_s=10, fit_reserved=True))
     # re-planned at 80 x 80 / 86 = 74.42 MiB: six values kept, 74 MiB reserved
     assert reserved(g, fitted, prof) == 74 * MiB <= at80["cuda:0"]
     assert "re-planned for reserved memory: cuda:0 at 74.42 MiB: fits" in fitted.solver.message
@@ -47,10 +47,12 @@ def test_no_plan_whose_reserved_memory_fits_says_not_found() -> None:
     g, prof = chain()
     # greedy keeps every value or fails: 77 MiB of values reserve 86 MiB, and below 77 MiB it finds nothing
     with pytest.raises(BudgetError, match="reserves 86.00 MiB against 80.00 MiB; not found within 3 re-plans"):
-        solve(g, prof, {"cuda:0": 80 * MiB}, method="greedy", options=SolverOptions(time_limit_s=10))
+        solve(g, prof, {"cuda:0": 80 * MiB}, method="greedy", options=SolverOptions(time_limit_s=10, fit_reserved=True))
 
 
 def test_devices_without_a_caching_allocator_are_not_re_planned() -> None:
     g, prof = chain("sim")  # a simulated accelerator: the plan's peak is all there is
-    plan = solve(g, prof, {"cuda:0": 80 * MiB}, method="greedy", options=SolverOptions(time_limit_s=10))
+    plan = solve(
+        g, prof, {"cuda:0": 80 * MiB}, method="greedy", options=SolverOptions(time_limit_s=10, fit_reserved=True)
+    )
     assert simulate(g, plan, prof).peak_bytes["cuda:0"] == 77 * MiB + 8 and "re-planned" not in plan.solver.message

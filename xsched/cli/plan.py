@@ -160,10 +160,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--explain", action="store_true", help="why each value is kept, recomputed or moved")
     p.add_argument(
-        "--no-fit-reserved",
-        dest="fit_reserved",
-        action="store_false",
-        help="keep the plan whose peak fits even where a GPU's predicted reserved memory (caching allocator) does not",
+        "--fit-reserved",
+        action="store_true",
+        help="re-plan at lower budgets until each GPU's predicted reserved memory (caching allocator) fits its budget",
     )
     p.add_argument("--json", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -40,7 +40,7 @@ def solve(
     returns its own plan unless it finds none or one worse than that start, which is then returned with status
     "heuristic" and the reason in `solver.stats.fallback_reason`. warm_start: a plan of the caller's (same graph
     and homes) that competes as a candidate when it meets these budgets.
-    options.fit_reserved (default on): where a GPU's predicted reserved memory (xsched.allocator, the caching
+    options.fit_reserved (default off): where a GPU's predicted reserved memory (xsched.allocator, the caching
     allocator's model) exceeds its budget, re-plan at a lower budget (xsched.solve.reserved).
     Raises BudgetError when no plan is found (saying whether none is proven to exist) and NoIncumbent when a
     method stops without a plan and no heuristic fits either.
