@@ -119,6 +119,8 @@ def plan_row(label: str, graph: Graph, plan: Plan, profile: Profile, env: dict, 
     exs = {"default": Executor(graph, plan, check=False, overlap=a.lanes)}
     if copies:  # without copies a one-device plan runs in plan order in either mode
         exs["other"] = Executor(graph, plan, check=False, overlap=not a.lanes)
+        if a.lanes:  # copies' destinations from the compute stream's pool: fewer reserved bytes, maybe later copies
+            exs["compute_pool"] = Executor(graph, plan, check=False, overlap=True, copy_pool="compute")
     counted: dict[str, int] = {}  # the executor's accounting of `compute`, less what is resident before a step
 
     def run(name: str) -> float:
@@ -129,12 +131,15 @@ def plan_row(label: str, graph: Graph, plan: Plan, profile: Profile, env: dict, 
         return float(ex.outputs(st, [loss_id])[loss_id])
 
     # the caching-allocator model as the measured run allocates: the steps that overwrite a dying input (no
-    # allocation there), copies from the host on side streams when on lanes; growth above the homed inputs, from
-    # the GPU keeping up with the host to the host a step ahead
+    # allocation there), copies written or read on side streams when on lanes (record_stream); growth above the
+    # homed inputs, from the GPU keeping up with the host to the host a step ahead
     ex = exs["default"]
     low, high = reserved_range(graph, plan, profile, devices=[compute], reuse=ex.reuse, side_streams=ex.overlap)[
         compute
     ]
+    pool_low, pool_high = reserved_range(
+        graph, plan, profile, devices=[compute], reuse=ex.reuse, side_streams=True, copy_pool="compute"
+    )[compute]
     try:
         runs = {k: functools.partial(run, k) for k in exs}
         got = timed({**runs, "eager": eager}, exs["default"].dev[compute], a.iters, a.warmup)
@@ -164,6 +169,9 @@ def plan_row(label: str, graph: Graph, plan: Plan, profile: Profile, env: dict, 
         "found_by": plan.solver.found_by,
         "budget": plan.budgets.get(compute),
     }
+    if "compute_pool" in got:  # the same plan with copy_pool="compute", measured and predicted
+        row["compute_pool_s"], row["compute_pool_reserved"] = med["compute_pool"], got["compute_pool"]["reserved"]
+        row["predicted_reserved_compute_pool"] = (pool_low.step_reserved, pool_high.step_reserved)
     if copies:
         row["lanes_s"], row["inline_s"] = (med["default"], med["other"]) if a.lanes else (med["other"], med["default"])
         row["hidden"] = (row["inline_s"] - row["lanes_s"]) / copy_s if a.lanes and copy_s > 0 else None
@@ -174,9 +182,11 @@ def plan_row(label: str, graph: Graph, plan: Plan, profile: Profile, env: dict, 
 def solve_job(job: tuple) -> Plan | str:
     from xsched.solve import SolverOptions, solve
 
-    graph, profile, budgets, devices, limit = job
+    graph, profile, budgets, devices, limit, fit_reserved = job
     try:
-        return solve(graph, profile, budgets, devices, "auto", SolverOptions(time_limit_s=limit))
+        return solve(
+            graph, profile, budgets, devices, "auto", SolverOptions(time_limit_s=limit, fit_reserved=fit_reserved)
+        )
     except BudgetError as e:
         return no_plan(e.detail)
     except Exception as e:  # one plan failing must not lose the other rows
@@ -217,6 +227,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--profile-s", type=float, default=40.0, help="profiling time cap (max_total_s), seconds")
     ap.add_argument("--iters", type=int, default=10, help="timed steps per row")
     ap.add_argument("--warmup", type=int, default=3, help="untimed rounds before them")
+    ap.add_argument(
+        "--fit-reserved",
+        action="store_true",
+        help="plan so the allocator model's reserved memory (host a step ahead) fits each budget (solve's "
+        "fit_reserved, off by default)",
+    )
     ap.add_argument("--jobs", type=int, help="solver processes (default: the cores less two, at most one per plan)")
     ap.add_argument(
         "--deadline",
@@ -321,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     reserve = len(budgets) * (5 + 4 * (a.warmup + a.iters) * eager["time_s"])  # measuring them, roughly
     limit = max(2.0, min(a.time_limit, (a.deadline - (time.perf_counter() - t_start) - reserve) / rounds - 3))
     t0 = time.perf_counter()
-    plans = solve_all({k: (graph, profile, b, ds, limit) for k, (b, ds) in budgets.items()}, a.jobs)
+    plans = solve_all({k: (graph, profile, b, ds, limit, a.fit_reserved) for k, (b, ds) in budgets.items()}, a.jobs)
     solve_s = time.perf_counter() - t0
     log(f"{len(plans)} plans solved in {solve_s:.1f} s ({limit:.1f} s limit each, {min(a.jobs, len(plans))} jobs)")
 
@@ -344,6 +360,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{k}: {row['time_s'] * 1e3:.1f} ms ({row['time_s'] / row['eager_s']:.2f}x), peak {mib(row['peak'])}, "
             f"reserved {mib(row['reserved'])} (predicted {mib(row['predicted_reserved'])} to "
             f"{mib(row['predicted_reserved_ahead'])})"
+            + (
+                f"; copy_pool compute: {row['compute_pool_s'] * 1e3:.1f} ms, reserved "
+                f"{mib(row['compute_pool_reserved'])} (predicted {mib(row['predicted_reserved_compute_pool'][0])} "
+                f"to {mib(row['predicted_reserved_compute_pool'][1])})"
+                if "compute_pool_s" in row
+                else ""
+            )
         )
 
     def publish(partial: bool) -> None:

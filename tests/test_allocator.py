@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from conftest import chain_graph
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -155,7 +156,7 @@ def test_a_plan_replayed_by_hand() -> None:
     assert replay_reserved(g, plan, devices=[]) == {}  # a device not modelled: nothing
 
 
-def test_a_value_copied_back_from_the_host_takes_a_side_stream_segment() -> None:
+def test_a_value_copied_back_from_the_host_takes_a_block_of_its_copy_pools_stream() -> None:
     g = Graph(
         "park",
         (Value("x", 8, "input"), Value("a", 4 * MiB), Value("b", 4 * MiB), Value("y", 4 * MiB)),
@@ -172,6 +173,13 @@ def test_a_value_copied_back_from_the_host_takes_a_side_stream_segment() -> None
     assert r[d].reserved == 2 * MiB + 40 * MiB and r[d].allocated == 512 + 12 * MiB
     # the executor in plan order copies on the compute stream: a back at [4, 8) MiB, y at [8, 12), one segment
     assert replay_reserved(g, plan, side_streams=False)[d].reserved == 2 * MiB + 20 * MiB
+    # copy_pool "compute": the side stream writes a block of the compute stream's pool: one segment again, with
+    # the GPU keeping up or the host a step ahead (a's first block waits for its copy out, b takes [4, 8), a back
+    # [8, 12), y [12, 16))
+    for ahead in (False, True):
+        assert replay_reserved(g, plan, copy_pool="compute", host_ahead=ahead)[d].reserved == 2 * MiB + 20 * MiB
+    with pytest.raises(ValueError, match="copy_pool"):
+        replay_reserved(g, plan, copy_pool="pinned")
     # parked on another GPU instead: the copy back is allocated on cuda:0's current (compute) stream, in its segment
     there = [Compute("f", d), Copy("a", d, "cuda:1"), Free("a", d), Compute("g", d), Copy("a", "cuda:1", d)]
     r = replay_reserved(g, plan_of(g, [*there, Free("a", "cuda:1"), Compute("h", d)]))
@@ -265,3 +273,22 @@ def test_random_mallocs_and_frees_keep_the_segments_tiled_and_merged(ops) -> Non
             m.sync()
         well_formed(m)
         assert m.reserved >= m.allocated + sum(b.size for b in m.pending)
+
+
+def test_a_copied_in_value_takes_a_block_the_compute_stream_reuses_only_from_its_pool() -> None:
+    g = Graph(
+        "prefetch",
+        (Value("a", 12 * MiB, "input"), Value("y", 8), Value("b", 12 * MiB), Value("z", 8)),
+        (Op("f", "t", ("a",), ("y",)), Op("g", "t", ("y",), ("b",)), Op("h", "t", ("b",), ("z",))),
+        ("z",),
+    )
+    d = "cuda:0"
+    steps = [Copy("a", "cpu", d), Compute("f", d), Free("a", d), Compute("g", d), Compute("h", d)]
+    plan = Plan(g.fingerprint, {}, {"a": "cpu"}, tuple(steps), SolveResult("hand", "heuristic"))
+    # a: its own 12 MiB segment of the side stream's pool; y and z share a 2 MiB small segment; b: a 12 MiB
+    # segment of the compute stream's pool, though a's is free
+    assert replay_reserved(g, plan)[d].reserved == 26 * MiB
+    # copy_pool "compute": a's segment is the compute stream's, and b takes it once a is freed ...
+    assert replay_reserved(g, plan, copy_pool="compute")[d].reserved == 14 * MiB
+    # ... unless the side stream's write may still run (record_stream(side)) with the host a step ahead
+    assert replay_reserved(g, plan, copy_pool="compute", host_ahead=True)[d].reserved == 26 * MiB

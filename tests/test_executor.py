@@ -388,3 +388,13 @@ def test_random_ops_draw_in_plan_order_across_lanes() -> None:
     assert torch.equal(got["mA"], want_a) and torch.equal(got["mB"], want_b)
     assert torch.equal(after, torch.rand(1))  # the recomputation left the generator where eager leaves it
     ex.close()
+
+
+def test_an_unknown_copy_pool_is_one_clear_error() -> None:
+    from conftest import chain_graph
+
+    from xsched.solve.reference import eager_plan
+
+    g = chain_graph([8, 8])
+    with pytest.raises(XschedError, match="copy_pool must be one of side, compute, not 'pinned'"):
+        Executor(g, eager_plan(g, "cpu"), copy_pool="pinned")

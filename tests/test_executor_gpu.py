@@ -192,3 +192,39 @@ def test_report_uses_cuda_memory_statistics() -> None:
     assert r.peak_source["cuda:0"] == "cuda max_memory_allocated"
     assert r.peak_bytes["cuda:0"] > 0
     assert "cuda:0" in r.table()
+
+
+def test_a_copy_into_a_block_the_compute_stream_just_freed_waits_for_its_kernels() -> None:
+    """copy_pool "compute": y's copy from the host takes the block of `a`, freed while the compute stream's kernels
+    may still read it: the side stream must wait for them before writing."""
+    n = 1 << 24
+    values = (
+        Value("x", n * 4, "input", (n,), "float32", name="input:0"),
+        Value("y", n * 4, "input", (n,), "float32", name="input:1"),
+        Value("a", n * 4, "activation", (n,), "float32"),
+        Value("b", n * 4, "activation", (n,), "float32"),
+        Value("c", n * 4, "activation", (n,), "float32"),
+    )
+    ops = (
+        Op("exp", "aten.exp.default", ("x",), ("a",), "fwd", call={"args": [{"ref": "x"}], "outs": [[]]}),
+        Op("neg", "aten.neg.default", ("a",), ("b",), "fwd", call={"args": [{"ref": "a"}], "outs": [[]]}),
+        Op(
+            "add",
+            "aten.add.Tensor",
+            ("b", "y"),
+            ("c",),
+            "fwd",
+            call={"args": [{"ref": "b"}, {"ref": "y"}], "outs": [[]]},
+        ),
+    )
+    graph = Graph("reuse", values, ops, ("c",))
+    d = "cuda:0"
+    steps = (Compute("exp", d), Compute("neg", d), Free("a", d), Copy("y", "cpu", d), Compute("add", d))
+    plan = Plan(graph.fingerprint, {}, {"x": d, "y": "cpu"}, steps, SolveResult("hand", "heuristic"))
+    x, y = torch.randn(n, device="cuda"), torch.randn(n)
+    for pool in ("side", "compute"):
+        ex = Executor(graph, plan, copy_pool=pool)
+        out = ex({"x": x, "y": y}).outputs
+        torch.cuda.synchronize()
+        assert_close(out["c"], -x.exp() + y.cuda())
+        ex.close()

@@ -73,9 +73,12 @@ def test_explain_says_what_the_caching_allocator_is_expected_to_reserve() -> Non
     g = chain_graph([3 << 20, 5 << 20, 12 << 20])
     text = reserved_text(g, eager_plan(g, "cuda:0"))
     # tests/test_allocator.py counts this plan by hand: 22 MiB reserved for a peak of 17 MiB + 8 B (+29.4%)
-    assert text.startswith("caching allocator") and "cuda:0: reserved ~22.00 MiB, +29.4% over the plan's peak" in text
+    assert text.startswith("caching allocator") and "reserved ~22.00 MiB, +29.4% over the plan's peak" in text
+    # 22 MiB reserved, 17 MiB + 512 B allocated at most (test_allocator counts them): 5 MiB less 512 B
+    assert "cuda:0: predicted reserved 22.00 MiB (fragmentation 5.00 MiB; the host a step ahead" in text
     assert reserved_text(g, eager_plan(g, "cpu")) == ""  # the host has no such allocator
     from test_allocator import parked_plan
 
     text = reserved_text(*parked_plan())  # 14 MiB with the GPU keeping up, 26 MiB with the host ahead (counted there)
     assert "reserved ~14.00 MiB to 26.00 MiB" in text and "A range runs from" in text
+    assert "predicted reserved 26.00 MiB" in text  # the upper end: what planning fits to the budget

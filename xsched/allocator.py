@@ -6,7 +6,8 @@ A GPU runs out on what the caching allocator reserves (its segments), not on the
 the default settings: no max_split_size, no roundup_power2_divisions, no expandable segments, no memory fraction.
 `replay_reserved` walks a plan (xsched.interpret) and allocates as the executor does (xsched.execute.executor):
 homed inputs first, a compute's outputs then its workspace (freed at once) on the device's compute stream, a copy
-from the host on its copy lane's side stream. It is a model, checked by hand counts, not a measurement: cudaMalloc's
+from the host on its copy lane's side stream, or on the compute stream with `copy_pool="compute"` (the executor's
+option of the same name; executor._mover). It is a model, checked by hand counts, not a measurement: cudaMalloc's
 addresses are unknowable, so segments are ordered by creation; blocks freed while other streams use them
 (record_stream) are back in their pool by the next allocation if the GPU keeps up with the host, only after the step
 if the host runs a step ahead (`host_ahead`): a run lies between the two.
@@ -30,6 +31,11 @@ SMALL_SEGMENT = 2 << 20  # kSmallBuffer: small requests are carved from 2 MiB se
 MIN_LARGE_ALLOC = 10 << 20  # kMinLargeAlloc: large requests below 10 MiB share a kLargeBuffer segment
 LARGE_SEGMENT = 20 << 20  # kLargeBuffer
 ROUND_LARGE = 2 << 20  # kRoundLarge: a request of 10 MiB or more gets its own segment, rounded up to 2 MiB
+# where the executor allocates a copy's destination on the GPU: "side", from the pool of the copy lane's side stream
+# that writes it (the compute stream cannot reuse those blocks); "compute", from the compute stream's pool, the side
+# stream waiting for every kernel queued on the compute stream before writing (which may delay prefetches)
+COPY_POOLS = ("side", "compute")
+DEFAULT_COPY_POOL = "side"
 
 
 def round_size(nbytes: int) -> int:
@@ -262,8 +268,12 @@ class _Replay(PlanInterpreter):
         reuse: Mapping[int, str],
         side_streams: bool,
         host_ahead: bool,
+        copy_pool: str = DEFAULT_COPY_POOL,
     ) -> None:
         super().__init__(graph, plan)
+        if copy_pool not in COPY_POOLS:
+            raise ValueError(f"copy_pool must be one of {COPY_POOLS}, not {copy_pool!r}")
+        self.copy_pool = copy_pool
         self.profile = profile
         self.reuse = reuse
         self.side_streams, self.host_ahead = side_streams, host_ahead
@@ -302,10 +312,13 @@ class _Replay(PlanInterpreter):
 
     def on_copy(self, i: int, s: Copy) -> None:
         m = self.models.get(s.dst)
-        if m is not None:  # from the host on lanes: the copy lane's side stream; else the current (compute) one
-            side = self.side_streams and s.src not in self.models
+        if m is not None:
+            # from the host on lanes: the copy lane's side stream's pool (copy_pool "side"), else the compute one
+            side = self.side_streams and s.src not in self.models and self.copy_pool == "side"
             m.alloc(s.value, self.nbytes[s.value], lane_of(s) if side else "compute")
-            if side:  # the compute stream reads it: out.record_stream(reader)
+            if self.side_streams and (side or self.copy_pool == "compute"):
+                # another stream uses it: the compute stream reads it (record_stream(reader)), or the side stream
+                # writes it into a compute-stream block (record_stream(side))
                 self.shared.add((s.value, s.dst))
         if self.side_streams and s.src in self.models:  # read on the copy lane's side stream: t.record_stream(side)
             self.shared.add((s.value, s.src))
@@ -344,17 +357,20 @@ def replay_reserved(
     reuse: Mapping[int, str] | None = None,
     side_streams: bool = True,
     host_ahead: bool = False,
+    copy_pool: str = DEFAULT_COPY_POOL,
 ) -> dict[str, ReservedPeak]:
     """Per modelled device (default: every plan device that is not the host): the plan's allocations and frees
     replayed on PyTorch's caching allocator rules. `capacity`: device bytes where cudaMalloc fails (default none);
     `reuse`: compute step -> the input it overwrites in place (the executor's `reuse`, when known); `side_streams`:
-    copies from the host allocate on their lane's side stream, as the executor on its lanes does (off: in plan
-    order, every allocation on the compute stream). The GPU's progress is unknown: by default blocks freed after use
+    copies run on their lane's side stream, as the executor on its lanes does, so the blocks they read or write are
+    shared with it (record_stream; off: in plan order on the compute stream, nothing shared). The GPU's progress is unknown: by default blocks freed after use
     on another stream are back in their pool by the next allocation (the GPU keeps up); with `host_ahead` not until
-    the step ends (the host runs a whole step ahead, as the executor's lanes may). A run lies between the two."""
+    the step ends (the host runs a whole step ahead, as the executor's lanes may). A run lies between the two.
+    `copy_pool`: the executor's option of that name (COPY_POOLS)."""
     if devices is None:
         devices = [d for d in plan.devices if not is_host(d, profile)]
-    return _Replay(graph, plan, profile, devices, capacity or {}, reuse or {}, side_streams, host_ahead).run()
+    replay = _Replay(graph, plan, profile, devices, capacity or {}, reuse or {}, side_streams, host_ahead, copy_pool)
+    return replay.run()
 
 
 def reserved_range(
@@ -365,11 +381,21 @@ def reserved_range(
     devices: Collection[str] | None = None,
     reuse: Mapping[int, str] | None = None,
     side_streams: bool = True,
+    copy_pool: str = DEFAULT_COPY_POOL,
 ) -> dict[str, tuple[ReservedPeak, ReservedPeak]]:
     """Per modelled device: (the GPU keeping up, the host a step ahead), the two ends between which a run is
     expected; the same twice where no tensor is shared across streams. Arguments as replay_reserved's."""
     low, high = (
-        replay_reserved(graph, plan, profile, devices=devices, reuse=reuse, side_streams=side_streams, host_ahead=ahead)
+        replay_reserved(
+            graph,
+            plan,
+            profile,
+            devices=devices,
+            reuse=reuse,
+            side_streams=side_streams,
+            host_ahead=ahead,
+            copy_pool=copy_pool,
+        )
         for ahead in (False, True)
     )
     return {d: (low[d], high[d]) for d in low}

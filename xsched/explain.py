@@ -233,7 +233,9 @@ def reserved_text(graph: Graph, plan: Plan, profile: Profile | None = None) -> s
     """`--explain`'s line on fragmentation: per accelerator, the reserved memory the allocator model expects."""
     ranges = reserved_range(graph, plan, profile)
     parts = [
-        f"{d}: reserved ~{_span(low.reserved, high.reserved, format_bytes)}, "
+        f"{d}: predicted reserved {format_bytes(high.reserved)} (fragmentation {format_bytes(high.fragmentation)}; "
+        f"the host a step ahead, the end planning fits to the budget), "
+        f"reserved ~{_span(low.reserved, high.reserved, format_bytes)}, "
         f"{_span(low.over_plan, high.over_plan, lambda x: f'{x:+.1%}')} over the plan's peak of "
         f"{format_bytes(low.plan_peak)} (the step adds {_span(low.step_reserved, high.step_reserved, format_bytes)} "
         f"reserved for {format_bytes(low.step_peak)} above the homed inputs)"
@@ -243,8 +245,10 @@ def reserved_text(graph: Graph, plan: Plan, profile: Profile | None = None) -> s
     ]
     if not parts:
         return ""
+    replanned = [m for m in plan.solver.message.split("; ") if m.startswith("re-planned for reserved memory")]
     return (
-        "caching allocator (PyTorch CUDA's rules, modelled, not measured): "
+        "".join(f"{m}. " for m in replanned)
+        + "caching allocator (PyTorch CUDA's rules, modelled, not measured): "
         + "; ".join(parts)
         + (
             ". A range runs from the GPU keeping up with the host to the host a step ahead (the blocks a copy's "

@@ -37,7 +37,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
 
         # the limit is the command's: what loading took is not the solver's
         limit = max(a.time_limit - (time.perf_counter() - a.started), 0.0)
-        options = SolverOptions(time_limit_s=limit, mip_gap=a.gap, solver=a.solver)
+        options = SolverOptions(time_limit_s=limit, mip_gap=a.gap, solver=a.solver, fit_reserved=a.fit_reserved)
         with timed_progress(f"solving ({a.method})", limit, quiet(a)):
             plan = solve(
                 graph, profile, budgets or {d: "100%" for d in (devices or profile.compute)}, devices, a.method, options
@@ -159,6 +159,11 @@ def add(sub: argparse._SubParsersAction) -> None:
         help="price the ops as compiled regions fuse them (fusible ops free), for `xsched run --compile`",
     )
     p.add_argument("--explain", action="store_true", help="why each value is kept, recomputed or moved")
+    p.add_argument(
+        "--fit-reserved",
+        action="store_true",
+        help="re-plan at lower budgets until each GPU's predicted reserved memory (caching allocator) fits its budget",
+    )
     p.add_argument("--json", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("-o", "--output", required=True)

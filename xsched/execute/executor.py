@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from xsched.allocator import COPY_POOLS, DEFAULT_COPY_POOL
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Free, Plan, required_homes
 from xsched.contracts.random_ops import random_ops
@@ -73,6 +74,10 @@ class Executor:
     plan device is a GPU. Logical CPU devices share the CPU and its thread pool, so there is nothing to gain,
     and the hand-offs between threads cost 6-20% of the step (docs/bench/offload.md): they run in plan order in
     the calling thread unless asked.
+    `copy_pool`: where a copy's destination on a GPU is allocated (xsched.allocator.COPY_POOLS): "side" (default),
+    from its side stream's pool, which the compute stream cannot reuse; "compute", from the compute stream's pool,
+    the side stream first waiting for every kernel queued on the compute stream (fewer reserved bytes; the wait may
+    delay prefetches while the compute lane runs ahead).
     """
 
     def __init__(
@@ -87,7 +92,11 @@ class Executor:
         inplace: bool = True,
         overlap: bool | None = None,
         compile: bool = False,
+        copy_pool: str = DEFAULT_COPY_POOL,
     ) -> None:
+        if copy_pool not in COPY_POOLS:
+            raise XschedError(f"copy_pool must be one of {', '.join(COPY_POOLS)}, not {copy_pool!r}", stage="execute")
+        self.copy_pool = copy_pool
         if plan.graph != graph.fingerprint:
             raise PlanError(f"plan is for graph {plan.graph}, not {graph.fingerprint} ({graph.name})", stage="execute")
         self.graph = graph
@@ -449,14 +458,16 @@ STEP_KINDS: dict[type, Callable[[Executor, int, Any], StepFn]] = {
 
 def _mover(ex: Executor, s: Copy) -> Callable[[torch.Tensor, RunState], torch.Tensor]:
     """How one copy moves a tensor: a real clone between logical CPU devices; on CUDA, non-blocking copies
-    on the lane's side stream through pinned host memory, with record_stream telling the caching allocator
-    which other streams use each tensor, so a free never hands its memory out while a stream still reads it."""
+    on the lane's side stream through pinned host memory into a block of `ex.copy_pool`'s stream, with
+    record_stream telling the caching allocator which other streams use each tensor, so a free never hands its
+    memory out while a stream still reads or writes it."""
     src, dst = ex.dev[s.src], ex.dev[s.dst]
     if src.type != "cuda" and dst.type != "cuda":
         return lambda t, st: t.to(dst, copy=True)
     side = ex.lanes[lane_of(s)].stream
     if dst.type == "cuda":
         reader = ex.compute_stream(s.dst)
+        in_compute_pool = ex.copy_pool == "compute"
 
         def h2d_or_d2d(t: torch.Tensor, st: RunState) -> torch.Tensor:
             if t.device.type == "cuda":
@@ -466,8 +477,18 @@ def _mover(ex: Executor, s: Copy) -> Callable[[torch.Tensor, RunState], torch.Te
                 staged.copy_(t)
                 st.keep.append(staged)
                 t = staged
-            out = t.to(dst, non_blocking=True)
-            out.record_stream(reader)
+            if not in_compute_pool:  # from the side stream's pool; the compute stream reads it
+                out = t.to(dst, non_blocking=True)
+                out.record_stream(reader)
+                return out
+            # from the compute stream's pool, so the compute stream reuses its block once freed. The block may
+            # have held a tensor the compute stream's queued kernels still use: the side stream waits for them
+            # before writing, and record_stream(side) keeps the block until the write is done
+            with torch.cuda.stream(reader):
+                out = torch.empty_like(t, device=dst)
+            side.wait_stream(reader)
+            out.copy_(t, non_blocking=True)
+            out.record_stream(side)
             return out
 
         return h2d_or_d2d

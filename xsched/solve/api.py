@@ -15,6 +15,7 @@ from xsched.solve.objective import objective
 from xsched.solve.options import SolverOptions, deadline
 from xsched.solve.problem import Outcome, Problem, runnable
 from xsched.solve.registry import SOLVERS, run_member
+from xsched.solve.reserved import fit_reserved
 from xsched.solve.runner import CONFIGURATIONS, configuration, run
 
 
@@ -39,6 +40,8 @@ def solve(
     returns its own plan unless it finds none or one worse than that start, which is then returned with status
     "heuristic" and the reason in `solver.stats.fallback_reason`. warm_start: a plan of the caller's (same graph
     and homes) that competes as a candidate when it meets these budgets.
+    options.fit_reserved (default off): where a GPU's predicted reserved memory (xsched.allocator, the caching
+    allocator's model) exceeds its budget, re-plan at a lower budget (xsched.solve.reserved).
     Raises BudgetError when no plan is found (saying whether none is proven to exist) and NoIncumbent when a
     method stops without a plan and no heuristic fits either.
     """
@@ -61,6 +64,17 @@ def solve_result(
         raise SolverError(f"unknown method {method!r}; choose one of {', '.join((*CONFIGURATIONS, *SOLVERS))}")
     problem = Problem.make(graph, profile, budgets, devices, homes)
     options = options or SolverOptions()
+
+    def solve_at(problem: Problem, seconds: float | None) -> Outcome:
+        return _solve_once(problem, method, replace(options, time_limit_s=seconds), warm_start)
+
+    if not options.fit_reserved:
+        return solve_at(problem, options.time_limit_s)
+    return fit_reserved(problem, solve_at, options.time_limit_s)
+
+
+def _solve_once(problem: Problem, method: str, options: SolverOptions, warm_start: Plan | None) -> Outcome:
+    """One solve of `problem` by `method`: its outcome with a plan, or its error."""
     entry = SOLVERS.get(method)
     if entry is not None and entry.kind == "heuristic":  # alone: its own error when it does not fit
         check_budgets(problem.graph, problem.profile, problem.budgets, problem.devices, problem.homes)

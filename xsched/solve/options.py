@@ -30,6 +30,10 @@ class SolverOptions:
     alpha_energy: float = 0.0  # objective = time + alpha * energy
     energy_cap_j: float | None = None
     fix_homes: bool = True  # False: the solver picks params' home devices
+    # re-plan at a lower budget while a GPU's reserved memory (caching allocator model) exceeds its budget. Off by
+    # default: with copies' blocks held to the step's end (the model's upper end), no GPT-2 store plan fits its
+    # budget (xsched.solve.reserved)
+    fit_reserved: bool = False
     verbose: bool = False
     seed: int = 0  # CP-SAT's random seed (one worker: a run is deterministic for a seed); park-search's draws
     hier_processes: int | None = None  # hier: processes solving independent blocks (None: the core count)
