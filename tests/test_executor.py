@@ -25,9 +25,10 @@ from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Free, Plan, autograd_boundary
 from xsched.contracts.result import SolveResult
 from xsched.errors import PlanError, XschedError
-from xsched.execute.executor import STEP_KINDS, Executor
+from xsched.execute.executor import Executor
 from xsched.execute.reference import execute
 from xsched.execute.run_report import measure
+from xsched.execute.steps import STEP_KINDS
 from xsched.simulate import simulate
 from xsched.solve.api import solve
 from xsched.solve.bounds.memory import lower_bounds

@@ -14,8 +14,9 @@ from torch.testing import assert_close
 from xsched.capture.torch import bind_inputs
 from xsched.contracts.plan import Compute, Copy, Free
 from xsched.errors import BudgetError
-from xsched.execute.executor import Executor, prepare_compute, prepare_copy, prepare_free
+from xsched.execute.executor import Executor
 from xsched.execute.live_bytes import LiveBytes, _named, measured_peaks
+from xsched.execute.steps import prepare_compute, prepare_copy, prepare_free
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 wrap_module = importlib.import_module("xsched.execute.wrap")

@@ -7,7 +7,7 @@ the default settings: no max_split_size, no roundup_power2_divisions, no expanda
 `replay_reserved` walks a plan (xsched.interpret) and allocates as the executor does (xsched.execute.executor):
 homed inputs first, a compute's outputs then its workspace (freed at once) on the device's compute stream, a copy
 from the host on its copy lane's side stream, or on the compute stream with `copy_pool="compute"` (the executor's
-option of the same name; executor._mover). It is a model, checked by hand counts, not a measurement: cudaMalloc's
+option of the same name; steps._mover). It is a model, checked by hand counts, not a measurement: cudaMalloc's
 addresses are unknowable, so segments are ordered by creation; blocks freed while other streams use them
 (record_stream) are back in their pool by the next allocation if the GPU keeps up with the host, only after the step
 if the host runs a step ahead (`host_ahead`): a run lies between the two.

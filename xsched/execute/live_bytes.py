@@ -76,7 +76,8 @@ def _named(prepare: Callable, device_of: Callable[[Any], str], count: LiveBytes)
 def counted_executor(graph: Graph, plan: Plan, count: LiveBytes, **kwargs: Any) -> Any:
     """An Executor for `plan` whose steps tell `count` their device (a compute's and a free's own, a copy's
     destination); it runs them in plan order on the calling thread, as on logical CPUs."""
-    from xsched.execute.executor import Executor, prepare_compute, prepare_copy, prepare_free
+    from xsched.execute.executor import Executor
+    from xsched.execute.steps import prepare_compute, prepare_copy, prepare_free
 
     table = {
         Compute: _named(prepare_compute, lambda s: s.device, count),

@@ -16,7 +16,8 @@ from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Plan
 from xsched.errors import XschedError
 from xsched.execute.compiled import getter
-from xsched.execute.executor import Executor, RunState, StepFn, prepare_copy
+from xsched.execute.executor import Executor
+from xsched.execute.steps import RunState, StepFn, prepare_copy
 from xsched.lanes import lane_of
 
 

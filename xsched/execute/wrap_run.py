@@ -17,9 +17,10 @@ from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Plan
 from xsched.errors import XschedError
 from xsched.execute.compiled import getter
-from xsched.execute.executor import Executor, RunState
+from xsched.execute.executor import Executor
 from xsched.execute.param_home import ParamPoints
 from xsched.execute.program import gather
+from xsched.execute.steps import RunState
 
 
 @dataclass

@@ -21,7 +21,8 @@ import torch
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Free, Plan, Step
 from xsched.contracts.profile import Profile
-from xsched.execute.executor import Executor, StepFn, prepare_compute, prepare_copy, prepare_free
+from xsched.execute.executor import Executor
+from xsched.execute.steps import StepFn, prepare_compute, prepare_copy, prepare_free
 from xsched.lanes import lane_of
 from xsched.simulate import simulate
 
