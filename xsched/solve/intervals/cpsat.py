@@ -76,13 +76,38 @@ def solve_cpsat(
             m.AddImplication(lit, a[k])
             m.Add(s[k] == start).OnlyEnforceIf(lit)
         m.AddBoolOr(f)
+    serial = {  # serial[k]: copy k feeds a compute of its own stage, which waits for it (its time counts whole)
+        k: m.NewBoolVar(f"serial{k}") for k, sl in enumerate(data.slots) if sl.kind == "copy" and sl.cost > 0
+    }
     for r in data.reads:  # a step reads each input from a used slot that started before it and still holds it
         z = [m.NewBoolVar(f"z{r.slot}_{r.value}_{f}") for f in r.feeders]
         for lit, f in zip(z, r.feeders):
             m.AddImplication(lit, a[f])
             m.Add(s[f] < s[r.slot]).OnlyEnforceIf(lit)
             m.Add(e[(f, r.value)] >= s[r.slot]).OnlyEnforceIf(lit)
+            if f in serial and not r.strict:  # else the copy ran in an earlier stage, beside that stage's computes
+                m.Add(s[f] + data.width + data.offset(r.slot) <= s[r.slot]).OnlyEnforceIf([lit, serial[f].Not()])
         m.AddBoolOr([*z, a[r.slot].Not()])
+    beyond = []  # per stage: how long its busiest link runs beyond the stage's least compute (0 or more)
+    by_stage: dict[int, list[tuple[int, list]]] = {}
+    for (j, _, _), ks in data.link_loads().items():
+        by_stage.setdefault(j, []).append((sum(data.slots[k].cost for k, _ in ks), ks))
+    at: dict[tuple[int, int], object] = {}  # at[k, t]: copy k is used at its t-th start
+    for k, sl in enumerate(data.slots):
+        if k in serial:
+            lits = [m.NewBoolVar(f"at{k}_{t}") for t in range(len(sl.starts))]
+            m.Add(sum(lits) == a[k])
+            for t, lit in enumerate(lits):
+                m.Add(stage[k] == t).OnlyEnforceIf(lit)
+                at[(k, t)] = lit
+    for j, links in sorted(by_stage.items()):
+        most = max(total for total, _ in links)
+        if most <= data.floor[j]:
+            continue  # no link of this stage can outlast its least compute
+        x = m.NewIntVar(0, most - data.floor[j], f"beyond{j}")
+        for _, ks in links:
+            m.Add(x >= sum(data.slots[k].cost * at[(k, t)] for k, t in ks) - data.floor[j])
+        beyond.append(x)
     for v, devs in data.ends:  # every graph output resident at the end (on its required home when it has one)
         y = []
         for d in devs:
@@ -114,8 +139,12 @@ def solve_cpsat(
             for k in ks:
                 m.AddImplication(a[k], lit)
         m.AddAtMostOne(used)
-    run_time = sum(sl.cost * a[k] for k, sl in enumerate(data.slots))
-    heavy = sum(sl.cost for sl in data.slots) + 1  # a byte over the budget costs more than any plan's time
+    run_time = (  # the timed objective (data.py): computes, links beyond them, serial copies
+        sum(sl.cost * a[k] for k, sl in enumerate(data.slots) if sl.kind == "compute")
+        + sum(beyond)
+        + sum(data.slots[k].cost * lit for k, lit in serial.items())
+    )
+    heavy = 2 * sum(sl.cost for sl in data.slots) + 1  # a byte over the budget costs more than any plan's time
     m.Minimize(run_time + heavy * sum(excess) if soft and excess else run_time)
     if hint:
         for k, sl in enumerate(data.slots):
@@ -146,7 +175,7 @@ def solve_cpsat(
         for k, sl in enumerate(data.slots)
         if solver.BooleanValue(a[k])
     }
-    objective = int(sum(sl.cost for k, sl in enumerate(data.slots) if k in placed))
+    objective = int(solver.Value(run_time))
     return Outcome(
         status if not soft or status == "relaxed" else "feasible",
         placed,

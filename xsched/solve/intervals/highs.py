@@ -84,6 +84,13 @@ def build(data: IntervalData, late: Callable[[], bool] = lambda: False) -> pyo.C
         m.reads.add(m.z[t] <= a[f])
         m.reads.add(s(f) + 1 <= s(r.slot) + M * (1 - m.z[t]))
         m.reads.add(e[f, r.value] >= s(r.slot) - M * (1 - m.z[t]))
+    serial = [k for k, sl in enumerate(slots) if sl.kind == "copy" and sl.cost > 0]
+    m.serial = pyo.Var(serial, domain=pyo.Binary)  # serial[k]: copy k feeds a compute of its own stage
+    m.same_stage = pyo.ConstraintList()  # a copy feeding a compute comes a stage before it, or is serial
+    for t, (r, f) in enumerate(reads):
+        if f in m.serial and not r.strict:
+            free = (M + data.width) * (1 - m.z[t] + m.serial[f])
+            m.same_stage.add(s(f) + data.width + data.offset(r.slot) <= s(r.slot) + free)
     by_read: dict[int, list[int]] = {}
     for t, (r, _) in enumerate(reads):
         by_read.setdefault(id(r), []).append(t)
@@ -108,9 +115,30 @@ def build(data: IntervalData, late: Callable[[], bool] = lambda: False) -> pyo.C
             for ri, ks in enumerate(groups):
                 for k in ks:
                     m.rng.add(a[k] <= m.K[gi, ri])
-    m.obj = pyo.Objective(expr=sum(sl.cost * a[k] for k, sl in enumerate(slots)), sense=pyo.minimize)
+    _links(m, data, x)
+    m.obj = pyo.Objective(  # the timed objective (data.py): computes, links beyond them, serial copies
+        expr=sum(sl.cost * a[k] for k, sl in enumerate(slots) if sl.kind == "compute")
+        + sum(m.beyond[j] for j in m.beyond)
+        + sum(slots[k].cost * m.serial[k] for k in serial),
+        sense=pyo.minimize,
+    )
     m.s_of = s
     return m
+
+
+def _links(m: pyo.ConcreteModel, data: IntervalData, x) -> None:
+    """beyond[j] >= the copies of each link in stage j less the stage's least compute (data.py's timed objective)."""
+    slots = data.slots
+    by_stage: dict[int, list[list[tuple[int, int]]]] = {}
+    for (j, _, _), ks in data.link_loads().items():
+        if sum(slots[k].cost for k, _ in ks) > data.floor[j]:  # else no link of it can outlast its least compute
+            by_stage.setdefault(j, []).append(ks)
+    m.beyond = pyo.Var(sorted(by_stage), bounds=(0, None))  # beyond[j]: stage j's busiest link past its computes
+    m.link = pyo.ConstraintList()  # each link's copies of a stage run one after another beside its computes
+    for j, links in by_stage.items():
+        for ks in links:
+            used = [m.a[k] if len(slots[k].starts) == 1 else x[k, t] for k, t in ks]
+            m.link.add(m.beyond[j] >= sum(slots[k].cost * u for (k, _), u in zip(ks, used)) - data.floor[j])
 
 
 def _kind(sl) -> tuple:
