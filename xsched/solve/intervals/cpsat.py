@@ -117,6 +117,22 @@ def solve_cpsat(
                 m.Add(e[(k, v)] == end).OnlyEnforceIf(lit)
                 y.append(lit)
         m.AddBoolOr(y)
+    for v in data.held:  # a held output: resident from the boundary to the end, never freed in between
+        across = []
+        for d in range(len(data.devices)):
+            for k in data.of_value.get((v, d), ()):
+                if data.slots[k].starts[0] >= data.boundary:
+                    continue  # starts after the boundary: not what the caller holds
+                before, kept = m.NewBoolVar(f"before{k}"), m.NewBoolVar(f"kept{k}")
+                m.Add(s[k] < data.boundary).OnlyEnforceIf(before)
+                m.Add(s[k] >= data.boundary).OnlyEnforceIf(before.Not())
+                m.Add(e[(k, v)] >= data.boundary).OnlyEnforceIf(kept)
+                m.Add(e[(k, v)] < data.boundary).OnlyEnforceIf(kept.Not())
+                m.Add(e[(k, v)] == end).OnlyEnforceIf([a[k], before, kept])  # held at the boundary: to the end
+                both = m.NewBoolVar(f"across{k}")  # k holds v from before the boundary to the end
+                m.AddBoolAnd([a[k], before, kept]).OnlyEnforceIf(both)
+                across.append(both)
+        m.AddBoolOr(across)
     for (v, _), ks in data.of_value.items():  # one residency of a value on a device at a time
         if len(ks) > 1:
             m.AddNoOverlap([ivs[(k, v)] for k in ks])

@@ -87,6 +87,8 @@ class IntervalData:
     rng_groups: tuple[tuple[tuple[int, ...], ...], ...]  # per random op: its compute slots by RNG; one RNG in use
     scale: float  # seconds (+alpha joules) per objective unit
     floor: tuple[int, ...] = ()  # [j] -> stage j's least compute: its first compute on its cheapest device (T: 0)
+    held: tuple[int, ...] = ()  # outputs the caller holds from the autograd boundary to the end (graph.held_outputs)
+    boundary: int = 0  # the event of the plan's first backward step (its first backward compute); 0: no backward
 
     def objective_s(self, cost: int) -> float:
         return cost * self.scale
@@ -270,6 +272,11 @@ def build_data(
                         for r in rngs
                     )
                 )
+    tangents = {v.id for v in graph.values if v.kind == "tangent"}
+    backward = [
+        q for q, i in enumerate(order) if graph.ops[i].phase == "bwd" or tangents.intersection(graph.ops[i].inputs)
+    ]
+    boundary = event(backward[0], backward[0], T + 1) if backward else 0
     floor = tuple(min((slots[k].cost for k in frontier[q]), default=0) for q in range(T)) + (0,)
     return IntervalData(
         graph=graph,
@@ -292,4 +299,6 @@ def build_data(
         rng_groups=tuple(rng_groups),
         scale=scale,
         floor=floor,
+        held=tuple(vix[v] for v in dict.fromkeys(graph.held_outputs)) if boundary else (),
+        boundary=boundary,
     )

@@ -104,6 +104,7 @@ def build(data: IntervalData, late: Callable[[], bool] = lambda: False) -> pyo.C
         m.ends.add(e[k, v] >= end * m.y[t])
     for v, devs in data.ends:
         m.ends.add(sum(m.y[t] for t, (k, w) in enumerate(ends) if w == v and slots[k].device in devs) >= 1)
+    _held(m, data, s)
     if late():
         raise _Late
     _memory(m, data, s, late)
@@ -124,6 +125,33 @@ def build(data: IntervalData, late: Callable[[], bool] = lambda: False) -> pyo.C
     )
     m.s_of = s
     return m
+
+
+def _held(m: pyo.ConcreteModel, data: IntervalData, s) -> None:
+    """A held output is resident from the boundary to the end: some slot started before it holds it to the end,
+    and a slot holding it at the boundary is never ended before the end (b: started before, c: held at it)."""
+    B, M, end = data.boundary, data.end + 1, data.end
+    keys = [
+        (k, v)
+        for v in data.held
+        for d in range(len(data.devices))
+        for k in data.of_value.get((v, d), ())
+        if data.slots[k].starts[0] < B
+    ]
+    m.held_b = pyo.Var(keys, domain=pyo.Binary)  # held_b[k, v]: slot k starts before the boundary (or is unused)
+    m.held_c = pyo.Var(keys, domain=pyo.Binary)  # held_c[k, v]: slot k holds v at the boundary
+    m.held = pyo.ConstraintList()  # a held output resident from the boundary to the end
+    for k, v in keys:
+        b, c, a, e = m.held_b[k, v], m.held_c[k, v], m.a[k], m.e[k, v]
+        m.held.add(s(k) >= B - M * b)  # started before the boundary: b
+        m.held.add(c <= a)
+        m.held.add(c <= b)
+        m.held.add(s(k) <= B - 1 + M * (1 - c))
+        m.held.add(e >= B * c)
+        m.held.add(e <= B - 1 + M * (c + 2 - a - b))  # used, started before and still held at it: c
+        m.held.add(e >= end - M * (1 - c))  # ... then held to the end
+    for v in data.held:
+        m.held.add(sum(m.held_c[k, w] for k, w in keys if w == v) >= 1)
 
 
 def _links(m: pyo.ConcreteModel, data: IntervalData, x) -> None:
