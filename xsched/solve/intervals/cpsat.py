@@ -98,22 +98,7 @@ def solve_cpsat(
                 m.Add(e[(k, v)] == end).OnlyEnforceIf(lit)
                 y.append(lit)
         m.AddBoolOr(y)
-    for v in data.held:  # a held output: resident from the boundary to the end, never freed in between
-        across = []
-        for d in range(len(data.devices)):
-            for k in data.of_value.get((v, d), ()):
-                if data.slots[k].starts[0] >= data.boundary:
-                    continue  # starts after the boundary: not what the caller holds
-                before, kept = m.NewBoolVar(f"before{k}"), m.NewBoolVar(f"kept{k}")
-                m.Add(s[k] < data.boundary).OnlyEnforceIf(before)
-                m.Add(s[k] >= data.boundary).OnlyEnforceIf(before.Not())
-                m.Add(e[(k, v)] >= data.boundary).OnlyEnforceIf(kept)
-                m.Add(e[(k, v)] < data.boundary).OnlyEnforceIf(kept.Not())
-                m.Add(e[(k, v)] == end).OnlyEnforceIf([a[k], before, kept])  # held at the boundary: to the end
-                both = m.NewBoolVar(f"across{k}")  # k holds v from before the boundary to the end
-                m.AddBoolAnd([a[k], before, kept]).OnlyEnforceIf(both)
-                across.append(both)
-        m.AddBoolOr(across)
+    _held(m, data, a, s, e)  # a held output: resident from the boundary to the end, never freed in between
     for (v, _), ks in data.of_value.items():  # one residency of a value on a device at a time
         if len(ks) > 1:
             m.AddNoOverlap([ivs[(k, v)] for k in ks])
@@ -141,7 +126,8 @@ def solve_cpsat(
         + sum(beyond)
         + sum(data.slots[k].cost * lit for k, lit in serial.items())
     )
-    heavy = 2 * sum(sl.cost for sl in data.slots) + 1  # a byte over the budget costs more than any plan's time
+    # a byte over the budget costs more than any plan's time (at most every slot, and each copy again as serial)
+    heavy = sum(sl.cost for sl in data.slots) + sum(sl.cost for sl in data.slots if sl.kind == "copy") + 1
     m.Minimize(run_time + heavy * sum(excess) if soft and excess else run_time)
     if hint:
         for k, sl in enumerate(data.slots):
@@ -181,6 +167,28 @@ def solve_cpsat(
         build_s,
         solve_s,
     )
+
+
+def _held(m, data: IntervalData, a: list, s: list, e: dict) -> None:
+    """Each held output: some slot started before the boundary holds it to the end, and a slot holding it at the
+    boundary is never ended before the end (hold_to_end's pinned residencies)."""
+    for v in data.held:
+        across = []
+        for d in range(len(data.devices)):
+            for k in data.of_value.get((v, d), ()):
+                if data.slots[k].starts[0] >= data.boundary:
+                    continue  # starts after the boundary: not what the caller holds
+                before, kept = m.NewBoolVar(f"before{k}"), m.NewBoolVar(f"kept{k}")
+                m.Add(s[k] < data.boundary).OnlyEnforceIf(before)
+                m.Add(s[k] >= data.boundary).OnlyEnforceIf(before.Not())
+                m.Add(e[(k, v)] >= data.boundary).OnlyEnforceIf(kept)
+                m.Add(e[(k, v)] < data.boundary).OnlyEnforceIf(kept.Not())
+                m.Add(e[(k, v)] == data.end).OnlyEnforceIf([a[k], before, kept])  # held at the boundary: to the end
+                both = m.NewBoolVar(f"across{k}")  # k holds v from before the boundary to the end
+                m.AddBoolAnd([a[k], before, kept]).OnlyEnforceIf(both)
+                across.append(both)
+        if across:  # else its producer comes after the boundary in this order: nothing held (as hold_to_end)
+            m.AddBoolOr(across)
 
 
 def _links(m, data: IntervalData, a: list, stage: list) -> list:

@@ -150,8 +150,9 @@ def _held(m: pyo.ConcreteModel, data: IntervalData, s) -> None:
         m.held.add(e >= B * c)
         m.held.add(e <= B - 1 + M * (c + 2 - a - b))  # used, started before and still held at it: c
         m.held.add(e >= end - M * (1 - c))  # ... then held to the end
-    for v in data.held:
-        m.held.add(sum(m.held_c[k, w] for k, w in keys if w == v) >= 1)
+    for v in data.held:  # none before the boundary: its producer comes after it in this order, nothing is held
+        if any(w == v for _, w in keys):
+            m.held.add(sum(m.held_c[k, w] for k, w in keys if w == v) >= 1)
 
 
 def _links(m: pyo.ConcreteModel, data: IntervalData, x) -> None:
