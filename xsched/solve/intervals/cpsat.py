@@ -76,13 +76,19 @@ def solve_cpsat(
             m.AddImplication(lit, a[k])
             m.Add(s[k] == start).OnlyEnforceIf(lit)
         m.AddBoolOr(f)
+    serial = {  # serial[k]: copy k feeds a compute of its own stage, which waits for it (its time counts whole)
+        k: m.NewBoolVar(f"serial{k}") for k, sl in enumerate(data.slots) if sl.kind == "copy" and sl.cost > 0
+    }
     for r in data.reads:  # a step reads each input from a used slot that started before it and still holds it
         z = [m.NewBoolVar(f"z{r.slot}_{r.value}_{f}") for f in r.feeders]
         for lit, f in zip(z, r.feeders):
             m.AddImplication(lit, a[f])
             m.Add(s[f] < s[r.slot]).OnlyEnforceIf(lit)
             m.Add(e[(f, r.value)] >= s[r.slot]).OnlyEnforceIf(lit)
+            if f in serial and not r.strict:  # else the copy ran in an earlier stage, beside that stage's computes
+                m.Add(s[f] + data.width + data.offset(r.slot) <= s[r.slot]).OnlyEnforceIf([lit, serial[f].Not()])
         m.AddBoolOr([*z, a[r.slot].Not()])
+    beyond = _links(m, data, a, stage)
     for v, devs in data.ends:  # every graph output resident at the end (on its required home when it has one)
         y = []
         for d in devs:
@@ -92,6 +98,7 @@ def solve_cpsat(
                 m.Add(e[(k, v)] == end).OnlyEnforceIf(lit)
                 y.append(lit)
         m.AddBoolOr(y)
+    _held(m, data, a, s, e)  # a held output: resident from the boundary to the end, never freed in between
     for (v, _), ks in data.of_value.items():  # one residency of a value on a device at a time
         if len(ks) > 1:
             m.AddNoOverlap([ivs[(k, v)] for k in ks])
@@ -114,8 +121,13 @@ def solve_cpsat(
             for k in ks:
                 m.AddImplication(a[k], lit)
         m.AddAtMostOne(used)
-    run_time = sum(sl.cost * a[k] for k, sl in enumerate(data.slots))
-    heavy = sum(sl.cost for sl in data.slots) + 1  # a byte over the budget costs more than any plan's time
+    run_time = (  # the timed objective (data.py): computes, links beyond them, serial copies
+        sum(sl.cost * a[k] for k, sl in enumerate(data.slots) if sl.kind == "compute")
+        + sum(beyond)
+        + sum(data.slots[k].cost * lit for k, lit in serial.items())
+    )
+    # a byte over the budget costs more than any plan's time (at most every slot, and each copy again as serial)
+    heavy = sum(sl.cost for sl in data.slots) + sum(sl.cost for sl in data.slots if sl.kind == "copy") + 1
     m.Minimize(run_time + heavy * sum(excess) if soft and excess else run_time)
     if hint:
         for k, sl in enumerate(data.slots):
@@ -146,7 +158,7 @@ def solve_cpsat(
         for k, sl in enumerate(data.slots)
         if solver.BooleanValue(a[k])
     }
-    objective = int(sum(sl.cost for k, sl in enumerate(data.slots) if k in placed))
+    objective = int(solver.Value(run_time))
     return Outcome(
         status if not soft or status == "relaxed" else "feasible",
         placed,
@@ -155,6 +167,63 @@ def solve_cpsat(
         build_s,
         solve_s,
     )
+
+
+def _held(m, data: IntervalData, a: list, s: list, e: dict) -> None:
+    """Each held output: some slot started before the boundary holds it to the end, and a slot holding it at the
+    boundary is never ended before the end (hold_to_end's pinned residencies)."""
+    for v in data.held:
+        across = []
+        for d in range(len(data.devices)):
+            for k in data.of_value.get((v, d), ()):
+                if data.slots[k].starts[0] >= data.boundary:
+                    continue  # starts after the boundary: not what the caller holds
+                before, kept = m.NewBoolVar(f"before{k}"), m.NewBoolVar(f"kept{k}")
+                m.Add(s[k] < data.boundary).OnlyEnforceIf(before)
+                m.Add(s[k] >= data.boundary).OnlyEnforceIf(before.Not())
+                m.Add(e[(k, v)] >= data.boundary).OnlyEnforceIf(kept)
+                m.Add(e[(k, v)] < data.boundary).OnlyEnforceIf(kept.Not())
+                m.Add(e[(k, v)] == data.end).OnlyEnforceIf([a[k], before, kept])  # held at the boundary: to the end
+                both = m.NewBoolVar(f"across{k}")  # k holds v from before the boundary to the end
+                m.AddBoolAnd([a[k], before, kept]).OnlyEnforceIf(both)
+                across.append(both)
+        if across:  # else its producer comes after the boundary in this order: nothing held (as hold_to_end)
+            m.AddBoolOr(across)
+
+
+def _links(m, data: IntervalData, a: list, stage: list) -> list:
+    """beyond[j] >= the copies of each link in stage j less the stage's least compute (data.py's timed objective),
+    as one cumulative per link over stage numbers: each copy takes its stage with its time, and a fixed filler in
+    stage j takes all but floor[j] + beyond[j] of the capacity. O(slots + stages), where a literal per copy and
+    candidate stage came to 320,000 on GPT-2 with a host store."""
+    loads = data.link_loads()
+    most: dict[int, int] = {}  # stage -> its busiest link's copies, all used
+    for (j, _, _), ks in loads.items():
+        most[j] = max(most.get(j, 0), sum(data.slots[k].cost for k, _ in ks))
+    beyond = {
+        j: m.NewIntVar(0, total - data.floor[j], f"beyond{j}")
+        for j, total in sorted(most.items())
+        if total > data.floor[j]  # else no link of this stage can outlast its least compute
+    }
+    by_link: dict[tuple[int, int], set[int]] = {}
+    for j, src, dst in loads:
+        if j in beyond:
+            by_link.setdefault((src, dst), set()).add(j)
+    cap = max(data.floor) + sum(sl.cost for sl in data.slots if sl.kind == "copy")  # every filler's demand >= 0
+    for (src, dst), stages in sorted(by_link.items()):
+        copies = [
+            k
+            for k, sl in enumerate(data.slots)
+            if sl.kind == "copy" and sl.cost > 0 and (sl.src, sl.device) == (src, dst)
+        ]
+        items = []
+        for k in copies:
+            first = data.stage(data.slots[k].starts[0])
+            items.append((m.NewOptionalFixedSizeIntervalVar(first + stage[k], 1, a[k], f"on{k}"), data.slots[k].cost))
+        for j in sorted(stages):
+            items.append((m.NewFixedSizeIntervalVar(j, 1, f"fill{src}_{dst}_{j}"), cap - data.floor[j] - beyond[j]))
+        m.AddCumulative([x for x, _ in items], [w for _, w in items], cap)
+    return list(beyond.values())
 
 
 def _StopWithin(excess: list):  # a CP-SAT callback class, built lazily (ortools optional)

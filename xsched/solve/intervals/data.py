@@ -17,6 +17,13 @@ from xsched.solve.order.order import topological
 # then one compute event per order position k = 0..j (numbered with gaps: see `event`) (the op at position j is computed first there, earlier
 # positions may be recomputed). Stage T holds only the final copies. Event numbers start at 1; 0 is "before any step"
 # (graph inputs on their home).
+# Timed objective (both backends): the sum of the stages' times. A stage takes at least its computes (one after
+# another, every device alike, as without copies) and at least the copies of each link (src -> dst: one copy lane
+# each, lanes.py), which run beside its computes. Counted as every compute's time plus, per stage, what its busiest
+# link takes beyond `floor` (the stage's first compute at its cheapest): recomputes are not taken to hide copies,
+# so this bounds max(computes, link) from above and equals it when the stage recomputes nothing. A copy read by a
+# compute of its own stage makes that compute wait: it is "serial" and its time counts whole. No copy: the sum of
+# the computes, as before.
 TIME_SCALE = 10**7  # the objective is integral: times scaled so that every op once at its slowest is about this
 
 
@@ -79,9 +86,30 @@ class IntervalData:
     ends: tuple[tuple[int, tuple[int, ...]], ...]  # (output v, devices it may end on (one: required home))
     rng_groups: tuple[tuple[tuple[int, ...], ...], ...]  # per random op: its compute slots by RNG; one RNG in use
     scale: float  # seconds (+alpha joules) per objective unit
+    floor: tuple[int, ...] = ()  # [j] -> stage j's least compute: its first compute on its cheapest device (T: 0)
+    held: tuple[int, ...] = ()  # outputs the caller holds from the autograd boundary to the end (graph.held_outputs)
+    boundary: int = 0  # the event of the plan's first backward step (its first backward compute); 0: no backward
 
     def objective_s(self, cost: int) -> float:
         return cost * self.scale
+
+    def stage(self, start: int) -> int:
+        """The stage of an event (its copy event and its computes)."""
+        return (start - 1) // self.width
+
+    def offset(self, slot: int) -> int:
+        """How many events after its stage's copy event slot `slot` starts (0: a copy; q + 1: the op at q)."""
+        return (self.slots[slot].starts[0] - 1) % self.width
+
+    def link_loads(self) -> dict[tuple[int, int, int], list[tuple[int, int]]]:
+        """(stage, src, dst) -> the (copy slot, index of its start) that would move a value over that link in that
+        stage: each ordered device pair is one copy lane (lanes.py), its copies of a stage run one after another."""
+        loads: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
+        for k, sl in enumerate(self.slots):
+            if sl.kind == "copy" and sl.cost > 0:
+                for t, start in enumerate(sl.starts):
+                    loads.setdefault((self.stage(start), sl.src, sl.device), []).append((k, t))
+        return loads
 
 
 def build_data(
@@ -174,8 +202,14 @@ def build_data(
     for v in range(len(mem)):
         first = pos[prod[v]] + 1 if v in prod else 0
         useful = {d for d in range(nd) if v in out_set or any(costs[r][d] is not None for r in readers.get(v, ()))}
-        for s in sorted(can_be[v]):
-            for d in sorted(useful):
+        # a store (no reader there) may hold v between two uses, when it has links both ways: there and back
+        stores = {
+            d
+            for d in range(nd)
+            if d not in useful and any(links.get((u, d)) for u in can_be[v]) and any(links.get((d, u)) for u in useful)
+        }
+        for s in sorted(can_be[v] | stores):
+            for d in sorted(useful | stores):
                 if d == s or not links.get((s, d)) or home.get(v) == d:
                     continue
                 last = T if v in out_set else T - 1  # a reader may be recomputed in any later stage
@@ -238,6 +272,12 @@ def build_data(
                         for r in rngs
                     )
                 )
+    tangents = {v.id for v in graph.values if v.kind == "tangent"}
+    backward = [
+        q for q, i in enumerate(order) if graph.ops[i].phase == "bwd" or tangents.intersection(graph.ops[i].inputs)
+    ]
+    boundary = event(backward[0], backward[0], T + 1) if backward else 0
+    floor = tuple(min((slots[k].cost for k in frontier[q]), default=0) for q in range(T)) + (0,)
     return IntervalData(
         graph=graph,
         profile=profile,
@@ -258,4 +298,7 @@ def build_data(
         ends=ends,
         rng_groups=tuple(rng_groups),
         scale=scale,
+        floor=floor,
+        held=tuple(vix[v] for v in dict.fromkeys(graph.held_outputs)) if boundary else (),
+        boundary=boundary,
     )

@@ -84,6 +84,13 @@ def build(data: IntervalData, late: Callable[[], bool] = lambda: False) -> pyo.C
         m.reads.add(m.z[t] <= a[f])
         m.reads.add(s(f) + 1 <= s(r.slot) + M * (1 - m.z[t]))
         m.reads.add(e[f, r.value] >= s(r.slot) - M * (1 - m.z[t]))
+    serial = [k for k, sl in enumerate(slots) if sl.kind == "copy" and sl.cost > 0]
+    m.serial = pyo.Var(serial, domain=pyo.Binary)  # serial[k]: copy k feeds a compute of its own stage
+    m.same_stage = pyo.ConstraintList()  # a copy feeding a compute comes a stage before it, or is serial
+    for t, (r, f) in enumerate(reads):
+        if f in m.serial and not r.strict:
+            free = (M + data.width) * (1 - m.z[t] + m.serial[f])
+            m.same_stage.add(s(f) + data.width + data.offset(r.slot) <= s(r.slot) + free)
     by_read: dict[int, list[int]] = {}
     for t, (r, _) in enumerate(reads):
         by_read.setdefault(id(r), []).append(t)
@@ -97,6 +104,7 @@ def build(data: IntervalData, late: Callable[[], bool] = lambda: False) -> pyo.C
         m.ends.add(e[k, v] >= end * m.y[t])
     for v, devs in data.ends:
         m.ends.add(sum(m.y[t] for t, (k, w) in enumerate(ends) if w == v and slots[k].device in devs) >= 1)
+    _held(m, data, s)
     if late():
         raise _Late
     _memory(m, data, s, late)
@@ -108,9 +116,58 @@ def build(data: IntervalData, late: Callable[[], bool] = lambda: False) -> pyo.C
             for ri, ks in enumerate(groups):
                 for k in ks:
                     m.rng.add(a[k] <= m.K[gi, ri])
-    m.obj = pyo.Objective(expr=sum(sl.cost * a[k] for k, sl in enumerate(slots)), sense=pyo.minimize)
+    _links(m, data, x)
+    m.obj = pyo.Objective(  # the timed objective (data.py): computes, links beyond them, serial copies
+        expr=sum(sl.cost * a[k] for k, sl in enumerate(slots) if sl.kind == "compute")
+        + sum(m.beyond[j] for j in m.beyond)
+        + sum(slots[k].cost * m.serial[k] for k in serial),
+        sense=pyo.minimize,
+    )
     m.s_of = s
     return m
+
+
+def _held(m: pyo.ConcreteModel, data: IntervalData, s) -> None:
+    """A held output is resident from the boundary to the end: some slot started before it holds it to the end,
+    and a slot holding it at the boundary is never ended before the end (b: started before, c: held at it)."""
+    B, M, end = data.boundary, data.end + 1, data.end
+    keys = [
+        (k, v)
+        for v in data.held
+        for d in range(len(data.devices))
+        for k in data.of_value.get((v, d), ())
+        if data.slots[k].starts[0] < B
+    ]
+    m.held_b = pyo.Var(keys, domain=pyo.Binary)  # held_b[k, v]: slot k starts before the boundary (or is unused)
+    m.held_c = pyo.Var(keys, domain=pyo.Binary)  # held_c[k, v]: slot k holds v at the boundary
+    m.held = pyo.ConstraintList()  # a held output resident from the boundary to the end
+    for k, v in keys:
+        b, c, a, e = m.held_b[k, v], m.held_c[k, v], m.a[k], m.e[k, v]
+        m.held.add(s(k) >= B - M * b)  # started before the boundary: b
+        m.held.add(c <= a)
+        m.held.add(c <= b)
+        m.held.add(s(k) <= B - 1 + M * (1 - c))
+        m.held.add(e >= B * c)
+        m.held.add(e <= B - 1 + M * (c + 2 - a - b))  # used, started before and still held at it: c
+        m.held.add(e >= end - M * (1 - c))  # ... then held to the end
+    for v in data.held:  # none before the boundary: its producer comes after it in this order, nothing is held
+        if any(w == v for _, w in keys):
+            m.held.add(sum(m.held_c[k, w] for k, w in keys if w == v) >= 1)
+
+
+def _links(m: pyo.ConcreteModel, data: IntervalData, x) -> None:
+    """beyond[j] >= the copies of each link in stage j less the stage's least compute (data.py's timed objective)."""
+    slots = data.slots
+    by_stage: dict[int, list[list[tuple[int, int]]]] = {}
+    for (j, _, _), ks in data.link_loads().items():
+        if sum(slots[k].cost for k, _ in ks) > data.floor[j]:  # else no link of it can outlast its least compute
+            by_stage.setdefault(j, []).append(ks)
+    m.beyond = pyo.Var(sorted(by_stage), bounds=(0, None))  # beyond[j]: stage j's busiest link past its computes
+    m.link = pyo.ConstraintList()  # each link's copies of a stage run one after another beside its computes
+    for j, links in by_stage.items():
+        for ks in links:
+            used = [m.a[k] if len(slots[k].starts) == 1 else x[k, t] for k, t in ks]
+            m.link.add(m.beyond[j] >= sum(slots[k].cost * u for (k, _), u in zip(ks, used)) - data.floor[j])
 
 
 def _kind(sl) -> tuple:
