@@ -55,10 +55,12 @@ class Clock:
         return text
 
 
-def empty_model(name: str, scale: str) -> nn.Module:
-    """Zoo model `name` built on the meta device, then given uninitialised CPU memory: its shapes, dtypes and tied
-    parameters as built (to_empty would untie them), none of the initialisation's compute."""
+def empty_model(name: str, scale: str, dtype: torch.dtype | None = None) -> nn.Module:
+    """Zoo model `name` built on the meta device (cast to `dtype` there), then given uninitialised CPU memory: its
+    shapes, dtypes and tied parameters as built (to_empty would untie them), none of the initialisation's compute."""
     model = zoo.build_module(name, scale, device="meta")
+    if dtype is not None:
+        model.to(dtype)
     first: dict[int, str] = {}
     ties = []
     for qual, p in model.named_parameters(remove_duplicate=False):
@@ -73,21 +75,24 @@ def empty_model(name: str, scale: str) -> nn.Module:
     return model
 
 
-def load_task(name: str, scale: str, empty: bool) -> TrainingTask:
-    """The training task `xsched train zoo:NAME` loads (seed 0), its model built empty where asked."""
+def load_task(name: str, scale: str, precision: str, empty: bool) -> TrainingTask:
+    """The training task `xsched train zoo:NAME --precision P --param-home cpu` runs (seed 0): the model cast to
+    bf16 for bf16 (its fp32 masters are the host optimizer's), built empty where asked."""
+    dtype = torch.bfloat16 if precision == "bf16" else None
     if not empty:
-        return load_training_task(f"zoo:{name}", None, scale, 0)
+        task = load_training_task(f"zoo:{name}", None, scale, 0)
+        if dtype is not None:
+            task.model.to(dtype)
+        return task
     stream = partial(tasks.task_batch, name, scale, zoo.config(name, scale).batch, seed=0)
-    return TrainingTask(f"zoo:{name}", empty_model(name, scale), stream(0), tasks.task_loss(name), stream)
+    return TrainingTask(f"zoo:{name}", empty_model(name, scale, dtype), stream(0), tasks.task_loss(name), stream)
 
 
 def build(name: str, scale: str, precision: str, empty: bool, clock: Clock) -> tuple:
     """The training graph `xsched train` captures for zoo `name` at `scale` and `precision`, and its costs on the
     H100 spec. The capture wrap repeats runs too, as in the session (reused within `captured_once()`)."""
     torch.manual_seed(0)
-    task = load_task(name, scale, empty)
-    if precision == "bf16":  # master_on_host: bf16 weights for the run
-        task.model.to(torch.bfloat16)
+    task = load_task(name, scale, precision, empty)
     print(f"model     {clock.lap()}", flush=True)
     with autocast(precision, ("cuda",)), captured_once():
         grads = grad_outputs(task)

@@ -18,9 +18,7 @@ import bench_setup_plan as bench  # noqa: E402
 
 
 def _graph(name: str, scale: str, precision: str, empty: bool):
-    task = bench.load_task(name, scale, empty)
-    if precision == "bf16":
-        task.model.to(torch.bfloat16)
+    task = bench.load_task(name, scale, precision, empty)
     with autocast(precision, ("cuda",)):
         return capture(task.model, task.example_batch[0], grad_outputs=grad_outputs(task))
 
@@ -37,8 +35,8 @@ def test_empty_model_captures_the_built_models_graph(name, scale, precision):
 def test_empty_model_keeps_ties_and_shapes():
     from xsched import zoo
 
-    model = bench.empty_model("llama", "tiny")
-    built = zoo.build_module("llama", "tiny")
+    model = bench.empty_model("llama", "tiny", torch.bfloat16)
+    built = zoo.build_module("llama", "tiny").to(torch.bfloat16)
     assert model.lm_head.weight is model.embed_tokens.weight
     shapes = lambda m: [(k, p.shape, p.dtype) for k, p in m.named_parameters(remove_duplicate=False)]  # noqa: E731
     assert shapes(model) == shapes(built)
