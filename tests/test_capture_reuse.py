@@ -75,3 +75,23 @@ def test_what_the_key_sees_traces_again(monkeypatch):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert cast.fingerprint == capture(model, (x,)).fingerprint != base.fingerprint
     assert other.fingerprint == base.fingerprint
+
+
+def test_xsched_train_traces_the_model_once_and_trains_as_with_two_traces(monkeypatch, tmp_path):
+    import contextlib
+
+    from xsched.train import TrainConfig, train
+    from xsched.train import session as train_session
+    from xsched.train.records import Quiet
+
+    def run(cache: str) -> list[float]:
+        config = TrainConfig("zoo:gpt2", {"cpu": "100%"}, steps=2, scale="tiny", profile="model", cache_dir=cache)
+        return list(train(config, Quiet()).losses)
+
+    calls = _counting(monkeypatch)
+    once = run(str(tmp_path / "once"))
+    assert len(calls) == 1  # planned and wrapped from one trace
+    monkeypatch.setattr(train_session, "captured_once", contextlib.nullcontext)
+    twice = run(str(tmp_path / "twice"))
+    assert len(calls) == 3  # without the scope, wrap traces the model again
+    assert once == twice
