@@ -1,12 +1,19 @@
-"""Setup time of `xsched train --param-home cpu --store cpu` on GPT-2 1.56B, without a GPU (issue 30 item 4): the
-training graph built and captured as `xsched train` does, priced on the measured H100 spec (the sim plugin, the host
-as the store), then planned per method and GPU budget with the weights homed on the host.
+"""Setup time of `xsched train --param-home cpu --store cpu` on GPT-2 1.56B (or the Llama 3.2B row), without a GPU
+(issue 30 item 4): the training graph built and captured as `xsched train` does, priced on the measured H100 spec
+(the sim plugin, the host as the store), then planned per method and GPU budget with the weights homed on the host.
 
-    python scripts/bench_setup_plan.py [--scale full:n_layer=48,n_head=25,n_embd=1600,seq=512,batch=2,dropout=0.0]
-        [--runs park:16GiB,park:8GiB,auto:16GiB,auto:8GiB] [--time-limit 60] [--save graph.pkl | --load graph.pkl]
+    python scripts/bench_setup_plan.py [--model gpt2] [--scale full:n_layer=48,n_head=25,n_embd=1600,seq=512,batch=2,dropout=0.0]
+        [--precision fp32|bf16] [--empty] [--runs park:16GiB,park:8GiB,auto:16GiB,auto:8GiB] [--time-limit 60]
+        [--save graph.pkl | --load graph.pkl]
+    python scripts/bench_setup_plan.py --model llama --scale full:seq=1024,batch=4 --precision bf16 --runs park:70GiB
 
 Prints the seconds (wall and this process's CPU) of each stage, and per plan its predicted step and GPU peak, or
-its one-line error. `--save`/`--load` keep the captured graph and its costs, so planning can be timed alone."""
+its one-line error. The stages are `xsched train`'s: the model, the loss's outputs (a fake forward), the capture, the
+capture `wrap` repeats (within the session's `captured_once()`, so reused), the costs, the plans. `--precision bf16`
+captures as `--precision bf16 --param-home cpu` does (bf16 weights, under autocast); `--empty` builds the model on
+the meta device and gives it uninitialised memory (its ties kept), as planning reads shapes only: the graph is the
+same (tests/test_bench_setup_plan.py), the model stage is not the training run's. `--save`/`--load` keep the
+captured graph and its costs, so planning can be timed alone."""
 
 from __future__ import annotations
 
@@ -14,16 +21,22 @@ import argparse
 import pickle
 import tempfile
 import time
+from functools import partial
 
 import torch
+from torch import nn
 
+from xsched import zoo
+from xsched.capture.reuse import captured_once
 from xsched.capture.torch import capture
 from xsched.errors import XschedError
 from xsched.execute.param_home import param_homes
-from xsched.loaders import load_training_task
+from xsched.loaders import TrainingTask, load_training_task
 from xsched.pipeline import plan_profile
 from xsched.solve import SolverOptions, solve
+from xsched.train.optim import autocast
 from xsched.train.session import grad_outputs, graph_name
+from xsched.zoo import tasks
 
 GPU, HOST = "sim:h100-measured", "cpu"
 SCALE = "full:n_layer=48,n_head=25,n_embd=1600,seq=512,batch=2,dropout=0.0"  # bench_gpu_param_offload's GPU scale
@@ -42,13 +55,52 @@ class Clock:
         return text
 
 
-def build(scale: str, clock: Clock) -> tuple:
-    """The training graph `xsched train` captures for zoo:gpt2 at `scale`, and its costs on the H100 spec."""
+def empty_model(name: str, scale: str, dtype: torch.dtype | None = None) -> nn.Module:
+    """Zoo model `name` built on the meta device (cast to `dtype` there), then given uninitialised CPU memory: its
+    shapes, dtypes and tied parameters as built (to_empty would untie them), none of the initialisation's compute."""
+    model = zoo.build_module(name, scale, device="meta")
+    if dtype is not None:
+        model.to(dtype)
+    first: dict[int, str] = {}
+    ties = []
+    for qual, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            ties.append((qual, first[id(p)]))
+        else:
+            first[id(p)] = qual
+    model.to_empty(device="cpu")
+    for qual, shared in ties:
+        owner, _, attr = qual.rpartition(".")
+        setattr(model.get_submodule(owner), attr, model.get_parameter(shared))
+    return model
+
+
+def load_task(name: str, scale: str, precision: str, empty: bool) -> TrainingTask:
+    """The training task `xsched train zoo:NAME --precision P --param-home cpu` runs (seed 0): the model cast to
+    bf16 for bf16 (its fp32 masters are the host optimizer's), built empty where asked."""
+    dtype = torch.bfloat16 if precision == "bf16" else None
+    if not empty:
+        task = load_training_task(f"zoo:{name}", None, scale, 0)
+        if dtype is not None:
+            task.model.to(dtype)
+        return task
+    stream = partial(tasks.task_batch, name, scale, zoo.config(name, scale).batch, seed=0)
+    return TrainingTask(f"zoo:{name}", empty_model(name, scale, dtype), stream(0), tasks.task_loss(name), stream)
+
+
+def build(name: str, scale: str, precision: str, empty: bool, clock: Clock) -> tuple:
+    """The training graph `xsched train` captures for zoo `name` at `scale` and `precision`, and its costs on the
+    H100 spec. The capture wrap repeats runs too, as in the session (reused within `captured_once()`)."""
     torch.manual_seed(0)
-    task = load_training_task("zoo:gpt2", None, scale, 0)
+    task = load_task(name, scale, precision, empty)
     print(f"model     {clock.lap()}", flush=True)
-    graph = capture(task.model, task.example_batch[0], name=graph_name("zoo:gpt2"), grad_outputs=grad_outputs(task))
-    print(f"capture   {clock.lap()}  {len(graph.ops)} ops", flush=True)
+    with autocast(precision, ("cuda",)), captured_once():
+        grads = grad_outputs(task)
+        print(f"loss outs {clock.lap()}", flush=True)
+        graph = capture(task.model, task.example_batch[0], name=graph_name(f"zoo:{name}"), grad_outputs=grads)
+        print(f"capture   {clock.lap()}  {len(graph.ops)} ops", flush=True)
+        again = capture(task.model, task.example_batch[0], name=type(task.model).__name__, grad_outputs=grads)
+        print(f"wrap's    {clock.lap()}  the same graph: {again.fingerprint == graph.fingerprint}", flush=True)
     del task
     with tempfile.TemporaryDirectory() as where:  # the sim device's roofline, the copies over the spec's host link
         profile = plan_profile(graph, [GPU, HOST], "measure", where, stores=[HOST])
@@ -70,7 +122,10 @@ def plan_once(graph, profile, method: str, budget: str, time_limit: float) -> st
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="gpt2", help="a zoo model")
     ap.add_argument("--scale", default=SCALE)
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
+    ap.add_argument("--empty", action="store_true", help="build the model on the meta device, then empty memory")
     ap.add_argument("--runs", default="park:16GiB,park:8GiB,auto:16GiB,auto:8GiB", help="method:budget, ...")
     ap.add_argument("--time-limit", type=float, default=60.0, help="as `xsched train`'s default")
     ap.add_argument("--save", help="pickle the graph and its costs here")
@@ -81,7 +136,7 @@ def main() -> None:
         with open(args.load, "rb") as f:
             graph, profile = pickle.load(f)
     else:
-        graph, profile = build(args.scale, clock)
+        graph, profile = build(args.model, args.scale, args.precision, args.empty, clock)
     if args.save:
         with open(args.save, "wb") as f:
             pickle.dump((graph, profile), f)

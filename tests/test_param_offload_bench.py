@@ -32,3 +32,15 @@ def test_the_reduced_mode_runs_every_row(tmp_path) -> None:
     assert "CPUOffloadOptimizer needs a CUDA GPU" in rows["torchao"]
     saved = json.loads((tmp_path / "b.json").read_text())["rows"]
     assert set(saved) == set(rows) - {"row"} and saved["xsched"]["breakdown"]["compute_s"] > 0
+
+
+def test_row_limits_keep_the_reserve_of_later_rows() -> None:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_gpu_param_offload import row_limit
+
+    setup = {"deadline": 1000.0, "reserve_s": {"llama": 180.0}}
+    assert row_limit(setup, ["xsched", "llama", "torchao"], 600.0, 400.0) == 420.0  # 600 left, 180 kept
+    assert row_limit(setup, ["xsched"], 600.0, 400.0) == 600.0  # no reserved row after it
+    assert row_limit(setup, ["llama"], 200.0, 400.0) == 200.0  # the row timeout is less
+    assert row_limit({}, ["llama"], 200.0, 999.0) == 200.0  # no deadline: the row timeout
+    assert row_limit(setup, ["llama"], 600.0, 900.0) == -80.0  # under MIN_ROW_S: run_rows skips it

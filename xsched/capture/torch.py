@@ -35,6 +35,7 @@ from torch.utils._pytree import tree_flatten
 
 from xsched.capture.fxgraph import Slot, TraceInfo, build_graph
 from xsched.capture.grad_outputs import GradOutputs, differentiated
+from xsched.capture.reuse import reuse_or_capture
 from xsched.contracts.graph import Graph
 from xsched.contracts.torch_ops import resolve_ref
 from xsched.errors import CaptureError, XschedError
@@ -69,8 +70,9 @@ def capture(
     """
     if not isinstance(model, nn.Module):
         raise CaptureError(f"capture needs an nn.Module, got {type(model).__name__}")
-    try:
-        return _capture(model, example_inputs, inference, name, grad_outputs)
+    trace = lambda: _capture(model, example_inputs, inference, name, grad_outputs)  # noqa: E731
+    try:  # within `captured_once()`, a repeat of a capture returns its graph
+        return reuse_or_capture(model, example_inputs, inference, grad_outputs, name or type(model).__name__, trace)
     except CaptureError as e:  # one line that names the model (and the library model inside a loss wrapper)
         raise CaptureError(f"{model_label(model)}: {e.detail}", op=e.op, value=e.value) from e
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from xsched.capture.reuse import captured_once
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Plan
 from xsched.errors import XschedError
@@ -352,7 +353,7 @@ def prepare(
     start, state = resume(config, world, rep.notice)
     kinds = tuple(sorted({torch_device(d).type for d in devices}))
     amp = partial(autocast, config.precision, kinds)
-    with amp():
+    with amp(), captured_once():  # wrap's capture of the model and inputs just captured for planning reuses it
         graph, chosen, wrapped = _plan_and_wrap(config, task, budgets, devices, world, rep, val is not None)
     clock = step_clock(wrapped)
     updater = make_updater(config, wrapped, kinds, world.size, clock)

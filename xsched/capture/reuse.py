@@ -1,0 +1,86 @@
+"""Capturing the same model on the same inputs once per scope: `xsched train` captures to plan, then `wrap` (and an
+evaluating run's inference plan) capture the very same model again; within `captured_once()` the repeat returns the
+first graph instead of tracing the model again (seconds per thousand ops on fake tensors)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from xsched.contracts.graph import Graph
+
+_SCOPE: ContextVar[dict[tuple, tuple[nn.Module, Graph]] | None] = ContextVar("xsched_capture_scope", default=None)
+_AUTOCAST_KINDS = ("cpu", "cuda")
+
+
+@contextlib.contextmanager
+def captured_once() -> Iterator[None]:
+    """Within: a capture whose key (`capture_key`) matches an earlier one in the scope returns that graph. The
+    caller promises not to change the model's code or Python state between the captures in the scope; what the
+    key sees (parameters, buffers, inputs, mode, autocast, the options) may change, and then the model is traced."""
+    token = _SCOPE.set({})
+    try:
+        yield
+    finally:
+        _SCOPE.reset(token)
+
+
+def _tensor_key(t: torch.Tensor) -> tuple:
+    return (tuple(t.shape), t.dtype, str(t.device), t.requires_grad, t.layout, tuple(t.stride()))
+
+
+def _leaf_key(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return ("tensor", *_tensor_key(x))
+    try:
+        hash(x)
+    except TypeError:
+        return ("unhashable", id(x))  # equal only to the very same object
+    return ("value", type(x).__name__, x)
+
+
+def capture_key(model: nn.Module, inputs: tuple, inference: bool, grad_outputs: Any) -> tuple:
+    """What a capture depends on besides the model's code: the model object and its mode, every parameter's and
+    buffer's name and metadata, the inputs' structure and metadata, grad and autocast state, and the options."""
+    leaves, spec = tree_flatten(inputs)
+    autocast = tuple(
+        (k, torch.is_autocast_enabled(k), torch.get_autocast_dtype(k) if torch.is_autocast_enabled(k) else None)
+        for k in _AUTOCAST_KINDS
+    )
+    return (
+        id(model),
+        tuple(m.training for m in model.modules()),
+        tuple((k, *_tensor_key(p)) for k, p in model.named_parameters()),
+        tuple((k, *_tensor_key(b)) for k, b in model.named_buffers()),
+        str(spec),
+        tuple(_leaf_key(x) for x in leaves),
+        torch.is_grad_enabled(),
+        autocast,
+        inference,
+        _leaf_key(tuple(grad_outputs) if isinstance(grad_outputs, list) else grad_outputs),
+    )
+
+
+def reuse_or_capture(
+    model: nn.Module, inputs: tuple, inference: bool, grad_outputs: Any, name: str, trace: Callable[[], Graph]
+) -> Graph:
+    """Outside a scope `trace()`; within, the scope's graph of the same `capture_key` (renamed `name`: the
+    fingerprint leaves the name out), else `trace()`, kept for the scope's next capture of the same key. The scope
+    holds the model, so its id in the key is not reused."""
+    scope = _SCOPE.get()
+    if scope is None:
+        return trace()
+    key = capture_key(model, inputs, inference, grad_outputs)
+    if key in scope and scope[key][0] is model:
+        graph = scope[key][1]
+        return graph if graph.name == name else dataclasses.replace(graph, name=name)
+    graph = trace()
+    scope[key] = (model, graph)
+    return graph
