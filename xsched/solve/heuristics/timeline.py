@@ -13,7 +13,7 @@ import numpy as np
 
 from xsched.budgets import format_bytes
 from xsched.contracts.graph import Graph, Op
-from xsched.contracts.plan import Compute
+from xsched.contracts.plan import Compute, autograd_boundary
 from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError
 from xsched.solve.heuristics.routing import op_workspace
@@ -74,18 +74,18 @@ class Liveness:
 
 
 def backward_start(graph: Graph, ops: Sequence[Op]) -> int:
-    """The first position in `ops` of a backward op or of one reading a tangent (`plan.autograd_boundary`'s rule on
-    computes), -1 when there is none."""
-    tangents = {v.id for v in graph.values if v.kind == "tangent"}
-    return next((t for t, op in enumerate(ops) if op.phase == "bwd" or tangents.intersection(op.inputs)), -1)
+    """The first position in `ops` of a backward op or of one reading a tangent (`plan.autograd_boundary`'s rule),
+    -1 when there is none."""
+    b = autograd_boundary(graph, [Compute(op.id, "") for op in ops])
+    return -1 if b is None or b == len(ops) else b
 
 
 class Timeline(Liveness):
     """The liveness of one device's compute order, each op once, with each value's residencies as spans [first,
     last] of positions (`spans`: made, or held from the start for a graph input, to its last read; graph inputs,
-    outputs and held outputs to the end), and the bytes resident at each position (`mem`: the spans and each op's workspace). A move
-    (`apply`) splits spans and makes values again before a position (`redo`), keeping `spans`, `uses` and `mem`
-    current; `made` and `stretches` stay those of the order as given."""
+    outputs and held outputs to the end), and the bytes resident at each position (`mem`: the spans and each op's
+    workspace). A move (`apply`) splits spans and makes values again before a position (`redo`), keeping `spans`,
+    `uses` and `mem` current; `made` and `stretches` stay those of the order as given."""
 
     def __init__(self, graph: Graph, ops: Sequence[Op], device: str, profile: Profile | None = None) -> None:
         super().__init__(graph, ops, device)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xsched.contracts.graph import Graph
-from xsched.contracts.plan import rng_domain
+from xsched.contracts.plan import Compute, autograd_boundary, rng_domain
 from xsched.contracts.profile import Profile
 from xsched.contracts.random_ops import random_ops
 from xsched.errors import PlanError, ProfileError
@@ -197,10 +197,10 @@ def index_stages(
 
 
 def backward_stage(graph: Graph) -> int | None:
-    """The first op in graph order that is a backward op or reads a tangent (`plan.autograd_boundary`'s rule on
-    computes): the stage whose computes start backward. None when there is none."""
-    tangents = {v.id for v in graph.values if v.kind == "tangent"}
-    return next((i for i, op in enumerate(graph.ops) if op.phase == "bwd" or tangents.intersection(op.inputs)), None)
+    """The first op in graph order that is a backward op or reads a tangent (`plan.autograd_boundary`'s rule): the
+    stage whose computes start backward. None when there is none."""
+    b = autograd_boundary(graph, [Compute(op.id, "") for op in graph.ops])
+    return None if b is None or b == len(graph.ops) else b
 
 
 def _keys(st: Stages, runs: list[list[bool]], may: list[set[int]], link: Mapping[tuple[int, int], bool]) -> None:
