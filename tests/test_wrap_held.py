@@ -75,12 +75,17 @@ def predicted_above_homes(w: nn.Module) -> dict[str, int]:
 
 
 @pytest.mark.parametrize(
-    "budgets,method",
-    [({"cpu:0": "90%"}, "checkpoint"), ({"cpu:0": "90%", "cpu:1": "100%"}, "greedy")],
-    ids=["cpu0", "cpu0+cpu1"],
+    "budgets,method,stores",
+    [
+        ({"cpu:0": "90%"}, "checkpoint", ()),
+        ({"cpu:0": "90%", "cpu:1": "100%"}, "greedy", ()),
+        ({"cpu:0": "92%"}, "gaps", ()),
+        ({"cpu:0": "88%"}, "park", ("cpu:1",)),  # parks and reruns planned with the hold (refused before it)
+    ],
+    ids=["cpu0", "cpu0+cpu1", "gaps", "park"],
 )
 def test_a_held_output_is_counted_and_trains_like_eager(
-    monkeypatch: pytest.MonkeyPatch, budgets: dict, method: str
+    monkeypatch: pytest.MonkeyPatch, budgets: dict, method: str, stores: tuple
 ) -> None:
     """The predicted peak per device is the counted one, within the 3% of the plan-level fidelity test
     (tests/test_live_bytes.py; this plan's simulator counts 16 KiB that neither run holds), the wrapped step's count
@@ -90,8 +95,8 @@ def test_a_held_output_is_counted_and_trains_like_eager(
     eager = blocks()
     model = copy.deepcopy(eager)
     x = torch.randn(512, 64)
-    w = wrap_module.wrap(model, (x,), budgets, method=method, profile="model", time_limit=10)
-    assert w.graph.held_outputs  # the output is held
+    w = wrap_module.wrap(model, (x,), budgets, method=method, profile="model", time_limit=10, stores=stores)
+    assert w.graph.held_outputs and not w.plan.solver.repaired  # the output is held, the plan needed no repair
     got, want = step_peaks(w, x, count), predicted_above_homes(w)
     monkeypatch.undo()
     alone = measured_peaks(w.graph, w.plan, bind_inputs(w.graph, model, (x,)))

@@ -16,7 +16,8 @@ from xsched.solve.bounds.crossing import crossing_bound
 @dataclass(frozen=True)
 class Bound:
     """No valid plan peaks below `bytes` on a device; `op` (if any) and `reason` say what sets it, `by` which bound
-    it is: "homed" (inputs and end outputs), "gradients" (`_last_output`), "crossing" or "op" (an op only it runs)."""
+    it is: "homed" (inputs and end outputs), "gradients" (`_last_output`), "crossing", "held" (`_held_through_backward`)
+    or "op" (an op only it runs)."""
 
     bytes: int
     op: str | None
@@ -46,8 +47,8 @@ def lower_bounds(
 ) -> dict[str, Bound]:
     """Per device: the inputs homed there (never freed) plus the largest of (a) the outputs that must
     end there, held while the last of them is made (`_last_output`), (b) with one device, what is held while the
-    last of its heaviest ops runs (`crossing.crossing_bound`), and (c) the biggest need of an op that can run only
-    there."""
+    last of its heaviest ops runs (`crossing.crossing_bound`), (c) with one device, a backward op's need beside the
+    outputs the caller holds (`_held_through_backward`), and (d) the biggest need of an op that can run only there."""
     where = runnable_on(graph, profile, devices)
     end_on = required_homes(graph, homes)
     bounds: dict[str, Bound] = {}
@@ -77,6 +78,13 @@ def lower_bounds(
                     f"op can make again (at best op {op.id}, {op.name or op.target})"
                 )
                 best = Bound(homed + crossing.bytes, op.id, why, "crossing")
+        held = _held_through_backward(graph, needs, homes) if len(devices) == 1 else None
+        if held is not None and homed + held[0] > best.bytes:
+            why = (
+                f"{base} + {format_bytes(held[0])} while backward op {held[1]} runs beside the forward outputs the "
+                "caller holds from the autograd boundary to the end"
+            )
+            best = Bound(homed + held[0], held[1], why, "held")
         for op in graph.ops:
             if where[op.id] != [d]:
                 continue
@@ -86,6 +94,26 @@ def lower_bounds(
                 best = Bound(homed + need, op.id, why, "op")
         bounds[d] = best
     return bounds
+
+
+def _held_through_backward(graph: Graph, needs: Mapping[str, int], homes: Mapping[str, str]) -> tuple[int, str] | None:
+    """With one device, the most bytes (beyond homed inputs) a backward op needs beside the held outputs it neither
+    reads nor makes, and that op; None when nothing is held. A held forward output must be resident when backward
+    starts (the boundary rule) and the caller keeps it from then to the end, so every backward op runs beside it."""
+    refs = {r.get("ref") for r in graph.forward_outputs or () if isinstance(r, Mapping)}
+    held = [v for v in graph.held_outputs if v in refs and v not in homes]
+    if not held:
+        return None
+    tangents = {v.id for v in graph.values if v.kind == "tangent"}
+    best: tuple[int, str] | None = None
+    for op in graph.ops:
+        if op.phase != "bwd" and not tangents.intersection(op.inputs):
+            continue
+        own = set(op.inputs) | set(op.outputs)
+        need = needs[op.id] + sum(graph.value[v].nbytes for v in held if v not in own)
+        if best is None or need > best[0]:
+            best = (need, op.id)
+    return best
 
 
 def _last_output(

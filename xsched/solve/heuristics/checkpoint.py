@@ -159,7 +159,7 @@ def evict_computes(
     # re-making a producer at the end re-makes all its outputs, so each must have been read in backward first
     siblings = {v: [u for u in graph.op[graph.producer[v]].outputs if u in late] for v in late}
     read_in_bwd: set[str] = set()
-    on = Resident(graph, device, fixed=set(graph.inputs) | (set(graph.outputs) - late))
+    on = Resident(graph, device, fixed=set(graph.inputs) | (set(graph.outputs) - late) | set(graph.held_outputs))
     nbytes, held, uses = on.nbytes, on.held, on.ahead  # the same objects, updated by `on`
     for v in late:
         uses[v].insert(0, end)  # read again at the end

@@ -125,10 +125,10 @@ class ParkTimeline(Timeline):
         # need not end here may also go to the store for good (after the autograd boundary, where wrap returns it)
         self.homed_here = {v for v, d in homes.items() if d == device}
         must_end = required_homes(graph, homes)
-        self.may_leave = {v for v in graph.outputs if must_end.get(v, store) != device and v in graph.producer}
-        tangents = {v.id for v in graph.values if v.kind == "tangent"}
-        bwd = [t for t, op in enumerate(self.ops) if op.phase == "bwd" or tangents.intersection(op.inputs)]
-        self.boundary = bwd[0] if bwd else -1
+        # (never one the caller holds: it stays on the device it is on at the boundary)
+        self.may_leave = {
+            v for v in graph.outputs if must_end.get(v, store) != device and v in graph.producer and v not in self.held
+        }
         self.on_store: set[str] = {v for v, d in homes.items() if d == store}
         self.parks: list[Park] = []
         self.ended: set[str] = set()  # outputs made again at the end, or parked for good
@@ -179,6 +179,8 @@ class ParkTimeline(Timeline):
         if gap is None:
             return None
         (a, b), s = gap, self.spans[v][k][0]
+        if v in self.held and (b is None or b > self.boundary):
+            return None  # off the device at the boundary, where the caller's hold pins it on the store instead
         if b is None and (v not in self.may_leave or v in self.end_reads or any(x > t for x in self.uses[v])):
             return None  # for good only after its last read of all (an end rerun's included), where it may leave
         # freed after its last read before the gap (an output parked for good: after the autograd boundary too)
@@ -258,8 +260,8 @@ class ParkTimeline(Timeline):
         its producer again at the end, its other inputs held until then; None when that cannot lower `t` or the end
         would not fit (what the eviction heuristic does to forward outputs, as one more move here)."""
         n = len(self.ops)
-        if v not in self.outputs or v not in self.graph.producer or v in self.ended:
-            return None
+        if v not in self.outputs or v not in self.graph.producer or v in self.ended or v in self.held:
+            return None  # (a held output freed after the boundary frees nothing)
         s, e = self.spans[v][k]
         if e != n - 1 or any(t <= x for x in self.uses[v] if s < x):
             return None

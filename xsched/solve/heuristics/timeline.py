@@ -13,7 +13,7 @@ import numpy as np
 
 from xsched.budgets import format_bytes
 from xsched.contracts.graph import Graph, Op
-from xsched.contracts.plan import Compute
+from xsched.contracts.plan import Compute, autograd_boundary
 from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError
 from xsched.solve.heuristics.routing import op_workspace
@@ -49,11 +49,15 @@ class Liveness:
     """Where each value is made and read in one device's compute order (an op may run at several positions): `made`
     and `uses`, each value's positions (every value of the graph, in its order; ascending, each once), and
     `stretches`, (event, next read, value) from each position that makes or reads a value to the next that reads it,
-    in the order of those reads."""
+    in the order of those reads. `boundary` is the first position of backward (-1 when none) and `held` the outputs
+    the caller holds from there to the end (`graph.held_outputs`; none without a backward): no stretch of one
+    reaches past the boundary, since nothing freed there releases memory (`autograd_boundary.hold_to_end`)."""
 
     def __init__(self, graph: Graph, ops: Sequence[Op], device: str) -> None:
         self.graph, self.device = graph, device
         self.ops = list(ops)
+        self.boundary = backward_start(graph, self.ops)
+        self.held = frozenset(graph.held_outputs) if self.boundary >= 0 else frozenset()
         self.uses: dict[str, list[int]] = {v.id: [] for v in graph.values}
         self.made: dict[str, list[int]] = {v.id: [] for v in graph.values}
         self.stretches: list[tuple[int, int, str]] = []
@@ -61,7 +65,7 @@ class Liveness:
         for t, op in enumerate(self.ops):
             for v in dict.fromkeys(op.inputs):
                 self.uses[v].append(t)
-                if v in last:
+                if v in last and not (v in self.held and t > self.boundary):
                     self.stretches.append((last[v], t, v))
                 last[v] = t
             for v in op.outputs:
@@ -69,12 +73,19 @@ class Liveness:
                 last[v] = t
 
 
+def backward_start(graph: Graph, ops: Sequence[Op]) -> int:
+    """The first position in `ops` of a backward op or of one reading a tangent (`plan.autograd_boundary`'s rule),
+    -1 when there is none."""
+    b = autograd_boundary(graph, [Compute(op.id, "") for op in ops])
+    return -1 if b is None or b == len(ops) else b
+
+
 class Timeline(Liveness):
     """The liveness of one device's compute order, each op once, with each value's residencies as spans [first,
-    last] of positions (`spans`: made, or held from the start for a graph input, to its last read; graph inputs and
-    outputs to the end), and the bytes resident at each position (`mem`: the spans and each op's workspace). A move
-    (`apply`) splits spans and makes values again before a position (`redo`), keeping `spans`, `uses` and `mem`
-    current; `made` and `stretches` stay those of the order as given."""
+    last] of positions (`spans`: made, or held from the start for a graph input, to its last read; graph inputs,
+    outputs and held outputs to the end), and the bytes resident at each position (`mem`: the spans and each op's
+    workspace). A move (`apply`) splits spans and makes values again before a position (`redo`), keeping `spans`,
+    `uses` and `mem` current; `made` and `stretches` stay those of the order as given."""
 
     def __init__(self, graph: Graph, ops: Sequence[Op], device: str, profile: Profile | None = None) -> None:
         super().__init__(graph, ops, device)
@@ -82,7 +93,7 @@ class Timeline(Liveness):
         self.workspace = {op.id: op_workspace(op, device, profile) for op in self.ops}
         self.mem = np.array([self.workspace[op.id] for op in self.ops], dtype=np.int64)
         self.nbytes = {v.id: v.nbytes for v in graph.values}
-        self.fixed = set(graph.inputs) | set(graph.outputs)
+        self.fixed = set(graph.inputs) | set(graph.outputs) | self.held
         self.spans: dict[str, list[list[int]]] = {}
         for v in graph.values:
             made = self.made[v.id][0] if self.made[v.id] else 0  # a graph input is held from the start

@@ -172,6 +172,8 @@ class _Greedy:
             return
         while self.used[d] + need > cap + 1e-9:
             victims = [("v", v, dd) for v, dd in self.resident if dd == d and ("v", v, dd) not in pinned]
+            if self.ix.t_back is not None and t >= self.ix.t_back:  # the caller holds these from backward's start
+                victims = [x for x in victims if x[1] not in self.ix.held]
             victims += [("p", f) for f in self.held if ("p", f) not in pinned and self.ix.phantom[f][self.held[f]][d]]
             if not victims:
                 raise _Stuck

@@ -210,6 +210,19 @@ def build_model(ix: HIndex, alpha: float = 0.0, late: Callable[[], bool] = lambd
     if ix.t_back is not None:
         for v in ix.fwd_out:
             m.ends.add(sum(s(v, d, ix.t_back) for d in ix.dev_range) >= 1)
+    m.held = pyo.ConstraintList()  # a held output on d when backward starts (kept, copied in, or made by a forward
+    for v in ix.held:  # part run again in that stage, before the backward part) stays on d to the end
+        b = ix.t_back
+        assert b is not None  # held outputs are indexed only with a backward
+        for d in ix.dev_range:
+            made = [R[k, o, b] for (k, o), outs in ix.outs.items() if (v, d) in outs and (k, o, b) in R and k < b]
+            at_back = [s(v, d, b), *arrive(v, d, b), *made]
+            if all(isinstance(x, int) for x in at_back):
+                continue  # never there (or homed there: never freed)
+            for x in at_back:
+                m.held.add(s(v, d, b + 1) >= x)
+            for t in range(b + 1, ix.T):
+                m.held.add(s(v, d, t + 1) >= s(v, d, t))
     m.draws = pyo.ConstraintList()  # every run of a block draws its random numbers from the same RNGs
     for k, fits in ix.rng_class.items():
         tick()

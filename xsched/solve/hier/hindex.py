@@ -53,6 +53,7 @@ class HIndex:
     end_dev: dict[int, int]  # output -> the device it must end on
     fwd_out: list[int]  # values resident when the first backward stage starts
     t_back: int | None  # that stage
+    held: list[int]  # outputs the caller holds from that stage to the end (graph.held_outputs)
     reads: dict[tuple[int, int], list[tuple[int, int]]] = field(default_factory=dict)  # (k,o) -> [(v,d)]
     outs: dict[tuple[int, int], list[tuple[int, int]]] = field(default_factory=dict)
     time: list[list[float]] = field(default_factory=list)
@@ -165,6 +166,7 @@ def index(
         end_dev=end_dev,
         fwd_out=[vix[v] for v in fwd_out if v in vix],
         t_back=min(twin, default=None),
+        held=[vix[v] for v in graph.held_outputs if v in vix and vix[v] in need_end] if twin else [],
         reads=reads,
         outs=outs,
     )

@@ -112,7 +112,8 @@ def make_region(
         else:
             values.append(_trim(v, present))
     fwd = tuple({"ref": v} for v in f_out) if b_ops else None
-    sub = Graph(name or graph.name, tuple(values), tuple(ops), f_out + b_out, forward_outputs=fwd)
+    held = tuple(v for v in graph.held_outputs if v in f_out) if b_ops else ()  # the caller's hold, kept below
+    sub = Graph(name or graph.name, tuple(values), tuple(ops), f_out + b_out, forward_outputs=fwd, held_outputs=held)
     return Region(
         sub,
         tuple(o.id for o in ops if o.id in fset),

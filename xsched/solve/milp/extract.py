@@ -11,6 +11,7 @@ from xsched.contracts.plan import Compute, Copy, Free, Plan, Step, autograd_boun
 from xsched.contracts.result import MilpStats, SolveResult, Times
 from xsched.errors import XschedError
 from xsched.simulate import simulate
+from xsched.solve.autograd_boundary import hold_to_end
 from xsched.solve.milp.stages import Stages
 from xsched.solve.objective import better, objective
 
@@ -151,7 +152,8 @@ def free_unwanted_ends(
 
 
 def extract(st: Stages, sol: Solution, info: SolveResult) -> Plan:
-    """The plan of one solution: stage steps, pruned, frees placed, replayed by the simulator with the budgets."""
+    """The plan of one solution: stage steps, pruned, frees placed (none of a held output after the boundary),
+    replayed by the simulator with the budgets."""
     graph = st.graph
     homes = homes_of(st, sol)
     ends = wanted_at_end(st, sol)
@@ -166,6 +168,7 @@ def extract(st: Stages, sol: Solution, info: SolveResult) -> Plan:
         solver=info,
         boundary=autograd_boundary(graph, steps),
     )
+    plan = hold_to_end(graph, plan)  # the model keeps held outputs to the end; placing frees did not
     try:
         result = simulate(graph, plan, st.profile, check_budgets=True)
     except XschedError as e:  # the model is meant to be conservative: this is a bug, never a plan to return

@@ -176,6 +176,18 @@ def build_model(st: Stages, options: SolverOptions) -> pyo.ConcreteModel:
         elif need is not None:  # ("var", p): the home of param/buffer p is a variable
             for d in st.dev_range:
                 m.ends.add(sum(end[d]) >= H[need[1], d])
+    m.held = pyo.ConstraintList()  # a held output on d at the boundary (kept, copied in or made there) stays to the end
+    for v in st.held:
+        b = st.boundary
+        assert b is not None  # held outputs exist only with a backward
+        for d in st.dev_range:
+            at_boundary = [s(d, b, v), *arrive(d, b, v), *made(d, b, v)]
+            if all(isinstance(x, int) for x in at_boundary):
+                continue  # never there (or homed there: never freed)
+            for x in at_boundary:  # each alone: a multi-output recompute may make it where it is resident
+                m.held.add(s(d, b + 1, v) >= x)
+            for t in range(b + 1, st.T):
+                m.held.add(s(d, t + 1, v) >= s(d, t, v))
     m.homes = pyo.ConstraintList()  # a variable-home input has one home, starts there only, is never freed there
     for v in st.free_home:
         m.homes.add(sum(H[v, d] for d in st.dev_range) == 1)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xsched.contracts.graph import Graph
-from xsched.contracts.plan import rng_domain
+from xsched.contracts.plan import Compute, autograd_boundary, rng_domain
 from xsched.contracts.profile import Profile
 from xsched.contracts.random_ops import random_ops
 from xsched.errors import PlanError, ProfileError
@@ -52,6 +52,8 @@ class Stages:
     end_home: dict[int, Any]  # output v -> device it must end on, or ("var", p) when p's home is a variable
     s_lo: list[int]  # v -> first stage with a residency variable (off its fixed home)
     s_hi: list[int]  # v -> last one (T when v must or may exist at the end)
+    held: tuple[int, ...] = ()  # outputs the caller holds from the boundary stage to the end (graph.held_outputs)
+    boundary: int | None = None  # the stage of the first backward op (None: no backward)
     r_keys: list[tuple[int, int, int]] = field(default_factory=list)
     s_keys: list[tuple[int, int, int]] = field(default_factory=list)
     c_keys: list[tuple[int, int, int, int]] = field(default_factory=list)
@@ -157,7 +159,9 @@ def index_stages(
                     todo.append(b)
         may.append(reach)
     s_lo = [0 if v in free_home else 1 if prod[v] is None else prod[v] + 1 for v in range(nv)]
-    s_hi = [T if (v in out_set or v in free_home) else (T - 1 if users[v] else -1) for v in range(nv)]
+    boundary = backward_stage(graph)
+    held = tuple(dict.fromkeys(vix[v] for v in graph.held_outputs)) if boundary is not None else ()
+    s_hi = [T if (v in out_set or v in free_home or v in held) else (T - 1 if users[v] else -1) for v in range(nv)]
     st = Stages(
         graph=graph,
         profile=profile,
@@ -185,9 +189,18 @@ def index_stages(
         end_home=end_home,
         s_lo=s_lo,
         s_hi=s_hi,
+        held=held,
+        boundary=boundary,
     )
     _keys(st, runs, may, link)
     return st
+
+
+def backward_stage(graph: Graph) -> int | None:
+    """The first op in graph order that is a backward op or reads a tangent (`plan.autograd_boundary`'s rule): the
+    stage whose computes start backward. None when there is none."""
+    b = autograd_boundary(graph, [Compute(op.id, "") for op in graph.ops])
+    return None if b is None or b == len(graph.ops) else b
 
 
 def _keys(st: Stages, runs: list[list[bool]], may: list[set[int]], link: Mapping[tuple[int, int], bool]) -> None:
