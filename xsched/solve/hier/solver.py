@@ -22,8 +22,9 @@ from xsched.contracts.result import HierStats, SolveResult, Times
 from xsched.errors import NoIncumbent, XschedError
 from xsched.solve.autograd_boundary import forward_outputs
 from xsched.solve.hier.canon import Canon, canon
+from xsched.solve.hier.hextract import direct_plan
 from xsched.solve.hier.hierarchy import MAX_GROUP, MAX_LEAF, MAX_TOP, Block, build_hierarchy
-from xsched.solve.hier.hilp import Unit, direct_plan, solve_hilp
+from xsched.solve.hier.hilp import Unit, solve_hilp
 from xsched.solve.hier.hindex import index
 from xsched.solve.hier.leaf import DRIVEN_FRACTIONS, LeafTask, leaf_options
 from xsched.solve.hier.menu import Option, fastest, leanest, translate

@@ -10,7 +10,8 @@ from dataclasses import dataclass, replace
 from xsched.contracts.plan import Plan
 from xsched.contracts.profile import Profile
 from xsched.errors import XschedError
-from xsched.solve.hier.hilp import Unit, direct_plan, solve_hilp
+from xsched.solve.hier.hextract import direct_plan
+from xsched.solve.hier.hilp import Unit, solve_hilp
 from xsched.solve.hier.hindex import index
 from xsched.solve.hier.leaf import deferred_options, deferring, stores_of
 from xsched.solve.hier.menu import Option, fastest, leanest, pareto, summarize
