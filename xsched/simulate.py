@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from xsched.contracts.graph import Graph, Op
 from xsched.contracts.plan import Compute, Copy, Free, Plan, Prediction, Step
 from xsched.contracts.profile import Profile
+from xsched.errors import XschedError
 from xsched.interpret import PlanInterpreter
 from xsched.lanes import overlapped_spans, step_waits
 
@@ -113,3 +114,20 @@ def simulate(
     """Replay `plan` on `graph`; raise PlanError naming the step, op, value and device at fault. Without `lanes`,
     no makespan (the overlap of the devices' lanes, most of the cost on large plans): peaks and serial time only."""
     return Simulator(graph, plan, profile, check_budgets=check_budgets, lanes=lanes).run()
+
+
+def predicted_plan(graph: Graph, plan: Plan, profile: Profile, source: str) -> Plan:
+    """`plan` with its prediction, replayed within its budgets. A solver's model is meant to be conservative, so a
+    plan it extracted that fails here is a bug of `source` (named in the error), never a plan to return."""
+    try:
+        result = simulate(graph, plan, profile, check_budgets=True)
+    except XschedError as e:
+        raise XschedError(
+            f"internal error: {source} fails the simulator: {e.detail}",
+            stage="solve",
+            op=e.op,
+            value=e.value,
+            device=e.device,
+            step=e.step,
+        ) from e
+    return Plan(**{**plan.__dict__, "predicted": result.prediction()})

@@ -12,7 +12,7 @@ from xsched.contracts.plan import Copy, Free, Plan, Step, autograd_boundary, pla
 from xsched.contracts.profile import Profile
 from xsched.contracts.result import SolveResult
 from xsched.errors import XschedError
-from xsched.simulate import simulate
+from xsched.simulate import predicted_plan
 from xsched.solve.autograd_boundary import hold_to_boundary
 from xsched.solve.hier.hindex import HIndex
 from xsched.solve.hier.menu import Part
@@ -118,18 +118,7 @@ def _checked(
     plan = Plan(
         graph.fingerprint, dict(budgets), dict(homes), tuple(steps), info, boundary=autograd_boundary(graph, steps)
     )
-    try:
-        result = simulate(graph, plan, profile, check_budgets=True)
-    except XschedError as e:
-        raise XschedError(
-            f"internal error: a flattened hierarchical plan fails the simulator: {e.detail}",
-            stage="solve",
-            op=e.op,
-            value=e.value,
-            device=e.device,
-            step=e.step,
-        ) from e
-    return Plan(**{**plan.__dict__, "predicted": result.prediction()})
+    return predicted_plan(graph, plan, profile, "a flattened hierarchical plan")
 
 
 def direct_plan(ix: HIndex, choice: Sequence[int], budgets: Mapping[str, int] | None = None) -> Plan:

@@ -9,8 +9,7 @@ from collections.abc import Mapping, Sequence
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Free, Plan, autograd_boundary, place_frees
 from xsched.contracts.result import SolveResult
-from xsched.errors import XschedError
-from xsched.simulate import simulate
+from xsched.simulate import predicted_plan
 from xsched.solve.intervals.data import IntervalData, event
 from xsched.solve.milp.extract import free_unwanted_ends, prune
 
@@ -48,18 +47,7 @@ def to_plan(data: IntervalData, placed: Placement, info: SolveResult) -> Plan:
         solver=info,
         boundary=autograd_boundary(g, steps),
     )
-    try:
-        result = simulate(g, plan, data.profile, check_budgets=True)
-    except XschedError as e:  # the model is conservative: a plan failing the simulator is a bug, never returned
-        raise XschedError(
-            f"internal error: the extracted interval plan fails the simulator: {e}",
-            stage="solve",
-            op=e.op,
-            value=e.value,
-            device=e.device,
-            step=e.step,
-        ) from e
-    return Plan(**{**plan.__dict__, "predicted": result.prediction()})
+    return predicted_plan(g, plan, data.profile, "the extracted interval plan")
 
 
 def step_counts(graph: Graph, plan: Plan, devices: Sequence[str]) -> dict[tuple, int]:

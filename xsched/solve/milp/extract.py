@@ -9,8 +9,7 @@ from dataclasses import dataclass, replace
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Free, Plan, Step, autograd_boundary, place_frees
 from xsched.contracts.result import MilpStats, SolveResult, Times
-from xsched.errors import XschedError
-from xsched.simulate import simulate
+from xsched.simulate import predicted_plan
 from xsched.solve.autograd_boundary import hold_to_end
 from xsched.solve.milp.stages import Stages
 from xsched.solve.objective import better, objective
@@ -169,18 +168,7 @@ def extract(st: Stages, sol: Solution, info: SolveResult) -> Plan:
         boundary=autograd_boundary(graph, steps),
     )
     plan = hold_to_end(graph, plan)  # the model keeps held outputs to the end; placing frees did not
-    try:
-        result = simulate(graph, plan, st.profile, check_budgets=True)
-    except XschedError as e:  # the model is meant to be conservative: this is a bug, never a plan to return
-        raise XschedError(
-            f"internal error: the extracted MILP plan fails the simulator: {e}",
-            stage="solve",
-            op=e.op,
-            value=e.value,
-            device=e.device,
-            step=e.step,
-        ) from e
-    return Plan(**{**plan.__dict__, "predicted": result.prediction()})
+    return predicted_plan(graph, plan, st.profile, "the extracted MILP plan")
 
 
 def best_plan(
