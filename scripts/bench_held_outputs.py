@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gzip
-import json
 import time
 from pathlib import Path
 
@@ -29,12 +27,8 @@ GPU, HOST = "cuda:0", "cpu"
 
 
 def load() -> tuple[Graph, Profile]:
-    def read(name: str) -> dict:
-        with gzip.open(DATA / name, "rt") as f:
-            return json.load(f)
-
-    graph = Graph.from_dict(read("gpt2-full_n_layer6.graph.json.gz"))
-    return graph, Profile.from_dict(read("gpt2-full_n_layer6.h100.profile.json.gz"))
+    graph = Graph.load(DATA / "gpt2-full_n_layer6.graph.json.gz")
+    return graph, Profile.load(DATA / "gpt2-full_n_layer6.h100.profile.json.gz")
 
 
 def held(graph: Graph) -> Graph:

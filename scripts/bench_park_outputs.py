@@ -11,8 +11,6 @@ expects it), each replayed by the simulator under the budgets: predicted makespa
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,12 +28,8 @@ GPU, HOST = "cuda:0", "cpu"
 
 
 def load() -> tuple[Graph, Profile]:
-    def read(name: str) -> dict:
-        with gzip.open(DATA / name, "rt") as f:
-            return json.load(f)
-
-    graph = Graph.from_dict(read("gpt2-full_n_layer6.graph.json.gz"))
-    return graph, Profile.from_dict(read("gpt2-full_n_layer6.h100.profile.json.gz"))
+    graph = Graph.load(DATA / "gpt2-full_n_layer6.graph.json.gz")
+    return graph, Profile.load(DATA / "gpt2-full_n_layer6.h100.profile.json.gz")
 
 
 def end_reruns(graph: Graph, plan: Plan) -> list[tuple[str, int, int]]:
