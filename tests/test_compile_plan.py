@@ -126,14 +126,10 @@ def _train(w: nn.Module, eager: nn.Module, steps: int) -> None:
             assert_close(q.grad, p.grad, rtol=0, atol=0, msg=lambda s, n=n: f"grad of {n}: {s}")
 
 
-def test_an_overrunning_compiled_run_is_planned_again_within_the_budget(monkeypatch, capsys) -> None:
-    """Regions that allocate more than the plan counts: the first step overruns, the next call runs a plan solved
-    within the budget less the excess, and from then on the step stays within the budget by the allocator's count
-    (the re-plan's regions that still overrun run uncompiled, each named). Every step equals eager PyTorch."""
-    monkeypatch.setattr(segments_module, "_inductor", scratching)
-    eager = chain()
-    # checkpoint: a deterministic planner that answers at once; the re-plan path, not the solver, is under test
-    w = wrap(
+def replanning_wrap(eager: nn.Module) -> nn.Module:
+    """`eager` wrapped compiled at 85% by `checkpoint`: a deterministic planner that answers at once, for the tests
+    of the re-plan path (not of the solver)."""
+    return wrap(
         copy.deepcopy(eager),
         (data(0),),
         {"cpu": "85%"},
@@ -142,6 +138,15 @@ def test_an_overrunning_compiled_run_is_planned_again_within_the_budget(monkeypa
         compile=True,
         method="checkpoint",
     )
+
+
+def test_an_overrunning_compiled_run_is_planned_again_within_the_budget(monkeypatch, capsys) -> None:
+    """Regions that allocate more than the plan counts: the first step overruns, the next call runs a plan solved
+    within the budget less the excess, and from then on the step stays within the budget by the allocator's count
+    (the re-plan's regions that still overrun run uncompiled, each named). Every step equals eager PyTorch."""
+    monkeypatch.setattr(segments_module, "_inductor", scratching)
+    eager = chain()
+    w = replanning_wrap(eager)
     limit = w.plan.budgets["cpu"]
     _train(w, eager, 1)
     err = capsys.readouterr().err
@@ -178,15 +183,7 @@ def test_a_replan_far_under_the_budget_is_raised_and_an_overrunning_raise_goes_b
 
     monkeypatch.setattr(segments_module, "_inductor", plain_fx)
     eager = chain()
-    w = wrap(
-        copy.deepcopy(eager),
-        (data(0),),
-        {"cpu": "85%"},
-        profile="model",
-        inplace=False,
-        compile=True,
-        method="checkpoint",
-    )
+    w = replanning_wrap(eager)
     limit = w.plan.budgets["cpu"]
     script = iter([limit + limit // 10, limit * 7 // 10, limit + (-1 if raised_fits else 1)])
     monkeypatch.setattr(compiled_replans, "compiled_peaks", lambda *a: {"cpu": next(script)})
