@@ -3,7 +3,6 @@ modelled), the solve (`auto` by default, within a time limit), and the plan's on
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -12,13 +11,11 @@ from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Plan
 from xsched.contracts.profile import Profile
 from xsched.contracts.result import RunStats
-from xsched.errors import ProfileError, XschedError
+from xsched.errors import XschedError
 from xsched.profiling.fused import fused_profile
 from xsched.profiling.measure import check_runnable, profile_graph
 from xsched.profiling.model import cost_profile
 from xsched.profiling.store import default_profile_path, load_profile, save_profile
-
-log = logging.getLogger(__name__)
 
 PROFILE_MODES = ("measure", "model")
 # Plan.extra of a compiled plan after its first run: the solver's per-op peak count (the predicted peak is then
@@ -49,10 +46,8 @@ def measured_profile(
     `xsched profile` would save it."""
     path = profile_path(graph, devices, profile_dir, stores)
     if path.exists():  # stale (other machine or torch) or corrupt: measured again and overwritten
-        try:
-            return load_profile(path, graph, [*devices, *stores])
-        except ProfileError as e:
-            log.warning("re-profiling %s on %s: %s", graph.name, ", ".join(devices), e.detail)
+        stale = {"stores": list(stores), "measure": measure, "progress": False}
+        return load_profile(path, graph, [*devices, *stores], reprofile=True, **stale)
     fresh = (measure or profile_graph)(graph, list(devices), stores=list(stores), progress=False)
     save_profile(fresh, path)
     return fresh

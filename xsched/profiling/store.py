@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -91,12 +91,13 @@ def load_profile(
     *,
     check_machine: bool = True,
     stores: Sequence[str] = (),
+    measure: Callable[..., Profile] | None = None,
     **profile_kwargs: Any,
 ) -> Profile:
     """The stored profile, validated; with `graph`, checked to be for `graph` on `devices` (stores included) and
     (unless `check_machine` is off) this machine. A stale, foreign or corrupt one is a ProfileError, or with
-    `reprofile` measured again (ops on the devices that are not `stores`, or not the stored profile's stores)
-    and saved."""
+    `reprofile` measured again by `measure` (default profile_graph; ops on the devices that are not `stores`, or
+    not the stored profile's stores) and saved."""
     profile = None
     try:
         if not Path(path).exists():
@@ -114,8 +115,9 @@ def load_profile(
         if devices is None and profile is not None and not stores:
             stores = list(profile.stores)
         log.warning("re-profiling %s on %s: %s", graph.name, ", ".join(names), e.detail)
-    from xsched.profiling.measure import profile_graph  # measuring imports torch
+    if measure is None:
+        from xsched.profiling.measure import profile_graph as measure  # measuring imports torch
 
-    fresh = profile_graph(graph, [n for n in names if n not in stores], stores=list(stores), **profile_kwargs)
+    fresh = measure(graph, [n for n in names if n not in stores], stores=list(stores), **profile_kwargs)
     save_profile(fresh, path)
     return fresh
