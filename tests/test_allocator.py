@@ -18,21 +18,30 @@ MiB = 1 << 20
 
 
 def well_formed(m: CachingAllocator) -> None:
-    """Every segment is tiled by its blocks, no two free neighbours are left unmerged, the free index holds exactly
-    the free blocks, and the counters are the sums they stand for."""
-    free = set()
+    """Every segment is tiled by its blocks, no two free mapped (or two unmapped) neighbours are left unmerged,
+    unmapped blocks are whole pages, the indexes hold exactly the free and the unmapped blocks, and the counters are
+    the sums they stand for (reserved: cudaMalloc'd segments and the mapped blocks of expandable ones)."""
+    free, unmapped, reserved = set(), set(), 0
     for n, seg in m.segments.items():
         b, at, prev = m.heads[n], 0, None
         while b is not None:
             assert b.segment == n and b.offset == at and b.prev is prev and b.size > 0
-            assert not (prev is not None and not prev.allocated and not b.allocated), "free neighbours not merged"
-            if not b.allocated:
+            assert seg.page or b.mapped, "a cudaMalloc segment is mapped whole"
+            if prev is not None and not b.allocated and not prev.allocated:
+                assert b.mapped != prev.mapped, "free neighbours not merged"
+            if not b.mapped:
+                assert not b.allocated and b.offset % seg.page == 0 and b.size % seg.page == 0
+                unmapped.add(id(b))
+            elif not b.allocated:
                 free.add(id(b))
+            reserved += b.size if b.mapped else 0
             at, prev, b = at + b.size, b, b.next
         assert at == seg.size
     assert free == {id(b) for b in m.free_blocks.values()}
+    assert unmapped == {id(b) for b in m.unmapped_blocks.values()}
     assert sum(len(v) for v in m.free_index.values()) == len(m.free_blocks)
-    assert m.reserved == sum(s.size for s in m.segments.values())
+    assert sum(len(v) for v in m.unmapped_index.values()) == len(m.unmapped_blocks)
+    assert m.reserved == reserved
     assert m.allocated == sum(b.size for b in m.live.values())
     assert m.peak_reserved >= m.reserved and m.peak_allocated >= m.allocated
 
