@@ -76,9 +76,14 @@ def test_explain_says_what_the_caching_allocator_is_expected_to_reserve() -> Non
     assert text.startswith("caching allocator") and "reserved ~22.00 MiB, +29.4% over the plan's peak" in text
     # 22 MiB reserved, 17 MiB + 512 B allocated at most (test_allocator counts them): 5 MiB less 512 B
     assert "cuda:0: predicted reserved 22.00 MiB (fragmentation 5.00 MiB; the host a step ahead" in text
+    # expandable: a0 [0, 3) and a1 [3, 8) of one 20 MiB page, a2 the free [8, 20): the same 22 MiB
+    assert "with expandable segments ~22.00 MiB, +29.4%" in text
     assert reserved_text(g, eager_plan(g, "cpu")) == ""  # the host has no such allocator
     from test_allocator import parked_plan
 
     text = reserved_text(*parked_plan())  # 14 MiB with the GPU keeping up, 26 MiB with the host ahead (counted there)
     assert "reserved ~14.00 MiB to 26.00 MiB" in text and "A range runs from" in text
     assert "predicted reserved 26.00 MiB" in text  # the upper end: what planning fits to the budget
+    # expandable segments: a's 20 MiB page (and 2 MiB for x, y), b takes a's block again, or with the host ahead
+    # (a's block held) maps a second page: 22 to 42 MiB, counted in tests/test_allocator_expandable.py's way
+    assert "with expandable segments ~22.00 MiB to 42.00 MiB" in text

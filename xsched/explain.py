@@ -230,8 +230,10 @@ def explain_table(rows: tuple[ValueExplanation, ...], kept_rows: int = 10) -> st
 
 # ---- reserved memory: what the caching allocator takes from each GPU for the plan (xsched.allocator) ----
 def reserved_text(graph: Graph, plan: Plan, profile: Profile | None = None) -> str:
-    """`--explain`'s line on fragmentation: per accelerator, the reserved memory the allocator model expects."""
+    """`--explain`'s line on fragmentation: per accelerator, the reserved memory the allocator model expects, with the
+    allocator's default settings and with expandable segments (the executor's `expandable_segments` option)."""
     ranges = reserved_range(graph, plan, profile)
+    grown = reserved_range(graph, plan, profile, expandable=True)
     parts = [
         f"{d}: predicted reserved {format_bytes(high.reserved)} (fragmentation {format_bytes(high.fragmentation)}; "
         f"the host a step ahead, the end planning fits to the budget), "
@@ -240,6 +242,8 @@ def reserved_text(graph: Graph, plan: Plan, profile: Profile | None = None) -> s
         f"{format_bytes(low.plan_peak)} (the step adds {_span(low.step_reserved, high.step_reserved, format_bytes)} "
         f"reserved for {format_bytes(low.step_peak)} above the homed inputs)"
         + (f"; out of memory at {high.out_of_memory}" if high.out_of_memory else "")
+        + f"; with expandable segments ~{_span(grown[d][0].reserved, grown[d][1].reserved, format_bytes)}, "
+        f"{_span(grown[d][0].over_plan, grown[d][1].over_plan, lambda x: f'{x:+.1%}')}"
         for d, (low, high) in ranges.items()
         if low.plan_peak
     ]
@@ -256,7 +260,8 @@ def reserved_text(graph: Graph, plan: Plan, profile: Profile | None = None) -> s
             if any(lo.reserved != hi.reserved for lo, hi in ranges.values())
             else ""
         )
-        + ". A GPU runs out on reserved memory, not on the plan's peak."
+        + ". Expandable segments: the executor's expandable_segments option (PyTorch's expandable_segments:True, one "
+        "growing segment per pool and stream). A GPU runs out on reserved memory, not on the plan's peak."
     )
 
 

@@ -30,6 +30,7 @@ from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Free, Plan, required_homes
 from xsched.contracts.random_ops import random_ops
 from xsched.errors import PlanError, XschedError
+from xsched.execute.alloc_settings import use_expandable_segments
 from xsched.execute.compiled import reusable_inputs
 from xsched.execute.program import PreparedPlan, inline_program
 from xsched.execute.reference import RunTrace, torch_device
@@ -58,6 +59,9 @@ class Executor:
     from its side stream's pool, which the compute stream cannot reuse; "compute", from the compute stream's pool,
     the side stream first waiting for every kernel queued on the compute stream (fewer reserved bytes; the wait may
     delay prefetches while the compute lane runs ahead).
+    `expandable_segments`: turn on the CUDA caching allocator's expandable segments here, before the plan's first
+    allocation (execute.alloc_settings; process-wide, for the segments made from now on; off by default, as no GPU
+    run has measured it yet). `self.expandable_segments` says whether it was set: False on CPU devices, a no-op.
     """
 
     def __init__(
@@ -73,6 +77,7 @@ class Executor:
         overlap: bool | None = None,
         compile: bool = False,
         copy_pool: str = DEFAULT_COPY_POOL,
+        expandable_segments: bool = False,
     ) -> None:
         if copy_pool not in COPY_POOLS:
             raise XschedError(f"copy_pool must be one of {', '.join(COPY_POOLS)}, not {copy_pool!r}", stage="execute")
@@ -83,6 +88,7 @@ class Executor:
         self.plan = plan
         self.names = plan.devices
         self.dev = {d: torch_device(d, devices) for d in self.names}
+        self.expandable_segments = expandable_segments and use_expandable_segments(self.dev.values())
         self.overlap = overlap if overlap is not None else any(t.type == "cuda" for t in self.dev.values())
         self.nbytes = {v.id: v.nbytes for v in graph.values}
         self.random = random_ops(graph)

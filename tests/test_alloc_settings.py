@@ -1,0 +1,45 @@
+"""The executor's expandable_segments option (xsched.execute.alloc_settings): set for GPUs only, a no-op on CPUs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from executor_support import TWO, eager_plan_on, workload
+
+from xsched.capture.torch import bind_inputs
+from xsched.execute.alloc_settings import use_expandable_segments
+from xsched.execute.executor import Executor
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture
+def settings(monkeypatch) -> list[str]:
+    """The allocator settings asked for (recorded, not applied: this machine may have no GPU)."""
+    asked: list[str] = []
+    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", asked.append)
+    return asked
+
+
+def test_the_setting_is_made_only_when_a_device_is_a_gpu(settings) -> None:
+    assert use_expandable_segments([torch.device("cpu")]) is False and settings == []
+    assert use_expandable_segments([torch.device("cpu"), torch.device("cuda:0")]) is True
+    assert use_expandable_segments([torch.device("cuda:1")], on=False) is True
+    assert settings == ["expandable_segments:True", "expandable_segments:False"]
+
+
+def test_on_cpu_devices_the_option_changes_nothing(settings) -> None:
+    z, graph = workload("gpt2")
+    plan = eager_plan_on(graph, TWO)
+    env = bind_inputs(graph, z.model, z.inputs)
+    runs = []
+    for expandable in (False, True):
+        ex = Executor(graph, plan, expandable_segments=expandable)
+        assert ex.expandable_segments is False  # no GPU among cpu:0 and cpu:1: nothing set
+        torch.manual_seed(7)
+        runs.append(ex(env, trace=True))
+        ex.close()
+    assert settings == []
+    assert runs[0].resident_after == runs[1].resident_after
+    for k, t in runs[0].outputs.items():
+        assert torch.equal(t, runs[1].outputs[k])
