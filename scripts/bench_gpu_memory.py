@@ -16,8 +16,11 @@ row also has torch.compile's (plain, and with activation_memory_budget at each b
 memory beside the allocated, and (with --out) a plot of step time against measured peak for every row beside the
 markdown. `--xsched-compile` (default on CUDA) adds an xsched compiled row at every xsched row's budget
 (bench_gpu_compiled_rows: wrap(compile=True), its peak from the allocator, its prediction from the regions'
-measured allocations). The torch rows and the shared timing are in bench_gpu_torch_rows. Setup in
-scripts/gpu/README.md.
+measured allocations). `--expandable-segments` (default on CUDA) adds, after every xsched row, the same plan run with
+Executor(expandable_segments=True): PyTorch's expandable_segments:True for that run only (set before it, unset after),
+its reserved memory beside the allocator model's prediction with expandable segments; on logical CPUs there is no
+caching allocator and the option is a no-op (the row is the plain run again). The torch rows and the shared timing
+are in bench_gpu_torch_rows. Setup in scripts/gpu/README.md.
 """
 
 from __future__ import annotations
@@ -36,7 +39,6 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from html import escape as html_escape
 from pathlib import Path
 
 import torch
@@ -44,7 +46,7 @@ from bench_cuda import device_name, no_plan, one_line
 from bench_gpu_compiled_rows import compiled_plan_rows
 from bench_gpu_torch_rows import compile_rows, log, timed, torch_rows
 from bench_offload import hidden_share
-from gpu.memory_report import mib, render
+from gpu.memory_report import frontier_plot, mib, render
 
 from xsched import zoo
 from xsched.allocator import reserved_range
@@ -53,7 +55,8 @@ from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Plan
 from xsched.contracts.profile import Profile
 from xsched.devices import get_device
-from xsched.errors import BudgetError, XschedError
+from xsched.errors import BudgetError
+from xsched.execute.alloc_settings import use_expandable_segments
 from xsched.execute.back_to_back import profile_calibrated
 from xsched.execute.executor import Executor
 from xsched.execute.live_bytes import measured_peaks
@@ -61,48 +64,19 @@ from xsched.simulate import simulate
 from xsched.solve.reference import eager_peak, eager_plan
 
 
-def frontier_plot(rows: list[dict], path: Path, title: str) -> Path:
-    """Step time against measured step peak for every row that ran, as SVG: the figure `xsched report --measured`
-    shows, or without matplotlib (the GPU image lacks it) a plain one drawn here."""
-    try:
-        from xsched.report.plots import frontier_figure
-
-        path.write_text(frontier_figure(rows, title))
-    except XschedError:  # matplotlib is not installed
-        path.write_text(plain_svg(rows, title))
-    return path
-
-
-def plain_svg(rows: list[dict], title: str, w: int = 720, h: int = 460) -> str:
-    """A scatter of step time (ms) against step peak (MiB) as hand-written SVG, one labelled mark per row."""
-    from xsched.report.plots import family
-
-    ok = [r for r in rows if "error" not in r and r.get("time_s") and r.get("peak") is not None]
-    xs, ys = [r["peak"] / 2**20 for r in ok], [r["time_s"] * 1e3 for r in ok]
-    x1, y1 = max(xs, default=1.0) * 1.1, max(ys, default=1.0) * 1.1
-    left, bottom = 60, 40
-
-    def px(x: float, y: float) -> tuple[float, float]:
-        return left + x / x1 * (w - left - 20), h - bottom - y / y1 * (h - bottom - 30)
-
-    color = {"torch": "#1f77b4", "torch.compile": "#ff7f0e", "xsched": "#2ca02c"}
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="9">']
-    out.append(f'<text x="{w / 2}" y="16" text-anchor="middle" font-size="11">{html_escape(title)}</text>')
-    out.append(f'<line x1="{left}" y1="{h - bottom}" x2="{w - 20}" y2="{h - bottom}" stroke="black"/>')
-    out.append(f'<line x1="{left}" y1="{h - bottom}" x2="{left}" y2="30" stroke="black"/>')
-    for k in range(1, 5):
-        gx, gy = px(x1 * k / 5, 0)[0], px(0, y1 * k / 5)[1]
-        out.append(f'<text x="{gx}" y="{h - bottom + 14}" text-anchor="middle">{x1 * k / 5:,.0f}</text>')
-        out.append(f'<text x="{left - 4}" y="{gy + 3}" text-anchor="end">{y1 * k / 5:.0f}</text>')
-    out.append(f'<text x="{w / 2}" y="{h - 6}" text-anchor="middle">measured step peak (MiB)</text>')
-    out.append(
-        f'<text x="14" y="{h / 2}" transform="rotate(-90 14 {h / 2})" text-anchor="middle">step time (ms)</text>'
-    )
-    for r, x, y in zip(ok, xs, ys):
-        cx, cy = px(x, y)
-        out.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="4" fill="{color[family(r["plan"])]}"/>')
-        out.append(f'<text x="{cx + 5:.1f}" y="{cy - 4:.1f}">{html_escape(r["plan"])}</text>')
-    return "\n".join([*out, "</svg>"])
+def executors(graph: Graph, plan: Plan, a) -> dict[str, Executor]:
+    """The executors a plan's row runs: as by default (`a.lanes`), the other mode when it copies (and the compute
+    stream's copy pool on the lanes), and with expandable segments (`a.expandable_segments`), the setting left off
+    after it was made (each run sets its own)."""
+    exs = {"default": Executor(graph, plan, check=False, overlap=a.lanes)}
+    if any(isinstance(s, Copy) for s in plan.steps):  # without copies a one-device plan runs alike in either mode
+        exs["other"] = Executor(graph, plan, check=False, overlap=not a.lanes)
+        if a.lanes:  # copies' destinations from the compute stream's pool: fewer reserved bytes, maybe later copies
+            exs["compute_pool"] = Executor(graph, plan, check=False, overlap=True, copy_pool="compute")
+    if a.expandable_segments:
+        exs["expandable"] = ex = Executor(graph, plan, check=False, overlap=a.lanes, expandable_segments=True)
+        use_expandable_segments(ex.dev.values(), on=False)  # the setting is the process's: on only while it runs
+    return exs
 
 
 def plan_row(label: str, graph: Graph, plan: Plan, profile: Profile, env: dict, compute: str, eager: Callable, a):
@@ -110,23 +84,25 @@ def plan_row(label: str, graph: Graph, plan: Plan, profile: Profile, env: dict, 
     logical CPUs: in plan order on the calling thread), interleaved with eager PyTorch (the row's "vs eager") and,
     when the plan copies, with the executor's other mode. Measured on the lanes, the step in plan order (copies on
     the compute stream) less the step on the lanes, over the plan's predicted copy time, is the share of copy time
-    the lanes hide."""
+    the lanes hide. The rows: the plan's, then (`a.expandable_segments`) the same plan with expandable segments."""
     sim = simulate(graph, plan, profile, check_budgets=False)
     copy_s, predicted_hidden = hidden_share(graph, plan, profile)
     copies = sum(isinstance(s, Copy) for s in plan.steps)
     loss_id = graph.forward_outputs[-1]["ref"]  # zoo gpt2 returns (logits, loss)
     resident = sum(graph.value[v].nbytes for v in graph.inputs if plan.homes[v] == compute)
-    exs = {"default": Executor(graph, plan, check=False, overlap=a.lanes)}
-    if copies:  # without copies a one-device plan runs in plan order in either mode
-        exs["other"] = Executor(graph, plan, check=False, overlap=not a.lanes)
-        if a.lanes:  # copies' destinations from the compute stream's pool: fewer reserved bytes, maybe later copies
-            exs["compute_pool"] = Executor(graph, plan, check=False, overlap=True, copy_pool="compute")
+    exs = executors(graph, plan, a)
     counted: dict[str, int] = {}  # the executor's accounting of `compute`, less what is resident before a step
 
     def run(name: str) -> float:
         ex = exs[name]
-        st = ex.start(env)
-        ex.run(st)
+        if ex.expandable_segments:  # its segments made with the setting on, every other run's with it off
+            use_expandable_segments([ex.dev[compute]])
+        try:
+            st = ex.start(env)
+            ex.run(st)
+        finally:
+            if ex.expandable_segments:
+                use_expandable_segments([ex.dev[compute]], on=False)
         counted[name] = max(counted.get(name, 0), st.peak()[compute] - resident)
         return float(ex.outputs(st, [loss_id])[loss_id])
 
@@ -139,6 +115,9 @@ def plan_row(label: str, graph: Graph, plan: Plan, profile: Profile, env: dict, 
     ]
     pool_low, pool_high = reserved_range(
         graph, plan, profile, devices=[compute], reuse=ex.reuse, side_streams=True, copy_pool="compute"
+    )[compute]
+    grown = reserved_range(
+        graph, plan, profile, devices=[compute], reuse=ex.reuse, side_streams=ex.overlap, expandable=True
     )[compute]
     try:
         runs = {k: functools.partial(run, k) for k in exs}
@@ -175,7 +154,27 @@ def plan_row(label: str, graph: Graph, plan: Plan, profile: Profile, env: dict, 
     if copies:
         row["lanes_s"], row["inline_s"] = (med["default"], med["other"]) if a.lanes else (med["other"], med["default"])
         row["hidden"] = (row["inline_s"] - row["lanes_s"]) / copy_s if a.lanes and copy_s > 0 else None
-    return row
+    if "expandable" not in got:
+        return [row]
+    return [row, expandable_row(row, got["expandable"], counted["expandable"], grown)]
+
+
+def expandable_row(row: dict, got: dict, counted: int, predicted: tuple) -> dict:
+    """The plan's row again, measured with expandable segments (`got`: timed's entry of that run; `counted`: its
+    executor's accounting) and predicted by the allocator model with them (the GPU keeping up, the host ahead)."""
+    keep = ("eager_s", "predicted_s", "predicted_seq_s", "predicted_peak", "copies", "recomputes", "copy_s")
+    out = {k: row[k] for k in (*keep, "hidden_predicted", "found_by", "budget") if k in row}
+    out |= {
+        "plan": f"{row['plan']}, expandable segments",
+        "time_s": statistics.median(got["times"]),
+        "loss": got["loss"],
+    }
+    out |= {"peak": got["peak"] if got["peak"] is not None else row["peak"], "counted_peak": counted}
+    out |= {"reserved": got["reserved"], "eager_times": []}
+    out |= {"predicted_reserved": predicted[0].step_reserved, "predicted_reserved_ahead": predicted[1].step_reserved}
+    if row.get("copies"):
+        out["hidden"] = None  # not measured for this run (its plan-order twin is not run)
+    return out
 
 
 # ---- solving: every plan from the one profile, in parallel processes where cores allow ----
@@ -260,6 +259,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="measure xsched rows on the executor's lanes and the copy time they hide (default: on CUDA only; on "
         "logical CPUs the lanes are threads sharing the cores, slower than plan order)",
     )
+    ap.add_argument(
+        "--expandable-segments",
+        action=argparse.BooleanOptionalAction,
+        help="after every xsched row, the same plan with Executor(expandable_segments=True) (default: on CUDA only; on "
+        "logical CPUs a no-op, the plain run again)",
+    )
     ap.add_argument("--threads", type=int, help="torch intra-op threads (default: 1 on the CPU, torch's on CUDA)")
     ap.add_argument("--out", type=Path, help="write the markdown here too")
     ap.add_argument("--json", type=Path, help="write the rows and the run's facts here")
@@ -277,6 +282,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     a.jobs = a.jobs or max(1, (os.cpu_count() or 1) - 2)
     a.lanes = not cpu if a.lanes is None else a.lanes
     a.xsched_compile = not cpu if a.xsched_compile is None else a.xsched_compile
+    a.expandable_segments = not cpu if a.expandable_segments is None else a.expandable_segments
     a.argv = argv if argv is not None else sys.argv[1:]
     return a
 
@@ -347,27 +353,28 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"plan": k, "error": p})
             continue
         try:
-            row = plan_row(k, graph, p, profile, env, compute, eager_run, a)
+            got_rows = plan_row(k, graph, p, profile, env, compute, eager_run, a)
         except Exception as e:  # an out-of-memory or a failing plan must not lose the other rows
             traceback.print_exc()
             rows.append({"plan": k, "error": f"error: {one_line(e)}"})
             continue
-        rows.append(row)
-        eager_times += row["eager_times"]
+        rows += got_rows
+        eager_times += got_rows[0]["eager_times"]
         if a.json:  # a run cut short keeps what it measured
             a.json.write_text(json.dumps({"facts": {"partial": True}, "rows": rows}, indent=1, default=str))
-        log(
-            f"{k}: {row['time_s'] * 1e3:.1f} ms ({row['time_s'] / row['eager_s']:.2f}x), peak {mib(row['peak'])}, "
-            f"reserved {mib(row['reserved'])} (predicted {mib(row['predicted_reserved'])} to "
-            f"{mib(row['predicted_reserved_ahead'])})"
-            + (
-                f"; copy_pool compute: {row['compute_pool_s'] * 1e3:.1f} ms, reserved "
-                f"{mib(row['compute_pool_reserved'])} (predicted {mib(row['predicted_reserved_compute_pool'][0])} "
-                f"to {mib(row['predicted_reserved_compute_pool'][1])})"
-                if "compute_pool_s" in row
-                else ""
+        for row in got_rows:
+            log(
+                f"{row['plan']}: {row['time_s'] * 1e3:.1f} ms ({row['time_s'] / row['eager_s']:.2f}x), peak "
+                f"{mib(row['peak'])}, reserved {mib(row['reserved'])} (predicted {mib(row['predicted_reserved'])} to "
+                f"{mib(row['predicted_reserved_ahead'])})"
+                + (
+                    f"; copy_pool compute: {row['compute_pool_s'] * 1e3:.1f} ms, reserved "
+                    f"{mib(row['compute_pool_reserved'])} (predicted {mib(row['predicted_reserved_compute_pool'][0])} "
+                    f"to {mib(row['predicted_reserved_compute_pool'][1])})"
+                    if "compute_pool_s" in row
+                    else ""
+                )
             )
-        )
 
     def publish(partial: bool) -> None:
         """The markdown, the frontier and the JSON of the rows so far (again after the compile rows: a run cut

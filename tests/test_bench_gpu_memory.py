@@ -26,7 +26,18 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench_gpu_memory")
     argv = ["--device", "cpu", "--scale", "small:n_layer=2", "--batch", "16", "--budgets", "50", "--iters", "2"]
-    argv += ["--warmup", "1", "--time-limit", "2", "--profile-s", "3", "--jobs", "2", "--lanes"]
+    argv += [
+        "--warmup",
+        "1",
+        "--time-limit",
+        "2",
+        "--profile-s",
+        "3",
+        "--jobs",
+        "2",
+        "--lanes",
+        "--expandable-segments",
+    ]
     argv += ["--json", str(out / "run.json"), "--out", str(out / "run.md"), "--save-profile", str(out)]
     assert bench.main(argv) == 0
     return out, json.loads((out / "run.json").read_text())
@@ -43,9 +54,13 @@ def test_every_row_runs_or_says_why(run):
         "torch.compile",
         "torch.compile, activation_memory_budget 0.5",
         "xsched eager plan",
+        "xsched eager plan, expandable segments",
         "xsched 50%, cpu:0 alone",
+        "xsched 50%, cpu:0 alone, expandable segments",
         "xsched 50%, cpu:1 store",
+        "xsched 50%, cpu:1 store, expandable segments",
         "xsched at checkpoint's peak, cpu:0 alone",
+        "xsched at checkpoint's peak, cpu:0 alone, expandable segments",
     ]
     assert rows["torchtune OffloadActivations"]["error"] == "skipped: CUDA streams only"
     for name, row in rows.items():
@@ -60,6 +75,11 @@ def test_every_row_runs_or_says_why(run):
     )  # torch's partitioner recomputes
     # the same model and data; torch.compile draws dropout's masks its own way, so the loss is close, not equal
     assert all(r["loss"] == pytest.approx(eager["loss"], rel=0.05) for k, r in rows.items() if k.startswith("torch.c"))
+    for name in rows:  # with expandable segments: the allocator model's prediction beside the run (a no-op here)
+        if name.endswith(", expandable segments"):
+            row = rows[name]
+            assert row["reserved"] is None and row["predicted_reserved"] <= row["predicted_reserved_ahead"], name
+            assert row["counted_peak"] == rows[name.removesuffix(", expandable segments")]["counted_peak"], name
     assert (out / "run_frontier.svg").read_text().count("<svg") == 1 and "run_frontier.svg" in (
         out / "run.md"
     ).read_text()
@@ -127,6 +147,14 @@ def test_bad_arguments_are_one_line_errors(argv, match, capsys):
     assert match in err
 
 
+def test_expandable_segments_rows_are_on_by_default_on_cuda_only(monkeypatch):
+    assert bench.parse(["--device", "cpu"]).expandable_segments is False
+    assert bench.parse(["--device", "cpu", "--expandable-segments"]).expandable_segments is True
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # parse only: nothing runs on the device
+    assert bench.parse(["--device", "cuda:0"]).expandable_segments is True
+    assert bench.parse(["--device", "cuda:0", "--no-expandable-segments"]).expandable_segments is False
+
+
 def test_the_plain_frontier_svg_without_matplotlib():
     """The GPU image has no matplotlib: the frontier is then drawn by hand, one labelled mark per row that ran."""
     import xml.dom.minidom
@@ -135,7 +163,9 @@ def test_the_plain_frontier_svg_without_matplotlib():
         {"plan": "eager PyTorch", "time_s": 0.13, "peak": 14e9},
         {"plan": "xsched 45% <store>", "time_s": 0.16, "peak": 5e9},
     ]
-    svg = bench.plain_svg([*rows, {"plan": "torchtune", "error": "skipped"}], "gpt2 & co")
+    from gpu.memory_report import plain_svg
+
+    svg = plain_svg([*rows, {"plan": "torchtune", "error": "skipped"}], "gpt2 & co")
     doc = xml.dom.minidom.parseString(svg)  # well-formed, labels escaped
     assert len(doc.getElementsByTagName("circle")) == 2 and "xsched 45% &lt;store&gt;" in svg
 

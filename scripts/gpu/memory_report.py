@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import textwrap
+from html import escape as html_escape
+from pathlib import Path
+
+from xsched.errors import XschedError
 
 COLUMNS = (
     "plan",
@@ -30,6 +34,8 @@ memory_reserved before the step, the cache emptied first (what the caching alloc
 peak and its fragmentation; - on the CPU); for xsched rows, beside it, the reserved memory predicted by replaying
 the plan on a model of the caching allocator (xsched.allocator, as `xsched plan --explain` says it)
 over the measured: a range, where they differ, from the GPU keeping up with the host to the host a step ahead.
+Rows `..., expandable segments`: the plan above run by Executor(expandable_segments=True), PyTorch's
+expandable_segments:True on for that run only, its reserved memory beside the model's prediction with them.
 torch.compile rows: `--compile-backend`, plain and with `torch._functorch.config.activation_memory_budget` = the
 xsched budget as a fraction (of the activations, not of the eager peak), each timed interleaved with eager PyTorch.
 Budgets: % of the simulated eager peak ({eager_peak}, of which {resident} resident); `at checkpoint's peak`:
@@ -116,3 +122,47 @@ def render(title: str, header: list[str], rows: list[dict], notes: dict) -> str:
         **{k: v for k, v in notes.items() if k not in ("cuda", "lanes")},
     )
     return "\n".join([*lines, "", textwrap.fill(" ".join(text.split()), 118)])
+
+
+def frontier_plot(rows: list[dict], path: Path, title: str) -> Path:
+    """Step time against measured step peak for every row that ran, as SVG: the figure `xsched report --measured`
+    shows, or without matplotlib (the GPU image lacks it) a plain one drawn here."""
+    try:
+        from xsched.report.plots import frontier_figure
+
+        path.write_text(frontier_figure(rows, title))
+    except XschedError:  # matplotlib is not installed
+        path.write_text(plain_svg(rows, title))
+    return path
+
+
+def plain_svg(rows: list[dict], title: str, w: int = 720, h: int = 460) -> str:
+    """A scatter of step time (ms) against step peak (MiB) as hand-written SVG, one labelled mark per row."""
+    from xsched.report.plots import family
+
+    ok = [r for r in rows if "error" not in r and r.get("time_s") and r.get("peak") is not None]
+    xs, ys = [r["peak"] / 2**20 for r in ok], [r["time_s"] * 1e3 for r in ok]
+    x1, y1 = max(xs, default=1.0) * 1.1, max(ys, default=1.0) * 1.1
+    left, bottom = 60, 40
+
+    def px(x: float, y: float) -> tuple[float, float]:
+        return left + x / x1 * (w - left - 20), h - bottom - y / y1 * (h - bottom - 30)
+
+    color = {"torch": "#1f77b4", "torch.compile": "#ff7f0e", "xsched": "#2ca02c"}
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="9">']
+    out.append(f'<text x="{w / 2}" y="16" text-anchor="middle" font-size="11">{html_escape(title)}</text>')
+    out.append(f'<line x1="{left}" y1="{h - bottom}" x2="{w - 20}" y2="{h - bottom}" stroke="black"/>')
+    out.append(f'<line x1="{left}" y1="{h - bottom}" x2="{left}" y2="30" stroke="black"/>')
+    for k in range(1, 5):
+        gx, gy = px(x1 * k / 5, 0)[0], px(0, y1 * k / 5)[1]
+        out.append(f'<text x="{gx}" y="{h - bottom + 14}" text-anchor="middle">{x1 * k / 5:,.0f}</text>')
+        out.append(f'<text x="{left - 4}" y="{gy + 3}" text-anchor="end">{y1 * k / 5:.0f}</text>')
+    out.append(f'<text x="{w / 2}" y="{h - 6}" text-anchor="middle">measured step peak (MiB)</text>')
+    out.append(
+        f'<text x="14" y="{h / 2}" transform="rotate(-90 14 {h / 2})" text-anchor="middle">step time (ms)</text>'
+    )
+    for r, x, y in zip(ok, xs, ys):
+        cx, cy = px(x, y)
+        out.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="4" fill="{color[family(r["plan"])]}"/>')
+        out.append(f'<text x="{cx + 5:.1f}" y="{cy - 4:.1f}">{html_escape(r["plan"])}</text>')
+    return "\n".join([*out, "</svg>"])
