@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from executor_support import TWO, eager_plan_on, workload
+from executor_support import TWO, ZOO, eager_plan_on, workload
 
 from xsched.capture.torch import bind_inputs
 from xsched.execute.alloc_settings import use_expandable_segments
@@ -43,3 +43,34 @@ def test_on_cpu_devices_the_option_changes_nothing(settings) -> None:
     assert runs[0].resident_after == runs[1].resident_after
     for k, t in runs[0].outputs.items():
         assert torch.equal(t, runs[1].outputs[k])
+
+
+def test_cli_run_takes_the_option_and_on_cpu_sets_nothing(tmp_path, capsys, settings) -> None:
+    from xsched.cli import main
+
+    _, graph = workload("gpt2")
+    eager_plan_on(graph, ("cpu:0",)).save(tmp_path / "plan.json")
+    batch, scale = ZOO["gpt2"][:2]
+    argv = ["run", "zoo:gpt2", str(tmp_path / "plan.json"), "--iters", "1", "--warmup", "1", "--scale", scale]
+    assert main([*argv, "--batch", str(batch), "--expandable-segments"]) == 0
+    assert "iteration time" in capsys.readouterr().out and settings == []
+
+
+def test_wrap_passes_the_option_to_its_executors_and_on_cpu_sets_nothing(settings) -> None:
+    from torch import nn
+
+    from xsched.execute.wrap import wrap
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
+    eager = [p.detach().clone().requires_grad_() for p in model.parameters()]
+    x = torch.randn(8, 16)
+    w = wrap(model, (x,), {"cpu": "100%"}, method="eager", profile="model", expandable_segments=True)
+    w(x).sum().backward()
+    want = torch.autograd.grad(
+        nn.functional.linear(torch.relu(x @ eager[0].T + eager[1]), eager[2], eager[3]).sum(), eager
+    )
+    for p, g in zip(model.parameters(), want):
+        torch.testing.assert_close(p.grad, g)
+    assert w.expandable_segments and all(not c.executor.expandable_segments for c in w.compiled.values())
+    assert settings == []

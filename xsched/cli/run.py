@@ -39,7 +39,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         profile, source = cost_profile(graph, plan.devices), "a bandwidth cost model (no --profile given)"
     env = bind_inputs(graph, model, inputs)
     report = measure(
-        graph, plan, env, profile, iters=args.iters, warmup=args.warmup, predicted_from=source, compile=args.compile
+        graph,
+        plan,
+        env,
+        profile,
+        iters=args.iters,
+        warmup=args.warmup,
+        predicted_from=source,
+        compile=args.compile,
+        expandable_segments=args.expandable_segments,
     )
     traced = None
     if args.trace:  # one more run, every step timed, after the measured ones (their timings stay untraced)
@@ -100,6 +108,12 @@ def add(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--json", action="store_true")
     r.add_argument(
         "--compile", action="store_true", help="run each one-device run of steps as one compiled region (inductor)"
+    )
+    r.add_argument(
+        "--expandable-segments",
+        action="store_true",
+        help="turn on PyTorch's CUDA expandable_segments before the plan's first allocation (fewer reserved bytes "
+        "lost to fragmentation, as `xsched plan --explain` predicts; a no-op on CPU devices)",
     )
     add_shape_flag(r)
     r.set_defaults(run=cmd_run)

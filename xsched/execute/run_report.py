@@ -127,13 +127,14 @@ def measure(
     devices: Mapping[str, torch.device | str] | None = None,
     predicted_from: str | None = None,
     compile: bool = False,
+    expandable_segments: bool = False,
 ) -> RunReport:
     """Run the whole plan with inputs `env` until its time settles (or `warmup` times when given), then `iters` times
-    measured; measured figures beside the predicted."""
+    measured; measured figures beside the predicted. `expandable_segments`: the executor's option of that name."""
     if iters < 1:
         raise XschedError(f"iters must be at least 1, got {iters}", stage="execute")
     sim = simulate(graph, plan, profile, check_budgets=False)
-    ex = Executor(graph, plan, devices, check=False, compile=compile)
+    ex = Executor(graph, plan, devices, check=False, compile=compile, expandable_segments=expandable_segments)
     try:
         warmed = warm_up(lambda: (ex(env), _sync(ex)), warmup)
         cuda = {d: ex.dev[d] for d in ex.names if ex.dev[d].type == "cuda"}

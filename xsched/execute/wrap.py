@@ -89,8 +89,10 @@ class XschedModule(CompiledReplans, nn.Module):
         compile: bool = False,
         grad_outputs: GradOutputs = "auto",
         hold_outputs: bool = True,
+        expandable_segments: bool = False,
     ) -> None:
         super().__init__()
+        self.expandable_segments = expandable_segments  # the Executor's option: CUDA's expandable_segments on
         self.hold_outputs = hold_outputs  # the caller keeps the outputs through backward (see `wrap`)
         self.grad_outputs = grad_outputs  # which outputs the training graphs differentiate (see `wrap`)
         self.compile = compile  # run one-device runs of steps as compiled regions (xsched.execute.segments)
@@ -233,7 +235,13 @@ class XschedModule(CompiledReplans, nn.Module):
         watch = frozenset(r["ref"] for r in updates.values())
         points = ParamPoints(graph, plan, self._slot)
         ex = Executor(
-            graph, plan, watch=watch, inplace=self.inplace, table={Copy: points.copy_kind}, compile=self.compile
+            graph,
+            plan,
+            watch=watch,
+            inplace=self.inplace,
+            table={Copy: points.copy_kind},
+            compile=self.compile,
+            expandable_segments=self.expandable_segments,
         )
         points.bind(ex)
         return Compiled(
@@ -356,6 +364,7 @@ def wrap(
     compile: bool = False,
     grad_outputs: GradOutputs = "auto",
     hold_outputs: bool = True,
+    expandable_segments: bool = False,
 ) -> XschedModule:
     """`model` as a module whose training steps run an xsched plan within `budgets` (see XschedModule): method
     "auto" by default, within `time_limit` seconds (default 60), on costs measured once and cached (`profile`).
@@ -370,7 +379,8 @@ def wrap(
     `hold_outputs`: the caller keeps the returned non-scalar outputs until its backward has run, as PyTorch code
     does (`logits = model(x); F.cross_entropy(logits, y).backward()`), so the plan counts them resident from the
     forward's end to the backward's; False where the caller drops them before `backward()` (the plan may then
-    free and recompute them)."""
+    free and recompute them). `expandable_segments`: the Executor's option (CUDA's expandable segments, set before
+    the plan's first allocation; a no-op on CPU devices)."""
     if isinstance(stores, str):
         raise XschedError(f"stores must be a sequence of device names, got the string {stores!r}", stage="execute")
     both = (*([store] if store else []), *stores)
@@ -390,4 +400,5 @@ def wrap(
         compile,
         grad_outputs,
         hold_outputs,
+        expandable_segments,
     )
