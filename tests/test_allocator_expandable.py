@@ -109,8 +109,9 @@ def test_segments_keep_their_kind_when_the_setting_changes() -> None:
     well_formed(m)
 
 
-def test_a_plan_replayed_with_expandable_segments_by_hand() -> None:
-    g = Graph(
+def merge_graph() -> Graph:
+    """a and b (11 MiB each) made and freed, then c (21 MiB): freed neighbours that only expandable segments merge."""
+    return Graph(
         "merge",
         (Value("x", 8, "input"), Value("a", 11 * MiB), Value("b", 11 * MiB), Value("s", 8), Value("c", 21 * MiB))
         + (Value("y", 8),),
@@ -123,6 +124,10 @@ def test_a_plan_replayed_with_expandable_segments_by_hand() -> None:
         ),
         ("y",),
     )
+
+
+def test_a_plan_replayed_with_expandable_segments_by_hand() -> None:
+    g = merge_graph()
     d = "cuda:0"
     plan = plan_of(
         g,

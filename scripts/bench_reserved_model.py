@@ -1,0 +1,91 @@
+"""Reserved memory the caching-allocator model (xsched.allocator) expects for plans of GPT-2 (6 layers, batch 8, T1024)
+with op costs measured on an NVIDIA H100 (benchmarks/gpu/): PyTorch's default allocator settings against expandable
+segments (the executor's `expandable_segments` option), copies' destinations from the side stream's pool or the
+compute stream's (`copy_pool`), from the GPU keeping up with the host to the host a step ahead. Each plan is solved
+by `auto` (or read from --plans-dir, where solved plans are kept) and replayed as the executor allocates it (its
+in-place reuse included). A model, not a measurement: no GPU runs.
+
+    python scripts/bench_reserved_model.py --plans 55:store,45:store,55:alone --limit 20 --plans-dir /tmp/plans
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from xsched.allocator import COPY_POOLS, ReservedPeak, reserved_range
+from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Copy, Plan
+from xsched.contracts.profile import Profile
+from xsched.errors import BudgetError
+from xsched.execute.compiled import reusable_inputs
+from xsched.solve import solve
+from xsched.solve.options import SolverOptions
+from xsched.solve.reference import eager_plan
+
+DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu"
+GPU, HOST = "cuda:0", "cpu"
+MiB = 1 << 20
+
+
+def predictions(graph: Graph, plan: Plan, profile: Profile | None) -> dict[tuple[str, bool], tuple[ReservedPeak, ...]]:
+    """(copy pool, expandable) -> the GPU's (keeping up, host ahead) predictions; one pool when nothing is copied."""
+    reuse = reusable_inputs(graph, plan.steps, frozenset())
+    pools = COPY_POOLS if any(isinstance(s, Copy) for s in plan.steps) else COPY_POOLS[:1]
+    return {
+        (pool, grown): reserved_range(
+            graph, plan, profile, devices=[GPU], reuse=reuse, copy_pool=pool, expandable=grown
+        )[GPU]
+        for pool in pools
+        for grown in (False, True)
+    }
+
+
+def cell(low: ReservedPeak, high: ReservedPeak) -> str:
+    """Reserved over the plan's peak, and the step's reserved growth against its peak above the homed inputs."""
+    over = f"{low.reserved / low.plan_peak:.3f}" + ("" if high == low else f"-{high.reserved / high.plan_peak:.3f}")
+    step = f"{low.step_reserved / MiB:,.0f}" + ("" if high == low else f"-{high.step_reserved / MiB:,.0f}")
+    return f"{over} ({step} MiB for {low.step_peak / MiB:,.0f})"
+
+
+def plan_for(graph: Graph, profile: Profile, spec: str, limit: float, keep: Path | None) -> Plan:
+    """`auto`'s plan at "PCT:store" (the host as a store) or "PCT:alone" (the GPU alone), or the eager plan."""
+    if spec == "eager":
+        return eager_plan(graph, GPU, profile)
+    pct, _, where = spec.partition(":")
+    path = keep / f"plan_{pct}_{where}.json" if keep else None
+    if path is not None and path.exists():
+        return Plan.load(path)
+    budgets = {GPU: f"{pct}%", **({HOST: "64GiB"} if where == "store" else {})}
+    plan = solve(graph, profile, budgets, list(budgets), "auto", SolverOptions(time_limit_s=limit))
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        plan.save(path)
+    return plan
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--plans", default="eager,55:store,45:store,55:alone", help="eager, or PCT:store / PCT:alone")
+    ap.add_argument("--limit", type=float, default=20.0, help="auto's time limit per plan, seconds")
+    ap.add_argument("--plans-dir", type=Path, help="keep solved plans here, and read them back when there")
+    ap.add_argument("--profile", default="h100", help="the stored profile: h100 or h200")
+    a = ap.parse_args(argv)
+    graph = Graph.load(DATA / "gpt2-full_n_layer6.graph.json.gz")
+    profile = Profile.load(DATA / f"gpt2-full_n_layer6.{a.profile}.profile.json.gz")
+    print("| plan | copy pool | default: reserved / plan peak (step) | expandable segments |")
+    print("|---|---|---|---|")
+    for spec in a.plans.split(","):
+        try:
+            plan = plan_for(graph, profile, spec, a.limit, a.plans_dir)
+        except BudgetError as e:  # one budget without a plan must not lose the other rows
+            print(f"| {spec} | - | no plan: {e.detail} | |", flush=True)
+            continue
+        got = predictions(graph, plan, profile)
+        for pool in dict.fromkeys(p for p, _ in got):
+            print(f"| {spec} | {pool} | {cell(*got[pool, False])} | {cell(*got[pool, True])} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
