@@ -192,3 +192,19 @@ def test_random_mallocs_frees_and_releases_keep_expandable_segments_tiled_and_me
             m.expandable = not m.expandable
         well_formed(m)
         assert m.reserved >= m.allocated + sum(b.size for b in m.pending)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from(SIZES[1:]), max_size=30))
+def test_without_frees_each_pool_holds_its_blocks_end_to_end_in_whole_pages(sizes) -> None:
+    """Nothing freed: every block lands at the end of its pool's segment, so each pool reserves its rounded sizes'
+    sum rounded up to its page (2 MiB small, 20 MiB large), counted here apart from the model's own arithmetic."""
+    m = CachingAllocator(expandable=True)
+    small = large = 0
+    for k, nbytes in enumerate(sizes):
+        m.alloc(k, nbytes)
+        rounded = -(-nbytes // 512) * 512
+        small, large = (small + rounded, large) if rounded <= MiB else (small, large + rounded)
+    assert m.reserved == -(-small // (2 * MiB)) * 2 * MiB + -(-large // (20 * MiB)) * 20 * MiB
+    assert m.allocated == small + large
+    well_formed(m)
