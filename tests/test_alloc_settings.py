@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from executor_support import TWO, ZOO, eager_plan_on, workload
@@ -73,4 +75,19 @@ def test_wrap_passes_the_option_to_its_executors_and_on_cpu_sets_nothing(setting
     for p, g in zip(model.parameters(), want):
         torch.testing.assert_close(p.grad, g)
     assert w.expandable_segments and all(not c.executor.expandable_segments for c in w.compiled.values())
+    assert settings == []
+
+
+def test_cli_train_takes_the_option_and_on_cpu_sets_nothing(tmp_path, capfd, settings) -> None:
+    from train_support import EXAMPLE, eager_run
+
+    from xsched.cli import main
+
+    args = ["train", f"{EXAMPLE}:factory", "--budget", "cpu=100%", "--steps", "2", "--batch", "32"]
+    args += ["--method", "eager", "--profile", "model", "--cache-dir", str(tmp_path), "--json"]
+    assert main([*args, "--expandable-segments"]) == 0
+    events = [json.loads(line) for line in capfd.readouterr().out.splitlines() if line.strip()]
+    losses = [e["loss"] for e in events if e["event"] == "step"]
+    want = eager_run(EXAMPLE, batch=32, world=1, steps=2)[0]
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(want), rtol=1e-5, atol=1e-6)
     assert settings == []

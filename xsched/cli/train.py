@@ -73,6 +73,7 @@ def cmd_train(a: argparse.Namespace) -> int:
         param_home=a.param_home,
         stores=tuple(split_device_list(",".join(a.store))) if a.store else (),
         compile=a.compile,
+        expandable_segments=a.expandable_segments,
         delayed_update=a.delayed_update,
         optimizer_split=a.optimizer_split,
         optimizer_split_by=a.optimizer_split_by,
@@ -139,6 +140,11 @@ def add(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--resume", action="store_true", help="resume from the newest checkpoint in --checkpoint-dir")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--compile", action="store_true", help="run each one-device run of steps as one compiled region")
+    t.add_argument(
+        "--expandable-segments",
+        action="store_true",
+        help="turn on PyTorch's CUDA expandable_segments before the plan's first allocation (a no-op on CPU devices)",
+    )
     t.add_argument("--json", action="store_true", help="one JSON object per line: start, step, checkpoint, end")
     t.add_argument("--log-csv", metavar="PATH", help="also write each step's fields (as --json's step lines) to a CSV")
     _add_training_flags(t)

@@ -267,6 +267,7 @@ def _plan_and_wrap(
         param_home=home,
         compile=config.compile,
         grad_outputs=grads,
+        expandable_segments=config.expandable_segments,
     )
     if evaluates:
         wrapped.eval()
