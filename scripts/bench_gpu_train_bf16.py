@@ -113,7 +113,7 @@ def _profile_capped(setup: dict[str, Any], cache: str) -> str:
     from xsched.profiling.measure import profile_graph
     from xsched.profiling.store import save_profile
     from xsched.train.optim import autocast
-    from xsched.train.session import grad_outputs
+    from xsched.train.plan_wrap import grad_outputs
 
     task = task_of(setup)
     with autocast("bf16", ("cuda",)):
