@@ -1,5 +1,6 @@
 """Every path that measures a profile calibrates it back to back (execute.back_to_back.profile_calibrated): wrap,
-`xsched train`'s plan cache, `xsched report`, a capped run; the cap counts the eager steps and bounds their reps."""
+`xsched train`'s plan cache, `xsched report`, `xsched plan --reprofile`, a capped run; the cap counts the eager steps
+and bounds their reps."""
 
 from __future__ import annotations
 
@@ -185,3 +186,22 @@ def test_report_calibrates_the_cpu_it_measures_unless_told_not_to(tmp_path, monk
         assert set(profile.back_to_back) == ({"cpu"} if calibrate else set())
         if calibrate:
             assert profile.back_to_back["cpu"].step_s > 0
+
+
+def test_plans_reprofile_of_a_stale_profile_is_calibrated(tmp_path, monkeypatch) -> None:
+    """`xsched plan --reprofile` measures a stale profile again as `xsched profile` would: calibrated."""
+    import json
+
+    from xsched.cli import main
+    from xsched.contracts.profile import Profile
+
+    module, inputs = tiny()
+    graph = capture(module, inputs)
+    graph.save(tmp_path / "g.json")
+    stale = b2b.profile_graph(graph, ["cpu"], progress=False, **FAST).to_dict()
+    stale["torch_version"] = "1.0.0"  # measured with another torch: stale here
+    (tmp_path / "p.json").write_text(json.dumps(stale))
+    calls = fast_measure(monkeypatch)
+    argv = ["plan", str(tmp_path / "g.json"), str(tmp_path / "p.json"), "--method", "eager"]
+    assert main([*argv, "-o", str(tmp_path / "plan.json"), "--reprofile"]) == 0
+    assert calls == [["cpu"]] and Profile.load(tmp_path / "p.json").back_to_back["cpu"].step_s > 0
