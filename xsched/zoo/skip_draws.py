@@ -13,7 +13,8 @@ WORD = 0xFFFFFFFF
 # torch's serialized CPU generator state (CPUGeneratorImplState): the seed (u64), `left` (i32), `seeded` (i32),
 # `next` (u64), the 624 words (as u64), then the normal samples' cache, 5056 bytes in all
 STATE_BYTES, LEFT_AT, NEXT_AT, WORDS_AT = 5056, 8, 16, 24
-JUMP_MIN = 1 << 24  # fewer draws are made and dropped (0.1 s): the jump's polynomials cost about 1 s
+JUMP_MIN = 1 << 24  # fewer draws are made and dropped (0.1 s); a jump costs 0.2-0.4 s, and 0.4 s more the first time
+DEGREE = 19937  # of the characteristic polynomial: MT19937's period is 2^19937 - 1
 CHUNK = 1 << 20  # floats per uniform_ when the draws are made
 
 
@@ -68,14 +69,16 @@ def _unpack(window: int) -> list[int]:
 
 @functools.cache
 def _characteristic() -> int:
-    """MT19937's characteristic polynomial (bit i: the coefficient of x^i), degree 19937: the minimal polynomial
+    """MT19937's characteristic polynomial (bit i: the coefficient of x^i), of degree DEGREE: the minimal polynomial
     of one bit of its words' sequence (Berlekamp-Massey), which is the whole generator's as that is primitive."""
     window = sum(((1812433253 * i + 1) & WORD) << (32 * i) for i in range(N))  # any state with a nonzero sequence
     bits = []
-    for _ in range(2 * 19937 + 2):
+    for _ in range(2 * DEGREE + 2):
         window = _step(window)
         bits.append(window >> (32 * N - 1))  # the new word's top bit
     connection, degree = _berlekamp_massey(bits)
+    if degree != DEGREE:  # the step is not MT19937's
+        raise RuntimeError(f"the generator's recurrence has degree {degree}, not {DEGREE}")
     # the characteristic polynomial is the connection polynomial's reciprocal: x^L C(1/x)
     return int(f"{connection:0{degree + 1}b}"[::-1], 2)
 
