@@ -27,9 +27,9 @@ from xsched.contracts.plan import Compute, Plan
 from xsched.contracts.profile import Profile
 from xsched.devices import get_device
 from xsched.errors import BudgetError, XschedError
+from xsched.execute.back_to_back import profile_calibrated
 from xsched.execute.executor import Executor
 from xsched.execute.run_report import measure
-from xsched.profiling.measure import profile_graph
 from xsched.solve.api import solve
 from xsched.solve.options import SolverOptions
 
@@ -124,7 +124,7 @@ def profiled(graph: Graph, device: str, seconds: float, energy: bool) -> Profile
     d = get_device(device)
     if not energy and hasattr(d, "nvml"):
         d.nvml = None  # type: ignore[attr-defined]  # NVML energy needs a 0.2 s window per op per round: skip it
-    return profile_graph(graph, [d], max_total_s=seconds, progress=False)
+    return profile_calibrated(graph, [d], max_total_s=seconds, progress=False)  # its eager step back to back too
 
 
 def no_plan(detail: str) -> str:

@@ -109,18 +109,19 @@ def _profile_capped(setup: dict[str, Any], cache: str) -> str:
     """Measure the profile within --profile-s and store it where `xsched train` looks for it: the graph captured
     as train captures it (bf16 autocast, the same name). Returns the profile mode for TrainConfig."""
     from xsched.capture.torch import capture
+    from xsched.execute.back_to_back import profile_calibrated
     from xsched.pipeline import profile_path
-    from xsched.profiling.measure import profile_graph
     from xsched.profiling.store import save_profile
     from xsched.train.optim import autocast
-    from xsched.train.session import grad_outputs
+    from xsched.train.plan_wrap import grad_outputs
 
     task = task_of(setup)
     with autocast("bf16", ("cuda",)):
         graph = capture(task.model, task.example_batch[0], name="gpt2", grad_outputs=grad_outputs(task))
     path = profile_path(graph, [setup["device"]], cache)
     if not path.exists():
-        save_profile(profile_graph(graph, [setup["device"]], max_total_s=setup["profile_s"], progress=False), path)
+        measured = profile_calibrated(graph, [setup["device"]], max_total_s=setup["profile_s"], progress=False)
+        save_profile(measured, path)  # calibrated back to back, as `xsched train` would measure it
     return "measure"
 
 

@@ -25,7 +25,7 @@ from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Plan
 from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError
-from xsched.profiling.measure import profile_graph
+from xsched.execute.back_to_back import profile_calibrated
 from xsched.solve.api import solve
 from xsched.solve.options import SolverOptions
 from xsched.solve.reference import eager_peak
@@ -112,7 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for mode in args.modes.split(","):
             graph = capture(z.model, z.inputs, inference=mode == "inference", name=f"{name}-{mode}")
             t0 = time.perf_counter()
-            profile = profile_graph(graph, [args.cpu, args.gpu], max_total_s=args.profile_s, progress=False)
+            # the CPU measured and calibrated by its eager step back to back; the simulated GPU modelled
+            profile = profile_calibrated(graph, [args.cpu, args.gpu], max_total_s=args.profile_s, progress=False)
             print(f"{graph.name}: {len(graph.ops)} ops profiled in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
             full = profile.devices[args.gpu].memory_bytes
             for label, budget in (

@@ -30,9 +30,9 @@ from xsched.contracts.plan import Compute, Plan
 from xsched.contracts.profile import Profile
 from xsched.contracts.result import HierStats, RunStats
 from xsched.errors import XschedError
+from xsched.execute.back_to_back import stored_profile
 from xsched.execute.wrap import wrap
 from xsched.importers import BENCH_DEVICE, import_networkx
-from xsched.pipeline import measured_profile
 from xsched.profiling.model import cost_profile
 from xsched.simulate import simulate
 from xsched.solve.api import solve
@@ -176,7 +176,7 @@ def hiremate(args: argparse.Namespace) -> list[str]:
     ]
     for label, (name, scale, published, seconds) in HIREMATE.items():
         z, graph = zoo_graph(name, scale)
-        profile = measured_profile(graph, ["cpu"])
+        profile = stored_profile(graph, ["cpu"])
         base, peak = every_op_once(graph, profile, "cpu"), eager_peak(graph)
         floor = lower_bounds(graph, profile, ["cpu"], {v: "cpu" for v in graph.inputs})["cpu"].bytes
         for share, pub, pub_s in zip((0.75, 0.5), published, seconds):
@@ -237,7 +237,7 @@ def deep(args: argparse.Namespace) -> list[str]:
         rows += scale_rows(
             f"gpt2 (small, {layers} layers)",
             graph,
-            measured_profile(graph, ["cpu"]),
+            stored_profile(graph, ["cpu"]),
             "cpu",
             (0.5,),
             "measured",
@@ -257,7 +257,7 @@ def zoo_default(args: argparse.Namespace) -> list[str]:
         rows += scale_rows(
             f"{name} (default)",
             graph,
-            measured_profile(graph, ["cpu"]),
+            stored_profile(graph, ["cpu"]),
             "cpu",
             (0.5, 0.3),
             "measured",
@@ -276,7 +276,7 @@ def two(args: argparse.Namespace) -> list[str]:
     cases += [(f"{m} (default)", m, "default") for m in args.two_models]
     for label, name, sc in cases:
         _, graph = zoo_graph(name, sc)
-        profile = measured_profile(graph, ["cpu", GPU])
+        profile = stored_profile(graph, ["cpu", GPU])
         budgets = {GPU: eager_peak(graph) // 2}
         singles: dict[str, Plan | None] = {"cpu": eager_plan(graph, "cpu", profile)}
         on_gpu = {v: GPU for v in graph.inputs}

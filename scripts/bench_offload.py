@@ -40,6 +40,7 @@ from xsched.contracts.profile import DeviceInfo, LinkCost, Profile
 from xsched.contracts.result import HeuristicStats
 from xsched.devices.base import fit_link, get_device
 from xsched.errors import BudgetError
+from xsched.execute.back_to_back import profile_calibrated
 from xsched.execute.executor import Executor
 from xsched.profiling.measure import COPY_SIZES, copy_seconds, profile_graph
 from xsched.simulate import simulate
@@ -69,13 +70,15 @@ def link_between(a: str, b: str) -> LinkCost:
 def with_store(
     profile: Profile, compute: str, store: str, info: DeviceInfo, link: tuple[LinkCost, LinkCost]
 ) -> Profile:
-    """`profile`'s op costs on `compute` only, plus a store device that runs no op, linked both ways."""
+    """`profile`'s op costs (and back-to-back calibration) on `compute` only, plus a store device that runs no op,
+    linked both ways."""
     return Profile(
         profile.graph,
         {compute: profile.devices[compute], store: info},
         {compute: profile.compute[compute], store: {}},
         {f"{compute}->{store}": link[0], f"{store}->{compute}": link[1]},
         {compute: profile.energy_source.get(compute, "model"), store: "model"},
+        back_to_back={d: b for d, b in profile.back_to_back.items() if d == compute},
     )
 
 
@@ -86,6 +89,7 @@ def renamed(profile: Profile, old: str, new: str) -> Profile:
         devices={new if d == old else d: i for d, i in profile.devices.items()},
         compute={new if d == old else d: c for d, c in profile.compute.items()},
         energy_source={new if d == old else d: s for d, s in profile.energy_source.items()},
+        back_to_back={new if d == old else d: b for d, b in profile.back_to_back.items()},
         copy={},
     )
 
@@ -215,7 +219,8 @@ def _pct(x: float | None) -> str:
 def part_a(spec: str, args: argparse.Namespace) -> tuple[list[str], list[str], str]:
     z, graph, label = workload(spec)
     t0 = time.perf_counter()
-    measured = profile_graph(graph, ["cpu:threads=1"], max_total_s=args.profile_s, progress=False)
+    # the ops alone, then the eager step back to back (the calibration every measured profile gets), on one thread
+    measured = profile_calibrated(graph, ["cpu:threads=1"], max_total_s=args.profile_s, progress=False)
     link = link_between("cpu:threads=1", "cpu:threads=1")
     info = measured.devices["cpu:threads=1"]
     profile = with_store(renamed(measured, "cpu:threads=1", "cpu:0"), "cpu:0", "cpu:1", info, (link, link))
@@ -335,9 +340,9 @@ def log(msg: str) -> None:
 
 
 NOTES_A = """\
-Setup. Op costs are measured once on "cpu:threads=1" (`profile_graph`: interleaved sweeps, median of 3 rounds) and
-given to cpu:0; cpu:1 gets no op costs, so it can only store (else the offload search could move the whole step
-onto cpu:1, which has the room). The link is the latency + bandwidth fit of the CPU plugin's memcpy timing into a
+Setup. Op costs are measured once on "cpu:threads=1" (`profile_calibrated`: interleaved sweeps, median of 3 rounds,
+then calibrated by the eager step run back to back) and given to cpu:0; cpu:1 gets no op costs, so it can only store
+(else the offload search could move the whole step onto cpu:1, which has the room). The link is the latency + bandwidth fit of the CPU plugin's memcpy timing into a
 preallocated tensor (the executor's copy is a clone, which also allocates). Every graph input (params, data,
 tangents) is homed on cpu:0 in every plan; offload never parks graph inputs. Budgets: cpu:0 at the given share of
 `eager_peak(graph)` for both methods, cpu:1 at 100% for offload; where neither method fits, the next 5% step up

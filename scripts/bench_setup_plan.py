@@ -35,7 +35,7 @@ from xsched.loaders import TrainingTask, load_training_task
 from xsched.pipeline import plan_profile
 from xsched.solve import SolverOptions, solve
 from xsched.train.optim import autocast
-from xsched.train.session import grad_outputs, graph_name
+from xsched.train.plan_wrap import grad_outputs, graph_name
 from xsched.zoo import tasks
 
 GPU, HOST = "sim:h100-measured", "cpu"

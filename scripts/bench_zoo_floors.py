@@ -30,8 +30,8 @@ from xsched import zoo
 from xsched.capture.torch import capture
 from xsched.contracts.plan import Plan, ends_on_one_device
 from xsched.errors import BudgetError, XschedError
+from xsched.execute.back_to_back import stored_profile
 from xsched.execute.wrap import wrap
-from xsched.pipeline import measured_profile
 from xsched.solve.api import solve
 from xsched.solve.bounds.crossing import crossing_bound
 from xsched.solve.bounds.memory import lower_bounds, op_need
@@ -73,7 +73,7 @@ def step_time(models: dict[str, torch.nn.Module], inputs: tuple, iters: int) -> 
 def run_model(name: str, limit: float, iters: int) -> dict:
     z = zoo.build(name, scale="default")
     graph = capture(copy.deepcopy(z.model), z.inputs, name=name)
-    profile = measured_profile(graph, [DEV])
+    profile = stored_profile(graph, [DEV])
     peak = eager_peak(graph)
     eager_s = eager_plan(graph, DEV, profile).predicted.time_s
     homes = {v: DEV for v in graph.inputs}

@@ -1,5 +1,6 @@
 """Every path that measures a profile calibrates it back to back (execute.back_to_back.profile_calibrated): wrap,
-`xsched train`'s plan cache, a capped run; the cap counts the eager steps and bounds their reps."""
+`xsched train`'s plan cache, `xsched report`, `xsched plan --reprofile`, a capped run; the cap counts the eager steps
+and bounds their reps."""
 
 from __future__ import annotations
 
@@ -144,3 +145,63 @@ def test_a_capped_profile_and_its_steps_hold_the_cap_on_a_fake_clock(monkeypatch
     assert p.profiling["wall_s"] == pytest.approx(spent, abs=1e-3) and spent <= 1.1 * cap + 1e-9, (spent, cap)
     if share >= 2.0:  # room left for the steps: calibrated (at 1.0 the ops take the profile's share of the cap)
         assert p.back_to_back["cpu"].step_s == pytest.approx(step)
+
+
+MODEL_FILE = """
+import torch
+from torch import nn
+
+def factory(batch=4):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)), (torch.randn(batch, 8),)
+"""
+
+
+@pytest.mark.parametrize("calibrate", [True, False])
+def test_report_calibrates_the_cpu_it_measures_unless_told_not_to(tmp_path, monkeypatch, calibrate) -> None:
+    """`xsched report` measures the real devices of its machines: into a new profile, or added to a given one; both
+    calibrated back to back, neither with --no-back-to-back (the simulated GPU is modelled either way)."""
+    pytest.importorskip("matplotlib")
+    import xsched.profiling.measure as measure
+    from xsched.cli import main
+    from xsched.contracts.profile import Profile
+    from xsched.loaders import load_graph
+
+    calls = fast_measure(monkeypatch)
+    monkeypatch.setattr(measure, "profile_graph", b2b.profile_graph)  # the plain path as cheap
+    src = tmp_path / "m.py"
+    src.write_text(MODEL_FILE)
+    spec = f"{src}:factory"
+    given = tmp_path / "sim.json"
+    measure.profile_graph(load_graph(spec), ["sim:rtx4090"], progress=False).save(given)
+    for k, extra in enumerate(([], ["--profile", str(given)])):  # a new profile; the given one with cpu added
+        calls.clear()
+        out = tmp_path / f"report{k}"
+        argv = ["report", spec, "--machine", "sim:rtx4090+cpu", "-o", str(out), "--sections", "whatif"]
+        argv += ["--method", "eager", "--baselines", "", "--points", "2", "--quiet", *extra]
+        assert main(argv + ([] if calibrate else ["--no-back-to-back"])) == 0
+        profile = Profile.load(out / "profile.json")
+        assert calls == [["sim:rtx4090", "cpu"] if k == 0 else ["cpu"]]
+        assert set(profile.devices) == {"sim:rtx4090", "cpu"}
+        assert set(profile.back_to_back) == ({"cpu"} if calibrate else set())
+        if calibrate:
+            assert profile.back_to_back["cpu"].step_s > 0
+
+
+def test_plans_reprofile_of_a_stale_profile_is_calibrated(tmp_path, monkeypatch) -> None:
+    """`xsched plan --reprofile` measures a stale profile again as `xsched profile` would: calibrated."""
+    import json
+
+    from xsched.cli import main
+    from xsched.contracts.profile import Profile
+
+    module, inputs = tiny()
+    graph = capture(module, inputs)
+    graph.save(tmp_path / "g.json")
+    stale = b2b.profile_graph(graph, ["cpu"], progress=False, **FAST).to_dict()
+    stale["torch_version"] = "1.0.0"  # measured with another torch: stale here
+    (tmp_path / "p.json").write_text(json.dumps(stale))
+    calls = fast_measure(monkeypatch)
+    argv = ["plan", str(tmp_path / "g.json"), str(tmp_path / "p.json"), "--method", "eager"]
+    assert main([*argv, "-o", str(tmp_path / "plan.json"), "--reprofile"]) == 0
+    assert calls == [["cpu"]] and Profile.load(tmp_path / "p.json").back_to_back["cpu"].step_s > 0

@@ -11,7 +11,7 @@ import torch
 
 from xsched.capture.torch import capture
 from xsched.train.optim import autocast
-from xsched.train.session import grad_outputs
+from xsched.train.plan_wrap import grad_outputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import bench_setup_plan as bench  # noqa: E402

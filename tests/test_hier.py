@@ -28,7 +28,7 @@ from xsched.errors import XschedError
 from xsched.profiling.model import cost_profile
 from xsched.solve.api import solve
 from xsched.solve.hier import HierSettings, solve_hier
-from xsched.solve.hier import solver as hier_solver
+from xsched.solve.hier import blocks as hier_blocks
 from xsched.solve.options import SolverOptions
 from xsched.solve.problem import Problem
 from xsched.solve.reference import eager_peak
@@ -149,7 +149,7 @@ def test_two_devices_and_determinism(monkeypatch) -> None:
         return solve_hier(Problem(g, prof, budgets, ["cuda:0", "cpu"], homes), opts, settings=same)
 
     plans = [plan(1), plan(2)]
-    monkeypatch.setattr(hier_solver, "_start_method", lambda: "forkserver")
+    monkeypatch.setattr(hier_blocks, "start_method", lambda: "forkserver")
     plans.append(plan(2))
     valid(g, plans[0], prof, budgets)
     assert plans[0].steps == plans[1].steps == plans[2].steps
@@ -163,7 +163,7 @@ def _double_or_die(x: int) -> int:
 
 
 def test_a_pool_whose_worker_dies_finishes_its_tasks_in_this_process() -> None:
-    with hier_solver._pool(2, 3) as run:
+    with hier_blocks.BlockPool(2, 3) as run:
         assert run(_double_or_die, [1, 2, 3]) == [2, 4, 6]
         assert run(_double_or_die, [4, 5]) == [8, 10]
 

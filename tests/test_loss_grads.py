@@ -20,7 +20,7 @@ from xsched.execute.reference import run_plan
 from xsched.execute.wrap import wrap
 from xsched.loaders import load_training_task
 from xsched.pipeline import solve_plan
-from xsched.train.session import grad_outputs
+from xsched.train.plan_wrap import grad_outputs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

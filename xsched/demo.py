@@ -45,7 +45,7 @@ def run_demo(s: DemoSettings = DemoSettings(), say: Callable[[str], None] = prin
     import torch
 
     from xsched.capture.torch import capture
-    from xsched.profiling.measure import profile_graph
+    from xsched.execute.back_to_back import profile_calibrated
     from xsched.report.build import ReportSettings, build_report, check_settings
     from xsched.report.machines import parse_machine
     from xsched.report.sweep import SweepSettings
@@ -64,9 +64,11 @@ def run_demo(s: DemoSettings = DemoSettings(), say: Callable[[str], None] = prin
     graph = capture(copy.deepcopy(z.model), z.inputs, name=f"{s.model}-{s.scale}")
     say(f"1. captured {graph.name}: {len(graph.ops)} ops, {len(graph.values)} values ({_since(start)})")
     t0 = time.perf_counter()
-    profile = profile_graph(graph, ["cpu", gpu], max_total_s=s.profile_s, progress=s.progress)
+    # as wrap and `xsched train` measure: the ops alone, then each real device's eager step back to back
+    profile = profile_calibrated(graph, ["cpu", gpu], max_total_s=s.profile_s, progress=s.progress)
     kind = "measured" if gpu.startswith("cuda") else "a roofline model of its spec (no GPU here)"
-    say(f"2. profiled every op on cpu (measured) and {gpu} ({kind}) in {_since(t0)}")
+    steps = f"; eager steps back to back on {', '.join(profile.back_to_back)}" if profile.back_to_back else ""
+    say(f"2. profiled every op on cpu (measured) and {gpu} ({kind}) in {_since(t0)}{steps}")
     t0 = time.perf_counter()
     machine = parse_machine(f"{gpu}+cpu")
     report = build_report(graph, profile, [machine], Path(s.out), settings, "xsched demo")
@@ -84,7 +86,11 @@ def run_demo(s: DemoSettings = DemoSettings(), say: Callable[[str], None] = prin
         f"{worst:.3g}"
     )
     t0 = time.perf_counter()
-    cpu = profile_graph(graph, ["cpu"], max_total_s=s.profile_s, progress=False) if gpu.startswith("cuda") else profile
+    cpu = (
+        profile_calibrated(graph, ["cpu"], max_total_s=s.profile_s, progress=False)
+        if gpu.startswith("cuda")
+        else profile
+    )
     plan = solve(graph, cpu, {"cpu": s.cpu_budget}, options=SolverOptions(time_limit_s=s.solve_s))
     eager = eager_plan(graph, "cpu", cpu)
     say(

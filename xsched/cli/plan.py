@@ -17,8 +17,12 @@ def cmd_plan(a: argparse.Namespace) -> int:
     from xsched.devices.base import split_device_list
 
     graph = Graph.load(a.graph)
-    # Planning for another machine is allowed (graph check only); --reprofile re-measures a stale profile here.
-    profile = load_profile(a.profile, graph, reprofile=a.reprofile, check_machine=a.reprofile)
+    # Planning for another machine is allowed (graph check only); --reprofile re-measures a stale profile here,
+    # calibrated back to back as `xsched profile` measures (imported only then: planning from files needs no torch)
+    measure = None
+    if a.reprofile:
+        from xsched.execute.back_to_back import profile_calibrated as measure
+    profile = load_profile(a.profile, graph, reprofile=a.reprofile, check_machine=a.reprofile, measure=measure)
     if a.compile:  # the plan runs as compiled regions (`xsched run --compile`): its ops priced as fused
         from xsched.profiling.fused import fused_profile
 

@@ -58,7 +58,8 @@ def cmd_report(a: argparse.Namespace) -> int:
 
 
 def _profile(a: argparse.Namespace, graph: Graph, devices: list[str]) -> Profile:
-    """The given profile with the devices it lacks added (simulated: modelled; real: measured), or a new one."""
+    """The given profile with the devices it lacks added, or a new one: simulated devices modelled, real ones
+    measured and (unless --no-back-to-back) calibrated by their eager step back to back, as `xsched profile` does."""
     from xsched.profiling.store import load_profile
 
     bars = not a.quiet and sys.stderr.isatty()  # like the report's own bar: none into a log file
@@ -67,9 +68,12 @@ def _profile(a: argparse.Namespace, graph: Graph, devices: list[str]) -> Profile
         return given  # nothing to measure (measuring imports torch)
     from xsched.profiling.measure import extend_profile, profile_graph
 
+    measure = profile_graph
+    if not a.no_back_to_back:  # the eager steps back to back are counted in --max-profile-time
+        from xsched.execute.back_to_back import profile_calibrated as measure
     if given is not None:
-        return extend_profile(graph, given, devices, max_total_s=a.max_profile_time, progress=bars)
-    return profile_graph(graph, devices, max_total_s=a.max_profile_time, progress=bars)
+        return extend_profile(graph, given, devices, measure=measure, max_total_s=a.max_profile_time, progress=bars)
+    return measure(graph, devices, max_total_s=a.max_profile_time, progress=bars)
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -99,6 +103,11 @@ def add(sub: argparse._SubParsersAction) -> None:
         type=float,
         default=30.0,
         help="profiling's time cap, seconds: ops it leaves unmeasured are modelled",
+    )
+    r.add_argument(
+        "--no-back-to-back",
+        action="store_true",
+        help="skip timing the eager step on each CPU and GPU measured (the calibration of ops run back to back)",
     )
     r.add_argument("--measured", help="a scripts/bench_gpu_memory.py --json file: adds its measured time/peak frontier")
     r.add_argument("--quiet", action="store_true", help="no progress bars")

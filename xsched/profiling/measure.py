@@ -9,7 +9,7 @@ import itertools
 import json
 import logging
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -223,16 +223,23 @@ def _op_costs(graph: Graph, d: Device, found: Found) -> _DeviceCosts:
 
 
 def extend_profile(
-    graph: Graph, profile: Profile, devices: Sequence[str], *, pinned: bool = True, **kwargs: Any
+    graph: Graph,
+    profile: Profile,
+    devices: Sequence[str],
+    *,
+    pinned: bool = True,
+    measure: Callable[..., Profile] | None = None,
+    **kwargs: Any,
 ) -> Profile:
     """`profile` plus the devices of `devices` it lacks: their op costs, the links among them and the links
     between each of them and each device already there (so one measured profile serves many what-ifs; the
-    devices it has keep their costs). kwargs go to profile_graph for the new devices."""
+    devices it has keep their costs). The new devices are measured by `measure` (default profile_graph; the
+    execute layer's profile_calibrated adds their back-to-back calibration), kwargs going to it."""
     profile.check_graph(graph.fingerprint)
     new = [d for d in dict.fromkeys(devices) if d not in profile.devices]
     if not new:
         return profile
-    add = profile_graph(graph, new, pinned=pinned, **kwargs)
+    add = (measure or profile_graph)(graph, new, pinned=pinned, **kwargs)
     copy, links = {**profile.copy, **add.copy}, {**profile.extra.get("links", {}), **add.extra.get("links", {})}
     largest = sorted((v for v in graph.values if v.nbytes > 0), key=lambda v: -v.nbytes)[:PER_VALUE]
     for old in profile.devices:
@@ -259,5 +266,5 @@ def extend_profile(
         stores=profile.stores,
         modelled=profile.modelled,
         profiling={**(profile.profiling or {}), "extended": extended},
-        back_to_back=profile.back_to_back,  # the devices it had keep theirs; the new ones are not calibrated here
+        back_to_back={**profile.back_to_back, **add.back_to_back},  # the devices it had keep theirs
     )

@@ -27,7 +27,8 @@ from xsched.train.config import TrainConfig
 from xsched.train.data import token_data
 from xsched.train.meters import EnergyMeter, PeakMeter
 from xsched.train.optim import Updater, autocast, host_optimizer_blocker, make_updater, master_on_host
-from xsched.train.plans import CachedPlan, cached_plan
+from xsched.train.plan_wrap import local_device, plan_and_wrap
+from xsched.train.plans import CachedPlan
 from xsched.train.records import Reporter
 
 # what a checkpoint's run must share with the run resuming it (its seed and world may differ: see restore)
@@ -73,25 +74,10 @@ class Session:
         return contextlib.nullcontext() if last or no_sync is None else no_sync()
 
 
-def _local(name: str, local_rank: int) -> str:
-    return f"cuda:{local_rank}" if name == "cuda" else name
-
-
 def placement(config: TrainConfig, local_rank: int) -> tuple[dict[str, str], list[str]]:
-    budgets = {_local(d, local_rank): s for d, s in config.budgets.items()}
-    devices = [_local(d, local_rank) for d in config.devices] if config.devices else list(budgets)
+    budgets = {local_device(d, local_rank): s for d, s in config.budgets.items()}
+    devices = [local_device(d, local_rank) for d in config.devices] if config.devices else list(budgets)
     return budgets, devices
-
-
-def graph_name(spec: str) -> str:
-    """A file-name-safe name for the model's graph: gpt2 for zoo:gpt2, hf-gpt2 for hf:gpt2, my_model.factory for
-    path/my_model.py:factory."""
-    if spec.startswith("zoo:"):
-        return spec[4:]
-    if spec.startswith("hf:"):
-        return f"hf-{spec[3:]}"
-    path, _, factory = spec.rpartition(":")
-    return f"{Path(path).stem}.{factory}"
 
 
 def load_task(config: TrainConfig) -> TrainingTask:
@@ -202,142 +188,6 @@ def _token_count(task: TrainingTask) -> int | None:
     return first.numel() if first is not None and not first.is_floating_point() else None
 
 
-def grad_outputs(task: TrainingTask) -> str | tuple[int, ...]:
-    """The model outputs whose gradients a step computes: those the task's loss function reads (found on fake
-    tensors), so a model returning (logits, loss) trained on its loss captures no backward of its logits; every
-    output where that cannot be found."""
-    from xsched.capture.grad_outputs import loss_outputs
-
-    inputs, targets = task.example_batch
-    return loss_outputs(task.model, tuple(inputs), task.loss_fn, targets) or "all"
-
-
-def _plan_and_wrap(
-    config: TrainConfig,
-    task: TrainingTask,
-    budgets: dict[str, str],
-    devices: Sequence[str],
-    world: dist.World,
-    rep: Reporter,
-    evaluates: bool,
-) -> tuple[Graph, CachedPlan, Any]:
-    """Capture under the run's autocast (so the casts are in the graph and the plan runs the low-precision ops),
-    plan (rank 0 first: the others find its cached plans) and wrap; an evaluating run also gets an inference plan
-    within the training plan's bytes (a "%" budget is of the training graph's eager peak)."""
-    from xsched.capture.torch import capture
-    from xsched.execute.param_home import param_homes
-    from xsched.execute.wrap import wrap
-
-    home = _local(config.param_home, dist.local_rank()) if config.param_home else None
-    stores = [_local(d, dist.local_rank()) for d in config.stores]
-
-    def plan_for(graph: Graph, limits: Mapping[str, str | int], homes: Mapping[str, str] | None = None) -> CachedPlan:
-        if homes is None and home is not None:
-            homes = param_homes(graph, home)
-        return dist.main_first(
-            world,
-            lambda: cached_plan(
-                graph,
-                limits,
-                devices,
-                config.method,
-                config.profile,
-                config.time_limit,
-                config.cache_dir,
-                rep.notice,
-                stores,
-                homes,
-                fused=config.compile,
-            ),
-        )
-
-    inputs = task.example_batch[0]
-    grads = grad_outputs(task)
-    graph = capture(task.model, inputs, name=graph_name(config.model), grad_outputs=grads)
-    chosen = plan_for(graph, budgets)
-    if config.optimizer_split is not None and home is not None:
-        chosen, budgets = _split(config, graph, chosen, budgets, devices, stores, home, plan_for, rep)
-    wrapped = wrap(
-        task.model,
-        inputs,
-        budgets,
-        devices,
-        plan=chosen.plan,
-        stores=stores,
-        param_home=home,
-        compile=config.compile,
-        grad_outputs=grads,
-        expandable_segments=config.expandable_segments,
-    )
-    if evaluates:
-        wrapped.eval()
-        inference = capture(task.model, inputs, inference=True, name=graph.name)
-        wrapped.use_plan(plan_for(inference, chosen.plan.budgets).plan, inputs)
-        wrapped.train()
-    return graph, chosen, wrapped
-
-
-def _split(
-    config: TrainConfig,
-    graph: Graph,
-    chosen: CachedPlan,
-    budgets: dict[str, str],
-    devices: Sequence[str],
-    stores: Sequence[str],
-    home: str,
-    plan_for: Callable[..., CachedPlan],
-    rep: Reporter,
-) -> tuple[CachedPlan, dict[str, Any]]:
-    """Twin-Flow's split (xsched.train.placement): the parameters the all-home plan releases last move, with their
-    optimizer, to the computing device within `--optimizer-split` of its budget, and the plan is solved again."""
-    from xsched.budgets import format_bytes
-    from xsched.execute.param_home import ListenerSlot, ParamPoints, param_homes
-    from xsched.train.placement import split_plan
-
-    device = next(d for d in devices if d not in stores and d != home)
-    order = ParamPoints(graph, chosen.plan, ListenerSlot()).order
-    homes = param_homes(graph, home)
-    assert config.optimizer_split is not None
-    pick, why = None, None
-    if config.optimizer_split_by == "time":
-        pick, why = _timed_pick(graph, chosen, device, home, budgets)
-    split, plan = split_plan(
-        graph, order, device, budgets, config.optimizer_split, lambda b, h: plan_for(graph, b, h), homes, pick
-    )
-    rep.notice(
-        f"optimizer split: {len(split.params)} of {len(order)} parameters and their AdamW on {device} "
-        f"({format_bytes(split.bytes)} with their state), the rest on {home}{why(split) if why else ''}"
-    )
-    return plan, dict(split.budgets)  # type: ignore[return-value]
-
-
-def _timed_pick(
-    graph: Graph, chosen: CachedPlan, device: str, home: str, budgets: dict[str, str]
-) -> tuple[Callable[[float], Any], Callable[[Any], str]]:
-    """The split by predicted step (xsched.train.split_time) on the all-home plan's predicted run and AdamW's rates
-    measured here, and what it predicts for a split, in words."""
-    from xsched.train.placement import choose_timed
-    from xsched.train.split_inputs import adamw_rate, plan_groups
-    from xsched.train.split_time import StepModel, predict_step
-
-    groups, run_s = plan_groups(graph, chosen.plan, chosen.profile)
-    model = StepModel(run_s, adamw_rate(home), adamw_rate(device))
-    before = predict_step(groups, (), model)[0]
-
-    def pick(share: float) -> Any:
-        return choose_timed(graph, groups, model, device, budgets, share)
-
-    def why(split: Any) -> str:
-        moved = [i for i, g in enumerate(groups) if set(g.params) <= set(split.params)]
-        return (
-            f"; chosen by predicted step: {predict_step(groups, moved, model)[0] * 1e3:.4g} ms, "
-            f"{before * 1e3:.4g} ms with nothing moved (run {run_s * 1e3:.4g} ms; AdamW "
-            f"{model.host_rate / 1e9:.2f} Gparam/s on {home}, {model.device_rate / 1e9:.2f} on {device})"
-        )
-
-    return pick, why
-
-
 def prepare(
     config: TrainConfig, budgets: dict[str, str], devices: Sequence[str], world: dist.World, rep: Reporter
 ) -> tuple[Session, int]:
@@ -355,7 +205,7 @@ def prepare(
     kinds = tuple(sorted({torch_device(d).type for d in devices}))
     amp = partial(autocast, config.precision, kinds)
     with amp(), captured_once():  # wrap's capture of the model and inputs just captured for planning reuses it
-        graph, chosen, wrapped = _plan_and_wrap(config, task, budgets, devices, world, rep, val is not None)
+        graph, chosen, wrapped = plan_and_wrap(config, task, budgets, devices, world, rep, val is not None)
     clock = step_clock(wrapped)
     updater = make_updater(config, wrapped, kinds, world.size, clock)
     blocker = host_optimizer_blocker(config, world.size)

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from xsched.zoo.skip_draws import JUMP_MIN, skip_draws
+
 
 @dataclass(frozen=True)
 class LlamaConfig:
@@ -107,15 +109,13 @@ class Llama(nn.Module):
         self.norm = RMSNorm(cfg.n_embd)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab, bias=False)
         self.lm_head.weight = self.embed_tokens.weight  # tied, as Llama 3.2's 1B and 3B
-        hs = cfg.n_embd // cfg.n_head
-        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hs, 2, dtype=torch.float32) / hs))
-        angles = torch.outer(torch.arange(cfg.block_size, dtype=torch.float32), inv)
         # not saved in state dicts; fp32 here, cast with the model (as Hugging Face computes them per dtype)
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
-        self.register_buffer(
-            "future", torch.ones(cfg.block_size, cfg.block_size, dtype=torch.bool).triu(1), persistent=False
-        )
+        for name, value in rope_buffers(cfg).items():
+            self.register_buffer(name, value, persistent=False)
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """normal(0, 0.02) over every matrix (the embedding and its tied head once), in parameter order."""
         for p in self.parameters():
             if p.dim() == 2:
                 nn.init.normal_(p, 0.0, 0.02)
@@ -145,10 +145,55 @@ def scales(name: str) -> dict[str, LlamaConfig]:
     }
 
 
+def rope_buffers(cfg: LlamaConfig) -> dict[str, torch.Tensor]:
+    """The rotary embedding's cos and sin (block_size, head size / 2) and the causal mask's future positions."""
+    hs = cfg.n_embd // cfg.n_head
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hs, 2, dtype=torch.float32) / hs))
+    angles = torch.outer(torch.arange(cfg.block_size, dtype=torch.float32), inv)
+    future = torch.ones(cfg.block_size, cfg.block_size, dtype=torch.bool).triu(1)
+    return {"cos": angles.cos(), "sin": angles.sin(), "future": future}
+
+
 def make_model(cfg: LlamaConfig) -> nn.Module:
+    """The model on the current default device; a large one on the CPU gets its weights drawn once (_built_once)."""
     if cfg.seq > cfg.block_size:
         raise ValueError(f"llama seq={cfg.seq} exceeds block_size={cfg.block_size}")
+    on_cpu = torch.get_default_device().type == "cpu" and torch.get_default_dtype() == torch.float32
+    if on_cpu and _init_draws(cfg) >= JUMP_MIN:
+        return _built_once(cfg)
+    # the same weights, drawn twice: fast for a small model (meta's first use imports about 2 s of torch); on the
+    # meta device nothing is drawn, on another device from its own generator
     return Llama(cfg)
+
+
+def _built_once(cfg: LlamaConfig) -> Llama:
+    """Llama(cfg) with the same weights, drawn once: built on the meta device (torch's own init of each Linear and
+    of the embedding draws nothing there), its memory taken on the CPU, the global generator moved past the draws
+    that init would have made (skip_draws: a jump ahead for a large model), then the zoo's normal_ drawn."""
+    with torch.device("meta"):
+        model = Llama(cfg)
+    model.to_empty(device="cpu")
+    model.lm_head.weight = model.embed_tokens.weight  # to_empty gives each module its own tensor: tied again
+    for name, value in rope_buffers(cfg).items():
+        setattr(model, name, value)  # a registered buffer stays one, not saved in state dicts
+    for m in model.modules():
+        if isinstance(m, RMSNorm):
+            nn.init.ones_(m.weight)
+    skip_draws(_init_draws(cfg))
+    model.init_weights()
+    return model
+
+
+def _init_draws(cfg: LlamaConfig) -> int:
+    """The 32-bit draws torch's own init takes from the global generator in Llama(cfg) on the CPU (float32): the
+    embedding's normal_ (one per value, and 16 more when their count is not a multiple of 16: the last 16 are drawn
+    again; under 16 values it draws otherwise, never at a size that jumps), every Linear's kaiming uniform_ (one
+    per value), the head's included before it is tied."""
+    hs = cfg.n_embd // cfg.n_head
+    embedding = cfg.vocab * cfg.n_embd
+    attention = cfg.n_embd * hs * (2 * cfg.n_head + 2 * cfg.n_kv_head)  # q and o; k and v
+    mlp = 3 * cfg.n_embd * cfg.ffn
+    return embedding + (16 if embedding % 16 else 0) + cfg.n_layer * (attention + mlp) + cfg.vocab * cfg.n_embd
 
 
 def make_inputs(cfg: LlamaConfig, batch: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:

@@ -13,7 +13,8 @@ children's options), then the H-ILP of the whole graph under the real budgets, f
 | `park` | with a store: blocks' park options, their pricing on the lanes, parked values' frees kept in the flat plan |
 | `hindex`, `hilp`, `highs` | the H-ILP: index sets, model (built on the clock), its HiGHS run, extraction; plans without a solver |
 | `upper` | options of blocks above the bottom from the H-ILP |
-| `solver` | `solve_hier`: the levels, the pool, the top |
+| `blocks` | each block's options, one solve per class of identical blocks, in a pool of worker processes |
+| `solver` | `solve_hier`: the levels, the top H-ILP, the refinement |
 """
 
 from xsched.solve.hier.solver import HierSettings, solve_hier
