@@ -1,0 +1,162 @@
+"""chunk_cross_entropy: the zoo GPT-2's loss split into row blocks runs as eager PyTorch (loss, logits, every
+gradient), lowers the memory lower bound, and is planned below the original graph's proven bound; patterns it does
+not handle are one-line errors, graphs without a loss come back unchanged."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.testing import assert_close
+
+from tests.oracle import peaks
+from xsched import zoo
+from xsched.capture.chunk_loss import chunk_cross_entropy
+from xsched.capture.torch import bind_inputs, capture, unpack_outputs
+from xsched.errors import BudgetError, GraphError
+from xsched.execute.reference import run_plan
+from xsched.pipeline import plan_profile, solve_plan
+from xsched.solve.bounds.memory import check_budgets, lower_bounds
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def gpt2(scale: str = "tiny", batch: int | None = None) -> zoo.ZooModel:
+    return zoo.build("gpt2", batch=batch, scale=scale)
+
+
+def eager(model: nn.Module, inputs: tuple, every: bool) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
+    """(logits, loss) and the gradients of eager PyTorch: loss.backward(), or with "all" ones into both outputs
+    (what bind_inputs gives the tangents)."""
+    model = copy.deepcopy(model)
+    torch.manual_seed(7)
+    logits, loss = model(*inputs)
+    if every:
+        torch.autograd.backward([logits, loss], [torch.ones_like(logits), torch.ones_like(loss)])
+    else:
+        loss.backward()
+    return (logits.detach(), loss.detach()), {n: p.grad for n, p in model.named_parameters()}
+
+
+def run(graph, model: nn.Module, inputs: tuple, plan=None):
+    plan = plan or solve_plan(graph, {"cpu": "100%"}, method="eager", profile="model")
+    torch.manual_seed(7)
+    return unpack_outputs(graph, run_plan(graph, plan, bind_inputs(graph, model, inputs)))
+
+
+def assert_eager(graph, z: zoo.ZooModel, every: bool, plan=None) -> None:
+    got = run(graph, z.model, z.inputs, plan)
+    outputs, grads = eager(z.model, z.inputs, every)
+    for a, b in zip(got.outputs, outputs):
+        assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert set(got.grads) == set(grads)
+    for n, want in grads.items():
+        # summed in another order (per chunk): an absolute tolerance on the gradient's scale, for cancellations
+        atol = 1e-6 * max(1.0, float(want.abs().max()))
+        assert_close(got.grads[n], want, rtol=1e-5, atol=atol, msg=lambda m, n=n: f"{n}: {m}")
+
+
+def bound(graph) -> int:
+    return lower_bounds(graph, None, ["cpu"], {v: "cpu" for v in graph.inputs})["cpu"].bytes
+
+
+@pytest.mark.parametrize("chunks", [3, 4])  # 32 rows: 11 + 11 + 10, and 4 x 8
+@pytest.mark.parametrize("grad_outputs", ["all", "auto"])
+def test_chunked_gpt2_is_eager(grad_outputs: str, chunks: int) -> None:
+    """The chunked graph's eager plan gives eager PyTorch's logits, loss and gradients; no logits-sized tensor is
+    made but the logits (and, with "all", their tangent, an input), and the loss's ops come in chunk order."""
+    z = gpt2()
+    g = capture(z.model, z.inputs, grad_outputs=grad_outputs)
+    c = chunk_cross_entropy(g, chunks)
+    assert_eager(c, z, grad_outputs == "all")
+    logits = c.forward_outputs[0]["ref"]
+    rows, vocab = 32, 64
+    whole = {v for o in c.ops for v in o.outputs if c.value[v].shape in ((rows, vocab), (2, 16, vocab))}
+    assert whole == {logits} and (rows, vocab) in {g.value[v].shape for v in g.value if v != logits}
+    chunk_rows = [c.value[o.outputs[0]].shape[0] for o in c.ops if o.target == "aten._log_softmax.default"]
+    assert chunk_rows == [11, 11, 10] if chunks == 3 else [8] * 4
+    losses = [o for o in c.ops if o.phase == "loss"]
+    assert {o.target for o in losses} >= {"aten.nll_loss_forward.default", "aten.div.Tensor"}
+    assert [o.target for o in c.ops if o.phase == "bwd"].count("aten._log_softmax_backward_data.default") == chunks
+    assert c.extra["chunk_loss"] == chunks and c.forward_outputs == g.forward_outputs and c.grads == g.grads
+
+
+def test_one_chunk_is_eager_too() -> None:
+    z = gpt2()
+    g = capture(z.model, z.inputs, grad_outputs="auto")
+    assert_eager(chunk_cross_entropy(g, 1), z, every=False)
+
+
+def test_planned_below_the_original_bound() -> None:
+    """With a vocabulary large for its width, the loss's backward sets the original graph's lower bound: a budget
+    below it is proven infeasible there, and the chunked graph (whose bound is lower) gets a checkpoint plan within
+    it that runs as eager PyTorch."""
+    z = gpt2("tiny:vocab=512", batch=8)
+    g = capture(z.model, z.inputs, grad_outputs="all")
+    c = chunk_cross_entropy(g, 4)
+    before, after = bound(g), bound(c)
+    assert after < before
+    budget = before - 1
+    with pytest.raises(BudgetError, match="lower bound"):
+        check_budgets(g, None, {"cpu": budget}, ["cpu"], {v: "cpu" for v in g.inputs})
+    plan = solve_plan(c, {"cpu": budget}, method="checkpoint", profile="model")
+    assert peaks(c, plan, plan_profile(c, ["cpu"], "model"))["cpu"] <= budget
+    assert_eager(c, z, every=True, plan=plan)
+
+
+def test_bad_chunks_are_one_line_errors() -> None:
+    z = gpt2()
+    g = capture(z.model, z.inputs, grad_outputs="auto")
+    for bad in (0, 33, -1, 2.0, True, "4"):
+        with pytest.raises(GraphError, match="chunks must be an int from 1 to 32") as e:
+            chunk_cross_entropy(g, bad)
+        assert "\n" not in str(e.value)
+
+
+class Head(nn.Module):
+    """A linear head and cross-entropy, with the options the chunking does not handle."""
+
+    def __init__(self, bias: bool = False, reduction: str = "mean", loss: bool = True) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body, self.head = nn.Linear(8, 8), nn.Linear(8, 16, bias=bias)
+        self.reduction, self.loss = reduction, loss
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        logits = self.head(torch.relu(self.body(x)))
+        if not self.loss:
+            return (logits,)
+        return logits, nn.functional.cross_entropy(logits, y, reduction=self.reduction)
+
+
+def head_inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(12, 8, generator=g), torch.randint(0, 16, (12,), generator=g)
+
+
+def test_a_plain_linear_head_is_chunked_and_eager() -> None:
+    """Logits straight from a bias-free Linear (no view chain), 12 rows in 5 chunks, differentiated both ways."""
+    for every in (True, False):
+        model, inputs = Head(), head_inputs()
+        g = capture(model, inputs, grad_outputs="all" if every else "auto")
+        assert_eager(chunk_cross_entropy(g, 5), zoo.ZooModel("head", model, inputs), every)
+
+
+@pytest.mark.parametrize(
+    ("head", "says"),
+    [(Head(bias=True), "expected 2 mm"), (Head(reduction="sum"), "mean reduction")],
+    ids=["bias", "sum"],
+)
+def test_other_patterns_are_one_line_errors(head: Head, says: str) -> None:
+    """A head with a bias (its gradient sums the loss's gradient whole) or a summed loss: named, not rewritten."""
+    g = capture(head, head_inputs(), grad_outputs="auto")
+    with pytest.raises(GraphError, match=says) as e:
+        chunk_cross_entropy(g, 2)
+    assert "\n" not in str(e.value) and e.value.op is not None
+
+
+def test_a_graph_without_the_loss_is_returned_unchanged() -> None:
+    g = capture(Head(loss=False), head_inputs())
+    assert chunk_cross_entropy(g, 2) is g
