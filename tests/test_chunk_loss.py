@@ -160,3 +160,25 @@ def test_other_patterns_are_one_line_errors(head: Head, says: str) -> None:
 def test_a_graph_without_the_loss_is_returned_unchanged() -> None:
     g = capture(Head(loss=False), head_inputs())
     assert chunk_cross_entropy(g, 2) is g
+
+
+def test_the_capture_command_chunks_the_loss(tmp_path, capsys) -> None:
+    """`xsched capture --chunk-loss K` writes the chunked graph; a bad K, a forward-only loss and a graph without
+    a cross-entropy are one-line errors."""
+    from xsched.cli import main
+    from xsched.cli.graph import _chunked
+    from xsched.contracts.graph import Graph
+
+    out = tmp_path / "g.json"
+    args = ["capture", "zoo:gpt2", "--scale", "tiny", "--grad-outputs", "auto", "-o", str(out)]
+    assert main([*args, "--chunk-loss", "3"]) == 0
+    z = gpt2()
+    want = chunk_cross_entropy(capture(z.model, z.inputs, grad_outputs="auto"), 3)
+    assert Graph.load(out).fingerprint == want.fingerprint
+    capsys.readouterr()
+    for extra, says in ((["--chunk-loss", "0"], "chunks must be an int from 1 to 32"), (["--inference"], "the loss")):
+        assert main([*args, "--chunk-loss", "2", *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert says in err and "\n" not in err
+    with pytest.raises(GraphError, match="has no cross-entropy"):
+        _chunked(capture(Head(loss=False), head_inputs()), 2)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 
 from xsched.cli.common import add_shape_flag, parse_shape_flags, print_json
+from xsched.contracts.graph import Graph
+from xsched.errors import GraphError
 
 
 def _grad_outputs(text: str) -> str | tuple[int, ...]:
@@ -24,6 +26,8 @@ def cmd_capture(a: argparse.Namespace) -> int:
     g = load_graph(
         a.model, batch=a.batch, scale=a.scale, inference=a.inference, shapes=shapes, grad_outputs=a.grad_outputs
     )
+    if a.chunk_loss is not None:
+        g = _chunked(g, a.chunk_loss)
     g.save(a.output)
     phases = {p: sum(o.phase == p for o in g.ops) for p in ("fwd", "loss", "bwd")}
     if a.json:
@@ -35,11 +39,23 @@ def cmd_capture(a: argparse.Namespace) -> int:
                 "ops": len(g.ops),
                 "values": len(g.values),
                 "phases": phases,
+                "chunk_loss": g.extra.get("chunk_loss"),
             }
         )
         return 0
     print(f"{g.name}: {len(g.ops)} ops ({phases}), {len(g.values)} values -> {a.output}")
     return 0
+
+
+def _chunked(g: Graph, chunks: int) -> Graph:
+    """--chunk-loss: the graph with its cross-entropy in `chunks` row blocks; a graph without one is an error (the
+    user asked for a rewrite that would not happen)."""
+    from xsched.capture.chunk_loss import chunk_cross_entropy
+
+    chunked = chunk_cross_entropy(g, chunks)
+    if chunked is g:
+        raise GraphError("--chunk-loss: the graph has no cross-entropy (a _log_softmax read by nll_loss_forward)")
+    return chunked
 
 
 def cmd_import(a: argparse.Namespace) -> int:
@@ -81,6 +97,13 @@ def add(sub: argparse._SubParsersAction) -> None:
         default="all",
         help="the forward outputs the backward differentiates: all (default), auto (the scalar losses, if the "
         "model returns any: loss.backward() of a (logits, loss) model) or positions, e.g. 1",
+    )
+    c.add_argument(
+        "--chunk-loss",
+        type=int,
+        metavar="K",
+        help="compute the cross-entropy (log_softmax + nll_loss) and its backward in K row blocks, so no "
+        "[tokens, vocab] tensor but the logits is made whole: a lower memory bound for language models",
     )
     add_shape_flag(c)
     c.add_argument("-o", "--output", required=True)
