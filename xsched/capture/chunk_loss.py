@@ -118,6 +118,7 @@ def _plain(x: Any, vid: str, op: Op, what: str, views: set[str] | None = None) -
 
 
 def _match(graph: Graph, ls: Op) -> _Pattern:
+    """The cross-entropy around `ls`, checked op by op against the captured pattern."""
     x_ref, dim, half = _args(ls, 3)
     xm = _meta(graph, x_ref)
     if xm.dim() != 2 or dim not in (1, -1) or half is not False:
@@ -150,16 +151,35 @@ def _match(graph: Graph, ls: Op) -> _Pattern:
     _plain(a_arg, a, lsb, "the output", _DETACH)
     if dim2 not in (1, -1) or dtype != {"dtype": graph.value[a].dtype}:
         raise GraphError(f"_log_softmax_backward_data over dim {dim2}, {dtype}; expected dim 1, A's dtype", op=lsb.id)
+    if not _is_ref(g1_ref) or _meta(graph, g1_ref).dim() != 0:
+        raise GraphError("nll_loss_backward's incoming gradient is not a scalar tensor", op=nllb.id)
+    return _Pattern(
+        ls,
+        nll,
+        nllb,
+        lsb,
+        rows=rows,
+        x_ref=x_ref,
+        t_ref=t_ref,
+        g1_ref=g1_ref,
+        ignore=ignore,
+        dim=dim,
+        **_match_grads(graph, lsb, rows, vocab),
+    )
+
+
+def _match_grads(graph: Graph, lsb: Op, rows: int, vocab: int) -> dict[str, Any]:
+    """The loss gradient R (D, or the logits' tangent + D) read by exactly the two mm of the logits' matmul."""
     (d,) = lsb.outputs
-    r, add, tangent_ref, tangent_first = d, None, None, True
+    r, found = d, {"add": None, "tangent_ref": None, "tangent_first": True}
     d_readers = [graph.op[c] for c in graph.consumers[d]]
     if len(d_readers) == 1 and d_readers[0].target == "aten.add.Tensor":
-        add = d_readers[0]
-        tangent_ref, tangent_first = _match_add(graph, add, d, rows, vocab)
+        add = found["add"] = d_readers[0]
+        found["tangent_ref"], found["tangent_first"] = _match_add(graph, add, d, rows, vocab)
         _only(graph, d, {add.id}, lsb)
         (r,) = add.outputs
     mms = [graph.op[c] for c in graph.consumers[r]]
-    producer = add or lsb
+    producer = found["add"] or lsb
     if len(mms) != 2 or any(o.target != "aten.mm.default" for o in mms):
         raise GraphError(f"loss gradient {r} read by {[o.target for o in mms]}; expected 2 mm", op=producer.id)
     _only(graph, r, {o.id for o in mms}, producer)
@@ -167,10 +187,7 @@ def _match(graph: Graph, ls: Op) -> _Pattern:
     if set(kinds) != {"dw", "dh"}:
         raise GraphError("loss gradient's mm are not one weight and one input gradient", op=mms[0].id)
     h_ref, w_ref = kinds["dw"].call["args"][1], kinds["dh"].call["args"][1]
-    return _Pattern(
-        ls, nll, nllb, lsb, add, kinds["dw"], kinds["dh"], rows, x_ref, t_ref, g1_ref, ignore, dim,
-        tangent_ref, tangent_first, h_ref, w_ref,
-    )  # fmt: skip
+    return {**found, "mm_dw": kinds["dw"], "mm_dh": kinds["dh"], "h_ref": h_ref, "w_ref": w_ref}
 
 
 def _match_add(graph: Graph, add: Op, d: str, rows: int, vocab: int) -> tuple[Ref, bool]:
