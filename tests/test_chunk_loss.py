@@ -5,6 +5,8 @@ not handle are one-line errors, graphs without a loss come back unchanged."""
 from __future__ import annotations
 
 import copy
+import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -182,3 +184,17 @@ def test_the_capture_command_chunks_the_loss(tmp_path, capsys) -> None:
         assert says in err and "\n" not in err
     with pytest.raises(GraphError, match="has no cross-entropy"):
         _chunked(capture(Head(loss=False), head_inputs()), 2)
+
+
+def test_the_benchmark_script_tables_the_bounds(capsys) -> None:
+    """scripts/bench_chunk_loss.py's bounds table (seconds at a small scale): one row per graph, the chunked
+    graphs' bound below the original's."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_chunk_loss.py"
+    spec = importlib.util.spec_from_file_location("bench_chunk_loss", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--scale", "tiny:vocab=512", "--chunks", "2,4"]) == 0
+    rows = [r.split("|") for r in capsys.readouterr().out.splitlines() if r.startswith(("| original", "| 2 ", "| 4 "))]
+    assert [r[1].strip() for r in rows] == ["original", "2 chunks", "4 chunks"]
+    bounds = [float(r[4].split("(")[1].rstrip("%) ")) for r in rows]  # % of the original's eager peak
+    assert bounds[1] < bounds[0] and bounds[2] < bounds[0]
