@@ -139,11 +139,14 @@ def head_inputs() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_a_plain_linear_head_is_chunked_and_eager() -> None:
-    """Logits straight from a bias-free Linear (no view chain), 12 rows in 5 chunks, differentiated both ways."""
-    for every in (True, False):
-        model, inputs = Head(), head_inputs()
-        g = capture(model, inputs, grad_outputs="all" if every else "auto")
-        assert_eager(chunk_cross_entropy(g, 5), zoo.ZooModel("head", model, inputs), every)
+    """Logits straight from a bias-free Linear (no view chain), 12 rows in 5 chunks, differentiated both ways; with
+    ignored targets (-100), all of one chunk's (rows 8-9): the mean is over the targets kept, as eager's."""
+    x, y = head_inputs()
+    for inputs in ((x, y), (x, torch.where(torch.arange(12) % 4 < 2, -100, y))):
+        for every in (True, False):
+            model = Head()
+            g = capture(model, inputs, grad_outputs="all" if every else "auto")
+            assert_eager(chunk_cross_entropy(g, 5), zoo.ZooModel("head", model, inputs), every)
 
 
 @pytest.mark.parametrize(
