@@ -21,6 +21,7 @@ from xsched.errors import BudgetError, GraphError
 from xsched.execute.reference import run_plan
 from xsched.pipeline import plan_profile, solve_plan
 from xsched.solve.bounds.memory import check_budgets, lower_bounds
+from xsched.train.optim import autocast
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -29,12 +30,15 @@ def gpt2(scale: str = "tiny", batch: int | None = None) -> zoo.ZooModel:
     return zoo.build("gpt2", batch=batch, scale=scale)
 
 
-def eager(model: nn.Module, inputs: tuple, every: bool) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
+def eager(
+    model: nn.Module, inputs: tuple, every: bool, precision: str = "fp32"
+) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
     """(logits, loss) and the gradients of eager PyTorch: loss.backward(), or with "all" ones into both outputs
-    (what bind_inputs gives the tangents)."""
+    (what bind_inputs gives the tangents); the forward under `xsched train`'s autocast for `precision`."""
     model = copy.deepcopy(model)
     torch.manual_seed(7)
-    logits, loss = model(*inputs)
+    with autocast(precision, ("cuda",)):
+        logits, loss = model(*inputs)
     if every:
         torch.autograd.backward([logits, loss], [torch.ones_like(logits), torch.ones_like(loss)])
     else:
@@ -48,15 +52,16 @@ def run(graph, model: nn.Module, inputs: tuple, plan=None):
     return unpack_outputs(graph, run_plan(graph, plan, bind_inputs(graph, model, inputs)))
 
 
-def assert_eager(graph, z: zoo.ZooModel, every: bool, plan=None) -> None:
+def assert_eager(graph, z: zoo.ZooModel, every: bool, plan=None, precision: str = "fp32", scale: float = 1e-6) -> None:
+    """Outputs and gradients as eager's; a gradient within `scale` of its largest entry (summed per chunk, in
+    another order, so cancellations differ)."""
     got = run(graph, z.model, z.inputs, plan)
-    outputs, grads = eager(z.model, z.inputs, every)
+    outputs, grads = eager(z.model, z.inputs, every, precision)
     for a, b in zip(got.outputs, outputs):
         assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert set(got.grads) == set(grads)
     for n, want in grads.items():
-        # summed in another order (per chunk): an absolute tolerance on the gradient's scale, for cancellations
-        atol = 1e-6 * max(1.0, float(want.abs().max()))
+        atol = scale * max(1.0, float(want.abs().max()))
         assert_close(got.grads[n], want, rtol=1e-5, atol=atol, msg=lambda m, n=n: f"{n}: {m}")
 
 
@@ -89,6 +94,22 @@ def test_one_chunk_is_eager_too() -> None:
     z = gpt2()
     g = capture(z.model, z.inputs, grad_outputs="auto")
     assert_eager(chunk_cross_entropy(g, 1), z, every=False)
+
+
+def test_bf16_autocast_as_xsched_train_captures_it() -> None:
+    """Under `xsched train`'s bf16 autocast (the GPU's rules) the loss runs in float32 between two casts, which are
+    chunked too (two per chunk for the two). Loss and logits are eager's; gradients within two bf16 steps (2**-7)
+    of their scale: the weight's is summed per chunk in bf16, so it is rounded once per chunk."""
+    z = gpt2()
+    with autocast("bf16", ("cuda",)):
+        g = capture(z.model, z.inputs, grad_outputs="auto")
+    c = chunk_cross_entropy(g, 4)
+
+    def casts(graph) -> int:
+        return sum(o.phase != "fwd" and o.target == "aten._to_copy.default" for o in graph.ops)
+
+    assert casts(c) == casts(g) - 2 + 2 * 4
+    assert_eager(c, z, every=False, precision="bf16", scale=2**-7)
 
 
 def test_planned_below_the_original_bound() -> None:
@@ -181,7 +202,10 @@ def test_the_capture_command_chunks_the_loss(tmp_path, capsys) -> None:
     want = chunk_cross_entropy(capture(z.model, z.inputs, grad_outputs="auto"), 3)
     assert Graph.load(out).fingerprint == want.fingerprint
     capsys.readouterr()
-    for extra, says in ((["--chunk-loss", "0"], "chunks must be an int from 1 to 32"), (["--inference"], "the loss")):
+    for extra, says in (
+        (["--chunk-loss", "0"], "chunks must be an int from 1 to 32"),
+        (["--inference"], "expected one nll_loss_backward"),
+    ):
         assert main([*args, "--chunk-loss", "2", *extra]) == 2
         err = capsys.readouterr().err.strip()
         assert says in err and "\n" not in err
@@ -201,3 +225,13 @@ def test_the_benchmark_script_tables_the_bounds(capsys) -> None:
     assert [r[1].strip() for r in rows] == ["original", "2 chunks", "4 chunks"]
     bounds = [float(r[4].split("(")[1].rstrip("%) ")) for r in rows]  # % of the original's eager peak
     assert bounds[1] < bounds[0] and bounds[2] < bounds[0]
+
+
+def test_cpu_autocast_casts_the_logits_first_and_is_refused() -> None:
+    """CPU autocast's own rules cast the logits to float32 before the log_softmax and the gradient back before the
+    matmul: a pattern the chunking does not take, one line naming the op."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        g = capture(Head(), head_inputs(), grad_outputs="auto")
+    with pytest.raises(GraphError, match="read by \\['aten._to_copy.default'\\]; expected 2 mm") as e:
+        chunk_cross_entropy(g, 2)
+    assert "\n" not in str(e.value) and e.value.op is not None

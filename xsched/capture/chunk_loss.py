@@ -16,6 +16,7 @@ from xsched.errors import GraphError, XschedError
 Ref = dict[str, Any]
 _SLICE = "aten.slice.Tensor"
 _DETACH = {"aten.detach.default", "aten.alias.default"}
+_CAST_KWARGS = {"dtype", "layout", "device"}
 _MEAN, _SUM = 1, 2  # torch's Reduction enum as nll_loss takes it
 
 
@@ -27,6 +28,8 @@ class _Pattern:
     nll: Op  # (L, TW) = nll_loss_forward(A, T, None, mean, ignore)           (loss)
     nllb: Op  # G = nll_loss_backward(g1, A, T, None, mean, ignore, TW)       (bwd)
     lsb: Op  # D = _log_softmax_backward_data(G, A, dim, dtype)               (bwd)
+    cast_f: Op | None  # autocast: A cast to float32 before the nll (it reads the cast, not A)
+    cast_b: Op | None  # autocast: G cast back to A's dtype before the log_softmax backward
     add: Op | None  # R = add(tangent of the logits, view(D)), or R = D when absent
     mm_dw: Op  # dW = mm(t(R rows), H rows)
     mm_dh: Op  # dH = mm(R rows, W)
@@ -45,9 +48,10 @@ class _Pattern:
 def chunk_cross_entropy(graph: Graph, chunks: int) -> Graph:
     """`graph` with its cross-entropy computed in `chunks` row blocks (sizes differ by at most one, the last ones
     shorter), extended through the backward to the logits' matmul, so that no [rows, vocab] tensor other than the
-    logits is made whole. The graph is returned unchanged when it has no _log_softmax read by nll_loss_forward; a
-    pattern that differs from the captured one (see `_Pattern`) is a one-line GraphError naming the op."""
-    found = [o for o in graph.ops if o.target == "aten._log_softmax.default" and _reader(graph, o, "nll_loss_forward")]
+    logits is made whole. The graph is returned unchanged when it has no _log_softmax read by nll_loss_forward
+    (directly, or cast to float32 as `xsched train`'s bf16 autocast captures it); a pattern that differs from the
+    captured one (see `_Pattern`) is a one-line GraphError naming the op."""
+    found = [o for o in graph.ops if o.target == "aten._log_softmax.default" and _feeds_nll(graph, o.outputs[0])]
     if not found:
         return graph
     if len(found) > 1:
@@ -66,8 +70,13 @@ def _bounds(rows: int, chunks: int) -> list[tuple[int, int]]:
 
 
 # ---- matching ----
-def _reader(graph: Graph, op: Op, name: str) -> bool:
-    return any(graph.op[c].target == f"aten.{name}.default" for o in op.outputs for c in graph.consumers[o])
+def _feeds_nll(graph: Graph, vid: str) -> bool:
+    """nll_loss_forward reads `vid`, directly or cast (autocast computes the loss in float32)."""
+    readers = [graph.op[c] for c in graph.consumers[vid]]
+    if any(o.target == "aten.nll_loss_forward.default" for o in readers):
+        return True
+    casts = [o.outputs[0] for o in readers if o.target == "aten._to_copy.default"]
+    return any(graph.op[c].target == "aten.nll_loss_forward.default" for v in casts for c in graph.consumers[v])
 
 
 def _meta(graph: Graph, ref: Ref) -> torch.Tensor:
@@ -125,14 +134,22 @@ def _match(graph: Graph, ls: Op) -> _Pattern:
         raise GraphError(f"log_softmax over {list(xm.shape)} dim {dim}; chunking needs 2-D rows, dim 1", op=ls.id)
     rows, vocab = xm.shape
     (a,) = ls.outputs
-    readers = [graph.op[c] for c in graph.consumers[a]]
-    by = {o.target.split(".")[1]: o for o in readers}
-    if len(by) != 3 or set(by) != {"nll_loss_forward", "nll_loss_backward", "_log_softmax_backward_data"}:
-        raise GraphError(f"log_softmax output read by {[o.target for o in readers]}; expected the loss's 3", op=ls.id)
-    nll, nllb, lsb = by["nll_loss_forward"], by["nll_loss_backward"], by["_log_softmax_backward_data"]
-    _only(graph, a, {nll.id, nllb.id, lsb.id}, ls)
+    cast_f = _cast_of(graph, a)
+    a_loss = cast_f.outputs[0] if cast_f else a  # what the nll reads: A, or A cast (autocast's float32 loss)
+    nll, nllb = (_reader_of(graph, a_loss, f"nll_loss_{k}", ls) for k in ("forward", "backward"))
+    (g,) = nllb.outputs
+    cast_b = _cast_of(graph, g)
+    g_in = cast_b.outputs[0] if cast_b else g  # what the log_softmax backward reads: G, or G cast back
+    lsb = _reader_of(graph, g_in, "_log_softmax_backward_data", nllb)
+    a_readers = {cast_f.id} if cast_f else {nll.id, nllb.id}
+    _only(graph, a, a_readers | {lsb.id}, ls)
+    if cast_f:
+        _only(graph, a_loss, {nll.id, nllb.id}, cast_f)
+    _only(graph, g, {cast_b.id if cast_b else lsb.id}, nllb)
+    if cast_b:
+        _only(graph, g_in, {lsb.id}, cast_b)
     a_arg, t_ref, weight, reduction, ignore = _args(nll, 5)
-    _plain(a_arg, a, nll, "the input")
+    _plain(a_arg, a_loss, nll, "the input")
     tm = _meta(graph, t_ref)
     if weight is not None or reduction != _MEAN or not isinstance(ignore, int) or tuple(tm.shape) != (rows,):
         raise GraphError("nll_loss_forward needs no weight, mean reduction and [rows] targets", op=nll.id)
@@ -140,14 +157,12 @@ def _match(graph: Graph, ls: Op) -> _Pattern:
         raise GraphError("nll_loss_forward's total weight is unused; expected it read by its backward", op=nll.id)
     _, tw = nll.outputs
     g1_ref, a_arg, t2, weight, reduction, ignore2, tw_arg = _args(nllb, 7)
-    _plain(a_arg, a, nllb, "the input")
+    _plain(a_arg, a_loss, nllb, "the input")
     _plain(tw_arg, tw, nllb, "the total weight")
     if t2 != t_ref or weight is not None or reduction != _MEAN or ignore2 != ignore:
         raise GraphError("nll_loss_backward differs from its forward (targets, weight, reduction)", op=nllb.id)
-    (g,) = nllb.outputs
-    _only(graph, g, {lsb.id}, nllb)
     g_arg, a_arg, dim2, dtype = _args(lsb, 4)
-    _plain(g_arg, g, lsb, "the gradient")
+    _plain(g_arg, g_in, lsb, "the gradient")
     _plain(a_arg, a, lsb, "the output", _DETACH)
     if dim2 not in (1, -1) or dtype != {"dtype": graph.value[a].dtype}:
         raise GraphError(f"_log_softmax_backward_data over dim {dim2}, {dtype}; expected dim 1, A's dtype", op=lsb.id)
@@ -158,6 +173,8 @@ def _match(graph: Graph, ls: Op) -> _Pattern:
         nll,
         nllb,
         lsb,
+        cast_f=cast_f,
+        cast_b=cast_b,
         rows=rows,
         x_ref=x_ref,
         t_ref=t_ref,
@@ -166,6 +183,26 @@ def _match(graph: Graph, ls: Op) -> _Pattern:
         dim=dim,
         **_match_grads(graph, lsb, rows, vocab),
     )
+
+
+def _cast_of(graph: Graph, vid: str) -> Op | None:
+    """The op that casts `vid` whole to another dtype (autocast's _to_copy around the loss), if one reads it."""
+    for c in graph.consumers[vid]:
+        o = graph.op[c]
+        args = (o.call or {}).get("args", [])
+        if o.target == "aten._to_copy.default" and len(args) == 1 and args[0] == {"ref": vid}:
+            if set((o.call or {}).get("kwargs", {})) - _CAST_KWARGS:
+                raise GraphError(f"cast of {vid} with {sorted(o.call['kwargs'])}; expected a dtype only", op=o.id)
+            return o
+    return None
+
+
+def _reader_of(graph: Graph, vid: str, name: str, after: Op) -> Op:
+    found = [graph.op[c] for c in graph.consumers[vid] if graph.op[c].target == f"aten.{name}.default"]
+    if len(found) != 1:
+        targets = [graph.op[c].target for c in graph.consumers[vid]]
+        raise GraphError(f"{after.target} output {vid} read by {targets}; expected one {name}", op=after.id)
+    return found[0]
 
 
 def _match_grads(graph: Graph, lsb: Op, rows: int, vocab: int) -> dict[str, Any]:
@@ -283,6 +320,13 @@ def _rows(ref: Ref, start: int, end: int) -> Ref:
     return {"ref": ref["ref"], "view": [*ref.get("view", []), [_SLICE, [0, start, end]]]}
 
 
+def _cast(b: _Builder, cast: Op | None, ref: Ref) -> Ref:
+    """`ref` cast as `cast` (the pattern's autocast _to_copy) casts its input; `ref` itself when there is none."""
+    if cast is None:
+        return ref
+    return b.emit(cast.target, [ref], cast, cast.phase, **dict((cast.call or {}).get("kwargs", {})))[0]
+
+
 def _forward(b: _Builder, p: _Pattern, bounds: list[tuple[int, int]]) -> list[Ref]:
     """TW from the targets alone; per chunk A_c and its summed loss; L = sum / TW. Returns the A_c, TW_c refs."""
     tw = p.nll.outputs[1]
@@ -292,9 +336,10 @@ def _forward(b: _Builder, p: _Pattern, bounds: list[tuple[int, int]]) -> list[Re
     kept, sums = [], []
     for s, e in bounds:
         a_c = b.emit("aten._log_softmax.default", [_rows(p.x_ref, s, e), p.dim, False], p.ls, p.ls.phase)[0]
-        args = [a_c, _rows(p.t_ref, s, e), None, _SUM, p.ignore]
+        a_loss = _cast(b, p.cast_f, a_c)
+        args = [a_loss, _rows(p.t_ref, s, e), None, _SUM, p.ignore]
         s_c, tw_c = b.emit("aten.nll_loss_forward.default", args, p.nll, p.nll.phase)
-        kept.append((a_c, tw_c))
+        kept.append((a_c, a_loss, tw_c))
         sums.append(s_c if not sums else b.emit("aten.add.Tensor", [sums[-1], s_c], p.nll, p.nll.phase)[0])
     b.emit("aten.div.Tensor", [sums[-1], {"ref": tw}], p.nll, p.nll.phase, [p.nll.outputs[0]])
     return kept
@@ -306,9 +351,9 @@ def _backward(b: _Builder, p: _Pattern, bounds: list[tuple[int, int]], kept: lis
     g = b.emit("aten.div.Tensor", [p.g1_ref, {"ref": p.nll.outputs[1]}], p.nllb, p.nllb.phase)[0]
     dw_ref, dh_parts = None, []
     for c, (s, e) in enumerate(bounds):
-        a_c, tw_c = kept[c]
-        args = [g, a_c, _rows(p.t_ref, s, e), None, _SUM, p.ignore, tw_c]
-        g_c = b.emit("aten.nll_loss_backward.default", args, p.nllb, p.nllb.phase)[0]
+        a_c, a_loss, tw_c = kept[c]
+        args = [g, a_loss, _rows(p.t_ref, s, e), None, _SUM, p.ignore, tw_c]
+        g_c = _cast(b, p.cast_b, b.emit("aten.nll_loss_backward.default", args, p.nllb, p.nllb.phase)[0])
         dtype = {"dtype": b.graph.value[p.ls.outputs[0]].dtype}
         r_c = b.emit("aten._log_softmax_backward_data.default", [g_c, a_c, p.dim, dtype], p.lsb, p.lsb.phase)[0]
         if p.add is not None:
@@ -331,7 +376,7 @@ def _rewrite(graph: Graph, p: _Pattern, bounds: list[tuple[int, int]]) -> Graph:
     """The graph with the pattern's ops replaced: the forward block where the log_softmax was, the backward block
     where the first of the two mm was (every reader of dW and dH comes after it)."""
     b = _Builder(graph)
-    removed = {o.id for o in (p.ls, p.nll, p.nllb, p.lsb, p.add, p.mm_dw, p.mm_dh) if o is not None}
+    removed = {o.id for o in (p.ls, p.cast_f, p.nll, p.nllb, p.cast_b, p.lsb, p.add, p.mm_dw, p.mm_dh) if o is not None}
     first_mm = min(graph.op_index[p.mm_dw.id], graph.op_index[p.mm_dh.id])
     ops: list[Op] = []
     kept: list[Any] = []
@@ -346,7 +391,7 @@ def _rewrite(graph: Graph, p: _Pattern, bounds: list[tuple[int, int]]) -> Graph:
             ops += b.ops[start:]
         if o.id not in removed:
             ops.append(o)
-    gone = {v for o in (p.ls, p.lsb, p.nllb, p.add) if o is not None for v in o.outputs}
+    gone = {v for o in (p.ls, p.cast_f, p.lsb, p.nllb, p.cast_b, p.add) if o is not None for v in o.outputs}
     values = [v for v in graph.values if v.id not in gone] + list(b.values.values())
     extra = {**graph.extra, "chunk_loss": len(bounds)}
     return replace(graph, values=tuple(values), ops=tuple(ops), extra=extra)
