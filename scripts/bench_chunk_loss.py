@@ -7,6 +7,7 @@ GPU: capture is on fake tensors, costs are the roofline of devices/h100-measured
     python scripts/bench_chunk_loss.py --budgets 25,35 --time-limit 30
     python scripts/bench_chunk_loss.py --grad-outputs auto --budgets 25,35 --time-limit 30
     python scripts/bench_chunk_loss.py --grad-outputs auto --held --budgets 25,35 --time-limit 30
+    python scripts/bench_chunk_loss.py --scale full --precision bf16 --grad-outputs auto   # issue 31's bf16 bound
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from xsched.simulate import simulate
 from xsched.solve import SolverOptions, eager_peak, eager_plan, solve
 from xsched.solve.autograd_boundary import forward_outputs
 from xsched.solve.bounds.memory import lower_bounds
+from xsched.train.optim import autocast
 
 GIB = 2**30
 STORE = "cpu"
@@ -36,7 +38,8 @@ SPEC = "h100-measured"
 def graphs(a: argparse.Namespace) -> dict[int, Graph]:
     """0 -> the captured graph; K -> it with its loss in K chunks."""
     z = zoo.build("gpt2", batch=a.batch, scale=a.scale)
-    g = capture(z.model, z.inputs, grad_outputs=a.grad_outputs)
+    with autocast(a.precision, ("cuda",)):  # as `xsched train` captures for a GPU
+        g = capture(z.model, z.inputs, grad_outputs=a.grad_outputs)
     if a.held:  # as `wrap` plans it: the caller holds the logits from the autograd boundary to the end
         g = dataclasses.replace(g, held_outputs=tuple(v for v in forward_outputs(g) if g.value[v].shape != ()))
     return {0: g, **{k: chunk_cross_entropy(g, k) for k in (int(x) for x in a.chunks.split(","))}}
@@ -99,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", default="full:n_layer=6")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--grad-outputs", default="all", choices=["all", "auto"])
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="bf16: xsched train's autocast")
     ap.add_argument("--held", action="store_true", help="the logits held by the caller, as `wrap` plans it")
     ap.add_argument("--chunks", default="4,8,16", help="chunk counts to compare with the original")
     ap.add_argument("--budgets", default="", help="GPU budgets in %% of the original eager peak (plans; slow)")
@@ -108,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     gs = graphs(a)
     print(
-        f"GPT-2 {a.scale} batch {a.batch}, grad_outputs {a.grad_outputs}: captured in {time.perf_counter() - t0:.1f} s"
+        f"GPT-2 {a.scale} batch {a.batch}, {a.precision}, grad_outputs {a.grad_outputs}"
+        + (", logits held" if a.held else "")
+        + f": captured in {time.perf_counter() - t0:.1f} s"
     )
     bounds_table(gs)
     if a.budgets:
