@@ -1,6 +1,7 @@
 """chunk_cross_entropy: the zoo GPT-2's loss split into row blocks runs as eager PyTorch (loss, logits, every
 gradient), lowers the memory lower bound, and is planned below the original graph's proven bound; patterns it does
-not handle are one-line errors, graphs without a loss come back unchanged."""
+not handle are one-line errors, graphs without a loss come back unchanged; `xsched capture --chunk-loss`,
+`wrap(chunk_loss=)` and `xsched train --chunk-loss` train as eager does."""
 
 from __future__ import annotations
 
@@ -10,15 +11,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from oracle import peaks
 from torch import nn
 from torch.testing import assert_close
+from train_support import eager_train
 
-from tests.oracle import peaks
 from xsched import zoo
-from xsched.capture.chunk_loss import chunk_cross_entropy
+from xsched.capture.chunk_loss import chunk_cross_entropy, chunked_as_asked
 from xsched.capture.torch import bind_inputs, capture, unpack_outputs
+from xsched.contracts.plan import Compute
 from xsched.errors import BudgetError, GraphError
 from xsched.execute.reference import run_plan
+from xsched.execute.wrap import wrap
 from xsched.pipeline import plan_profile, solve_plan
 from xsched.solve.bounds.memory import check_budgets, lower_bounds
 from xsched.train.optim import autocast
@@ -192,7 +196,6 @@ def test_the_capture_command_chunks_the_loss(tmp_path, capsys) -> None:
     """`xsched capture --chunk-loss K` writes the chunked graph; a bad K, a forward-only loss and a graph without
     a cross-entropy are one-line errors."""
     from xsched.cli import main
-    from xsched.cli.graph import _chunked
     from xsched.contracts.graph import Graph
 
     out = tmp_path / "g.json"
@@ -210,7 +213,7 @@ def test_the_capture_command_chunks_the_loss(tmp_path, capsys) -> None:
         err = capsys.readouterr().err.strip()
         assert says in err and "\n" not in err
     with pytest.raises(GraphError, match="has no cross-entropy"):
-        _chunked(capture(Head(loss=False), head_inputs()), 2)
+        chunked_as_asked(capture(Head(loss=False), head_inputs()), 2)
 
 
 def test_the_benchmark_script_tables_the_bounds(capsys) -> None:
@@ -235,3 +238,49 @@ def test_cpu_autocast_casts_the_logits_first_and_is_refused() -> None:
     with pytest.raises(GraphError, match="read by \\['aten._to_copy.default'\\]; expected 2 mm") as e:
         chunk_cross_entropy(g, 2)
     assert "\n" not in str(e.value) and e.value.op is not None
+
+
+def test_wrap_chunk_loss_trains_as_eager() -> None:
+    """`wrap(..., chunk_loss=4)` plans the chunked graph (logits held, as wrap holds them), below the eager peak
+    (recomputes): two SGD steps' logits, loss, gradients and weights are eager's. A model without a
+    cross-entropy is a one-line error."""
+    z = gpt2()
+    model, ref = copy.deepcopy(z.model), copy.deepcopy(z.model)
+    w = wrap(model, z.inputs, {"cpu": "85%"}, method="checkpoint", profile="model", chunk_loss=4)
+    assert w.graph.extra["chunk_loss"] == 4 and w.graph.held_outputs
+    assert sum(isinstance(s, Compute) for s in w.plan.steps) > len(w.graph.ops)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (w, ref)]
+    for _ in range(2):
+        outs = []
+        for m, opt in zip((w, ref), opts):
+            opt.zero_grad()
+            torch.manual_seed(7)
+            logits, loss = m(*z.inputs)
+            loss.backward()
+            outs.append((logits.detach(), loss.detach()))
+        for a, b in zip(*outs):
+            assert_close(a, b, rtol=1e-5, atol=1e-6)
+        for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+            assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=lambda m, n=n: f"{n}: {m}")
+        for opt in opts:
+            opt.step()
+    with pytest.raises(GraphError, match="has no cross-entropy") as e:
+        wrap(Head(loss=False), head_inputs(), {"cpu": "100%"}, method="eager", profile="model", chunk_loss=2)
+    assert "\n" not in str(e.value)
+
+
+def test_train_chunk_loss_trains_as_eager(tmp_path) -> None:
+    """`xsched train --chunk-loss 4` (TrainConfig.chunk_loss) on GPT-2 tiny below its eager peak: the losses and
+    gradient norms of three AdamW steps are plain PyTorch's."""
+    from xsched.train import TrainConfig, train
+    from xsched.zoo import tasks
+
+    config = TrainConfig(
+        "zoo:gpt2", {"cpu": "85%"}, steps=3, scale="tiny", method="checkpoint", profile="model",
+        cache_dir=str(tmp_path), chunk_loss=4,
+    )  # fmt: skip
+    result = train(config)
+    z = gpt2()
+    want = eager_train(z.model, lambda s: tasks.task_batch("gpt2", "tiny", 2, s), tasks.task_loss("gpt2"), 3)
+    assert_close(result.losses, want["loss"], rtol=1e-5, atol=1e-6)
+    assert_close([r.grad_norm for r in result.records], want["grad_norm"], rtol=1e-5, atol=1e-6)

@@ -62,6 +62,18 @@ def chunk_cross_entropy(graph: Graph, chunks: int) -> Graph:
     return _rewrite(graph, p, _bounds(p.rows, chunks))
 
 
+def chunked_as_asked(graph: Graph, chunks: int | None) -> Graph:
+    """`graph` with its cross-entropy in `chunks` row blocks where a caller asked for them (`--chunk-loss`,
+    `wrap(chunk_loss=)`): None leaves it as it is; a graph without a cross-entropy is a GraphError, since the
+    rewrite asked for would not happen."""
+    if chunks is None:
+        return graph
+    chunked = chunk_cross_entropy(graph, chunks)
+    if chunked is graph:
+        raise GraphError("chunk_loss: the graph has no cross-entropy (a _log_softmax read by nll_loss_forward)")
+    return chunked
+
+
 def _bounds(rows: int, chunks: int) -> list[tuple[int, int]]:
     q, r = divmod(rows, chunks)
     sizes = [q + 1] * r + [q] * (chunks - r)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 
 from xsched.cli.common import add_shape_flag, parse_shape_flags, print_json
-from xsched.contracts.graph import Graph
-from xsched.errors import GraphError
 
 
 def _grad_outputs(text: str) -> str | tuple[int, ...]:
@@ -27,7 +25,9 @@ def cmd_capture(a: argparse.Namespace) -> int:
         a.model, batch=a.batch, scale=a.scale, inference=a.inference, shapes=shapes, grad_outputs=a.grad_outputs
     )
     if a.chunk_loss is not None:
-        g = _chunked(g, a.chunk_loss)
+        from xsched.capture.chunk_loss import chunked_as_asked
+
+        g = chunked_as_asked(g, a.chunk_loss)
     g.save(a.output)
     phases = {p: sum(o.phase == p for o in g.ops) for p in ("fwd", "loss", "bwd")}
     if a.json:
@@ -45,17 +45,6 @@ def cmd_capture(a: argparse.Namespace) -> int:
         return 0
     print(f"{g.name}: {len(g.ops)} ops ({phases}), {len(g.values)} values -> {a.output}")
     return 0
-
-
-def _chunked(g: Graph, chunks: int) -> Graph:
-    """--chunk-loss: the graph with its cross-entropy in `chunks` row blocks; a graph without one is an error (the
-    user asked for a rewrite that would not happen)."""
-    from xsched.capture.chunk_loss import chunk_cross_entropy
-
-    chunked = chunk_cross_entropy(g, chunks)
-    if chunked is g:
-        raise GraphError("--chunk-loss: the graph has no cross-entropy (a _log_softmax read by nll_loss_forward)")
-    return chunked
 
 
 def cmd_import(a: argparse.Namespace) -> int:
