@@ -24,6 +24,7 @@ from xsched.errors import BudgetError, GraphError
 from xsched.execute.reference import run_plan
 from xsched.execute.wrap import wrap
 from xsched.pipeline import plan_profile, solve_plan
+from xsched.solve import eager_peak
 from xsched.solve.bounds.memory import check_budgets, lower_bounds
 from xsched.train.optim import autocast
 
@@ -284,3 +285,30 @@ def test_train_chunk_loss_trains_as_eager(tmp_path) -> None:
     want = eager_train(z.model, lambda s: tasks.task_batch("gpt2", "tiny", 2, s), tasks.task_loss("gpt2"), 3)
     assert_close(result.losses, want["loss"], rtol=1e-5, atol=1e-6)
     assert_close([r.grad_norm for r in result.records], want["grad_norm"], rtol=1e-5, atol=1e-6)
+
+
+def test_the_memory_benchmark_measures_chunked_rows() -> None:
+    """scripts/bench_gpu_memory.py --chunk-loss 4 (its chunked_rows, on logical CPUs): a row per budget, its plan
+    within the budget in bytes of the original graph's eager peak, run by the executor to eager PyTorch's loss."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import bench_gpu_memory as bench
+    import bench_gpu_torch_rows
+
+    a = bench.parse(["--device", "cpu", "--scale", "tiny", "--budgets", "80", "--iters", "1", "--warmup", "0"])
+    a.profile_s, a.jobs, a.chunk_loss, a.lanes = 2.0, 1, 4, False
+    z = gpt2(batch=8)
+    g = capture(z.model, z.inputs, name="gpt2-tiny")
+
+    def eager() -> float:
+        logits, loss = z.model(*z.inputs)
+        torch.autograd.backward([logits, loss], [torch.ones_like(logits), torch.ones_like(loss)])
+        z.model.zero_grad(set_to_none=True)
+        return float(loss)
+
+    (row,) = bench.chunked_rows(g, bind_inputs(g, z.model, z.inputs), "cpu:0", "cpu:1", "100%", eager, a, 2.0)
+    assert row["plan"] == "xsched 80%, loss in 4 chunks, cpu:1 store" and "error" not in row, row
+    assert row["budget"] == eager_peak(g) * 80 // 100 and row["predicted_peak"] <= row["budget"]
+    torch.manual_seed(bench_gpu_torch_rows.SEED)  # as the benchmark seeds each step (dropout)
+    assert row["loss"] == pytest.approx(eager(), rel=1e-5)
