@@ -228,11 +228,15 @@ def chunked_rows(
     peak = eager_peak(graph)
     jobs = {
         f"xsched {pct}%, loss in {a.chunk_loss} chunks, {store} store": (
-            chunked, profile, {compute: peak * pct // 100, store: store_budget}, [compute, store], limit,
+            chunked,
+            profile,
+            {compute: peak * pct // 100, store: store_budget},
+            [compute, store],
+            limit,
             a.fit_reserved,
         )
         for pct in a.budgets
-    }  # fmt: skip
+    }
     rows: list[dict] = []
     for k, p in solve_all(jobs, a.jobs).items():
         if isinstance(p, str):

@@ -277,9 +277,15 @@ def test_train_chunk_loss_trains_as_eager(tmp_path) -> None:
     from xsched.zoo import tasks
 
     config = TrainConfig(
-        "zoo:gpt2", {"cpu": "85%"}, steps=3, scale="tiny", method="checkpoint", profile="model",
-        cache_dir=str(tmp_path), chunk_loss=4,
-    )  # fmt: skip
+        "zoo:gpt2",
+        {"cpu": "85%"},
+        steps=3,
+        scale="tiny",
+        method="checkpoint",
+        profile="model",
+        cache_dir=str(tmp_path),
+        chunk_loss=4,
+    )
     result = train(config)
     z = gpt2()
     want = eager_train(z.model, lambda s: tasks.task_batch("gpt2", "tiny", 2, s), tasks.task_loss("gpt2"), 3)
