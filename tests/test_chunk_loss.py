@@ -318,3 +318,27 @@ def test_the_memory_benchmark_measures_chunked_rows() -> None:
     assert row["budget"] == eager_peak(g) * 80 // 100 and row["predicted_peak"] <= row["budget"]
     torch.manual_seed(bench_gpu_torch_rows.SEED)  # as the benchmark seeds each step (dropout)
     assert row["loss"] == pytest.approx(eager(), rel=1e-5)
+
+
+def test_a_model_returning_its_loss_alone_gets_its_logits_chunked_too() -> None:
+    """A Hugging Face GPT-2 returning its own loss (the logits no output): the lm head's matmul is chunked with the
+    loss, so no [tokens, vocab] tensor is made at all; loss and gradients are eager's."""
+    import hf_models
+
+    model = hf_models.build("gpt2", "sdpa")
+    inputs = hf_models.batches("gpt2")(0)
+    g = capture(model, inputs, grad_outputs="auto")
+    c = chunk_cross_entropy(g, 3)  # 512 rows: 171 + 171 + 170
+    rows, vocab = 512, 64
+    whole = {(rows, vocab), (8, 64, vocab)}  # the logits' shapes (vocab 64 is also the sequence: not [., ., 64, 64])
+    assert any(g.value[v].shape in whole for o in g.ops if o.phase != "bwd" for v in o.outputs)
+    assert not any(c.value[v].shape in whole for v in c.value)
+    got = run(c, model, inputs)
+    ref = copy.deepcopy(model)
+    torch.manual_seed(7)
+    loss = ref(*inputs)
+    loss.backward()
+    assert_close(got.outputs[0], loss.detach(), rtol=1e-5, atol=1e-6)
+    for n, p in ref.named_parameters():
+        atol = 1e-6 * max(1.0, float(p.grad.abs().max()))
+        assert_close(got.grads[n], p.grad, rtol=1e-5, atol=atol, msg=lambda m, n=n: f"{n}: {m}")

@@ -21,7 +21,7 @@ _SUM = 2  # torch's Reduction enum as nll_loss takes it
 def chunk_cross_entropy(graph: Graph, chunks: int) -> Graph:
     """`graph` with its cross-entropy computed in `chunks` row blocks (sizes differ by at most one, the last ones
     shorter), extended through the backward to the logits' matmul, so that no [rows, vocab] tensor other than the
-    logits is made whole. The graph is returned unchanged when it has no _log_softmax read by nll_loss_forward
+    logits is made whole (nor the logits, where only the loss reads them: a model returning its loss alone). The graph is returned unchanged when it has no _log_softmax read by nll_loss_forward
     (directly, or cast to float32 as `xsched train`'s bf16 autocast captures it); a pattern that differs from the
     captured one (see loss_pattern.LossPattern) is a one-line GraphError naming the op."""
     p = find_cross_entropy(graph)
@@ -120,6 +120,14 @@ def _cast(b: _Builder, cast: Op | None, ref: Ref) -> Ref:
     return b.emit(cast.target, [ref], cast, cast.phase, **dict((cast.call or {}).get("kwargs", {})))[0]
 
 
+def _logits_rows(b: _Builder, p: LossPattern, start: int, end: int) -> Ref:
+    """Rows start:end of the logits: a slice of X, or (X made by nothing else's mm) their own mm of H's rows."""
+    if p.x_mm is None:
+        return _rows(p.x_ref, start, end)
+    h, w_t = p.x_mm.call["args"]
+    return b.emit(p.x_mm.target, [_rows(h, start, end), w_t], p.x_mm, p.x_mm.phase)[0]
+
+
 def _forward(b: _Builder, p: LossPattern, bounds: list[tuple[int, int]]) -> list[Ref]:
     """TW from the targets alone; per chunk A_c and its summed loss; L = sum / TW. Returns the A_c, TW_c refs."""
     tw = p.nll.outputs[1]
@@ -128,7 +136,7 @@ def _forward(b: _Builder, p: LossPattern, bounds: list[tuple[int, int]]) -> list
     b.emit("aten.sum.dim_IntList", [ne[0], [0], False], p.nll, p.nll.phase, [tw], dtype=dtype)
     kept, sums = [], []
     for s, e in bounds:
-        a_c = b.emit("aten._log_softmax.default", [_rows(p.x_ref, s, e), p.dim, False], p.ls, p.ls.phase)[0]
+        a_c = b.emit("aten._log_softmax.default", [_logits_rows(b, p, s, e), p.dim, False], p.ls, p.ls.phase)[0]
         a_loss = _cast(b, p.cast_f, a_c)
         args = [a_loss, _rows(p.t_ref, s, e), None, _SUM, p.ignore]
         s_c, tw_c = b.emit("aten.nll_loss_forward.default", args, p.nll, p.nll.phase)
@@ -169,7 +177,8 @@ def _rewrite(graph: Graph, p: LossPattern, bounds: list[tuple[int, int]]) -> Gra
     """The graph with the pattern's ops replaced: the forward block where the log_softmax was, the backward block
     where the first of the two mm was (every reader of dW and dH comes after it)."""
     b = _Builder(graph)
-    removed = {o.id for o in (p.ls, p.cast_f, p.nll, p.nllb, p.cast_b, p.lsb, p.add, p.mm_dw, p.mm_dh) if o is not None}
+    pattern = (p.x_mm, p.ls, p.cast_f, p.nll, p.nllb, p.cast_b, p.lsb, p.add, p.mm_dw, p.mm_dh)
+    removed = {o.id for o in pattern if o is not None}
     first_mm = min(graph.op_index[p.mm_dw.id], graph.op_index[p.mm_dh.id])
     ops: list[Op] = []
     kept: list[Any] = []
@@ -184,7 +193,7 @@ def _rewrite(graph: Graph, p: LossPattern, bounds: list[tuple[int, int]]) -> Gra
             ops += b.ops[start:]
         if o.id not in removed:
             ops.append(o)
-    gone = {v for o in (p.ls, p.cast_f, p.lsb, p.nllb, p.cast_b, p.add) if o is not None for v in o.outputs}
+    gone = {v for o in (p.x_mm, p.ls, p.cast_f, p.lsb, p.nllb, p.cast_b, p.add) if o is not None for v in o.outputs}
     values = [v for v in graph.values if v.id not in gone] + list(b.values.values())
     extra = {**graph.extra, "chunk_loss": len(bounds)}
     return replace(graph, values=tuple(values), ops=tuple(ops), extra=extra)

@@ -34,6 +34,7 @@ class LossPattern:
     mm_dh: Op  # dH = mm(R rows, W)
     rows: int
     x_ref: Ref  # X's rows as [N, V]
+    x_mm: Op | None  # X = mm(H rows, W^T) when only the log_softmax reads X (a model returning its loss alone)
     t_ref: Ref  # the targets as [N]
     g1_ref: Ref  # the loss's incoming gradient
     ignore: int
@@ -162,12 +163,29 @@ def _match(graph: Graph, ls: Op) -> LossPattern:
         cast_b=cast_b,
         rows=rows,
         x_ref=x_ref,
+        x_mm=_logits_matmul(graph, ls, x_ref, rows, vocab),
         t_ref=t_ref,
         g1_ref=g1_ref,
         ignore=ignore,
         dim=dim,
         **_match_grads(graph, lsb, rows, vocab),
     )
+
+
+def _logits_matmul(graph: Graph, ls: Op, x_ref: Ref, rows: int, vocab: int) -> Op | None:
+    """The mm that makes the logits X [rows, vocab] where nothing but the log_softmax reads them (no forward
+    output, no held output): chunked too, so that no [rows, vocab] tensor is made whole. None where X stays."""
+    x = x_ref["ref"]
+    mm = graph.op.get(graph.producer.get(x, ""))
+    if mm is None or mm.target != "aten.mm.default" or graph.consumers[x] != (ls.id,):
+        return None
+    if x in graph.outputs or x in graph.held_outputs or x in _role_refs(graph) or graph.value[x].stride:
+        return None
+    args = (mm.call or {}).get("args", [])
+    if len(args) != 2 or (mm.call or {}).get("kwargs") or not all(_is_ref(a) for a in args):
+        return None
+    whole = graph.value[x].shape == (rows, vocab) and _is_rows(_meta(graph, x_ref), (rows, vocab))
+    return mm if whole and _meta(graph, args[0]).shape[0] == rows else None
 
 
 def _cast_of(graph: Graph, vid: str) -> Op | None:
