@@ -8,6 +8,7 @@ GPU: capture is on fake tensors, costs are the roofline of devices/h100-measured
     python scripts/bench_chunk_loss.py --grad-outputs auto --budgets 25,35 --time-limit 30
     python scripts/bench_chunk_loss.py --grad-outputs auto --held --budgets 25,35 --time-limit 30
     python scripts/bench_chunk_loss.py --scale full --precision bf16 --grad-outputs auto   # issue 31's bf16 bound
+    python scripts/bench_chunk_loss.py --loss-only --budgets 25,35 --time-limit 30         # the logits chunked too
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
+
+import torch
+from torch import nn
 
 from xsched import zoo
 from xsched.capture.chunk_loss import chunk_cross_entropy
@@ -35,11 +39,24 @@ STORE = "cpu"
 SPEC = "h100-measured"
 
 
+class LossOnly(nn.Module):
+    """The model's loss alone, as a Hugging Face model trained on its own loss returns it: the logits are no output
+    (and the chunking makes them in blocks too)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.model(*inputs)[1]
+
+
 def graphs(a: argparse.Namespace) -> dict[int, Graph]:
     """0 -> the captured graph; K -> it with its loss in K chunks."""
     z = zoo.build("gpt2", batch=a.batch, scale=a.scale)
+    model = LossOnly(z.model) if a.loss_only else z.model
     with autocast(a.precision, ("cuda",)):  # as `xsched train` captures for a GPU
-        g = capture(z.model, z.inputs, grad_outputs=a.grad_outputs)
+        g = capture(model, z.inputs, grad_outputs=a.grad_outputs)
     if a.held:  # as `wrap` plans it: the caller holds the logits from the autograd boundary to the end
         g = dataclasses.replace(g, held_outputs=tuple(v for v in forward_outputs(g) if g.value[v].shape != ()))
     return {0: g, **{k: chunk_cross_entropy(g, k) for k in (int(x) for x in a.chunks.split(","))}}
@@ -103,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--grad-outputs", default="all", choices=["all", "auto"])
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="bf16: xsched train's autocast")
+    ap.add_argument("--loss-only", action="store_true", help="the model returns its loss alone (no logits output)")
     ap.add_argument("--held", action="store_true", help="the logits held by the caller, as `wrap` plans it")
     ap.add_argument("--chunks", default="4,8,16", help="chunk counts to compare with the original")
     ap.add_argument("--budgets", default="", help="GPU budgets in %% of the original eager peak (plans; slow)")
@@ -114,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"GPT-2 {a.scale} batch {a.batch}, {a.precision}, grad_outputs {a.grad_outputs}"
         + (", logits held" if a.held else "")
+        + (", loss alone" if a.loss_only else "")
         + f": captured in {time.perf_counter() - t0:.1f} s"
     )
     bounds_table(gs)
