@@ -6,6 +6,7 @@ not handle are one-line errors, graphs without a loss come back unchanged; `xsch
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from xsched import zoo
 from xsched.capture.chunk_loss import chunk_cross_entropy, chunked_as_asked
 from xsched.capture.torch import bind_inputs, capture, unpack_outputs
 from xsched.contracts.plan import Compute
-from xsched.errors import BudgetError, GraphError
+from xsched.errors import BudgetError, GraphError, XschedError
 from xsched.execute.reference import run_plan
 from xsched.execute.wrap import wrap
 from xsched.pipeline import plan_profile, solve_plan
@@ -291,6 +292,8 @@ def test_train_chunk_loss_trains_as_eager(tmp_path) -> None:
     want = eager_train(z.model, lambda s: tasks.task_batch("gpt2", "tiny", 2, s), tasks.task_loss("gpt2"), 3)
     assert_close(result.losses, want["loss"], rtol=1e-5, atol=1e-6)
     assert_close([r.grad_norm for r in result.records], want["grad_norm"], rtol=1e-5, atol=1e-6)
+    with pytest.raises(XschedError, match="--chunk-loss must be at least 1, got 0"):
+        dataclasses.replace(config, chunk_loss=0).check()
 
 
 def test_the_memory_benchmark_measures_chunked_rows() -> None:
