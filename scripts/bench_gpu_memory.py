@@ -19,8 +19,9 @@ markdown. `--xsched-compile` (default on CUDA) adds an xsched compiled row at ev
 measured allocations). `--expandable-segments` (default on CUDA) adds, after every xsched row, the same plan run with
 Executor(expandable_segments=True): PyTorch's expandable_segments:True for that run only (set before it, unset after),
 its reserved memory beside the allocator model's prediction with expandable segments; on logical CPUs there is no
-caching allocator and the option is a no-op (the row is the plain run again). The torch rows and the shared timing
-are in bench_gpu_torch_rows. Setup in scripts/gpu/README.md.
+caching allocator and the option is a no-op (the row is the plain run again). `--chunk-loss K` adds xsched rows with the store on
+the graph with its loss in K row blocks (chunked_rows). The torch rows and the shared timing are in
+bench_gpu_torch_rows. Setup in scripts/gpu/README.md.
 """
 
 from __future__ import annotations
@@ -208,6 +209,54 @@ def solve_all(jobs: dict[str, tuple], processes: int) -> dict[str, Plan | str]:
     return out
 
 
+def chunked_rows(
+    graph: Graph, env: dict, compute: str, store: str, store_budget: str | int, eager: Callable, a, limit: float
+) -> list[dict]:
+    """--chunk-loss K: xsched rows on the graph with its cross-entropy in K row blocks (xsched.capture.chunk_loss),
+    with the store at every budget. The chunked graph is profiled on its own; its budgets are bytes of the original
+    graph's eager peak (the other rows' percentages), since its own eager peak is lower. Measured as the other
+    xsched rows (plan_row), against the same eager PyTorch step."""
+    if not a.chunk_loss:
+        return []
+    from dataclasses import replace
+
+    from xsched.capture.chunk_loss import chunked_as_asked
+
+    chunked = chunked_as_asked(graph, a.chunk_loss)
+    chunked = replace(chunked, name=f"{graph.name}-chunk{a.chunk_loss}")  # its own --save-profile files
+    profile = profiled(chunked, compute, store, a)
+    peak = eager_peak(graph)
+    jobs = {
+        f"xsched {pct}%, loss in {a.chunk_loss} chunks, {store} store": (
+            chunked,
+            profile,
+            {compute: peak * pct // 100, store: store_budget},
+            [compute, store],
+            limit,
+            a.fit_reserved,
+        )
+        for pct in a.budgets
+    }
+    rows: list[dict] = []
+    for k, p in solve_all(jobs, a.jobs).items():
+        if isinstance(p, str):
+            rows.append({"plan": k, "error": p})
+            continue
+        try:
+            got = plan_row(k, chunked, p, profile, env, compute, eager, a)  # the row, and its expandable twin
+        except Exception as e:  # an out-of-memory or a failing plan must not lose the other rows
+            traceback.print_exc()
+            got = [{"plan": k, "error": f"error: {one_line(e)}"}]
+        rows += got
+        for row in got:
+            if "error" not in row:
+                log(
+                    f"{row['plan']}: {row['time_s'] * 1e3:.1f} ms ({row['time_s'] / row['eager_s']:.2f}x), peak "
+                    f"{mib(row['peak'])}"
+                )
+    return rows
+
+
 def setup(a: argparse.Namespace) -> tuple[str, str, torch.device, str | int]:
     """(compute device, store device, torch device, the store's budget) of the mode."""
     if a.device == "cpu":
@@ -264,6 +313,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         action=argparse.BooleanOptionalAction,
         help="after every xsched row, the same plan with Executor(expandable_segments=True) (default: on CUDA only; on "
         "logical CPUs a no-op, the plain run again)",
+    )
+    ap.add_argument(
+        "--chunk-loss",
+        type=int,
+        metavar="K",
+        help="also xsched rows with the store on the graph with its cross-entropy in K row blocks, at every budget "
+        "(of this graph's eager peak)",
     )
     ap.add_argument("--threads", type=int, help="torch intra-op threads (default: 1 on the CPU, torch's on CUDA)")
     ap.add_argument("--out", type=Path, help="write the markdown here too")
@@ -375,6 +431,10 @@ def main(argv: list[str] | None = None) -> int:
                     else ""
                 )
             )
+
+    chunked = chunked_rows(graph, env, compute, store, store_budget, eager_run, a, limit)
+    rows += chunked
+    eager_times += [t for r in chunked for t in r.get("eager_times", [])]
 
     def publish(partial: bool) -> None:
         """The markdown, the frontier and the JSON of the rows so far (again after the compile rows: a run cut

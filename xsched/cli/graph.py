@@ -24,6 +24,10 @@ def cmd_capture(a: argparse.Namespace) -> int:
     g = load_graph(
         a.model, batch=a.batch, scale=a.scale, inference=a.inference, shapes=shapes, grad_outputs=a.grad_outputs
     )
+    if a.chunk_loss is not None:
+        from xsched.capture.chunk_loss import chunked_as_asked
+
+        g = chunked_as_asked(g, a.chunk_loss)
     g.save(a.output)
     phases = {p: sum(o.phase == p for o in g.ops) for p in ("fwd", "loss", "bwd")}
     if a.json:
@@ -35,6 +39,7 @@ def cmd_capture(a: argparse.Namespace) -> int:
                 "ops": len(g.ops),
                 "values": len(g.values),
                 "phases": phases,
+                "chunk_loss": g.extra.get("chunk_loss"),
             }
         )
         return 0
@@ -81,6 +86,13 @@ def add(sub: argparse._SubParsersAction) -> None:
         default="all",
         help="the forward outputs the backward differentiates: all (default), auto (the scalar losses, if the "
         "model returns any: loss.backward() of a (logits, loss) model) or positions, e.g. 1",
+    )
+    c.add_argument(
+        "--chunk-loss",
+        type=int,
+        metavar="K",
+        help="compute the cross-entropy (log_softmax + nll_loss) and its backward in K row blocks, so no "
+        "[tokens, vocab] tensor but the logits is made whole: a lower memory bound for language models",
     )
     add_shape_flag(c)
     c.add_argument("-o", "--output", required=True)

@@ -78,6 +78,7 @@ def cmd_train(a: argparse.Namespace) -> int:
         optimizer_split=a.optimizer_split,
         optimizer_split_by=a.optimizer_split_by,
         trace=a.trace,
+        chunk_loss=a.chunk_loss,
     )
     if not a.json:
         train(config, Bar())
@@ -201,6 +202,12 @@ def _add_training_flags(t: argparse.ArgumentParser) -> None:
         help="fp32 (default), bf16 or fp16: autocast captured into the plan (fp16 with loss scaling)",
     )
     t.add_argument("--grad-accum", type=int, default=1, metavar="K", help="micro-batches per optimizer step")
+    t.add_argument(
+        "--chunk-loss",
+        type=int,
+        metavar="K",
+        help="compute the cross-entropy and its backward in K row blocks (no [tokens, vocab] tensor but the logits)",
+    )
     t.add_argument("--clip-grad", type=float, metavar="NORM", help="clip the gradients' total norm to NORM")
     t.add_argument(
         "--weight-decay",

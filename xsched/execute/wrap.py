@@ -15,6 +15,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import TreeSpec, tree_flatten
 
+from xsched.capture.chunk_loss import chunked_as_asked
 from xsched.capture.grad_outputs import GradOutputs
 from xsched.capture.torch import capture
 from xsched.contracts.graph import Graph
@@ -90,9 +91,11 @@ class XschedModule(CompiledReplans, nn.Module):
         grad_outputs: GradOutputs = "auto",
         hold_outputs: bool = True,
         expandable_segments: bool = False,
+        chunk_loss: int | None = None,
     ) -> None:
         super().__init__()
         self.expandable_segments = expandable_segments  # the Executor's option: CUDA's expandable_segments on
+        self.chunk_loss = chunk_loss  # the training graphs' cross-entropy in this many row blocks (see `wrap`)
         self.hold_outputs = hold_outputs  # the caller keeps the outputs through backward (see `wrap`)
         self.grad_outputs = grad_outputs  # which outputs the training graphs differentiate (see `wrap`)
         self.compile = compile  # run one-device runs of steps as compiled regions (xsched.execute.segments)
@@ -175,10 +178,11 @@ class XschedModule(CompiledReplans, nn.Module):
         that fits, which a re-plan solved within more replaces until its own first run is measured."""
         name = type(self.module).__name__
         graph = capture(self.module, inputs, inference=inference, name=name, grad_outputs=self.grad_outputs)
+        graph = graph if inference else chunked_as_asked(graph, self.chunk_loss)
         graph = held_by_caller(graph) if self.hold_outputs and not inference else graph
         if plan is not None and plan.graph != graph.fingerprint and self.grad_outputs == "auto" and not inference:
             # a plan made for the graph of every output (capture's and `xsched capture`'s default) runs as made
-            every = capture(self.module, inputs, name=name, grad_outputs="all")
+            every = chunked_as_asked(capture(self.module, inputs, name=name, grad_outputs="all"), self.chunk_loss)
             graph = every if every.fingerprint == plan.graph else graph
             graph = held_by_caller(graph) if self.hold_outputs else graph
         homes = param_homes(graph, self.param_home) if self.param_home is not None else None
@@ -365,6 +369,7 @@ def wrap(
     grad_outputs: GradOutputs = "auto",
     hold_outputs: bool = True,
     expandable_segments: bool = False,
+    chunk_loss: int | None = None,
 ) -> XschedModule:
     """`model` as a module whose training steps run an xsched plan within `budgets` (see XschedModule): method
     "auto" by default, within `time_limit` seconds (default 60), on costs measured once and cached (`profile`).
@@ -380,7 +385,10 @@ def wrap(
     does (`logits = model(x); F.cross_entropy(logits, y).backward()`), so the plan counts them resident from the
     forward's end to the backward's; False where the caller drops them before `backward()` (the plan may then
     free and recompute them). `expandable_segments`: the Executor's option (CUDA's expandable segments, set before
-    the plan's first allocation; a no-op on CPU devices)."""
+    the plan's first allocation; a no-op on CPU devices).
+    `chunk_loss`: the training graph's cross-entropy (log_softmax + nll_loss, and its backward through the logits'
+    matmul) computed in this many blocks of rows, so that no [tokens, vocab] tensor but the logits is made whole
+    (xsched.capture.chunk_loss); a model without one is a one-line error."""
     if isinstance(stores, str):
         raise XschedError(f"stores must be a sequence of device names, got the string {stores!r}", stage="execute")
     both = (*([store] if store else []), *stores)
@@ -401,4 +409,5 @@ def wrap(
         grad_outputs,
         hold_outputs,
         expandable_segments,
+        chunk_loss,
     )

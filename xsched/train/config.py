@@ -66,6 +66,7 @@ class TrainConfig:
     optimizer_split: float | None = None  # Twin-Flow: this share of the compute budget holds optimizer-placed params
     optimizer_split_by: str = "order"  # which params move: "order" (released last), "time" (least predicted step)
     trace: str | None = None  # a Chrome trace of the last step's lanes and optimizer buckets, written here
+    chunk_loss: int | None = None  # the cross-entropy in this many row blocks (xsched.capture.chunk_loss)
 
     def check(self) -> None:
         """A one-line XschedError for each value that cannot work, before anything is loaded."""
@@ -92,6 +93,8 @@ class TrainConfig:
             _fail(f"--weight-decay must be at least 0, got {self.weight_decay}")
         if self.warmup < 0:
             _fail(f"--warmup must be at least 0, got {self.warmup}")
+        if self.chunk_loss is not None and self.chunk_loss < 1:
+            _fail(f"--chunk-loss must be at least 1, got {self.chunk_loss}")
         if not 0 <= self.min_lr <= self.lr:
             _fail(f"--min-lr must be between 0 and --lr ({self.lr}), got {self.min_lr}")
         self._check_files_and_evals()

@@ -52,6 +52,7 @@ def plan_and_wrap(
     """Capture under the run's autocast (so the casts are in the graph and the plan runs the low-precision ops),
     plan (rank 0 first: the others find its cached plans) and wrap; an evaluating run also gets an inference plan
     within the training plan's bytes (a "%" budget is of the training graph's eager peak)."""
+    from xsched.capture.chunk_loss import chunked_as_asked
     from xsched.capture.torch import capture
     from xsched.execute.param_home import param_homes
     from xsched.execute.wrap import wrap
@@ -82,6 +83,7 @@ def plan_and_wrap(
     inputs = task.example_batch[0]
     grads = grad_outputs(task)
     graph = capture(task.model, inputs, name=graph_name(config.model), grad_outputs=grads)
+    graph = chunked_as_asked(graph, config.chunk_loss)
     chosen = plan_for(graph, budgets)
     if config.optimizer_split is not None and home is not None:
         chosen, budgets = _split(config, graph, chosen, budgets, devices, stores, home, plan_for, rep)
@@ -96,6 +98,7 @@ def plan_and_wrap(
         compile=config.compile,
         grad_outputs=grads,
         expandable_segments=config.expandable_segments,
+        chunk_loss=config.chunk_loss,
     )
     if evaluates:
         wrapped.eval()
