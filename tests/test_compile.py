@@ -149,6 +149,33 @@ def test_regions_cut_at_recomputed_random_ops_and_keep_what_the_plan_keeps() -> 
     assert flat == list(range(len(steps)))
 
 
+def test_a_split_region_runs_as_two_cut_before_its_middle_compute_each_measured(capsys) -> None:
+    """The MLP's one region split: cut before its middle compute (counted here), a one-line notice naming it; the
+    next run runs the two parts (each of >= 2 computes a region measured on its first run, else plain steps),
+    which cover the region's steps in order, and equals the uncompiled run."""
+    _, graph, env = _mlp_graph()
+    plan = eager_plan(graph, "cpu")
+    want = Executor(graph, plan)(env).outputs
+    ex = Executor(graph, plan, compile=True)
+    ex.segments.compile_fn = lambda gm, inputs: lambda args: torch.fx.Interpreter(gm).boxed_run(args)
+    ex(env)
+    ((whole, _),) = ex.segments.peaks.items()
+    computes = [i for i in whole if isinstance(plan.steps[i], Compute)]
+    ex.segments.split(whole, "cpu", "a test")
+    cut = computes[len(computes) // 2]
+    assert ex.segments.cuts == {cut} and not ex.segments.peaks
+    assert capsys.readouterr().err == (
+        f"xsched: region steps {whole[0]}-{whole[-1]} on cpu split before step {cut} (a test)\n"
+    )
+    got = ex(env).outputs
+    for v in want:
+        assert torch.equal(got[v], want[v])
+    parts = regions_of(graph, plan.steps, whole, frozenset(), frozenset(), {cut})
+    flat = [j for p in parts for j in ((p,) if isinstance(p, int) else p.steps)]
+    assert flat == list(whole) and any(not isinstance(p, int) and p.steps[0] == cut for p in parts)
+    assert set(ex.segments.peaks) == {p.steps for p in parts if not isinstance(p, int)}
+
+
 EXAMPLE_GRAPH = {  # docs/ARCHITECTURE.md's example, counted there by hand: CPU peak 300 B, GPU 550 B
     "schema": "xsched.graph/1",
     "name": "example",
