@@ -176,6 +176,38 @@ def test_a_split_region_runs_as_two_cut_before_its_middle_compute_each_measured(
     assert set(ex.segments.peaks) == {p.steps for p in parts if not isinstance(p, int)}
 
 
+def _attention_like(a: torch.Tensor, w: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    p = torch.softmax(a @ w, dim=-1)
+    return p * m, (p.t() @ a).tanh()
+
+
+@pytest.mark.parametrize("dies", [(True, False, True), (False, False, False)], ids=["inputs-die", "inputs-held"])
+def test_a_regions_compiled_code_peak_is_the_allocators_count(dies: tuple[bool, ...]) -> None:
+    """Inductor's wrapper for a matmul, a softmax fused with what reads it, and a reduction: its peak read from the
+    code before it runs equals the allocator's count of the call (the inputs of `dies` held by the call alone,
+    dying at their last use in it)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from xsched.execute.compiled_code import code_peak
+    from xsched.execute.compiled_measure import measured_peak
+    from xsched.execute.segments import _inductor
+
+    g = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(64, 32, generator=g), torch.randn(32, 48, generator=g), torch.rand(64, 48, generator=g)]
+    gm = make_fx(_attention_like)(*inputs)
+    fn = _inductor(gm, [x.clone() for x in inputs])
+    args = [x.clone() for x in inputs]
+    held = [a for a, d in zip(args, dies) if not d]
+    want = code_peak(fn.source_code, args, dies)
+    dying = [a for a, d in zip(args, dies) if d]
+    outs, got = measured_peak(lambda: fn(args), torch.device("cpu"), dying)
+    del held  # the inputs the call does not own lived through it
+    assert want == got > 0
+    for o, r in zip(outs, _attention_like(*inputs)):
+        assert_close(o, r, **TOL)
+    assert code_peak("def call(self, args):\n    buf0 = torch.ops.aten.foo.default(args)\n", [], []) is None
+
+
 EXAMPLE_GRAPH = {  # docs/ARCHITECTURE.md's example, counted there by hand: CPU peak 300 B, GPU 550 B
     "schema": "xsched.graph/1",
     "name": "example",

@@ -140,6 +140,37 @@ def replanning_wrap(eager: nn.Module) -> nn.Module:
     )
 
 
+def test_a_region_whose_compiled_code_would_overrun_is_split_before_it_runs(capsys) -> None:
+    """The compiled eager plan at 100% of the eager peak, with inductor: a region's generated code would go over the
+    budget (fused kernels hold their inputs while they write), so it is split before its first call, and the
+    first step, each region measured by the allocator as it runs, is within the budget: nothing measured over
+    it, nothing split or solved after it. The allocator's count of the next step is the predicted peak (the
+    regions as measured); every step trains like eager PyTorch."""
+    from test_compile import model
+
+    eager = model()
+    w = wrap(copy.deepcopy(eager), (data(0),), {"cpu": "100%"}, method="eager", profile="model", compile=True)
+    limit = w.plan.budgets["cpu"]
+    for k in range(2):
+        eager.zero_grad()
+        w.zero_grad()
+        torch.manual_seed(k)  # dropout's draws: the same stream for both
+        got = step(w, k)
+        torch.manual_seed(k)
+        assert_close(got, step(eager, k), **TOL)
+        for (n, p), q in zip(eager.named_parameters(), w.parameters()):
+            assert_close(q.grad, p.grad, **TOL, msg=lambda s, n=n: f"grad of {n}: {s}")
+    err = capsys.readouterr().err
+    assert "its compiled code peaks at" in err and "split before step" in err
+    assert "the compiled plan peaked" not in err and "runs uncompiled" not in err
+    assert w._first.first_run is None and w._first.executor.segments.split_rounds == 0
+    predicted = w.plan.predicted.peak_bytes["cpu"]
+    x = data(2)
+    mem = bench.step_memory(lambda: bench.loss_of(w(x)), [*w.parameters()])
+    assert 0 <= mem.peak - (predicted - resident(w)) <= 2 * bench.LOSS_BYTES
+    assert predicted <= limit
+
+
 def test_an_overrunning_compiled_plan_splits_its_regions_until_it_fits(monkeypatch, capsys) -> None:
     """Regions that allocate more than the plan counts: the first step overruns, and each next call runs the
     regions over the budget split in two (a part of one compute uncompiled, as counted), until the step fits: the

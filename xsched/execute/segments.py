@@ -25,12 +25,14 @@ from typing import Any
 import torch
 from torch import fx
 
+from xsched.budgets import format_bytes
 from xsched.contracts.graph import Graph, Op
 from xsched.contracts.plan import Compute, Free, Plan, Step
 from xsched.contracts.random_ops import random_ops
 from xsched.contracts.torch_ops import decode, resolve
 from xsched.errors import XschedError
 from xsched.execute.compiled import _has_ref, _rng_lock
+from xsched.execute.compiled_code import code_peak
 from xsched.execute.compiled_measure import measured_peak
 from xsched.interpret import PlanInterpreter, at_step, wrong_size
 from xsched.profiling.fused import REGION_LABEL
@@ -278,6 +280,12 @@ class Segments:
                         f(st)
                     return
             start = store.bytes
+            if r.steps not in self.peaks and (why := self._overruns(r, fn, args, start)):
+                self.split(r.steps, r.device, why)  # before it runs: its parts, each checked so, run instead
+                args.clear()  # the parts' inputs die where the parts free them
+                for part in self._built(r.steps):
+                    part(st)
+                return
             for v in r.drops:  # the store lets go first: the compiled call frees them at their last use in it
                 store.drop(v)
             with lock if lock is not None else nullcontext(), torch.profiler.record_function(label):
@@ -298,6 +306,19 @@ class Segments:
                 st.first.setdefault(v, t)
 
         return run
+
+    def _overruns(self, r: Region, fn: Callable, args: list[torch.Tensor], start: int) -> str | None:
+        """Why region `r`, compiled as `fn` and called with `args` with `start` bytes resident, would go over its
+        device's budget, by its generated code (`compiled_code.code_peak`); None when it fits, or is not known."""
+        limit = self.ex.plan.budgets.get(r.device)
+        source = getattr(fn, "source_code", None)
+        if limit is None or not isinstance(source, str):
+            return None
+        drops = set(r.drops)
+        extra = code_peak(source, args, [v in drops for v in r.inputs])
+        if extra is None or start + extra <= limit:
+            return None
+        return f"its compiled code peaks at {format_bytes(start + extra)}, over {format_bytes(limit)}"
 
 
 # Inductor runs a region's kernels in the plan's order: its reorderings (for locality, and for its own estimate of
