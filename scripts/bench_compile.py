@@ -276,20 +276,22 @@ def fit_table(a: argparse.Namespace, fit: Callable[[float], list[str]], ref: int
 
 
 def fit_row(w: torch.nn.Module, said: list[str], measured: int, plan_dev: str, frac: float) -> str:
-    """One --fit row: the plan's budget and per-op count, its first compiled step's peak (wrap's first notice, or
-    within the budget when there is none), the notices that followed, the settled prediction beside `measured`."""
+    """One --fit row: the plan's budget and per-op count, its first compiled step's peak (wrap's notice of it, or
+    within the budget when there is none), the regions split, the settled prediction beside `measured`."""
     c = w._first  # type: ignore[attr-defined]
     mib = lambda b: f"{b / 2**20:.3f} MiB"  # noqa: E731
     first = next((ln for ln in said if "the compiled plan peaked at" in ln), None)
     count = lambda what: sum(what in ln for ln in said)  # noqa: E731
-    did = f"{count('over the budget split')} rounds of splits ({count('split before step')} regions)"
+    before = count("its compiled code peaks at")  # split before they ran, by their generated code
+    did = f"{before} regions split before they ran"
+    did += f", then {count('over the budget split')} rounds of splits ({count('split before step') - before} regions)"
     did += f", {count('planning again')} re-plans" if count("planning again") else ""
     did += f", {count('runs uncompiled')} regions uncompiled" if count("runs uncompiled") else ""
     at = first.split(" at cpu ")[1].split(" over ")[0] if first else "within it"
     budget, pred = c.plan.budgets[plan_dev], c.plan.predicted.peak_bytes[plan_dev]
     return (
         f"| {mib(budget)} ({frac:.0%}) | {mib(c.plan.extra[PER_OP_KEY][plan_dev])} | {at} | "
-        f"{did if first else 'nothing'} | {mib(pred)} | {mib(measured)} | {pred - measured:+,} B "
+        f"{did} | {mib(pred)} | {mib(measured)} | {pred - measured:+,} B "
         f"({(pred - measured) / measured:+.2%}) |"
     )
 

@@ -3,10 +3,12 @@
 A region's computes become one torch.fx graph of the captured aten calls; inductor fuses it, so values the plan
 makes and frees inside the region (fused intermediates) never materialise. What the plan keeps after the region
 comes back as the graph's outputs, and what it frees is dropped from the store when the region ends, so the
-residency after the region is the plan's. The bytes a fused region allocates are not the plan's per-op count:
-its first run is measured through the allocator's events (torch.profiler, any device) and kept as the region's
-peak above what was resident when it started; `compiled_peaks` walks the plan with those figures in place of the
-per-op counts of the region's steps.
+residency after the region is the plan's. The bytes a fused region allocates are not the plan's per-op count
+(a fused kernel holds its inputs while it writes its outputs): before its first call its generated code is read
+(`compiled_code`), and a region that would go over its device's budget is split in two, each part checked so (a
+part of one compute runs uncompiled, as counted). Its first run is measured through the allocator's events
+(torch.profiler, any device) and kept as the region's peak above what was resident when it started;
+`compiled_peaks` walks the plan with those figures in place of the per-op counts of the region's steps.
 
 Random ops the plan recomputes replay a saved generator state around their call, which a fused kernel cannot:
 they run uncompiled between regions. Other random ops stay inside, drawing through ATen in graph order
