@@ -176,6 +176,44 @@ def test_a_split_region_runs_as_two_cut_before_its_middle_compute_each_measured(
     assert set(ex.segments.peaks) == {p.steps for p in parts if not isinstance(p, int)}
 
 
+WRAPPER = """
+class Runner:
+    def call(self, args):
+        arg0_1, arg1_1 = args
+        args.clear()
+        buf0 = empty_strided_cpu((4, 8), (8, 1), torch.float32)
+        cpp_fused_0(arg0_1, buf0)
+        del arg0_1
+        buf1 = buf0; del buf0  # reuse
+        buf2 = empty_strided_cpu((4, 4, 2), (8, 2, 1), torch.float64)
+        buf3 = reinterpret_tensor(buf2, (32, ), (1, ), 0)  # alias
+        extern_kernels.mm(buf1, arg1_1, out=buf2)
+        del buf2
+        buf4 = empty_strided_cpu((2, 3), (1, 2), torch.int64)
+        del buf1
+        return (buf3, buf4, )
+
+    def later(self):
+        buf9 = empty_strided_cpu((1000, ), (1, ), torch.float32)
+"""
+
+
+def test_the_code_peak_follows_a_wrappers_allocations_renames_and_dels_counted_by_hand() -> None:
+    """By hand: buf0 128 B; the dying 64 B input leaves (64 B); buf2, 32 float64 by its strides, 320 B; its name
+    goes but its alias buf3 holds it; buf4, 6 int64 by its strides (1, 2), 368 B, the peak; then buf1 (renamed
+    buf0) leaves. A held input never leaves; another method's lines are not the call's; a line that allocates
+    otherwise, or a symbolic size, gives no figure."""
+    from xsched.execute.compiled_code import code_peak
+
+    x, w = torch.zeros(16), torch.zeros(100)
+    assert code_peak(WRAPPER, [x, w], [True, False]) == 128 - 64 + 256 + 48
+    assert code_peak(WRAPPER, [x, w], [False, False]) == 128 + 256 + 48
+    unknown = WRAPPER.replace("buf4 = empty_strided_cpu((2, 3), (1, 2), torch.int64)", "buf4 = aten.foo(buf1)")
+    assert code_peak(unknown, [x, w], [True, False]) is None
+    symbolic = WRAPPER.replace("(4, 8), (8, 1)", "(s0, 8), (8, 1)")
+    assert code_peak(symbolic, [x, w], [True, False]) is None
+
+
 def _attention_like(a: torch.Tensor, w: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     p = torch.softmax(a @ w, dim=-1)
     return p * m, (p.t() @ a).tanh()

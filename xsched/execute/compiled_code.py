@@ -85,9 +85,13 @@ def code_peak(source: str, inputs: Sequence[torch.Tensor], dying: Sequence[bool]
         alloc = _ALLOC.search(rhs)
         view = _VIEW.match(rhs)
         if alloc and rhs.startswith("empty_strided_"):
+            try:
+                nbytes = _storage_bytes(_ints(alloc.group(1)), _ints(alloc.group(2)), alloc.group(3))
+            except (ValueError, AttributeError):  # a symbolic size, a dtype torch does not name so
+                return None
             fresh += 1
             owner[name], refs[fresh] = fresh, 1
-            size[fresh] = _storage_bytes(_ints(alloc.group(1)), _ints(alloc.group(2)), alloc.group(3))
+            size[fresh] = nbytes
             now += size[fresh]
             peak = max(peak, now)
         elif view or _NAME.match(rhs):
