@@ -2,13 +2,17 @@
 
     python scripts/bench_compile.py                      # CPU: gpt2 small, 2 threads
     python scripts/bench_compile.py --device cuda:0      # GPT-2 6 layers, batch 8, T 1024 on one GPU
+    python scripts/bench_compile.py --fit --repeat 3     # memory only: does each first plan fit, compiled?
 
 Rows: eager PyTorch; torch.compile (default partitioner); torch.compile with activation_memory_budget at each
 fraction of --budgets; xsched compiled plans (wrap(..., compile=True)) with the same fraction of torch.compile's
 measured peak as their budget (plus the params and inputs, which the plan counts and the peak column does not);
 and the xsched compiled eager plan. wrap plans them on costs priced as compiled (fusible ops free), measures their
 regions on the first step, and plans once more within less when that step went over the budget (its notices are
-in the notes); the predicted peak is the settled plan's, from its regions' measured allocations. Step = forward +
+in the notes); the predicted peak is the settled plan's, from its regions' measured allocations. --fit skips the
+timings: for each xsched plan (solved --repeat times), its first step's compiled peak against its budget, what wrap
+did about it, and the settled plan's predicted peak beside the allocator's count (memory is deterministic: it needs
+no quiet machine). Step = forward +
 loss + backward. Times: the median and the best of interleaved steps, so ratios share the machine's load (on a
 shared box the best step is the least blurred). Peak: the bytes a step allocates above what existed before it, from the CPU
 allocator's events (torch.profiler, bench_executor.step_memory) on the CPU, from max_memory_allocated on CUDA.
@@ -37,6 +41,7 @@ import torch
 from xsched import zoo
 from xsched.contracts.plan import Compute
 from xsched.errors import BudgetError, XschedError
+from xsched.execute.compiled_memory import MAX_SPLITS
 from xsched.execute.wrap import MAX_REPLANS, wrap
 from xsched.pipeline import PER_OP_KEY
 
@@ -120,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         help="the solver's costs before wrap prices them as compiled: measured per op (wrap's default, what a user "
         "gets), or the bandwidth model",
     )
+    ap.add_argument("--fit", action="store_true", help="memory only: each xsched plan's first compiled peak, no timing")
+    ap.add_argument("--repeat", type=int, default=1, help="with --fit: plans solved per budget (auto varies)")
     ap.add_argument("--out", type=Path, help="append the markdown table here")
     a = ap.parse_args(argv)
     device = torch.device(a.device)
@@ -145,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
 
     m = copy.deepcopy(base)
     add("eager PyTorch", m, lambda m=m: loss_of(m(*inputs)))
-    for frac in dict.fromkeys([1.0, *fracs]):
+    for frac in dict.fromkeys([1.0, *([] if a.fit else fracs)]):
         label = "torch.compile" if frac == 1.0 else f"torch.compile, activation_memory_budget={frac}"
         log(f"compiling {label}")
         m = copy.deepcopy(base)
@@ -169,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             compile=True,
         )
         with contextlib.redirect_stderr(io.StringIO()) as err:
-            for _ in range(2 + 2 * MAX_REPLANS):  # until settled: each re-plan's first step measures it
+            for _ in range(2 + MAX_SPLITS + 2 * MAX_REPLANS):  # until settled: each first step after a change measures
                 loss_of(w(*inputs)).backward()
                 c = w._first  # type: ignore[attr-defined]
                 if c.first_run is None and c.replan is None and c.back_to is None:
@@ -177,6 +184,14 @@ def main(argv: list[str] | None = None) -> int:
         said = [line for line in err.getvalue().splitlines() if line.startswith("xsched:")]
         return w, said
 
+    if a.fit:
+
+        def fit(frac: float) -> list[str]:
+            w, said = planned(before + int(frac * ref), "auto")
+            measured = before + step_peak(lambda: loss_of(w(*inputs)), [*w.parameters()], device)
+            return [fit_row(w, said, measured, plan_dev, frac)]
+
+        return fit_table(a, fit, ref)
     for frac in [None, *fracs] if with_eager_plan else fracs:
         budget = "100%" if frac is None else before + int(frac * ref)
         label = "xsched compiled eager plan" if frac is None else f"xsched compiled, {frac:.0%} of torch.compile's peak"
@@ -235,6 +250,50 @@ def main(argv: list[str] | None = None) -> int:
         with a.out.open("a") as f:
             f.write(text)
     return 0
+
+
+def fit_table(a: argparse.Namespace, fit: Callable[[float], list[str]], ref: int) -> int:
+    """--fit: `fit(frac)` (one table row per plan solved at frac of torch.compile's peak) for each of --budgets,
+    --repeat times."""
+    lines = [
+        f"Command: `python scripts/bench_compile.py {' '.join(sys.argv[1:])}`, torch.compile's measured peak "
+        f"{ref:,} B. All bytes with the params and inputs (the plan counts them; the step's peak column adds them).",
+        "",
+        "| budget | per-op count | first compiled step | what wrap did | settled: predicted | measured "
+        "| predicted - measured |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for frac in [float(f) for f in a.budgets.split(",") if f]:
+        for k in range(a.repeat):
+            log(f"planning at {frac:.0%} of torch.compile's peak, try {k + 1} of {a.repeat}")
+            lines += fit(frac)
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if a.out:
+        with a.out.open("a") as f:
+            f.write(text)
+    return 0
+
+
+def fit_row(w: torch.nn.Module, said: list[str], measured: int, plan_dev: str, frac: float) -> str:
+    """One --fit row: the plan's budget and per-op count, its first compiled step's peak (wrap's notice of it, or
+    within the budget when there is none), the regions split, the settled prediction beside `measured`."""
+    c = w._first  # type: ignore[attr-defined]
+    mib = lambda b: f"{b / 2**20:.3f} MiB"  # noqa: E731
+    first = next((ln for ln in said if "the compiled plan peaked at" in ln), None)
+    count = lambda what: sum(what in ln for ln in said)  # noqa: E731
+    before = count("its compiled code peaks at")  # split before they ran, by their generated code
+    did = f"{before} regions split before they ran"
+    did += f", then {count('over the budget split')} rounds of splits ({count('split before step') - before} regions)"
+    did += f", {count('planning again')} re-plans" if count("planning again") else ""
+    did += f", {count('runs uncompiled')} regions uncompiled" if count("runs uncompiled") else ""
+    at = first.split(" at cpu ")[1].split(" over ")[0] if first else "within it"
+    budget, pred = c.plan.budgets[plan_dev], c.plan.predicted.peak_bytes[plan_dev]
+    return (
+        f"| {mib(budget)} ({frac:.0%}) | {mib(c.plan.extra[PER_OP_KEY][plan_dev])} | {at} | "
+        f"{did} | {mib(pred)} | {mib(measured)} | {pred - measured:+,} B "
+        f"({(pred - measured) / measured:+.2%}) |"
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The xsched compiled rows of the GPU memory benchmark (scripts/bench_gpu_memory.py): the model wrapped with
 `compile=True` at the xsched rows' budgets, on the benchmark's one profile (wrap prices it as compiled), settled by
-its first two steps (the regions measured; a step over the budget plans again), then timed like the torch rows."""
+its first steps (the regions measured; regions over the budget split, then a step over it plans again), then timed
+like the torch rows."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from gpu.memory_report import mib
 
 from xsched.contracts.plan import Compute, Copy
 from xsched.contracts.profile import Profile
-from xsched.execute.wrap import wrap
+from xsched.execute.compiled_memory import MAX_SPLITS
+from xsched.execute.wrap import MAX_REPLANS, wrap
 from xsched.pipeline import PER_OP_KEY
 
 
@@ -45,8 +47,11 @@ def compiled_plan_row(
     step = torch_step(w, inputs, ones, contextlib.nullcontext)
     run = backward_of(step, model)
     with contextlib.redirect_stderr(io.StringIO()) as err:
-        for _ in range(2):  # the first step measures the regions; the second runs (and measures) a re-plan
+        for _ in range(2 + MAX_SPLITS + 2 * MAX_REPLANS):  # until settled: each first step after a change measures
             run()
+            c = w._first  # type: ignore[attr-defined]
+            if c.first_run is None and c.replan is None and c.back_to is None:
+                break
     got = timed({"row": run, "eager": eager}, dev, a.iters, a.warmup)
     peak = got["row"]["peak"] if dev.type == "cuda" else step_memory(step, model.parameters()).peak  # type: ignore[arg-type]
     model.zero_grad(set_to_none=True)

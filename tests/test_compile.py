@@ -149,6 +149,103 @@ def test_regions_cut_at_recomputed_random_ops_and_keep_what_the_plan_keeps() -> 
     assert flat == list(range(len(steps)))
 
 
+def test_a_split_region_runs_as_two_cut_before_its_middle_compute_each_measured(capsys) -> None:
+    """The MLP's one region split: cut before its middle compute (counted here), a one-line notice naming it; the
+    next run runs the two parts (each of >= 2 computes a region measured on its first run, else plain steps),
+    which cover the region's steps in order, and equals the uncompiled run."""
+    _, graph, env = _mlp_graph()
+    plan = eager_plan(graph, "cpu")
+    want = Executor(graph, plan)(env).outputs
+    ex = Executor(graph, plan, compile=True)
+    ex.segments.compile_fn = lambda gm, inputs: lambda args: torch.fx.Interpreter(gm).boxed_run(args)
+    ex(env)
+    ((whole, _),) = ex.segments.peaks.items()
+    computes = [i for i in whole if isinstance(plan.steps[i], Compute)]
+    ex.segments.split(whole, "cpu", "a test")
+    cut = computes[len(computes) // 2]
+    assert ex.segments.cuts == {cut} and not ex.segments.peaks
+    assert capsys.readouterr().err == (
+        f"xsched: region steps {whole[0]}-{whole[-1]} on cpu split before step {cut} (a test)\n"
+    )
+    got = ex(env).outputs
+    for v in want:
+        assert torch.equal(got[v], want[v])
+    parts = regions_of(graph, plan.steps, whole, frozenset(), frozenset(), {cut})
+    flat = [j for p in parts for j in ((p,) if isinstance(p, int) else p.steps)]
+    assert flat == list(whole) and any(not isinstance(p, int) and p.steps[0] == cut for p in parts)
+    assert set(ex.segments.peaks) == {p.steps for p in parts if not isinstance(p, int)}
+
+
+WRAPPER = """
+class Runner:
+    def call(self, args):
+        arg0_1, arg1_1 = args
+        args.clear()
+        buf0 = empty_strided_cpu((4, 8), (8, 1), torch.float32)
+        cpp_fused_0(arg0_1, buf0)
+        del arg0_1
+        buf1 = buf0; del buf0  # reuse
+        buf2 = empty_strided_cpu((4, 4, 2), (8, 2, 1), torch.float64)
+        buf3 = reinterpret_tensor(buf2, (32, ), (1, ), 0)  # alias
+        extern_kernels.mm(buf1, arg1_1, out=buf2)
+        del buf2
+        buf4 = empty_strided_cpu((2, 3), (1, 2), torch.int64)
+        del buf1
+        return (buf3, buf4, )
+
+    def later(self):
+        buf9 = empty_strided_cpu((1000, ), (1, ), torch.float32)
+"""
+
+
+def test_the_code_peak_follows_a_wrappers_allocations_renames_and_dels_counted_by_hand() -> None:
+    """By hand: buf0 128 B; the dying 64 B input leaves (64 B); buf2, 32 float64 by its strides, 320 B; its name
+    goes but its alias buf3 holds it; buf4, 6 int64 by its strides (1, 2), 368 B, the peak; then buf1 (renamed
+    buf0) leaves. A held input never leaves; another method's lines are not the call's; a line that allocates
+    otherwise, or a symbolic size, gives no figure."""
+    from xsched.execute.compiled_code import code_peak
+
+    x, w = torch.zeros(16), torch.zeros(100)
+    assert code_peak(WRAPPER, [x, w], [True, False]) == 128 - 64 + 256 + 48
+    assert code_peak(WRAPPER, [x, w], [False, False]) == 128 + 256 + 48
+    unknown = WRAPPER.replace("buf4 = empty_strided_cpu((2, 3), (1, 2), torch.int64)", "buf4 = aten.foo(buf1)")
+    assert code_peak(unknown, [x, w], [True, False]) is None
+    symbolic = WRAPPER.replace("(4, 8), (8, 1)", "(s0, 8), (8, 1)")
+    assert code_peak(symbolic, [x, w], [True, False]) is None
+
+
+def _attention_like(a: torch.Tensor, w: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    p = torch.softmax(a @ w, dim=-1)
+    return p * m, (p.t() @ a).tanh()
+
+
+@pytest.mark.parametrize("dies", [(True, False, True), (False, False, False)], ids=["inputs-die", "inputs-held"])
+def test_a_regions_compiled_code_peak_is_the_allocators_count(dies: tuple[bool, ...]) -> None:
+    """Inductor's wrapper for a matmul, a softmax fused with what reads it, and a reduction: its peak read from the
+    code before it runs equals the allocator's count of the call (the inputs of `dies` held by the call alone,
+    dying at their last use in it)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from xsched.execute.compiled_code import code_peak
+    from xsched.execute.compiled_measure import measured_peak
+    from xsched.execute.segments import _inductor
+
+    g = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(64, 32, generator=g), torch.randn(32, 48, generator=g), torch.rand(64, 48, generator=g)]
+    gm = make_fx(_attention_like)(*inputs)
+    fn = _inductor(gm, [x.clone() for x in inputs])
+    args = [x.clone() for x in inputs]
+    held = [a for a, d in zip(args, dies) if not d]
+    want = code_peak(fn.source_code, args, dies)
+    dying = [a for a, d in zip(args, dies) if d]
+    outs, got = measured_peak(lambda: fn(args), torch.device("cpu"), dying)
+    del held  # the inputs the call does not own lived through it
+    assert want == got > 0
+    for o, r in zip(outs, _attention_like(*inputs)):
+        assert_close(o, r, **TOL)
+    assert code_peak("def call(self, args):\n    buf0 = torch.ops.aten.foo.default(args)\n", [], []) is None
+
+
 EXAMPLE_GRAPH = {  # docs/ARCHITECTURE.md's example, counted there by hand: CPU peak 300 B, GPU 550 B
     "schema": "xsched.graph/1",
     "name": "example",

@@ -17,7 +17,7 @@ from torch.testing import assert_close
 from xsched.contracts.plan import Compute
 from xsched.execute import compiled_replans
 from xsched.execute import segments as segments_module
-from xsched.execute.compiled_memory import PLANNED_WITHIN_KEY
+from xsched.execute.compiled_memory import MAX_SPLITS, PLANNED_WITHIN_KEY
 from xsched.execute.wrap import MAX_REPLANS, wrap
 from xsched.pipeline import PER_OP_KEY, plan_profile
 from xsched.profiling.fused import fusible
@@ -140,11 +140,72 @@ def replanning_wrap(eager: nn.Module) -> nn.Module:
     )
 
 
-def test_an_overrunning_compiled_run_is_planned_again_within_the_budget(monkeypatch, capsys) -> None:
-    """Regions that allocate more than the plan counts: the first step overruns, the next call runs a plan solved
-    within the budget less the excess, and from then on the step stays within the budget by the allocator's count
-    (the re-plan's regions that still overrun run uncompiled, each named). Every step equals eager PyTorch."""
+def test_a_region_whose_compiled_code_would_overrun_is_split_before_it_runs(capsys) -> None:
+    """The compiled eager plan at 100% of the eager peak, with inductor: a region's generated code would go over the
+    budget (fused kernels hold their inputs while they write), so it is split before its first call, and the
+    first step, each region measured by the allocator as it runs, is within the budget: nothing measured over
+    it, nothing split or solved after it. The allocator's count of the next step is the predicted peak (the
+    regions as measured); every step trains like eager PyTorch."""
+    from test_compile import model
+
+    eager = model()
+    w = wrap(copy.deepcopy(eager), (data(0),), {"cpu": "100%"}, method="eager", profile="model", compile=True)
+    limit = w.plan.budgets["cpu"]
+    for k in range(2):
+        eager.zero_grad()
+        w.zero_grad()
+        torch.manual_seed(k)  # dropout's draws: the same stream for both
+        got = step(w, k)
+        torch.manual_seed(k)
+        assert_close(got, step(eager, k), **TOL)
+        for (n, p), q in zip(eager.named_parameters(), w.parameters()):
+            assert_close(q.grad, p.grad, **TOL, msg=lambda s, n=n: f"grad of {n}: {s}")
+    err = capsys.readouterr().err
+    assert "its compiled code peaks at" in err and "split before step" in err
+    assert "the compiled plan peaked" not in err and "runs uncompiled" not in err
+    assert w._first.first_run is None and w._first.executor.segments.split_rounds == 0
+    predicted = w.plan.predicted.peak_bytes["cpu"]
+    x = data(2)
+    mem = bench.step_memory(lambda: bench.loss_of(w(x)), [*w.parameters()])
+    assert 0 <= mem.peak - (predicted - resident(w)) <= 2 * bench.LOSS_BYTES
+    assert predicted <= limit
+
+
+def test_an_overrunning_compiled_plan_splits_its_regions_until_it_fits(monkeypatch, capsys) -> None:
+    """Regions that allocate more than the plan counts: the first step overruns, and each next call runs the
+    regions over the budget split in two (a part of one compute uncompiled, as counted), until the step fits: the
+    same plan, not solved again. Settled, its predicted peak is the allocator's count of a step (the loss and its
+    gradient beside), within the budget. Every step equals eager PyTorch."""
     monkeypatch.setattr(segments_module, "_inductor", scratching)
+    eager = chain()
+    w = replanning_wrap(eager)
+    limit, first = w.plan.budgets["cpu"], w.plan
+    for _ in range(MAX_SPLITS + 1):
+        _train(w, eager, 1)
+        if w._first.first_run is None:
+            break  # settled
+    err = capsys.readouterr().err
+    assert w._first.first_run is None and w._first.replan is None
+    assert "the compiled plan peaked at cpu" in err and "its regions over the budget split" in err
+    assert "split before step" in err and "planning again" not in err and "runs uncompiled" not in err
+    assert w.plan.steps == first.steps and PLANNED_WITHIN_KEY not in w.plan.extra
+    segments = w._first.executor.segments
+    assert segments.cuts and segments.peaks and not segments.failed
+    predicted = w.plan.predicted.peak_bytes["cpu"]
+    x = data(2)
+    mem = bench.step_memory(lambda: bench.loss_of(w(x)), [*w.parameters()])
+    assert 0 <= mem.peak - (predicted - resident(w)) <= 2 * bench.LOSS_BYTES
+    assert predicted <= limit
+    _train(w, eager, 1)
+
+
+def test_an_overrunning_compiled_run_is_planned_again_within_the_budget(monkeypatch, capsys) -> None:
+    """Regions that allocate more than the plan counts, with splitting off: the first step overruns, the next call
+    runs a plan solved within the budget less the excess, and from then on the step stays within the budget by the
+    allocator's count (the re-plan's regions that still overrun run uncompiled, each named). Every step equals
+    eager PyTorch."""
+    monkeypatch.setattr(segments_module, "_inductor", scratching)
+    monkeypatch.setattr(compiled_replans, "MAX_SPLITS", 0)
     eager = chain()
     w = replanning_wrap(eager)
     limit = w.plan.budgets["cpu"]

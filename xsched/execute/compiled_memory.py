@@ -1,7 +1,7 @@
 """A compiled plan's memory after its first run: its predicted peak from the compiled regions' real allocations, and
-what happens where that goes over a budget (the plan solved again within the budget less the excess, or the regions
-that overrun run uncompiled, as the plan counted them) or where a re-plan stays far under it (solved once more
-within more, the plan that fits kept to go back to).
+what happens where that goes over a budget (the regions that overrun split in two and measured again, the plan
+solved again within the budget less the excess, or the regions that overrun run uncompiled, as the plan counted
+them) or where a re-plan stays far under it (solved once more within more, the plan that fits kept to go back to).
 
 The solvers count each value a plan keeps (per op). A compiled region allocates otherwise: its fused intermediates
 never materialise, and inductor's buffers are its own. Its first run measures it (`segments`); the plan's peak is
@@ -27,6 +27,10 @@ PLANNED_WITHIN_KEY = "planned_within"  # Plan.extra: the lowered budgets a re-pl
 # not linear in the per-op budget); the plan that fits is kept, to go back to if the raised one overruns.
 RAISE_SLACK = 0.05
 RAISE_SHARE = 0.5
+# Rounds of splits before a plan still over its budget is solved again: each halves the regions that overrun, and a
+# part of one compute runs uncompiled, allocating as the plan counts, so a region of n computes fits within
+# log2(n) rounds (the 150 computes of gpt2 small's largest backward region, split to fit, took 7).
+MAX_SPLITS = 10
 
 
 def over_budget(peaks: Mapping[str, int], limits: Mapping[str, int]) -> dict[str, int]:
@@ -68,6 +72,20 @@ def with_compiled_peaks(plan: Plan, peaks: Mapping[str, int]) -> Plan:
     p = plan.predicted or Prediction(None, {})
     extra = {**plan.extra, PER_OP_KEY: dict(plan.extra.get(PER_OP_KEY, p.peak_bytes))}
     return dataclasses.replace(plan, predicted=dataclasses.replace(p, peak_bytes=dict(peaks)), extra=extra)
+
+
+def split_overruns(graph: Graph, plan: Plan, segments: Any, limits: Mapping[str, int]) -> bool:
+    """Every measured region of `segments` (an executor's Segments) whose peak goes over its device's limit runs as
+    two from the next call on (`Segments.split`), each measured on its first run; False when none did."""
+    over = [
+        (s, d, p) for s, (d, p) in region_peaks(graph, plan, segments.peaks).items() if d in limits and p > limits[d]
+    ]
+    for steps, device, peak in over:
+        segments.split(
+            steps, device, f"compiled, it peaks at {format_bytes(peak)}, over {format_bytes(limits[device])}"
+        )
+    segments.split_rounds += bool(over)
+    return bool(over)
 
 
 def uncompile_overruns(graph: Graph, plan: Plan, segments: Any, limits: Mapping[str, int]) -> dict[str, int]:

@@ -1,5 +1,6 @@
 """The re-plans of a wrapped model's compiled plan after its first run, as a mixin of `XschedModule`: over its
-budget, solved again within less; a re-plan far under it, once more within more, going back if that overruns.
+budget, its overrunning regions split and measured again, then solved again within less; a re-plan far under it,
+once more within more, going back if that overruns.
 The rules for the budgets are `compiled_memory`'s; this holds the sequence of plans per input signature."""
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ from typing import Any
 from xsched.budgets import format_bytes
 from xsched.errors import BudgetError
 from xsched.execute.compiled_memory import (
+    MAX_SPLITS,
     lowered_budgets,
     over_budget,
     raised_budgets,
+    split_overruns,
     uncompile_overruns,
     wasted_room,
     with_compiled_peaks,
@@ -35,17 +38,24 @@ class CompiledReplans:
     _move_to_homes: Any
 
     def _measured(self, c: Compiled) -> None:
-        """After a compiled plan's first run: a device whose compiled peak went over its budget gets the plan
-        solved again at the next call, within the budget this plan was solved within less the excess (the
-        regions' real allocations differ from the per-op count the solver planned with); a re-plan far under its
-        limit is settled and solved once more within more (`raised_budgets`), and that one, if over, gives way to
-        it; otherwise, or after MAX_REPLANS, the plan is settled."""
-        peaks = compiled_peaks(c.graph, c.plan, c.executor.segments.peaks)
+        """After a compiled plan's first run: a device whose compiled peak went over its budget gets its
+        overrunning regions split in two (`split_overruns`), measured again at the next call: the regions' real
+        allocations differ from the per-op count the solver planned with, and a smaller region allocates closer to
+        it (one compute, as counted). After MAX_SPLITS rounds still over, the plan is solved again at the next
+        call, within the budget it was solved within less the excess. A re-plan far under its limit is settled and
+        solved once more within more (`raised_budgets`), and that one, if over, gives way to it; otherwise, or
+        after MAX_REPLANS, the plan is settled."""
+        segments = c.executor.segments
+        peaks = compiled_peaks(c.graph, c.plan, segments.peaks)
         over = over_budget(peaks, c.limits)
+        say = ", ".join(f"{d} {format_bytes(peaks[d])} over {format_bytes(c.limits[d])}" for d in over)
         if over and c.fallback is not None:  # solved within more than a plan that fit, and over: back to that one
             c.back_to = c.fallback
-            say = ", ".join(f"{d} {format_bytes(peaks[d])} over {format_bytes(c.limits[d])}" for d in over)
             print(f"xsched: the compiled plan peaked at {say}: back to the plan before it", file=sys.stderr)
+            return
+        if over and segments.split_rounds < MAX_SPLITS and split_overruns(c.graph, c.plan, segments, c.limits):
+            c.first_run = self._measured  # the next call measures the parts
+            print(f"xsched: the compiled plan peaked at {say}: its regions over the budget split", file=sys.stderr)
             return
         if not over:
             room = wasted_room(c.plan, peaks, c.limits) if c.fallback is None and c.replans < MAX_REPLANS else {}
@@ -57,7 +67,6 @@ class CompiledReplans:
             return
         c.replan = lowered_budgets(c.plan, over)
         c.plan = with_compiled_peaks(c.plan, peaks)
-        say = ", ".join(f"{d} {format_bytes(peaks[d])} over {format_bytes(c.limits[d])}" for d in over)
         print(f"xsched: the compiled plan peaked at {say}: planning again within less", file=sys.stderr)
 
     def _settled(self, c: Compiled) -> None:

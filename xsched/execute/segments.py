@@ -3,10 +3,12 @@
 A region's computes become one torch.fx graph of the captured aten calls; inductor fuses it, so values the plan
 makes and frees inside the region (fused intermediates) never materialise. What the plan keeps after the region
 comes back as the graph's outputs, and what it frees is dropped from the store when the region ends, so the
-residency after the region is the plan's. The bytes a fused region allocates are not the plan's per-op count:
-its first run is measured through the allocator's events (torch.profiler, any device) and kept as the region's
-peak above what was resident when it started; `compiled_peaks` walks the plan with those figures in place of the
-per-op counts of the region's steps.
+residency after the region is the plan's. The bytes a fused region allocates are not the plan's per-op count
+(a fused kernel holds its inputs while it writes its outputs): before its first call its generated code is read
+(`compiled_code`), and a region that would go over its device's budget is split in two, each part checked so (a
+part of one compute runs uncompiled, as counted). Its first run is measured through the allocator's events
+(torch.profiler, any device) and kept as the region's peak above what was resident when it started;
+`compiled_peaks` walks the plan with those figures in place of the per-op counts of the region's steps.
 
 Random ops the plan recomputes replay a saved generator state around their call, which a fused kernel cannot:
 they run uncompiled between regions. Other random ops stay inside, drawing through ATen in graph order
@@ -25,12 +27,15 @@ from typing import Any
 import torch
 from torch import fx
 
+from xsched.budgets import format_bytes
 from xsched.contracts.graph import Graph, Op
 from xsched.contracts.plan import Compute, Free, Plan, Step
 from xsched.contracts.random_ops import random_ops
 from xsched.contracts.torch_ops import decode, resolve
 from xsched.errors import XschedError
 from xsched.execute.compiled import _has_ref, _rng_lock
+from xsched.execute.compiled_code import code_peak
+from xsched.execute.compiled_measure import measured_peak
 from xsched.interpret import PlanInterpreter, at_step, wrong_size
 from xsched.profiling.fused import REGION_LABEL
 
@@ -55,10 +60,16 @@ class Region:
 
 
 def regions_of(
-    graph: Graph, steps: Sequence[Step], idx: Sequence[int], eager_ops: frozenset[str], watch: frozenset[str]
+    graph: Graph,
+    steps: Sequence[Step],
+    idx: Sequence[int],
+    eager_ops: frozenset[str],
+    watch: frozenset[str],
+    cuts: frozenset[int] | set[int] = frozenset(),
 ) -> list[Region | int]:
     """Steps `idx` (computes and frees on one device, run in this order) cut into regions and single steps that
-    run uncompiled: computes of `eager_ops`, and regions of fewer than MIN_COMPUTES computes."""
+    run uncompiled: computes of `eager_ops`, and regions of fewer than MIN_COMPUTES computes; a region also ends
+    before each step of `cuts` (`Segments.split`)."""
     out: list[Region | int] = []
     piece: list[int] = []
     rnd = random_ops(graph)
@@ -72,6 +83,8 @@ def regions_of(
 
     for i in idx:
         s = steps[i]
+        if i in cuts:
+            flush()
         if isinstance(s, Compute) and s.op in eager_ops:
             flush()
             out.append(i)
@@ -166,68 +179,6 @@ def _fx_arg(g: fx.Graph, env: Mapping[str, fx.Node], x: Any, device: torch.devic
     raise XschedError(f"cannot decode argument {x!r}", stage="execute")
 
 
-def measured_peak(
-    fn: Callable[[], Any], device: torch.device, watch: list[torch.Tensor] | None = None
-) -> tuple[Any, int]:
-    """fn() and the most bytes live on `device` during it above what was live when it began (frees of earlier
-    blocks lower it), from the allocator's events: the CPU allocator and CUDA's caching allocator both report
-    each allocation and free to the profiler. It reports nothing for the free of a block allocated before it
-    started, so each tensor of `watch` (inputs fn may free; the list is emptied, leaving fn the only holder) marks
-    its own death in the trace, with its bytes."""
-    import weakref
-
-    from torch._C._profiler import _EventType
-    from torch.profiler import ProfilerActivity, profile
-
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=acts, profile_memory=True) as prof:
-        for t in watch or ():
-            weakref.finalize(t, _mark, f"{_DIED}{t.untyped_storage().nbytes()}")
-        if watch:
-            watch.clear()
-        t = None
-        result = fn()
-    nodes, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        n = stack.pop()
-        nodes.append(n)
-        stack.extend(n.children)
-    index = device.index if device.type == "cuda" else None
-    allocs = sorted(
-        (
-            n
-            for n in nodes
-            if n.tag == _EventType.Allocation
-            and n.extra_fields.device.type == device.type
-            and (index is None or n.extra_fields.device.index in (index, None))
-        ),
-        key=lambda n: n.start_time_ns,
-    )
-    died = [n for n in nodes if n.name.startswith(_DIED)]
-    live: dict[int, int] = {}
-    now = peak = 0
-    for n in sorted(allocs + died, key=lambda n: n.start_time_ns):
-        if n.name.startswith(_DIED):  # an input fn let go of, at its last use
-            now -= int(n.name[len(_DIED) :])
-            continue
-        ptr, size = n.extra_fields.ptr, n.extra_fields.alloc_size
-        if size > 0:
-            live[ptr] = size
-            now += size
-        elif ptr in live:
-            now -= live.pop(ptr)
-        peak = max(peak, now)
-    return result, peak
-
-
-_DIED = "xsched::died:"
-
-
-def _mark(name: str) -> None:
-    with torch.profiler.record_function(name):
-        pass
-
-
 class Segments:
     """The executor's compiled regions: built, compiled (per input shapes) and measured on their first run.
     `ex` is the Executor (this module sits beside it, so it takes it untyped); `compile_fn(gm, inputs)` compiles
@@ -240,8 +191,10 @@ class Segments:
         self.peaks: dict[tuple[int, ...], int] = {}  # region steps -> its measured peak above its start
         self.failed: dict[tuple[int, ...], str] = {}  # region steps -> why it runs uncompiled
         self._fns: dict[tuple, Callable] = {}
-        self._plans: dict[tuple[int, ...], Callable] = {}
+        self._runs: dict[tuple[int, ...], list[Callable[[Any], None]]] = {}  # built lazily, again after a split
         self.eager_ops = frozenset(ex.recomputed_random)
+        self.cuts: set[int] = set()  # steps a region ends before (split regions)
+        self.split_rounds = 0  # rounds of splits made (compiled_memory.split_overruns)
 
     def uncompile(self, steps: tuple[int, ...], device: str, why: str) -> None:
         """Region `steps` runs uncompiled from now on (its steps one by one, allocating as the plan counts), with a
@@ -250,20 +203,35 @@ class Segments:
         self.peaks.pop(steps, None)
         print(f"xsched: region steps {steps[0]}-{steps[-1]} on {device} runs uncompiled ({why})", file=sys.stderr)
 
+    def split(self, steps: tuple[int, ...], device: str, why: str) -> None:
+        """Region `steps` runs as two from the next call on, cut before its middle compute (each part compiled and
+        measured on its first run; a part of one compute runs uncompiled), with a one-line notice naming it."""
+        computes = [i for i in steps if isinstance(self.ex.plan.steps[i], Compute)]
+        cut = computes[len(computes) // 2]
+        self.cuts.add(cut)
+        self.peaks.pop(steps, None)
+        self._runs.clear()  # every program is built again, its regions cut; unchanged regions keep their code
+        print(
+            f"xsched: region steps {steps[0]}-{steps[-1]} on {device} split before step {cut} ({why})", file=sys.stderr
+        )
+
     def program(self, idx: Sequence[int]) -> Callable[[Any], None]:
         """A step function running steps `idx` (computes and frees on one device, in order) as compiled regions."""
         key = tuple(idx)
-        if key not in self._plans:
-            ex = self.ex
-            parts = regions_of(ex.graph, ex.plan.steps, key, self.eager_ops, ex.watch)
-            runs = [self._runner(p) if isinstance(p, Region) else self._step(p) for p in parts]
 
-            def program(st: Any) -> None:
-                for run in runs:
-                    run(st)
+        def program(st: Any) -> None:
+            runs = self._runs.get(key)
+            if runs is None:
+                runs = self._runs[key] = self._built(key)
+            for run in runs:
+                run(st)
 
-            self._plans[key] = program
-        return self._plans[key]
+        return program
+
+    def _built(self, key: tuple[int, ...]) -> list[Callable[[Any], None]]:
+        ex = self.ex
+        parts = regions_of(ex.graph, ex.plan.steps, key, self.eager_ops, ex.watch, self.cuts)
+        return [self._runner(p) if isinstance(p, Region) else self._step(p) for p in parts]
 
     def _step(self, i: int) -> Callable[[Any], None]:
         fn, s = self.ex.fns[i], self.ex.plan.steps[i]
@@ -314,6 +282,12 @@ class Segments:
                         f(st)
                     return
             start = store.bytes
+            if r.steps not in self.peaks and (why := self._overruns(r, fn, args, start)):
+                self.split(r.steps, r.device, why)  # before it runs: its parts, each checked so, run instead
+                args.clear()  # the parts' inputs die where the parts free them
+                for part in self._built(r.steps):
+                    part(st)
+                return
             for v in r.drops:  # the store lets go first: the compiled call frees them at their last use in it
                 store.drop(v)
             with lock if lock is not None else nullcontext(), torch.profiler.record_function(label):
@@ -335,6 +309,25 @@ class Segments:
 
         return run
 
+    def _overruns(self, r: Region, fn: Callable, args: list[torch.Tensor], start: int) -> str | None:
+        """Why region `r`, compiled as `fn` and called with `args` with `start` bytes resident, would go over its
+        device's budget, by its generated code (`compiled_code.code_peak`); None when it fits, or is not known."""
+        limit = self.ex.plan.budgets.get(r.device)
+        source = getattr(fn, "source_code", None)
+        if limit is None or not isinstance(source, str):
+            return None
+        drops = set(r.drops)
+        extra = code_peak(source, args, [v in drops for v in r.inputs])
+        if extra is None or start + extra <= limit:
+            return None
+        return f"its compiled code peaks at {format_bytes(start + extra)}, over {format_bytes(limit)}"
+
+
+# Inductor runs a region's kernels in the plan's order: its reorderings (for locality, and for its own estimate of
+# the peak) moved recomputations of later layers to the region's start on gpt2 small (CPU), holding them alive
+# through the region: 0.71 MiB over the per-op count in one backward region, 0.14 MiB with both off.
+INDUCTOR_CONFIG = {"fallback_random": True, "reorder_for_locality": False, "reorder_for_peak_memory": False}
+
 
 def _inductor(gm: fx.GraphModule, inputs: list[torch.Tensor]) -> Callable:
     """Inductor on the region's aten graph, called boxed (a list it empties, so the compiled code drops each
@@ -343,7 +336,7 @@ def _inductor(gm: fx.GraphModule, inputs: list[torch.Tensor]) -> Callable:
     from torch._dynamo.utils import GmWrapper
     from torch._inductor.compile_fx import compile_fx
 
-    return compile_fx(GmWrapper(gm, tuple), inputs, config_patches={"fallback_random": True})
+    return compile_fx(GmWrapper(gm, tuple), inputs, config_patches=INDUCTOR_CONFIG)
 
 
 def compiled_peaks(graph: Graph, plan: Plan, peaks: Mapping[tuple[int, ...], int]) -> dict[str, int]:
