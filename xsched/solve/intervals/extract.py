@@ -67,8 +67,9 @@ def step_counts(graph: Graph, plan: Plan, devices: Sequence[str]) -> dict[tuple,
 
 def hint_from_plan(data: IntervalData, plan: Plan) -> dict[int, tuple[int, tuple[int, ...]]]:
     """Slot placements reproducing `plan` as far as the model allows (empty when its first computes are in another
-    order). A recompute lands in the stage of the next first compute; a copy at that stage's copy event. Steps the
-    slots cannot hold (more computes than slots) are left out: the hint is partial and the solver repairs it."""
+    order). A recompute lands in the stage of the next first compute (after the last one: stage T); a copy at that
+    stage's copy event (after a recompute of stage T: the final copies' event). Steps the slots cannot hold (more
+    computes than slots) are left out: the hint is partial and the solver repairs it."""
     g = data.graph
     if tuple(data.graph.op_index[o] for o in plan.first_computes()) != data.order:
         return {}
@@ -106,6 +107,8 @@ def hint_from_plan(data: IntervalData, plan: Plan) -> dict[int, tuple[int, tuple
         else:
             v = vix[s.value]
             ev = event(stage + 1, -1, data.width) if seen else event(0, -1, data.width)
+            if ev < last_event and stage + 1 == len(data.order):  # after a recompute of the tail: a final copy
+                ev = data.end
             key, made, reads = ("copy", v, dix[s.src], dix[s.dst]), [(v, dix[s.dst])], [(v, dix[s.src])]
         for r in reads:
             if r in open_:
