@@ -24,8 +24,11 @@ from xsched.solve.order.order import topological
 # each, lanes.py), which run beside its computes. Counted as every compute's time plus, per stage, what its busiest
 # link takes beyond `floor` (the stage's first compute at its cheapest): recomputes are not taken to hide copies,
 # so this bounds max(computes, link) from above and equals it when the stage recomputes nothing. A copy read by a
-# compute of its own stage makes that compute wait: it is "serial" and its time counts whole. No copy: the sum of
-# the computes, as before.
+# compute of its own stage makes that compute wait: it is "serial" and its time counts whole. So does a copy whose
+# source is freed before its stage ends (a free waits for its reads, the copy included, and the next compute there
+# for the free; the final copies excepted: nothing follows them). No copy: the sum of the computes, as before.
+# A copy longer than its stage counts beyond it even where the plan (its source held longer) hides it: the
+# objective is an upper estimate there, so the solver replays its solutions and keeps the simulator's best.
 TIME_SCALE = 10**7  # the objective is integral: times scaled so that every op once at its slowest is about this
 
 
