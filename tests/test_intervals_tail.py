@@ -8,6 +8,7 @@ from oracle import assert_prediction_matches
 from oracle import makespan as oracle_makespan
 from test_intervals import BACKENDS
 from test_milp import exhaustive_optimum
+from test_offload import fwd_bwd
 from test_park import DEVICES, with_store
 
 from xsched.contracts.graph import Graph, Op, Value
@@ -97,3 +98,22 @@ def test_a_plan_rebuilding_and_copying_at_the_end_is_a_complete_hint() -> None:
     replayed = to_plan(data, hint, SolveResult("hint", "feasible"))
     assert [s for s in replayed.steps if not isinstance(s, Free)] == [s for s in steps if not isinstance(s, Free)]
     assert replayed.predicted.time_s == pytest.approx(plan.predicted.time_s)
+
+
+def test_a_copied_out_value_is_freed_where_the_hint_frees_it() -> None:
+    """fwd_bwd(4), a0 parked over a 2.5 s link (an op takes 1 s) and freed on cpu:0 only after f3, when the copy is
+    done: the hint's replay keeps that free, so it runs as the plan does; freed at its last read (f1) instead, f2
+    would wait for the copy."""
+    g = fwd_bwd(4)
+    profile, budgets = with_store(g, latency=0.01, bandwidth=40.0), {"cpu:0": 10**6}
+    fwd = [Compute(f"f{k}", "cpu:0") for k in range(4)]
+    bwd = [Compute(f"b{k}", "cpu:0") for k in reversed(range(4))]
+    out, back = Copy("a0", "cpu:0", "cpu:1"), Copy("a0", "cpu:1", "cpu:0")
+    held = [fwd[0], out, fwd[1], fwd[2], fwd[3], Free("a0", "cpu:0"), bwd[0], back, bwd[1], bwd[2], bwd[3]]
+    at_once = [fwd[0], out, fwd[1], Free("a0", "cpu:0"), fwd[2], fwd[3], bwd[0], back, bwd[1], bwd[2], bwd[3]]
+    plan, eager_free = plan_of(g, profile, budgets, held), plan_of(g, profile, budgets, at_once)
+    assert plan.predicted.makespan_s < eager_free.predicted.makespan_s  # the free's place matters here
+    order = tuple(g.op_index[o.id] for o in g.ops)
+    data = build_data(g, profile, budgets, DEVICES, HOMES, order, 2, 0.0, step_counts(g, plan, DEVICES))
+    replayed = to_plan(data, hint_from_plan(data, plan), SolveResult("hint", "feasible"))
+    assert replayed.predicted.makespan_s == pytest.approx(plan.predicted.makespan_s)
