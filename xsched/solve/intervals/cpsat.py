@@ -10,6 +10,9 @@ from xsched.errors import XschedError
 from xsched.solve.intervals.data import IntervalData
 from xsched.solve.intervals.extract import Placement
 
+KEEP = 8  # incumbents kept besides the last: the first (a completed hint) and the latest others
+COMPLETE_SHARE = 0.1  # at most this share of the time to complete a hint (its unhinted literals) before the search
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -22,6 +25,7 @@ class Outcome:
     bound: float | None
     build_s: float
     solve_s: float
+    incumbents: tuple = ()  # (objective, placement) found before `placed`, oldest first (at most KEEP), CP-SAT
 
 
 def available() -> bool:
@@ -79,6 +83,7 @@ def solve_cpsat(
     serial = {  # serial[k]: copy k feeds a compute of its own stage, which waits for it (its time counts whole)
         k: m.NewBoolVar(f"serial{k}") for k, sl in enumerate(data.slots) if sl.kind == "copy" and sl.cost > 0
     }
+    last_stage: dict[int, object] = {}  # copy slot -> literal: it is one of the final copies (nothing after it)
     for r in data.reads:  # a step reads each input from a used slot that started before it and still holds it
         z = [m.NewBoolVar(f"z{r.slot}_{r.value}_{f}") for f in r.feeders]
         for lit, f in zip(z, r.feeders):
@@ -87,6 +92,9 @@ def solve_cpsat(
             m.Add(e[(f, r.value)] >= s[r.slot]).OnlyEnforceIf(lit)
             if f in serial and not r.strict:  # else the copy ran in an earlier stage, beside that stage's computes
                 m.Add(s[f] + data.width + data.offset(r.slot) <= s[r.slot]).OnlyEnforceIf([lit, serial[f].Not()])
+            if r.strict and r.slot in serial:  # a copy's source held through the copy's stage, else it is serial
+                held = [lit, serial[r.slot].Not(), *_before_end(m, data, r.slot, stage, last_stage)]
+                m.Add(e[(f, r.value)] >= s[r.slot] + data.width - 1).OnlyEnforceIf(held)
         m.AddBoolOr([*z, a[r.slot].Not()])
     beyond = _links(m, data, a, stage)
     for v, devs in data.ends:  # every graph output resident at the end (on its required home when it has one)
@@ -136,6 +144,7 @@ def solve_cpsat(
                 m.AddHint(stage[k], (hint[k][0] - sl.starts[0]) // data.width)
                 for v, ev in zip(sl.values, hint[k][1]):
                     m.AddHint(e[(k, v)], ev)
+        _complete_hint(m, COMPLETE_SHARE * time_limit_s, workers, seed)
     build_s = time.perf_counter() - t0
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(time_limit_s - build_s, 0.05)
@@ -143,7 +152,7 @@ def solve_cpsat(
     solver.parameters.random_seed = seed
     solver.parameters.log_search_progress = verbose
     t1 = time.perf_counter()
-    callback = _StopWithin(excess) if soft and excess else None
+    callback = _Incumbents(data, a, stage, e, excess if soft else [])
     code = solver.Solve(m, callback)
     solve_s = time.perf_counter() - t1
     status = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible", cp_model.INFEASIBLE: "infeasible"}.get(
@@ -166,7 +175,40 @@ def solve_cpsat(
         None if soft else solver.BestObjectiveBound(),
         build_s,
         solve_s,
+        tuple(x for x in callback.kept if x[1] != placed),
     )
+
+
+def _complete_hint(m, limit_s: float, workers: int, seed: int) -> None:
+    """Solve with the hinted variables fixed (fast: only the read, end and stage literals are left) and hint every
+    variable from that solution: CP-SAT then starts from the hint itself, where a partial hint of a large model was
+    often repaired into a worse plan. Left as it is when the hint is infeasible or not completed in time."""
+    from ortools.sat.python import cp_model
+
+    solver = cp_model.CpSolver()
+    solver.parameters.fix_variables_to_their_hinted_value = True
+    solver.parameters.max_time_in_seconds = max(limit_s, 0.05)
+    solver.parameters.num_workers = workers
+    solver.parameters.random_seed = seed
+    if solver.Solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return
+    values = list(solver.ResponseProto().solution)
+    m.ClearHints()
+    for i, value in enumerate(values):
+        m.AddHint(m.GetIntVarFromProtoIndex(i), value)
+
+
+def _before_end(m, data: IntervalData, k: int, stage: list, last_stage: dict) -> list:
+    """[literal: copy slot k is not one of the final copies] if it can be one (no compute follows those: their
+    source needs no holding), else []."""
+    starts = data.slots[k].starts
+    if starts[-1] != data.end:
+        return []
+    if k not in last_stage:
+        final = last_stage[k] = m.NewBoolVar(f"final{k}")
+        m.Add(stage[k] == len(starts) - 1).OnlyEnforceIf(final)
+        m.Add(stage[k] < len(starts) - 1).OnlyEnforceIf(final.Not())
+    return [last_stage[k].Not()]
 
 
 def _held(m, data: IntervalData, a: list, s: list, e: dict) -> None:
@@ -226,16 +268,29 @@ def _links(m, data: IntervalData, a: list, stage: list) -> list:
     return list(beyond.values())
 
 
-def _StopWithin(excess: list):  # a CP-SAT callback class, built lazily (ortools optional)
-    """Stops the search at the first solution with no byte over the budgets."""
+def _Incumbents(data: IntervalData, a: list, stage: list, e: dict, excess: list):  # built lazily (ortools optional)
+    """Keeps the placements of the solutions found (the first and the latest KEEP - 1), the solver's caller replays
+    them: the model's time is an estimate, a later solution may replay slower. With `excess` (the soft phase):
+    stops at the first solution with no byte over the budgets."""
     from ortools.sat.python import cp_model
 
-    class Stop(cp_model.CpSolverSolutionCallback):
+    class Incumbents(cp_model.CpSolverSolutionCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.kept: list = []
+
         def on_solution_callback(self) -> None:
-            if all(self.Value(x) == 0 for x in excess):
+            placed = {
+                k: (sl.starts[0] + data.width * self.Value(stage[k]), tuple(self.Value(e[(k, v)]) for v in sl.values))
+                for k, sl in enumerate(data.slots)
+                if self.BooleanValue(a[k])
+            }
+            found = (int(self.ObjectiveValue()), placed)
+            self.kept = self.kept[:1] + self.kept[1:][-(KEEP - 2) :] + [found] if self.kept else [found]
+            if excess and all(self.Value(x) == 0 for x in excess):
                 self.StopSearch()
 
-    return Stop()
+    return Incumbents()
 
 
 def _successive(data: IntervalData) -> list[tuple[int, int]]:

@@ -14,16 +14,21 @@ from xsched.errors import PlanError, ProfileError
 from xsched.solve.order.order import topological
 
 # Events: stage j (0..T-1) of the order holds a copy event (k = -1, every copy of the stage, before its computes)
-# then one compute event per order position k = 0..j (numbered with gaps: see `event`) (the op at position j is computed first there, earlier
-# positions may be recomputed). Stage T holds only the final copies. Event numbers start at 1; 0 is "before any step"
-# (graph inputs on their home).
+# then one compute event per order position k = 0..j (numbered with gaps: see `event`) (the op at position j is
+# computed first there, earlier positions may be recomputed). Stage T holds the copies and recomputes after the last
+# first compute (a plan may rebuild an output at the end: the logits, say). Stage T + 1 holds only the final copies,
+# so a recompute of stage T can still be copied to its required home; the outputs are checked there (`end`). Event
+# numbers start at 1; 0 is "before any step" (graph inputs on their home).
 # Timed objective (both backends): the sum of the stages' times. A stage takes at least its computes (one after
 # another, every device alike, as without copies) and at least the copies of each link (src -> dst: one copy lane
 # each, lanes.py), which run beside its computes. Counted as every compute's time plus, per stage, what its busiest
 # link takes beyond `floor` (the stage's first compute at its cheapest): recomputes are not taken to hide copies,
 # so this bounds max(computes, link) from above and equals it when the stage recomputes nothing. A copy read by a
-# compute of its own stage makes that compute wait: it is "serial" and its time counts whole. No copy: the sum of
-# the computes, as before.
+# compute of its own stage makes that compute wait: it is "serial" and its time counts whole. So does a copy whose
+# source is freed before its stage ends (a free waits for its reads, the copy included, and the next compute there
+# for the free; the final copies excepted: nothing follows them). No copy: the sum of the computes, as before.
+# A copy longer than its stage counts beyond it even where the plan (its source held longer) hides it: the
+# objective is an upper estimate there, so the solver replays its solutions and keeps the simulator's best.
 TIME_SCALE = 10**7  # the objective is integral: times scaled so that every op once at its slowest is about this
 
 
@@ -74,7 +79,7 @@ class IntervalData:
     homes: dict[str, str]
     order: tuple[int, ...]  # op indices in order; position q computes order[q] first in stage q
     C: int
-    end: int  # the event of the final copies (stage T)
+    end: int  # the event of the final copies (stage T + 1), where the outputs are checked
     width: int  # events per stage: a slot's starts are starts[0] + width * (0, 1, ...)
     slots: tuple[Slot, ...]
     reads: tuple[Read, ...]
@@ -86,7 +91,8 @@ class IntervalData:
     ends: tuple[tuple[int, tuple[int, ...]], ...]  # (output v, devices it may end on (one: required home))
     rng_groups: tuple[tuple[tuple[int, ...], ...], ...]  # per random op: its compute slots by RNG; one RNG in use
     scale: float  # seconds (+alpha joules) per objective unit
-    floor: tuple[int, ...] = ()  # [j] -> stage j's least compute: its first compute on its cheapest device (T: 0)
+    floor: tuple[int, ...] = ()  # [j] -> stage j's least compute: its first compute on its cheapest device
+    # (T, T + 1: 0, as they have no first compute)
     held: tuple[int, ...] = ()  # outputs the caller holds from the autograd boundary to the end (graph.held_outputs)
     boundary: int = 0  # the event of the plan's first backward step (its first backward compute); 0: no backward
 
@@ -157,7 +163,7 @@ def build_data(
     scale = slowest / TIME_SCALE
     home = {vix[v]: dix[h] for v, h in homes.items() if v in vix}
     links = {(a, b): profile.link(devs[a], devs[b]) is not None for a in range(nd) for b in range(nd) if a != b}
-    end = event(T, -1, T + 1)
+    end = event(T + 1, -1, T + 1)
 
     slots: list[Slot] = []
     workspace: dict[int, int] = {}
@@ -172,7 +178,8 @@ def build_data(
                 continue
             for c in range(max(C, least.get(("compute", i, d), 0)) if reused else 1):
                 first = q if c == 0 else q + 1
-                starts = tuple(event(j, q, T + 1) for j in range(first, T if c else (q + 1 if nd == 1 else T)))
+                # a recompute (or a first compute on a second device) may come in any later stage, T included
+                starts = tuple(event(j, q, T + 1) for j in range(first, T + 1 if c or nd > 1 else q + 1))
                 if not starts:
                     continue
                 sid = len(slots)
@@ -212,7 +219,7 @@ def build_data(
             for d in sorted(useful | stores):
                 if d == s or not links.get((s, d)) or home.get(v) == d:
                     continue
-                last = T if v in out_set else T - 1  # a reader may be recomputed in any later stage
+                last = T + 1 if v in out_set else T  # a reader may be recomputed in any later stage, T included
                 starts = tuple(event(j, -1, T + 1) for j in range(first, last + 1))
                 if not starts:
                     continue
@@ -277,7 +284,7 @@ def build_data(
         q for q, i in enumerate(order) if graph.ops[i].phase == "bwd" or tangents.intersection(graph.ops[i].inputs)
     ]
     boundary = event(backward[0], backward[0], T + 1) if backward else 0
-    floor = tuple(min((slots[k].cost for k in frontier[q]), default=0) for q in range(T)) + (0,)
+    floor = tuple(min((slots[k].cost for k in frontier[q]), default=0) for q in range(T)) + (0, 0)
     return IntervalData(
         graph=graph,
         profile=profile,

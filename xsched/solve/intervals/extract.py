@@ -21,6 +21,7 @@ def to_plan(data: IntervalData, placed: Placement, info: SolveResult) -> Plan:
     last uses, replayed by the simulator within the budgets; an invalid plan is an internal error."""
     g, devs = data.graph, data.devices
     keyed = []
+    slot_of: dict[int, int] = {}  # id(step) -> its slot (steps are kept by identity through pruning and frees)
     for sid, (start, _) in placed.items():
         sl = data.slots[sid]
         if sl.kind == "compute":
@@ -28,17 +29,20 @@ def to_plan(data: IntervalData, placed: Placement, info: SolveResult) -> Plan:
         else:
             v = sl.values[0]
             keyed.append(((start, 0, sl.device, v), Copy(g.values[v].id, devs[sl.src], devs[sl.device])))
+        slot_of[id(keyed[-1][1])] = sid
     keyed.sort(key=lambda x: x[0])
     homes = dict(data.homes)
-    wanted = {
+    outputs = {k for k, v in enumerate(g.values) if v.id in set(g.outputs)}
+    wanted = {  # the outputs the solution keeps to the end (another value held there is an unused slack end)
         (g.values[v].id, devs[data.slots[s].device])
         for s, (_, ends) in placed.items()
         for v, e in zip(data.slots[s].values, ends)
-        if e == data.end
+        if e == data.end and v in outputs
     }
     wanted |= {(v, d) for v, d in homes.items() if v in set(g.outputs)}
     steps = prune(g, [s for _, s in keyed], wanted)
     steps = free_unwanted_ends(g, place_frees(g, steps, homes), homes, wanted)
+    steps = _hold_copy_sources(data, steps, slot_of, placed)
     plan = Plan(
         graph=g.fingerprint,
         budgets=dict(data.budgets),
@@ -48,6 +52,38 @@ def to_plan(data: IntervalData, placed: Placement, info: SolveResult) -> Plan:
         boundary=autograd_boundary(g, steps),
     )
     return predicted_plan(g, plan, data.profile, "the extracted interval plan")
+
+
+def _hold_copy_sources(data: IntervalData, steps: Sequence, slot_of: Mapping[int, int], placed: Placement) -> list:
+    """Each free of a residency that was copied out moved to where the model ends that residency (a free waits for
+    every read, the copy included, and the next compute there waits for the free: freed at its last use, the
+    device would wait for the copy; the model counted the memory to its end, so holding it fits the budgets)."""
+    g, devs = data.graph, data.devices
+    vix = {v.id: k for k, v in enumerate(g.values)}
+    keys: list[tuple[int, int, int]] = []  # per step: (event, 0, position), a held free (its hold, 1, position)
+    maker: dict[tuple[str, str], int] = {}  # (value, device) -> the slot that made it resident
+    copied: set[tuple[str, str]] = set()  # residencies a copy has read since they were made
+    at = 0
+    for k, st in enumerate(steps):
+        if isinstance(st, Free):
+            key = (st.value, st.device)
+            if key in copied and key in maker:
+                sl = data.slots[maker[key]]
+                keys.append((max(at, placed[maker[key]][1][sl.values.index(vix[st.value])]), 1, k))
+            else:
+                keys.append((at, 0, k))
+            continue
+        sid = slot_of[id(st)]
+        at = placed[sid][0]
+        keys.append((at, 0, k))
+        sl = data.slots[sid]
+        made = [(g.values[v].id, devs[sl.device]) for v in sl.values]
+        if isinstance(st, Copy):
+            copied.add((st.value, st.src))
+        for key in made:
+            maker[key] = sid
+            copied.discard(key)
+    return [steps[k] for _, _, k in sorted(keys)]
 
 
 def step_counts(graph: Graph, plan: Plan, devices: Sequence[str]) -> dict[tuple, int]:
@@ -67,8 +103,9 @@ def step_counts(graph: Graph, plan: Plan, devices: Sequence[str]) -> dict[tuple,
 
 def hint_from_plan(data: IntervalData, plan: Plan) -> dict[int, tuple[int, tuple[int, ...]]]:
     """Slot placements reproducing `plan` as far as the model allows (empty when its first computes are in another
-    order). A recompute lands in the stage of the next first compute; a copy at that stage's copy event. Steps the
-    slots cannot hold (more computes than slots) are left out: the hint is partial and the solver repairs it."""
+    order). A recompute lands in the stage of the next first compute (after the last one: stage T); a copy at that
+    stage's copy event (after a recompute of stage T: the final copies' event). Steps the slots cannot hold (more
+    computes than slots) are left out: the hint is partial and the solver repairs it."""
     g = data.graph
     if tuple(data.graph.op_index[o] for o in plan.first_computes()) != data.order:
         return {}
@@ -86,8 +123,11 @@ def hint_from_plan(data: IntervalData, plan: Plan) -> dict[int, tuple[int, tuple
     stage, last_event = 0, 0
     seen: set[int] = set()
     for s in _reruns_in_position_order(plan.steps, pos, g.op_index):
-        if isinstance(s, Free):
-            open_.pop((vix[s.value], dix[s.device]), None)
+        if isinstance(s, Free):  # held until the free: to the last event placed before it (a copy out runs)
+            r = (vix[s.value], dix[s.device])
+            if r in open_:
+                ends[(open_[r], r[0])] = max(ends[(open_[r], r[0])], last_event)
+            open_.pop(r, None)
             continue
         if isinstance(s, Compute):
             i, d = g.op_index[s.op], dix[s.device]
@@ -106,6 +146,8 @@ def hint_from_plan(data: IntervalData, plan: Plan) -> dict[int, tuple[int, tuple
         else:
             v = vix[s.value]
             ev = event(stage + 1, -1, data.width) if seen else event(0, -1, data.width)
+            if ev < last_event and stage + 1 == len(data.order):  # after a recompute of the tail: a final copy
+                ev = data.end
             key, made, reads = ("copy", v, dix[s.src], dix[s.dst]), [(v, dix[s.dst])], [(v, dix[s.src])]
         for r in reads:
             if r in open_:

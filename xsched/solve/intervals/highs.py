@@ -91,6 +91,9 @@ def build(data: IntervalData, late: Callable[[], bool] = lambda: False) -> pyo.C
         if f in m.serial and not r.strict:
             free = (M + data.width) * (1 - m.z[t] + m.serial[f])
             m.same_stage.add(s(f) + data.width + data.offset(r.slot) <= s(r.slot) + free)
+        if r.strict and r.slot in m.serial:  # a copy's source held through the copy's stage, else it is serial
+            free = (M + data.width) * (1 - m.z[t] + m.serial[r.slot] + _final(m, data, r.slot))
+            m.same_stage.add(m.e[f, r.value] >= s(r.slot) + data.width - 1 - free)
     by_read: dict[int, list[int]] = {}
     for t, (r, _) in enumerate(reads):
         by_read.setdefault(id(r), []).append(t)
@@ -168,6 +171,14 @@ def _links(m: pyo.ConcreteModel, data: IntervalData, x) -> None:
         for ks in links:
             used = [m.a[k] if len(slots[k].starts) == 1 else x[k, t] for k, t in ks]
             m.link.add(m.beyond[j] >= sum(slots[k].cost * u for (k, _), u in zip(ks, used)) - data.floor[j])
+
+
+def _final(m: pyo.ConcreteModel, data: IntervalData, k: int):
+    """1 when copy slot k is one of the final copies (no compute follows: its source needs no holding)."""
+    starts = data.slots[k].starts
+    if starts[-1] != data.end:
+        return 0
+    return m.a[k] if len(starts) == 1 else m.x[k, len(starts) - 1]
 
 
 def _kind(sl) -> tuple:
