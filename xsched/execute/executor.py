@@ -120,6 +120,8 @@ class Executor:
             graph, plan, dict(self.dev), self.nbytes, self.random, self.recomputed_random, dict(self.reuse), watch
         )
         self._programs: dict[tuple[int, int], StepFn] = {}
+        self._inline: dict[tuple[int, int], list[StepFn]] = {}  # (start, stop) -> _inline_fns, for _inline_clock
+        self._inline_clock: Any = None
         self._groups: dict[tuple[int, int], list[tuple[int, ...]]] = {}
         self._cuts: dict[tuple[int, int], list[tuple[int, int]]] = {}
         self.segments = Segments(self) if compile and self._generate else None
@@ -208,30 +210,51 @@ class Executor:
 
     def _run_inline(self, st: RunState, start: int, stop: int, trace: bool) -> None:
         if not trace and self._generate:
-            for a, b in self._runs(start, stop):  # one-device runs of computes and frees as programs, copies between
-                if b - a == 1 and isinstance(self.plan.steps[a], Copy):
-                    program = self._timed(a, b, lambda st, a=a, b=b: self._run_steps(st, a, b, trace=False))
-                else:
-                    program = self._programs.get((a, b))
-                    if program is None:
-                        inner = (
-                            self.segments.program(range(a, b)) if self.segments else inline_program(self.prepared, a, b)
-                        )
-                        program = self._programs[(a, b)] = self._timed(a, b, inner)
+            for program in self._inline_fns(start, stop):
                 program(st)
             return
         self._run_steps(st, start, stop, trace)
 
+    def _inline_fns(self, start: int, stop: int) -> list[StepFn]:
+        """Steps [start, stop) as the functions an inline run calls in turn: one-device runs of computes and frees
+        as programs, copies between, each timed by the clock when one is set. Built once per slice and clock (the
+        plan is fixed; a clock may be set or replaced later), so a run pays no per-step lookups or closures."""
+        if self._inline_clock is not self.clock:
+            self._inline.clear()
+            self._inline_clock = self.clock
+        fns = self._inline.get((start, stop))
+        if fns is None:
+            fns = self._inline[(start, stop)] = [
+                self._timed(a, b, self._inline_fn(a, b)) for a, b in self._runs(start, stop)
+            ]
+        return fns
+
+    def _inline_fn(self, a: int, b: int) -> StepFn:
+        """Steps [a, b): a single copy's step function (its errors naming the step), else the run's program."""
+        if b - a == 1 and isinstance(self.plan.steps[a], Copy):
+            if a in self.d2h:  # the copy must land before host steps read it: _run_steps synchronises
+                return lambda st: self._run_steps(st, a, b, trace=False)
+            fn, s = self.fns[a], self.plan.steps[a]
+
+            def copy(st: RunState) -> None:
+                try:
+                    fn(st)
+                except XschedError as e:
+                    raise at_step(e, a, s) from e
+
+            return copy
+        program = self._programs.get((a, b))
+        if program is None:
+            program = self.segments.program(range(a, b)) if self.segments else inline_program(self.prepared, a, b)
+            self._programs[(a, b)] = program
+        return program
+
     def _timed(self, a: int, b: int, fn: StepFn) -> StepFn:
-        """Steps [a, b) run inline, timed by the clock when one is set (looked up per call: it may come later)."""
+        """Steps [a, b) run inline, timed by the clock when one is set."""
+        if self.clock is None:
+            return fn
         key = self.lane_of[a]
-
-        def run(st: RunState) -> None:
-            if self.clock is None:
-                return fn(st)
-            self.clock.timed(key, f"steps {a}-{b - 1}", fn, self.lanes[key].stream)(st)
-
-        return run
+        return self.clock.timed(key, f"steps {a}-{b - 1}", fn, self.lanes[key].stream)
 
     def _runs(self, start: int, stop: int) -> list[tuple[int, int]]:
         """[start, stop) cut into maximal runs of computes and frees on one device, and single copies."""

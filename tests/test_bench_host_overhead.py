@@ -1,0 +1,29 @@
+"""scripts/bench_host_overhead.py at a tiny size (2 layers): every row runs, the table has each row's times per op
+and ratios to eager, the xsched rows' losses equal eager's, and the offload row's plan copies."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from train_support import ROOT, child_env
+
+
+def test_every_row_runs_and_matches_eager_losses() -> None:
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_host_overhead.py"), "--layers", "2", "--steps", "3"]
+    cmd += ["--warmup", "1", "--budget", "1MiB"]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=child_env(), timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [line.split(" | ") for line in p.stdout.splitlines() if line.startswith("| ") and " us | " in line]
+    assert [r[0] for r in rows] == [
+        "| eager PyTorch (forward, backward, AdamW)",
+        "| xsched.wrap, eager plan on cpu",
+        "| xsched train --param-home cpu:1 --store cpu:1, park on cpu:0, host AdamW",
+    ]
+    for r in rows:
+        assert r[1] == "2"  # 3 steps less the warm-up
+        assert all(r[k].endswith(" us") and r[k + 1].endswith("x") for k in (3, 6, 9)), r
+    assert rows[0][11] == "eager" and rows[0][3 + 1] == "1.00x"
+    assert all(r[11].startswith("yes (max diff") for r in rows[1:]), rows
+    assert rows[1][12].rstrip(" |") == "0" and int(rows[2][12].rstrip(" |")) > 0  # the offload plan copies
+    assert "ops a training step" in p.stdout
