@@ -2,7 +2,9 @@
 microseconds, so a training step's time is almost all Python and dispatch, trained on the CPU by eager PyTorch, by
 `xsched.wrap` of the eager plan on one device, and by the param-offload path `xsched train --param-home cpu:1
 --store cpu:1` runs (cpu:0 computes, cpu:1 holds the parameters, gradients and AdamW state, a `park` plan at a
-budget below the parameters' bytes, so weights are copied in and gradients out every step; host AdamW beside it).
+budget below the parameters' bytes, so weights are copied in and gradients out every step; host AdamW beside it),
+and that session again with its executor on lanes, a thread per stream, as a GPU runs it (on logical CPUs the steps
+run inline in the training thread by default): there the training thread's CPU time is what issuing the steps costs.
 
     python scripts/bench_host_overhead.py                    # 48 layers, n_embd 64, seq 16, batch 1: ~2,000 ops
     python scripts/bench_host_overhead.py --layers 2 --steps 3 --budget 1MiB   # the test's tiny size
@@ -29,7 +31,7 @@ import torch
 from bench_gpu_param_offload import LR, backward_with, groups, same_losses, task_of
 from bench_param_offload_rows import xsched_run
 
-ROWS = ("eager", "wrap", "offload")
+ROWS = ("eager", "wrap", "offload", "lanes")
 LOSS_RTOL = 1e-4
 
 
@@ -111,6 +113,51 @@ class ThreadCpu:
     def close(self) -> None: ...
 
 
+def row_lanes(setup: dict[str, Any]) -> dict[str, Any]:
+    """The offload row's session (`xsched train`'s own setup and step function, its plan from the cache the offload
+    row filled), its executor run on its lanes, a thread per stream, as on a GPU (`overlap`: on logical CPUs the
+    steps run inline by default). The training thread then only issues the tasks: its CPU time is the issue cost."""
+    from xsched.train import TrainConfig, dist
+    from xsched.train.loop import _step
+    from xsched.train.records import Quiet
+    from xsched.train.session import placement, prepare
+
+    device, store = setup["device"], setup["store"]
+    config = TrainConfig(
+        "zoo:gpt2",
+        {device: setup["budget"], store: setup["host_budget"]},
+        steps=setup["steps"],
+        lr=LR,
+        scale=setup["scale"],
+        method=setup["method"],
+        time_limit=setup["time_limit"],
+        profile=setup["profile"],
+        cache_dir=setup["cache_dir"],
+        param_home=store,
+        stores=(store,),
+    )
+    config.check()
+    budgets, devices = placement(config, 0)
+    world = dist.join(use_cuda=False)
+    session, _ = prepare(config, budgets, devices, world, Quiet())
+    from xsched.contracts.plan import Copy
+
+    session.wrapped._first.executor.overlap = True
+    copies = sum(isinstance(x, Copy) for x in session.chosen.plan.steps)
+    out: dict[str, Any] = {"step_s": [], "cpu_s": [], "losses": [], "copies": copies}
+    try:
+        for s in range(setup["steps"]):
+            t0, c0 = time.perf_counter(), time.thread_time()
+            record = _step(session, s, world, 1)
+            out["cpu_s"].append(time.thread_time() - c0)
+            out["step_s"].append(time.perf_counter() - t0)
+            out["losses"].append(record.loss)
+    finally:
+        session.updater.close()
+        dist.leave(world)
+    return out
+
+
 def row_offload(setup: dict[str, Any]) -> dict[str, Any]:
     """`xsched train` with the parameters, gradients and AdamW on cpu:1 and a `park` plan on cpu:0."""
     from xsched.contracts.plan import Copy, Plan
@@ -126,6 +173,7 @@ LABELS = {
     "eager": "eager PyTorch (forward, backward, AdamW)",
     "wrap": "xsched.wrap, eager plan on cpu",
     "offload": "xsched train --param-home cpu:1 --store cpu:1, park on cpu:0, host AdamW",
+    "lanes": "the same, its executor on lanes (a thread per stream, as on a GPU)",
 }
 
 
@@ -193,9 +241,13 @@ def main(argv: list[str] | None = None) -> int:
         }
         ops = graph_ops(setup)
         r0 = time.perf_counter()
-        results = eager_and_wrap(setup, [r for r in ROWS if r in rows and r != "offload"])
-        if "offload" in rows:
-            results["offload"] = row_offload(setup)
+        results = eager_and_wrap(setup, [r for r in ("eager", "wrap") if r in rows])
+        if "offload" in rows or "lanes" in rows:
+            offload = row_offload(setup)  # plans (or finds the plan in the cache) for the lanes row too
+            if "offload" in rows:
+                results["offload"] = offload
+        if "lanes" in rows:
+            results["lanes"] = row_lanes(setup)
         print(f"[rows: {time.perf_counter() - r0:.0f} s]", file=sys.stderr, flush=True)
     cmd = " ".join(["python scripts/bench_host_overhead.py", *(sys.argv[1:] if argv is None else argv)])
     print(f"# Host time per op: GPT-2 {setup['scale']}, {ops} ops a training step\n")

@@ -40,6 +40,9 @@ from xsched.execute.workers import Done, Lane, Task
 from xsched.interpret import PlanInterpreter, at_step
 from xsched.lanes import inline_free_lanes, step_waits
 
+# a lanes run's lanes and tasks (Executor._lane_tasks): (first step, last step, lane, function, waited-for steps)
+_LaneTasks = tuple[list[Lane], list[tuple[int, int, Lane, StepFn, tuple[int, ...]]]]
+
 
 class Executor:
     """Runs `plan` on real devices. `devices` maps plan devices to torch devices (default: "cuda:N" is
@@ -122,6 +125,8 @@ class Executor:
         self._programs: dict[tuple[int, int], StepFn] = {}
         self._inline: dict[tuple[int, int], list[StepFn]] = {}  # (start, stop) -> _inline_fns, for _inline_clock
         self._inline_clock: Any = None
+        self._lane_plans: dict[tuple[int, int], _LaneTasks] = {}
+        self._tasks_clock: Any = None  # the clock _lane_plans' functions are timed by
         self._groups: dict[tuple[int, int], list[tuple[int, ...]]] = {}
         self._cuts: dict[tuple[int, int], list[tuple[int, int]]] = {}
         self.segments = Segments(self) if compile and self._generate else None
@@ -283,8 +288,8 @@ class Executor:
                 st.resident_after.append(st.resident())
 
     def _run_lanes(self, st: RunState, start: int, stop: int) -> None:
-        used = {self.lane_of[i]: self.lanes[self.lane_of[i]] for i in range(start, stop)}
-        for lane in used.values():
+        used, tasks = self._lane_tasks(start, stop)
+        for lane in used:
             lane.begin()
             if lane.kind == "cuda":  # work of earlier slices and of the caller, on the compute streams, comes first
                 for d in self.names:
@@ -293,17 +298,10 @@ class Executor:
         dones: dict[int, Done] = {}  # the last step of each task -> its Done: nothing waits for the others
         last: dict[str, Done] = {}
         errors: list[tuple[int, BaseException]] = []
-        for group in self.tasks(start, stop):
-            i, key = group[0], self.lane_of[group[0]]
-            done = dones[group[-1]] = Done()
-            deps = [dones[j] for j in self.deps[i] if j >= start]
-            fn = self.fns[i] if len(group) == 1 else self._run_group(group)
-            if self.segments and key.startswith("compute:") and len(group) > 1:
-                fn = self.segments.program(group)
-            if self.clock is not None:
-                fn = self.clock.timed(key, f"steps {i}-{group[-1]}", fn, used[key].stream)
-            used[key].submit(Task(i, fn, st, deps, done, errors))
-            last[key] = done
+        for i, end, lane, fn, waits in tasks:
+            done = dones[end] = Done()
+            lane.submit(Task(i, fn, st, [dones[j] for j in waits], done, errors))
+            last[lane.name] = done
         for done in last.values():
             done.event.wait()
         for d in self.names:  # later work on each GPU's compute stream waits for every lane's last step
@@ -318,6 +316,31 @@ class Executor:
             if isinstance(e, XschedError):
                 raise at_step(e, i, self.plan.steps[i]) from e
             raise XschedError(f"{type(e).__name__}: {e}", stage="execute", step=i) from e
+
+    def _lane_tasks(self, start: int, stop: int) -> _LaneTasks:
+        """The lanes steps [start, stop) use, in the order of their first step, and the tasks a lanes run submits:
+        (first step, last step, lane, function, the last steps of the earlier tasks it waits for), each function
+        timed by the clock when one is set. Built once per slice and clock (the plan is fixed), so a run's issuing
+        thread pays no per-task lookups or closures."""
+        if self._tasks_clock is not self.clock:
+            self._lane_plans.clear()
+            self._tasks_clock = self.clock
+        out = self._lane_plans.get((start, stop))
+        if out is not None:
+            return out
+        tasks = []
+        for group in self.tasks(start, stop):
+            i, key = group[0], self.lane_of[group[0]]
+            lane = self.lanes[key]
+            fn = self.fns[i] if len(group) == 1 else self._run_group(group)
+            if self.segments and key.startswith("compute:") and len(group) > 1:
+                fn = self.segments.program(group)
+            if self.clock is not None:
+                fn = self.clock.timed(key, f"steps {i}-{group[-1]}", fn, lane.stream)
+            tasks.append((i, group[-1], lane, fn, tuple(j for j in self.deps[i] if j >= start)))
+        used = list(dict.fromkeys(self.lanes[self.lane_of[i]] for i in range(start, stop)))
+        out = self._lane_plans[(start, stop)] = (used, tasks)
+        return out
 
     def tasks(self, start: int, stop: int) -> list[tuple[int, ...]]:
         """Steps [start, stop) cut into tasks: runs of one lane's steps, in plan order, where only the first waits

@@ -26,6 +26,30 @@ def merge(into: Events, more: Events) -> None:
             into[lane] = (i, ev)
 
 
+class Flag:
+    """A one-shot threading.Event (set once, waited for by any number of threads) on one primitive lock, held from
+    its creation to `set`: a lanes run makes one per task, and an Event's Condition costs ten times as much."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def set(self) -> None:
+        try:
+            self._lock.release()  # a primitive lock may be released by another thread than the one that took it
+        except RuntimeError:  # set already
+            pass
+
+    def is_set(self) -> bool:
+        return not self._lock.locked()
+
+    def wait(self) -> None:
+        with self._lock:  # each waiter takes the released lock and hands it straight back to the next
+            pass
+
+
 class Done:
     """Completion of one step. `event` is set once the step's host-side work is over (for a CUDA step: once
     it is issued); `cuda` holds the CUDA events after which its device work is over."""
@@ -33,7 +57,7 @@ class Done:
     __slots__ = ("event", "failed", "cuda")
 
     def __init__(self) -> None:
-        self.event = threading.Event()
+        self.event = Flag()
         self.failed = False
         self.cuda: Events = _NONE
 
@@ -47,7 +71,7 @@ class Skipped(Exception):
     """A step whose dependency failed: it does not run, and only the first failure is reported."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Task:
     index: int
     fn: Callable[[Any], None]
