@@ -10,9 +10,12 @@ run inline in the training thread by default): there the training thread's CPU t
     python scripts/bench_host_overhead.py --layers 2 --steps 3 --budget 1MiB   # the test's tiny size
 
 Every row trains the same initial weights on the same batches with AdamW (lr 1e-3, weight decay 0.01 on 2+-D
-weights) on one thread, in this one process; each row's step times are taken after `--warmup` steps and reported
-as the median and the best, in microseconds per op of the training graph (forward and backward), with the ratio
-to eager's. The offload row's setup (capture, model costs, `park`) is cached in `--cache-dir` when given.
+weights) on one torch thread, in this one process (eager and wrap with their steps interleaved). After `--warmup`
+steps, each row reports per step and per op of the training graph (forward and backward), each with its ratio to
+eager's: the median and best wall time; the median CPU time of the training thread (time.thread_time: the Python
+and dispatch of the step, whatever else loads the machine; on lanes, what issuing the tasks costs); and the median
+CPU time of the whole process (every thread: the lanes', the host AdamW's). The offload rows' setup (capture,
+model costs, `park`) is cached in `--cache-dir` when given.
 """
 
 from __future__ import annotations
@@ -79,32 +82,35 @@ def eager_and_wrap(setup: dict[str, Any], rows: list[str]) -> dict[str, dict[str
         if row == "wrap":
             model = wrap(model, tuple(task.example_batch[0]), {"cpu": "100%"}, method="eager", profile="model")
         steps[row] = one_step(task, model)
-    out: dict[str, dict[str, Any]] = {row: {"step_s": [], "cpu_s": [], "losses": []} for row in rows}
+    out: dict[str, dict[str, Any]] = {row: {"step_s": [], "cpu_s": [], "process_s": [], "losses": []} for row in rows}
     for s in range(setup["steps"]):
         for row, step in steps.items():
-            t0, c0 = time.perf_counter(), time.thread_time()
+            t0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
             loss = step(s)
             out[row]["cpu_s"].append(time.thread_time() - c0)
+            out[row]["process_s"].append(time.process_time() - p0)
             out[row]["step_s"].append(time.perf_counter() - t0)
             out[row]["losses"].append(loss)
     return out
 
 
 class ThreadCpu:
-    """A train reporter that keeps the training thread's CPU time of each step (time.thread_time between the
-    reports; the host optimizer's worker thread is not in it): the host time the step's own Python and dispatch
-    cost, whatever else shares the machine."""
+    """A train reporter that keeps each step's CPU time (between the reports): the training thread's
+    (time.thread_time; the host optimizer's worker thread is not in it), what the step's own Python and dispatch
+    cost whatever else shares the machine, and the whole process's (time.process_time, every thread)."""
 
     def __init__(self) -> None:
         self.steps: list[float] = []
-        self._last = 0.0
+        self.process: list[float] = []
+        self._last = (0.0, 0.0)
 
     def start(self, info: Any) -> None:
-        self._last = time.thread_time()
+        self._last = (time.thread_time(), time.process_time())
 
     def step(self, record: Any) -> None:
-        now = time.thread_time()
-        self.steps.append(now - self._last)
+        now = (time.thread_time(), time.process_time())
+        self.steps.append(now[0] - self._last[0])
+        self.process.append(now[1] - self._last[1])
         self._last = now
 
     def checkpoint(self, step: int, path: Any) -> None: ...
@@ -144,12 +150,13 @@ def row_lanes(setup: dict[str, Any]) -> dict[str, Any]:
 
     session.wrapped._first.executor.overlap = True
     copies = sum(isinstance(x, Copy) for x in session.chosen.plan.steps)
-    out: dict[str, Any] = {"step_s": [], "cpu_s": [], "losses": [], "copies": copies}
+    out: dict[str, Any] = {"step_s": [], "cpu_s": [], "process_s": [], "losses": [], "copies": copies}
     try:
         for s in range(setup["steps"]):
-            t0, c0 = time.perf_counter(), time.thread_time()
+            t0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
             record = _step(session, s, world, 1)
             out["cpu_s"].append(time.thread_time() - c0)
+            out["process_s"].append(time.process_time() - p0)
             out["step_s"].append(time.perf_counter() - t0)
             out["losses"].append(record.loss)
     finally:
@@ -164,7 +171,7 @@ def row_offload(setup: dict[str, Any]) -> dict[str, Any]:
 
     cpu = ThreadCpu()
     r, out = xsched_run(setup, "gpt2", setup["scale"], setup["budget"], reporter=cpu)
-    out["cpu_s"] = cpu.steps
+    out["cpu_s"], out["process_s"] = cpu.steps, cpu.process
     out["copies"] = sum(isinstance(s, Copy) for s in Plan.load(r.plan_path).steps)
     return out
 
@@ -178,13 +185,14 @@ LABELS = {
 
 
 def table(results: dict[str, dict[str, Any]], ops: int, warmup: int) -> list[str]:
-    """One line per row: the median and best wall time of a step and the median CPU time of its training thread,
-    per op, each with its ratio to eager's, and whether its losses equal eager's (fp32, the same arithmetic: to
+    """One line per row: the median and best wall time of a step and the median CPU time of its training thread and
+    of the whole process, per op, each with its ratio to eager's, and whether its losses equal eager's (fp32, the same arithmetic: to
     LOSS_RTOL)."""
     lines = [
         "| row | steps | wall: median step | per op | vs eager | best step | per op | vs eager "
-        "| thread CPU: median step | per op | vs eager | losses = eager | copies a step |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| thread CPU: median step | per op | vs eager | process CPU: median step | per op | vs eager "
+        "| losses = eager | copies a step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     eager = results.get("eager")
     base = {k: f(eager[key][warmup:]) for k, key, f in FIGURES} if eager else {}
@@ -200,7 +208,12 @@ def table(results: dict[str, dict[str, Any]], ops: int, warmup: int) -> list[str
     return lines
 
 
-FIGURES = (("median", "step_s", statistics.median), ("best", "step_s", min), ("cpu", "cpu_s", statistics.median))
+FIGURES = (
+    ("median", "step_s", statistics.median),
+    ("best", "step_s", min),
+    ("cpu", "cpu_s", statistics.median),
+    ("process", "process_s", statistics.median),
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,9 +23,9 @@ def test_every_row_runs_and_matches_eager_losses() -> None:
     ]
     for r in rows:
         assert r[1] == "2"  # 3 steps less the warm-up
-        assert all(r[k].endswith(" us") and r[k + 1].endswith("x") for k in (3, 6, 9)), r
-    assert rows[0][11] == "eager" and rows[0][3 + 1] == "1.00x"
-    assert all(r[11].startswith("yes (max diff") for r in rows[1:]), rows
-    copies = [int(r[12].rstrip(" |")) for r in rows]
+        assert all(r[k].endswith(" us") and r[k + 1].endswith("x") for k in (3, 6, 9, 12)), r
+    assert rows[0][14] == "eager" and rows[0][3 + 1] == "1.00x"
+    assert all(r[14].startswith("yes (max diff") for r in rows[1:]), rows
+    copies = [int(r[15].rstrip(" |")) for r in rows]
     assert copies[:2] == [0, 0] and copies[2] > 0 and copies[3] == copies[2]  # one offload plan, which copies
     assert "ops a training step" in p.stdout
