@@ -45,8 +45,8 @@ def test_a_failed_task_releases_its_dependants() -> None:
         raise ValueError("boom")
 
     ran: list[str] = []
-    lane.submit(Task(0, fail, None, [], first, errors))
-    lane.submit(Task(1, lambda _: ran.append("second"), None, [first], second, errors))
+    lane.submit([Task(0, fail, None, [], first, errors)])
+    lane.submit([Task(1, lambda _: ran.append("second"), None, [first], second, errors)])
     second.event.wait()
     lane.close()
     assert first.failed and second.failed and ran == []  # the dependant is skipped, not hung

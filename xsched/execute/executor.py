@@ -298,10 +298,13 @@ class Executor:
         dones: dict[int, Done] = {}  # the last step of each task -> its Done: nothing waits for the others
         last: dict[str, Done] = {}
         errors: list[tuple[int, BaseException]] = []
+        batches: dict[Lane, list[Task]] = {lane: [] for lane in used}
         for i, end, lane, fn, waits in tasks:
             done = dones[end] = Done()
-            lane.submit(Task(i, fn, st, [dones[j] for j in waits], done, errors))
+            batches[lane].append(Task(i, fn, st, [dones[j] for j in waits], done, errors))
             last[lane.name] = done
+        for lane, batch in batches.items():
+            lane.submit(batch)
         for done in last.values():
             done.event.wait()
         for d in self.names:  # later work on each GPU's compute stream waits for every lane's last step
