@@ -34,10 +34,10 @@ from xsched.execute.compiled import reusable_inputs
 from xsched.execute.program import PreparedPlan, inline_program
 from xsched.execute.reference import RunTrace, torch_device
 from xsched.execute.segments import Segments
-from xsched.execute.steps import STEP_KINDS, RunState, StepFn, prepare_compute, prepare_free
+from xsched.execute.steps import STEP_KINDS, RunState, StepFn, prepare_compute, prepare_free, prepare_steps
 from xsched.execute.stores import DeviceStore
 from xsched.execute.workers import Done, Lane, Task
-from xsched.interpret import PlanInterpreter, at_step
+from xsched.interpret import at_step
 from xsched.lanes import inline_free_lanes, step_waits
 
 # a lanes run's lanes and tasks (Executor._lane_tasks): (first step, last step, lane, function, waited-for steps)
@@ -114,9 +114,7 @@ class Executor:
         self.recomputed = tuple(o for o, n in counts.items() if n > 1)
         self.recomputed_random = self.random & frozenset(self.recomputed)  # only these need their RNG state saved
         kinds = {**STEP_KINDS, **(table or {})}
-        # checked: the plan interpreter's walk (every rule of the semantics) builds the step functions;
-        # unchecked: the same functions in plan order, for callers that validated the plan already
-        self.fns: list[StepFn] = _Prepare(self, kinds).run() if check else _unchecked(self, kinds)
+        self.fns: list[StepFn] = prepare_steps(self, kinds, check)
         # inline slices run as generated programs, unless a custom step kind must see its steps
         self._generate = kinds[Compute] is prepare_compute and kinds[Free] is prepare_free
         self.prepared = PreparedPlan(
@@ -398,38 +396,6 @@ class Executor:
         st = self.start(env)
         self.run(st, trace=trace)
         return RunTrace(self.outputs(st), tuple(st.resident_after), self.recomputed)
-
-
-class _Prepare(PlanInterpreter):
-    """The executor's preparation as hooks on the plan interpreter: each valid step gets its function."""
-
-    stage = "execute"
-
-    def __init__(self, ex: Executor, kinds: Mapping[type, Callable[[Executor, int, Any], StepFn]]) -> None:
-        super().__init__(ex.graph, ex.plan)
-        self.ex, self.kinds = ex, kinds
-        self.fns: list[StepFn] = []
-
-    def on_compute(self, i: int, s: Compute, op: Any) -> None:
-        self.fns.append(self.kinds[Compute](self.ex, i, s))
-
-    def on_copy(self, i: int, s: Copy) -> None:
-        self.fns.append(self.kinds[Copy](self.ex, i, s))
-
-    def on_free(self, i: int, s: Free) -> None:
-        self.fns.append(self.kinds[Free](self.ex, i, s))
-
-    def end(self) -> list[StepFn]:
-        return self.fns
-
-
-def _unchecked(ex: Executor, kinds: Mapping[type, Callable[[Executor, int, Any], StepFn]]) -> list[StepFn]:
-    fns = []
-    for i, s in enumerate(ex.plan.steps):
-        if type(s) not in kinds:
-            raise PlanError(f"unknown step {s!r}", stage="execute", step=i)
-        fns.append(kinds[type(s)](ex, i, s))
-    return fns
 
 
 def _close(lanes: list[Lane]) -> None:
