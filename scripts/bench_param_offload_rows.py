@@ -33,10 +33,10 @@ def breakdown(records: list[Any]) -> dict[str, float]:
 
 
 def xsched_run(
-    setup: dict[str, Any], model: str, scale: str, budget: str, **options: Any
+    setup: dict[str, Any], model: str, scale: str, budget: str, reporter: Any = None, **options: Any
 ) -> tuple[Any, dict[str, Any]]:
     """`xsched train` of zoo `model` at `scale` with the parameters on the store, `budget` on the device; the
-    result and the row's common fields."""
+    result and the row's common fields. `reporter`: what train reports to (default Quiet)."""
     from bench_gpu_param_offload import gib
 
     from xsched.contracts.plan import Plan
@@ -59,7 +59,7 @@ def xsched_run(
         **options,
     )
     t0 = time.perf_counter()
-    r = train(config, Quiet())
+    r = train(config, reporter if reporter is not None else Quiet())
     plan = Plan.load(r.plan_path)
     o = r.optimizer
     cuda = not setup["cpu"]

@@ -35,11 +35,14 @@ from xsched.execute.compiled import reusable_inputs
 from xsched.execute.program import PreparedPlan, inline_program
 from xsched.execute.reference import RunTrace, torch_device
 from xsched.execute.segments import Segments
-from xsched.execute.steps import STEP_KINDS, RunState, StepFn, prepare_compute, prepare_free
+from xsched.execute.steps import STEP_KINDS, RunState, StepFn, prepare_compute, prepare_free, prepare_steps
 from xsched.execute.stores import DeviceStore
 from xsched.execute.workers import Done, Lane, Task
-from xsched.interpret import PlanInterpreter, at_step
+from xsched.interpret import at_step
 from xsched.lanes import inline_free_lanes, step_waits
+
+# a lanes run's lanes and tasks (Executor._lane_tasks): (first step, last step, lane, function, waited-for steps)
+_LaneTasks = tuple[list[Lane], list[tuple[int, int, Lane, StepFn, tuple[int, ...]]]]
 
 
 class Executor:
@@ -117,15 +120,17 @@ class Executor:
         self.recomputed = tuple(o for o, n in counts.items() if n > 1)
         self.recomputed_random = self.random & frozenset(self.recomputed)  # only these need their RNG state saved
         kinds = {**STEP_KINDS, **(table or {})}
-        # checked: the plan interpreter's walk (every rule of the semantics) builds the step functions;
-        # unchecked: the same functions in plan order, for callers that validated the plan already
-        self.fns: list[StepFn] = _Prepare(self, kinds).run() if check else _unchecked(self, kinds)
+        self.fns: list[StepFn] = prepare_steps(self, kinds, check)
         # inline slices run as generated programs, unless a custom step kind must see its steps
         self._generate = kinds[Compute] is prepare_compute and kinds[Free] is prepare_free
         self.prepared = PreparedPlan(
             graph, plan, dict(self.dev), self.nbytes, self.random, self.recomputed_random, dict(self.reuse), watch
         )
         self._programs: dict[tuple[int, int], StepFn] = {}
+        self._inline: dict[tuple[int, int], list[StepFn]] = {}  # (start, stop) -> _inline_fns, for _inline_clock
+        self._inline_clock: Any = None
+        self._lane_plans: dict[tuple[int, int], _LaneTasks] = {}
+        self._tasks_clock: Any = None  # the clock _lane_plans' functions are timed by
         self._groups: dict[tuple[int, int], list[tuple[int, ...]]] = {}
         self._cuts: dict[tuple[int, int], list[tuple[int, int]]] = {}
         self.segments = Segments(self) if compile and self._generate else None
@@ -214,30 +219,51 @@ class Executor:
 
     def _run_inline(self, st: RunState, start: int, stop: int, trace: bool) -> None:
         if not trace and self._generate:
-            for a, b in self._runs(start, stop):  # one-device runs of computes and frees as programs, copies between
-                if b - a == 1 and isinstance(self.plan.steps[a], Copy):
-                    program = self._timed(a, b, lambda st, a=a, b=b: self._run_steps(st, a, b, trace=False))
-                else:
-                    program = self._programs.get((a, b))
-                    if program is None:
-                        inner = (
-                            self.segments.program(range(a, b)) if self.segments else inline_program(self.prepared, a, b)
-                        )
-                        program = self._programs[(a, b)] = self._timed(a, b, inner)
+            for program in self._inline_fns(start, stop):
                 program(st)
             return
         self._run_steps(st, start, stop, trace)
 
+    def _inline_fns(self, start: int, stop: int) -> list[StepFn]:
+        """Steps [start, stop) as the functions an inline run calls in turn: one-device runs of computes and frees
+        as programs, copies between, each timed by the clock when one is set. Built once per slice and clock (the
+        plan is fixed; a clock may be set or replaced later), so a run pays no per-step lookups or closures."""
+        if self._inline_clock is not self.clock:
+            self._inline.clear()
+            self._inline_clock = self.clock
+        fns = self._inline.get((start, stop))
+        if fns is None:
+            fns = self._inline[(start, stop)] = [
+                self._timed(a, b, self._inline_fn(a, b)) for a, b in self._runs(start, stop)
+            ]
+        return fns
+
+    def _inline_fn(self, a: int, b: int) -> StepFn:
+        """Steps [a, b): a single copy's step function (its errors naming the step), else the run's program."""
+        if b - a == 1 and isinstance(self.plan.steps[a], Copy):
+            if a in self.d2h:  # the copy must land before host steps read it: _run_steps synchronises
+                return lambda st: self._run_steps(st, a, b, trace=False)
+            fn, s = self.fns[a], self.plan.steps[a]
+
+            def copy(st: RunState) -> None:
+                try:
+                    fn(st)
+                except XschedError as e:
+                    raise at_step(e, a, s) from e
+
+            return copy
+        program = self._programs.get((a, b))
+        if program is None:
+            program = self.segments.program(range(a, b)) if self.segments else inline_program(self.prepared, a, b)
+            self._programs[(a, b)] = program
+        return program
+
     def _timed(self, a: int, b: int, fn: StepFn) -> StepFn:
-        """Steps [a, b) run inline, timed by the clock when one is set (looked up per call: it may come later)."""
+        """Steps [a, b) run inline, timed by the clock when one is set."""
+        if self.clock is None:
+            return fn
         key = self.lane_of[a]
-
-        def run(st: RunState) -> None:
-            if self.clock is None:
-                return fn(st)
-            self.clock.timed(key, f"steps {a}-{b - 1}", fn, self.lanes[key].stream)(st)
-
-        return run
+        return self.clock.timed(key, f"steps {a}-{b - 1}", fn, self.lanes[key].stream)
 
     def _runs(self, start: int, stop: int) -> list[tuple[int, int]]:
         """[start, stop) cut into maximal runs of computes and frees on one device, and single copies."""
@@ -266,8 +292,8 @@ class Executor:
                 st.resident_after.append(st.resident())
 
     def _run_lanes(self, st: RunState, start: int, stop: int) -> None:
-        used = {self.lane_of[i]: self.lanes[self.lane_of[i]] for i in range(start, stop)}
-        for lane in used.values():
+        used, tasks = self._lane_tasks(start, stop)
+        for lane in used:
             lane.begin()
             if lane.kind == "cuda":  # work of earlier slices and of the caller, on the compute streams, comes first
                 for d in self.names:
@@ -276,17 +302,13 @@ class Executor:
         dones: dict[int, Done] = {}  # the last step of each task -> its Done: nothing waits for the others
         last: dict[str, Done] = {}
         errors: list[tuple[int, BaseException]] = []
-        for group in self.tasks(start, stop):
-            i, key = group[0], self.lane_of[group[0]]
-            done = dones[group[-1]] = Done()
-            deps = [dones[j] for j in self.deps[i] if j >= start]
-            fn = self.fns[i] if len(group) == 1 else self._run_group(group)
-            if self.segments and key.startswith("compute:") and len(group) > 1:
-                fn = self.segments.program(group)
-            if self.clock is not None:
-                fn = self.clock.timed(key, f"steps {i}-{group[-1]}", fn, used[key].stream)
-            used[key].submit(Task(i, fn, st, deps, done, errors))
-            last[key] = done
+        batches: dict[Lane, list[Task]] = {lane: [] for lane in used}
+        for i, end, lane, fn, waits in tasks:
+            done = dones[end] = Done()
+            batches[lane].append(Task(i, fn, st, [dones[j] for j in waits], done, errors))
+            last[lane.name] = done
+        for lane, batch in batches.items():
+            lane.submit(batch)
         for done in last.values():
             done.event.wait()
         for d in self.names:  # later work on each GPU's compute stream waits for every lane's last step
@@ -301,6 +323,31 @@ class Executor:
             if isinstance(e, XschedError):
                 raise at_step(e, i, self.plan.steps[i]) from e
             raise XschedError(f"{type(e).__name__}: {e}", stage="execute", step=i) from e
+
+    def _lane_tasks(self, start: int, stop: int) -> _LaneTasks:
+        """The lanes steps [start, stop) use, in the order of their first step, and the tasks a lanes run submits:
+        (first step, last step, lane, function, the last steps of the earlier tasks it waits for), each function
+        timed by the clock when one is set. Built once per slice and clock (the plan is fixed), so a run's issuing
+        thread pays no per-task lookups or closures."""
+        if self._tasks_clock is not self.clock:
+            self._lane_plans.clear()
+            self._tasks_clock = self.clock
+        out = self._lane_plans.get((start, stop))
+        if out is not None:
+            return out
+        tasks = []
+        for group in self.tasks(start, stop):
+            i, key = group[0], self.lane_of[group[0]]
+            lane = self.lanes[key]
+            fn = self.fns[i] if len(group) == 1 else self._run_group(group)
+            if self.segments and key.startswith("compute:") and len(group) > 1:
+                fn = self.segments.program(group)
+            if self.clock is not None:
+                fn = self.clock.timed(key, f"steps {i}-{group[-1]}", fn, lane.stream)
+            tasks.append((i, group[-1], lane, fn, tuple(j for j in self.deps[i] if j >= start)))
+        used = list(dict.fromkeys(self.lanes[self.lane_of[i]] for i in range(start, stop)))
+        out = self._lane_plans[(start, stop)] = (used, tasks)
+        return out
 
     def tasks(self, start: int, stop: int) -> list[tuple[int, ...]]:
         """Steps [start, stop) cut into tasks: runs of one lane's steps, in plan order, where only the first waits
@@ -355,38 +402,6 @@ class Executor:
         st = self.start(env)
         self.run(st, trace=trace)
         return RunTrace(self.outputs(st), tuple(st.resident_after), self.recomputed)
-
-
-class _Prepare(PlanInterpreter):
-    """The executor's preparation as hooks on the plan interpreter: each valid step gets its function."""
-
-    stage = "execute"
-
-    def __init__(self, ex: Executor, kinds: Mapping[type, Callable[[Executor, int, Any], StepFn]]) -> None:
-        super().__init__(ex.graph, ex.plan)
-        self.ex, self.kinds = ex, kinds
-        self.fns: list[StepFn] = []
-
-    def on_compute(self, i: int, s: Compute, op: Any) -> None:
-        self.fns.append(self.kinds[Compute](self.ex, i, s))
-
-    def on_copy(self, i: int, s: Copy) -> None:
-        self.fns.append(self.kinds[Copy](self.ex, i, s))
-
-    def on_free(self, i: int, s: Free) -> None:
-        self.fns.append(self.kinds[Free](self.ex, i, s))
-
-    def end(self) -> list[StepFn]:
-        return self.fns
-
-
-def _unchecked(ex: Executor, kinds: Mapping[type, Callable[[Executor, int, Any], StepFn]]) -> list[StepFn]:
-    fns = []
-    for i, s in enumerate(ex.plan.steps):
-        if type(s) not in kinds:
-            raise PlanError(f"unknown step {s!r}", stage="execute", step=i)
-        fns.append(kinds[type(s)](ex, i, s))
-    return fns
 
 
 def _close(lanes: list[Lane]) -> None:

@@ -1,19 +1,21 @@
 """What a lane runs for each plan step: a run's state (`RunState`: the stores, the RNG log, pinned staging), and
 the step kinds (executor, index, step) -> the function a lane calls, copies included (how a tensor moves between
-logical CPUs and on CUDA's streams). `ex` is the Executor, taken untyped: this module sits beside it."""
+logical CPUs and on CUDA's streams), and `prepare_steps`, which builds every step's function on the plan
+interpreter's walk. `ex` is the Executor, taken untyped: this module sits beside it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from xsched.contracts.plan import Compute, Copy, Free
+from xsched.errors import PlanError
 from xsched.execute.compiled import RngLog, compile_inplace, compile_op, with_rng
 from xsched.execute.stores import DeviceStore
-from xsched.interpret import wrong_size
+from xsched.interpret import PlanInterpreter, wrong_size
 from xsched.lanes import lane_of
 
 StepFn = Callable[["RunState"], None]
@@ -82,6 +84,45 @@ STEP_KINDS: dict[type, Callable[[Any, int, Any], StepFn]] = {
     Copy: prepare_copy,
     Free: prepare_free,
 }
+
+
+def prepare_steps(ex: Any, kinds: Mapping[type, Callable[[Any, int, Any], StepFn]], check: bool) -> list[StepFn]:
+    """Each plan step's function, from the step kinds `kinds`. Checked: the plan interpreter's walk (every rule of
+    the semantics) builds them; unchecked: the same functions in plan order, for callers that validated the plan
+    already."""
+    return _Prepare(ex, kinds).run() if check else _unchecked(ex, kinds)
+
+
+class _Prepare(PlanInterpreter):
+    """The executor's preparation as hooks on the plan interpreter: each valid step gets its function."""
+
+    stage = "execute"
+
+    def __init__(self, ex: Any, kinds: Mapping[type, Callable[[Any, int, Any], StepFn]]) -> None:
+        super().__init__(ex.graph, ex.plan)
+        self.ex, self.kinds = ex, kinds
+        self.fns: list[StepFn] = []
+
+    def on_compute(self, i: int, s: Compute, op: Any) -> None:
+        self.fns.append(self.kinds[Compute](self.ex, i, s))
+
+    def on_copy(self, i: int, s: Copy) -> None:
+        self.fns.append(self.kinds[Copy](self.ex, i, s))
+
+    def on_free(self, i: int, s: Free) -> None:
+        self.fns.append(self.kinds[Free](self.ex, i, s))
+
+    def end(self) -> list[StepFn]:
+        return self.fns
+
+
+def _unchecked(ex: Any, kinds: Mapping[type, Callable[[Any, int, Any], StepFn]]) -> list[StepFn]:
+    fns = []
+    for i, s in enumerate(ex.plan.steps):
+        if type(s) not in kinds:
+            raise PlanError(f"unknown step {s!r}", stage="execute", step=i)
+        fns.append(kinds[type(s)](ex, i, s))
+    return fns
 
 
 def _mover(ex: Any, s: Copy) -> Callable[[torch.Tensor, RunState], torch.Tensor]:

@@ -1,0 +1,31 @@
+"""scripts/bench_host_overhead.py at a tiny size (2 layers): every row runs, the table has each row's times per op
+and ratios to eager, the xsched rows' losses equal eager's (inline and on lanes), and the offload plan copies."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from train_support import ROOT, child_env
+
+
+def test_every_row_runs_and_matches_eager_losses() -> None:
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_host_overhead.py"), "--layers", "2", "--steps", "3"]
+    cmd += ["--warmup", "1", "--budget", "1MiB"]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=child_env(), timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [line.split(" | ") for line in p.stdout.splitlines() if line.startswith("| ") and " us | " in line]
+    assert [r[0] for r in rows] == [
+        "| eager PyTorch (forward, backward, AdamW)",
+        "| xsched.wrap, eager plan on cpu",
+        "| xsched train --param-home cpu:1 --store cpu:1, park on cpu:0, host AdamW",
+        "| the same, its executor on lanes (a thread per stream, as on a GPU)",
+    ]
+    for r in rows:
+        assert r[1] == "2"  # 3 steps less the warm-up
+        assert all(r[k].endswith(" us") and r[k + 1].endswith("x") for k in (3, 6, 9, 12)), r
+    assert rows[0][14] == "eager" and rows[0][3 + 1] == "1.00x"
+    assert all(r[14].startswith("yes (max diff") for r in rows[1:]), rows
+    copies = [int(r[15].rstrip(" |")) for r in rows]
+    assert copies[:2] == [0, 0] and copies[2] > 0 and copies[3] == copies[2]  # one offload plan, which copies
+    assert "ops a training step" in p.stdout
