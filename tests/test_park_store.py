@@ -66,6 +66,7 @@ def gap_inside(line: ParkTimeline, v: str, k: int, backward: bool) -> int:
     return next(a + 1 for a, b in zip(reads, reads[1:]) if b > a + 1 and (a >= line.boundary) == backward)
 
 
+@functools.cache
 def later_gap_parked_first() -> tuple[Graph, Plan, Profile, str]:
     """The final layer norm's output v, dropped across the boundary (made again before its first backward read),
     then parked in a backward gap (copied out where that residency starts), then in a forward gap."""
