@@ -112,8 +112,8 @@ def _best_move(line: ParkTimeline, t: int, budget: int, depth: int, price, cost,
 def _score_floor(line: ParkTimeline, v: str, price: float | None, cost: Mapping[str, float]) -> float:
     """No unjittered score of a move on `v` is below this: a drop or an end rerun runs at least v's producer again
     and frees at most v's bytes (what it holds longer only adds); a park costs at least its link price, for the copy
-    out unless v is on the store already and the copy back unless v may stay there for good. Computed as the moves
-    compute their scores, term for term, so rounding keeps the floor below them."""
+    out unless the store holds v from some position on and the copy back unless v may stay there for good. Computed
+    as the moves compute their scores, term for term, so rounding keeps the floor below them."""
     n = line.nbytes[v]
     floors = []
     producer = line.graph.producer.get(v)
@@ -121,7 +121,7 @@ def _score_floor(line: ParkTimeline, v: str, price: float | None, cost: Mapping[
         floors.append(cost[producer] / n)
     if price is not None:
         link_s = 0.0
-        if v not in line.on_store:
+        if v not in line.stored_from:
             link_s += line.seconds("out", n)
         if v not in line.may_leave:
             link_s += line.seconds("in", n)

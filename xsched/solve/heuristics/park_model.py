@@ -39,7 +39,7 @@ class EndRerun:
 @dataclass(frozen=True)
 class Park:
     """Park `value` across a gap of its span `span`: copied out after position a, where the span starts (unless the
-    store holds it already), freed before position q (after its last read before the gap), copied back before
+    store holds a copy made by then), freed before position q (after its last read before the gap), copied back before
     position p for its next read at b (None: it stays on the store to the end); resident on the compute device
     through q - 1 and again from p. `cost`: the seconds its copies keep computes waiting, plus the link's price."""
 
@@ -129,7 +129,9 @@ class ParkTimeline(Timeline):
         self.may_leave = {
             v for v in graph.outputs if must_end.get(v, store) != device and v in graph.producer and v not in self.held
         }
-        self.on_store: set[str] = {v for v, d in homes.items() if d == store}
+        # value -> the first position after whose compute the store holds it (-1: homed there): a gap before that
+        # has no copy on the store to come back from, even where a later gap of the value was parked already
+        self.stored_from: dict[str, int] = {v: -1 for v, d in homes.items() if d == store}
         self.parks: list[Park] = []
         self.ended: set[str] = set()  # outputs made again at the end, or parked for good
         self.end_redo: list[str] = []  # their producers, run after the last position
@@ -142,7 +144,7 @@ class ParkTimeline(Timeline):
         queued on the in lane to be done by their first reader, to their last read: input -> fetch position."""
         fetch: dict[str, int] = {}
         n = len(self.ops)
-        homed = [v for v in self.on_store if v in self.graph.value and self.uses[v]]
+        homed = [v for v, at in self.stored_from.items() if at < 0 and v in self.graph.value and self.uses[v]]
         for v in sorted(homed, key=lambda v: (self.uses[v][0], v)):  # by name on a tie: not by hash order
             first, last = self.uses[v][0], (n - 1 if v in self.graph.outputs else self.uses[v][-1])
             secs = self.seconds("in", self.nbytes[v])
@@ -188,7 +190,7 @@ class ParkTimeline(Timeline):
         if free_from > t:
             return None
         n, stall, link_s, q = self.nbytes[v], 0.0, 0.0, free_from
-        out = v not in self.on_store
+        out = self.stored_from.get(v, len(self.ops)) > s  # no copy made by the span's start: it makes one
         if out:  # queued on the out lane once made; freed once done (the compute at t waits for it, at the latest)
             secs = self.seconds("out", n)
             lane, done = self.lanes["out"], self.done["out"]
@@ -250,7 +252,8 @@ class ParkTimeline(Timeline):
             self.done["in"] = self.lanes["in"].added(
                 self.start, self.done["in"], (pk.p, pk.p, self.seconds("in", n), pk.b)
             )
-        self.on_store.add(pk.value)
+        if pk.out:
+            self.stored_from[pk.value] = min(pk.a, self.stored_from.get(pk.value, pk.a))
         self.parks.append(pk)
         if pk.b is None:
             self.ended.add(pk.value)  # on the store for good: nothing more to do with it here
