@@ -56,3 +56,25 @@ def test_devices_without_a_caching_allocator_are_not_re_planned() -> None:
         g, prof, {"cuda:0": 80 * MiB}, method="greedy", options=SolverOptions(time_limit_s=10, fit_reserved=True)
     )
     assert simulate(g, plan, prof).peak_bytes["cuda:0"] == 77 * MiB + 8 and "re-planned" not in plan.solver.message
+
+
+def test_with_expandable_segments_the_reserved_memory_is_replayed_on_that_model() -> None:
+    g, prof = chain()
+    at84 = {"cuda:0": 84 * MiB}
+    # the first plan keeps all seven values (77 MiB): 86 MiB reserved by default (7 segments of 12 MiB and a small
+    # 2 MiB one), 82 MiB with expandable segments (four 20 MiB pages of one large segment and a 2 MiB small page)
+    first = solve(g, prof, at84, method="checkpoint", options=SolverOptions(time_limit_s=10))
+    assert reserved(g, first, prof) == 86 * MiB > at84["cuda:0"]
+    assert replay_reserved(g, first, prof, host_ahead=True, expandable=True)["cuda:0"].reserved == 82 * MiB
+    options = SolverOptions(time_limit_s=10, fit_reserved=True, expandable_segments=True)
+    fitted = solve(g, prof, at84, method="checkpoint", options=options)  # fits as it is: nothing planned again
+    assert fitted.steps == first.steps and "re-planned" not in fitted.solver.message
+
+
+def test_with_expandable_segments_no_fitting_plan_says_so_with_that_model() -> None:
+    g, prof = chain()
+    # at 80 MiB: six or seven 11 MiB values take four 20 MiB pages (82 MiB with the small page), five take three (62
+    # MiB), and the three re-plans (at 80 x 80 / 82 MiB, then lower in proportion) keep seven, six, six
+    options = SolverOptions(time_limit_s=10, fit_reserved=True, expandable_segments=True)
+    with pytest.raises(BudgetError, match="expandable segments, host a step ahead.*reserves 82.00 MiB against 80.00"):
+        solve(g, prof, {"cuda:0": 80 * MiB}, method="checkpoint", options=options)

@@ -41,7 +41,13 @@ def cmd_plan(a: argparse.Namespace) -> int:
 
         # the limit is the command's: what loading took is not the solver's
         limit = max(a.time_limit - (time.perf_counter() - a.started), 0.0)
-        options = SolverOptions(time_limit_s=limit, mip_gap=a.gap, solver=a.solver, fit_reserved=a.fit_reserved)
+        options = SolverOptions(
+            time_limit_s=limit,
+            mip_gap=a.gap,
+            solver=a.solver,
+            fit_reserved=a.fit_reserved,
+            expandable_segments=a.expandable_segments,
+        )
         with timed_progress(f"solving ({a.method})", limit, quiet(a)):
             plan = solve(
                 graph, profile, budgets or {d: "100%" for d in (devices or profile.compute)}, devices, a.method, options
@@ -167,6 +173,12 @@ def add(sub: argparse._SubParsersAction) -> None:
         "--fit-reserved",
         action="store_true",
         help="re-plan at lower budgets until each GPU's predicted reserved memory (caching allocator) fits its budget",
+    )
+    p.add_argument(
+        "--expandable-segments",
+        action="store_true",
+        help="with --fit-reserved: the plan will run with CUDA's expandable segments (xsched run/train "
+        "--expandable-segments), so its reserved memory is predicted with them",
     )
     p.add_argument("--json", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

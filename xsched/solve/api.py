@@ -70,7 +70,7 @@ def solve_result(
 
     if not options.fit_reserved:
         return solve_at(problem, options.time_limit_s)
-    return fit_reserved(problem, solve_at, options.time_limit_s)
+    return fit_reserved(problem, solve_at, options.time_limit_s, expandable=options.expandable_segments)
 
 
 def _solve_once(problem: Problem, method: str, options: SolverOptions, warm_start: Plan | None) -> Outcome:

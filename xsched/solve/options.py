@@ -34,6 +34,9 @@ class SolverOptions:
     # default: with copies' blocks held to the step's end (the model's upper end), no GPT-2 store plan fits its
     # budget (xsched.solve.reserved)
     fit_reserved: bool = False
+    # the plan runs with CUDA's expandable segments (the executor's option of that name): fit_reserved replays it on
+    # that allocator model, not the default settings'
+    expandable_segments: bool = False
     verbose: bool = False
     seed: int = 0  # CP-SAT's random seed (one worker: a run is deterministic for a seed); park-search's draws
     hier_processes: int | None = None  # hier: processes solving independent blocks (None: the core count)

@@ -23,16 +23,18 @@ def reserved_devices(problem: Problem) -> list[str]:
     return [d for d in problem.devices if d in problem.budgets and d in info and info[d].kind == "cuda"]
 
 
-def reserved_over(problem: Problem, outcome: Outcome) -> dict[str, ReservedPeak]:
+def reserved_over(problem: Problem, outcome: Outcome, expandable: bool = False) -> dict[str, ReservedPeak]:
     """The checked devices whose predicted reserved memory exceeds their budget, with the prediction. The upper end
     of the allocator model's range is used (the host a step ahead, the blocks side streams used held to the step's
     end): the end an H100 store plan measured (1.04 of it, docs/BENCHMARKS.md), and the one a run cannot exceed by
-    the host running further ahead."""
+    the host running further ahead. `expandable`: the allocator with expandable segments, as the run will have it."""
     assert outcome.plan is not None
     devices = [d for d in reserved_devices(problem) if d in outcome.plan.devices]
     if not devices:
         return {}
-    peaks = replay_reserved(problem.graph, outcome.plan, problem.profile, devices=devices, host_ahead=True)
+    peaks = replay_reserved(
+        problem.graph, outcome.plan, problem.profile, devices=devices, host_ahead=True, expandable=expandable
+    )
     return {d: r for d, r in peaks.items() if r.reserved > problem.budgets[d]}
 
 
@@ -41,12 +43,14 @@ def fit_reserved(
     solve_at: Callable[[Problem, float | None], Outcome],
     time_limit_s: float | None,
     tries: int = RESERVED_TRIES,
+    expandable: bool = False,
 ) -> Outcome:
     """`solve_at(problem, seconds)`'s plan, re-planned at lower budgets until every checked device's predicted
     reserved memory fits its budget. A try scales the last plan's budget by the caller's budget over that plan's
     reserved memory; after a try that finds no plan, the next comes down half as far. The first solve gets
     FIRST_SHARE of the limit when a device is checked, each re-plan half of what is left (the last all of it). Raises BudgetError ("not found") when no tried plan fits,
-    and solve_at's own error when the first solve finds none."""
+    and solve_at's own error when the first solve finds none. `expandable`: the reserved memory is replayed with
+    expandable segments (the run's allocator setting)."""
     if not reserved_devices(problem):
         return solve_at(problem, time_limit_s)
     start = time.perf_counter()
@@ -54,7 +58,7 @@ def fit_reserved(
     fits: dict[str, int] = dict(problem.budgets)  # the budgets the last plan found was solved at
     cut: dict[str, int] = {}  # how far below `fits` the next try goes
     tried: list[str] = []
-    over = reserved_over(problem, outcome)
+    over = reserved_over(problem, outcome, expandable)
     for k in range(tries):
         left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - start)
         if not over or (left is not None and left <= 0):
@@ -72,13 +76,13 @@ def fit_reserved(
                 break
             continue
         fits, cut = dict(lowered.budgets), {}
-        over = reserved_over(problem, outcome)
+        over = reserved_over(problem, outcome, expandable)
         tried.append(f"{at}: " + ("fits" if not over else _reserves(over)))
     if not over:
         return outcome if not tried else _noted(outcome, tried)
     raise BudgetError(
-        f"no plan found whose predicted reserved memory fits its budget (caching allocator model, host a step "
-        f"ahead): the plan found {_reserves(over)} against {', '.join(format_bytes(problem.budgets[d]) for d in over)}"
+        f"no plan found whose predicted reserved memory fits its budget (caching allocator model"
+        f"{', expandable segments' if expandable else ''}, host a step ahead): the plan found {_reserves(over)} against {', '.join(format_bytes(problem.budgets[d]) for d in over)}"
         f"; not found within {len(tried)} re-plans ({'; '.join(tried) or 'no time left'})",
         stage="solve",
         device=next(iter(over)),
