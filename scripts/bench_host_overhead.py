@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 from bench_gpu_param_offload import LR, backward_with, groups, same_losses, task_of
-from bench_param_offload_rows import xsched_run
+from bench_param_offload_rows import offload_config, xsched_run
 
 ROWS = ("eager", "wrap", "offload", "lanes")
 LOSS_RTOL = 1e-4
@@ -123,25 +123,12 @@ def row_lanes(setup: dict[str, Any]) -> dict[str, Any]:
     """The offload row's session (`xsched train`'s own setup and step function, its plan from the cache the offload
     row filled), its executor run on its lanes, a thread per stream, as on a GPU (`overlap`: on logical CPUs the
     steps run inline by default). The training thread then only issues the tasks: its CPU time is the issue cost."""
-    from xsched.train import TrainConfig, dist
+    from xsched.train import dist
     from xsched.train.loop import _step
     from xsched.train.records import Quiet
     from xsched.train.session import placement, prepare
 
-    device, store = setup["device"], setup["store"]
-    config = TrainConfig(
-        "zoo:gpt2",
-        {device: setup["budget"], store: setup["host_budget"]},
-        steps=setup["steps"],
-        lr=LR,
-        scale=setup["scale"],
-        method=setup["method"],
-        time_limit=setup["time_limit"],
-        profile=setup["profile"],
-        cache_dir=setup["cache_dir"],
-        param_home=store,
-        stores=(store,),
-    )
+    config = offload_config(setup, "gpt2", setup["scale"], setup["budget"])  # the offload row's: its cached plan
     config.check()
     budgets, devices = placement(config, 0)
     world = dist.join(use_cuda=False)

@@ -32,19 +32,13 @@ def breakdown(records: list[Any]) -> dict[str, float]:
     return {k: statistics.median(r[k] for r in rows) for k in keys}
 
 
-def xsched_run(
-    setup: dict[str, Any], model: str, scale: str, budget: str, reporter: Any = None, **options: Any
-) -> tuple[Any, dict[str, Any]]:
-    """`xsched train` of zoo `model` at `scale` with the parameters on the store, `budget` on the device; the
-    result and the row's common fields. `reporter`: what train reports to (default Quiet)."""
-    from bench_gpu_param_offload import gib
-
-    from xsched.contracts.plan import Plan
-    from xsched.train import TrainConfig, train
-    from xsched.train.records import Quiet
+def offload_config(setup: dict[str, Any], model: str, scale: str, budget: str, **options: Any) -> Any:
+    """The TrainConfig of `xsched train` of zoo `model` at `scale`: the parameters, gradients and AdamW on the store,
+    `budget` on the device (what `xsched_run` trains, and what a run reusing its cached plan must ask for)."""
+    from xsched.train import TrainConfig
 
     device, store = setup["device"], setup["store"]
-    config = TrainConfig(
+    return TrainConfig(
         f"zoo:{model}",
         {device: budget, store: setup["host_budget"]},
         steps=setup["steps"],
@@ -58,6 +52,21 @@ def xsched_run(
         stores=(store,),
         **options,
     )
+
+
+def xsched_run(
+    setup: dict[str, Any], model: str, scale: str, budget: str, reporter: Any = None, **options: Any
+) -> tuple[Any, dict[str, Any]]:
+    """`xsched train` of zoo `model` at `scale` with the parameters on the store, `budget` on the device; the
+    result and the row's common fields. `reporter`: what train reports to (default Quiet)."""
+    from bench_gpu_param_offload import gib
+
+    from xsched.contracts.plan import Plan
+    from xsched.train import train
+    from xsched.train.records import Quiet
+
+    device = setup["device"]
+    config = offload_config(setup, model, scale, budget, **options)
     t0 = time.perf_counter()
     r = train(config, reporter if reporter is not None else Quiet())
     plan = Plan.load(r.plan_path)
