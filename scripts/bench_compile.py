@@ -244,12 +244,17 @@ def main(argv: list[str] | None = None) -> int:
     load = f"{load_start[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
     lines += ["", *[f"- {n}" for n in notes], f"- wall time of the run: {time.perf_counter() - t_start:.0f} s"]
     lines.append(f"- machine load (1-minute load average): {load}")
+    publish(lines, a.out)
+    return 0
+
+
+def publish(lines: list[str], out: Path | None) -> None:
+    """The table printed, and appended to `out` (--out) when given."""
     text = "\n".join(lines) + "\n"
     print(text)
-    if a.out:
-        with a.out.open("a") as f:
+    if out:
+        with out.open("a") as f:
             f.write(text)
-    return 0
 
 
 def fit_table(a: argparse.Namespace, fit: Callable[[float], list[str]], ref: int) -> int:
@@ -267,11 +272,7 @@ def fit_table(a: argparse.Namespace, fit: Callable[[float], list[str]], ref: int
         for k in range(a.repeat):
             log(f"planning at {frac:.0%} of torch.compile's peak, try {k + 1} of {a.repeat}")
             lines += fit(frac)
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if a.out:
-        with a.out.open("a") as f:
-            f.write(text)
+    publish(lines, a.out)
     return 0
 
 
