@@ -284,16 +284,21 @@ def test_random_mallocs_and_frees_keep_the_segments_tiled_and_merged(ops) -> Non
         assert m.reserved >= m.allocated + sum(b.size for b in m.pending)
 
 
-def test_a_copied_in_value_takes_a_block_the_compute_stream_reuses_only_from_its_pool() -> None:
+def prefetch_plan(d: str = "cuda:0") -> tuple[Graph, Plan]:
+    """A 12 MiB input copied in from the host, read, freed; then a 12 MiB value made on `d` and read."""
     g = Graph(
         "prefetch",
         (Value("a", 12 * MiB, "input"), Value("y", 8), Value("b", 12 * MiB), Value("z", 8)),
         (Op("f", "t", ("a",), ("y",)), Op("g", "t", ("y",), ("b",)), Op("h", "t", ("b",), ("z",))),
         ("z",),
     )
-    d = "cuda:0"
     steps = [Copy("a", "cpu", d), Compute("f", d), Free("a", d), Compute("g", d), Compute("h", d)]
-    plan = Plan(g.fingerprint, {}, {"a": "cpu"}, tuple(steps), SolveResult("hand", "heuristic"))
+    return g, Plan(g.fingerprint, {}, {"a": "cpu"}, tuple(steps), SolveResult("hand", "heuristic"))
+
+
+def test_a_copied_in_value_takes_a_block_the_compute_stream_reuses_only_from_its_pool() -> None:
+    d = "cuda:0"
+    g, plan = prefetch_plan(d)
     # a: its own 12 MiB segment of the side stream's pool; y and z share a 2 MiB small segment; b: a 12 MiB
     # segment of the compute stream's pool, though a's is free
     assert replay_reserved(g, plan)[d].reserved == 26 * MiB

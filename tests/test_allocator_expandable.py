@@ -7,12 +7,11 @@ from __future__ import annotations
 from conftest import chain_graph
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_allocator import SIZES, plan_of, random_plans, well_formed
+from test_allocator import SIZES, plan_of, prefetch_plan, random_plans, well_formed
 
 from xsched.allocator import CachingAllocator, replay_reserved, reserved_range
 from xsched.contracts.graph import Graph, Op, Value
-from xsched.contracts.plan import Compute, Copy, Free, Plan
-from xsched.contracts.result import SolveResult
+from xsched.contracts.plan import Compute, Free
 from xsched.simulate import simulate
 
 MiB = 1 << 20
@@ -147,15 +146,8 @@ def test_a_plan_replayed_with_expandable_segments_by_hand() -> None:
 
 
 def test_a_copied_in_value_grows_the_side_streams_own_segment() -> None:
-    g = Graph(
-        "prefetch",
-        (Value("a", 12 * MiB, "input"), Value("y", 8), Value("b", 12 * MiB), Value("z", 8)),
-        (Op("f", "t", ("a",), ("y",)), Op("g", "t", ("y",), ("b",)), Op("h", "t", ("b",), ("z",))),
-        ("z",),
-    )
     d = "cuda:0"
-    steps = [Copy("a", "cpu", d), Compute("f", d), Free("a", d), Compute("g", d), Compute("h", d)]
-    plan = Plan(g.fingerprint, {}, {"a": "cpu"}, tuple(steps), SolveResult("hand", "heuristic"))
+    g, plan = prefetch_plan(d)
     # a: one 20 MiB page of the side stream's segment; y, z: a small page; b: a page of the compute stream's
     low, high = reserved_range(g, plan, expandable=True)[d]
     assert (low.reserved, high.reserved) == (42 * MiB, 42 * MiB)
