@@ -35,7 +35,15 @@ from xsched.execute.compiled import reusable_inputs
 from xsched.execute.program import PreparedPlan, inline_program
 from xsched.execute.reference import RunTrace, torch_device
 from xsched.execute.segments import Segments
-from xsched.execute.steps import STEP_KINDS, RunState, StepFn, prepare_compute, prepare_free, prepare_steps
+from xsched.execute.steps import (
+    STEP_KINDS,
+    RunState,
+    StepFn,
+    prepare_compute,
+    prepare_free,
+    prepare_steps,
+    tagged,
+)
 from xsched.execute.stores import DeviceStore
 from xsched.execute.workers import Done, Lane, Task
 from xsched.interpret import at_step
@@ -243,15 +251,7 @@ class Executor:
         if b - a == 1 and isinstance(self.plan.steps[a], Copy):
             if a in self.d2h:  # the copy must land before host steps read it: _run_steps synchronises
                 return lambda st: self._run_steps(st, a, b, trace=False)
-            fn, s = self.fns[a], self.plan.steps[a]
-
-            def copy(st: RunState) -> None:
-                try:
-                    fn(st)
-                except XschedError as e:
-                    raise at_step(e, a, s) from e
-
-            return copy
+            return tagged(self.fns[a], a, self.plan.steps[a])
         program = self._programs.get((a, b))
         if program is None:
             program = self.segments.program(range(a, b)) if self.segments else inline_program(self.prepared, a, b)

@@ -36,7 +36,8 @@ from xsched.errors import XschedError
 from xsched.execute.compiled import _has_ref, _rng_lock
 from xsched.execute.compiled_code import code_peak
 from xsched.execute.compiled_measure import measured_peak
-from xsched.interpret import PlanInterpreter, at_step, wrong_size
+from xsched.execute.steps import tagged
+from xsched.interpret import PlanInterpreter, wrong_size
 from xsched.profiling.fused import REGION_LABEL
 
 MIN_COMPUTES = 2  # a region of one op has nothing to fuse: it runs as a plain step
@@ -234,15 +235,7 @@ class Segments:
         return [self._runner(p) if isinstance(p, Region) else self._step(p) for p in parts]
 
     def _step(self, i: int) -> Callable[[Any], None]:
-        fn, s = self.ex.fns[i], self.ex.plan.steps[i]
-
-        def step(st: Any) -> None:
-            try:
-                fn(st)
-            except XschedError as e:
-                raise at_step(e, i, s) from e
-
-        return step
+        return tagged(self.ex.fns[i], i, self.ex.plan.steps[i])
 
     def _runner(self, r: Region) -> Callable[[Any], None]:
         ex = self.ex

@@ -12,13 +12,25 @@ from typing import Any
 import torch
 
 from xsched.contracts.plan import Compute, Copy, Free
-from xsched.errors import PlanError
+from xsched.errors import PlanError, XschedError
 from xsched.execute.compiled import RngLog, compile_inplace, compile_op, with_rng
 from xsched.execute.stores import DeviceStore
-from xsched.interpret import PlanInterpreter, wrong_size
+from xsched.interpret import PlanInterpreter, at_step, wrong_size
 from xsched.lanes import lane_of
 
 StepFn = Callable[["RunState"], None]
+
+
+def tagged(fn: StepFn, i: int, step: Any) -> StepFn:
+    """`fn`, step `i` of the plan run on its own, its XschedErrors naming that step (at_step)."""
+
+    def run(st: RunState) -> None:
+        try:
+            fn(st)
+        except XschedError as e:
+            raise at_step(e, i, step) from e
+
+    return run
 
 
 @dataclass
