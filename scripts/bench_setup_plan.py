@@ -36,7 +36,7 @@ from xsched.pipeline import plan_profile
 from xsched.solve import SolverOptions, solve
 from xsched.train.optim import autocast
 from xsched.train.plan_wrap import grad_outputs, graph_name
-from xsched.zoo import tasks
+from xsched.zoo import drawn_once, tasks
 
 GPU, HOST = "sim:h100-measured", "cpu"
 SCALE = "full:n_layer=48,n_head=25,n_embd=1600,seq=512,batch=2,dropout=0.0"  # bench_gpu_param_offload's GPU scale
@@ -61,18 +61,7 @@ def empty_model(name: str, scale: str, dtype: torch.dtype | None = None) -> nn.M
     model = zoo.build_module(name, scale, device="meta")
     if dtype is not None:
         model.to(dtype)
-    first: dict[int, str] = {}
-    ties = []
-    for qual, p in model.named_parameters(remove_duplicate=False):
-        if id(p) in first:
-            ties.append((qual, first[id(p)]))
-        else:
-            first[id(p)] = qual
-    model.to_empty(device="cpu")
-    for qual, shared in ties:
-        owner, _, attr = qual.rpartition(".")
-        setattr(model.get_submodule(owner), attr, model.get_parameter(shared))
-    return model
+    return drawn_once.materialized(model, "cpu")
 
 
 def load_task(name: str, scale: str, precision: str, empty: bool) -> TrainingTask:

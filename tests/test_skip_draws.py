@@ -1,5 +1,6 @@
 """Skipping draws of torch's CPU generator (xsched.zoo.skip_draws) gives the numbers the draws would have left, and
-the zoo's Llama built on the meta device with its draws skipped has the plain build's weights, bit for bit."""
+the zoo's Llama and GPT-2 built on the meta device with their draws skipped (xsched.zoo.drawn_once) have the plain
+builds' weights, bit for bit."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import dataclasses
 import pytest
 import torch
 
-from xsched.zoo import llama, skip_draws
+from xsched import zoo
+from xsched.zoo import drawn_once, gpt, llama, skip_draws
 
 
 def drawn(n: int, before: int) -> torch.Generator:
@@ -44,41 +46,77 @@ def test_skip_draws_jumps_for_many_draws_and_makes_few(monkeypatch) -> None:
     assert jumps == [skip_draws.JUMP_MIN]
 
 
-ODD = llama.LlamaConfig(2, 4, 2, 20, 40, 37, 16, 10000.0, 8, 2)  # 37 x 20 embedding values: not a multiple of 16
+ODD_LLAMA = llama.LlamaConfig(2, 4, 2, 20, 40, 37, 16, 10000.0, 8, 2)  # 37 x 20 embedding values: not a multiple of 16
+# 37 x 20 and 13 x 20 embedding values: neither a multiple of 16
+ODD_GPT = gpt.GPTConfig(n_layer=2, n_head=2, n_embd=20, block_size=13, vocab=37, seq=8, batch=2)
+BUILDS = [
+    (llama, llama.scales("")["tiny"]),
+    (llama, llama.scales("")["small"]),
+    (llama, ODD_LLAMA),
+    (gpt, gpt.scales("")["tiny"]),
+    (gpt, gpt.scales("")["small"]),
+    (gpt, ODD_GPT),
+    (gpt, zoo.config("gpt2", "full:n_layer=1")),  # GPT-2's vocabulary and width: 9e7 draws, a jump at JUMP_MIN
+]
+
+
+def ties(model: torch.nn.Module) -> list[list[str]]:
+    """The names of each parameter held under more than one name."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return [group for group in names.values() if len(group) > 1]
 
 
 @pytest.mark.parametrize("jump", [False, True])
 @pytest.mark.parametrize(
-    "cfg", [llama.scales("")["tiny"], llama.scales("")["small"], ODD], ids=["tiny", "small", "odd"]
+    ("family", "cfg"),
+    BUILDS,
+    ids=["llama-tiny", "llama-small", "llama-odd", "gpt-tiny", "gpt-small", "gpt-odd", "gpt-L1"],
 )
-def test_llama_built_on_meta_with_its_draws_skipped_has_the_plain_builds_weights(monkeypatch, cfg, jump) -> None:
-    """Llama(cfg) on the CPU draws every Linear twice (torch's init, then the zoo's normal_); the build that draws
-    them once has the same parameters and buffers, bit for bit, the head still tied, and leaves the generator where
+def test_a_zoo_model_built_on_meta_with_its_draws_skipped_has_the_plain_builds_weights(
+    monkeypatch, family, cfg, jump
+) -> None:
+    """The zoo's models on the CPU draw every Linear twice (torch's init, then the zoo's normal_); the build that
+    draws them once has the same parameters and buffers, bit for bit, the same ties, and leaves the generator where
     the plain build does. `jump`: the draws skipped by the jump ahead (large models), else made."""
+    monkeypatch.setattr(skip_draws, "JUMP_MIN", 1 << 62)  # the plain build
+    torch.manual_seed(0)
+    plain = family.make_model(cfg)
+    after_plain = torch.rand(100)
+    monkeypatch.setattr(drawn_once, "built", drawn_once.built_once)
     monkeypatch.setattr(skip_draws, "JUMP_MIN", 0 if jump else 1 << 62)
     torch.manual_seed(0)
-    plain = llama.Llama(cfg)
-    after_plain = torch.rand(100)
-    torch.manual_seed(0)
-    once = llama._built_once(cfg)
+    once = family.make_model(cfg)
     assert torch.equal(torch.rand(100), after_plain)
-    assert once.lm_head.weight is once.embed_tokens.weight
+    assert ties(once) == ties(plain) != []
     want, got = plain.state_dict(), once.state_dict()
     assert want.keys() == got.keys()
     for name, t in want.items():
         assert torch.equal(got[name], t), name
-    for name in ("cos", "sin", "future"):
-        assert torch.equal(getattr(once, name), getattr(plain, name)), name
-    assert set(dict(once.named_buffers())) == set(dict(plain.named_buffers())) and "cos" not in got
+    want, got = dict(plain.named_buffers()), dict(once.named_buffers())
+    assert want.keys() == got.keys()
+    for name, t in want.items():  # the ones not in state dicts too: masks, rotary tables
+        assert torch.equal(got[name], t), name
 
 
-def test_a_large_llama_takes_the_once_drawn_build_and_small_ones_the_plain_one(monkeypatch) -> None:
+@pytest.mark.parametrize("family", [llama, gpt], ids=["llama", "gpt"])
+def test_a_large_model_takes_the_once_drawn_build_and_small_ones_the_plain_one(monkeypatch, family) -> None:
+    """Built once only on the CPU in float32 (the draws counted are float32's) with at least JUMP_MIN draws."""
     built = []
-    monkeypatch.setattr(llama, "_built_once", lambda cfg: built.append(cfg) or llama.Llama(cfg))
-    tiny = llama.scales("")["tiny"]
-    llama.make_model(tiny)
+    real = drawn_once.built_once
+    monkeypatch.setattr(drawn_once, "built_once", lambda *a: built.append(a[1]) or real(*a))
+    monkeypatch.setattr(skip_draws, "JUMP_MIN", 1 << 20)  # a large model, built in a test's time
+    tiny = family.scales("")["tiny"]
+    family.make_model(tiny)
     big = dataclasses.replace(tiny, vocab=skip_draws.JUMP_MIN // tiny.n_embd)  # its embedding alone reaches JUMP_MIN
-    llama.make_model(big)
+    family.make_model(big)
     with torch.device("meta"):
-        llama.make_model(big)  # nothing drawn on the meta device
-    assert built == [big]
+        family.make_model(big)  # nothing drawn on the meta device
+    with torch.device("cpu"):
+        torch.set_default_dtype(torch.float64)  # draws otherwise (64 bits a value)
+        try:
+            family.make_model(big)
+        finally:
+            torch.set_default_dtype(torch.float32)
+    assert built == [family._init_draws(big)]

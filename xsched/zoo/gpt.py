@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from xsched.zoo import drawn_once
 
 
 @dataclass(frozen=True)
@@ -32,8 +35,7 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(n_embd, n_embd)
         self.attn_dropout = nn.Dropout(dropout)
         self.resid_dropout = nn.Dropout(dropout)
-        # True above the diagonal = a future position to hide; not saved in state dicts
-        self.register_buffer("future", torch.ones(block_size, block_size, dtype=torch.bool).triu(1), persistent=False)
+        self.register_buffer("future", causal_future(block_size), persistent=False)  # not saved in state dicts
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
@@ -93,9 +95,14 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(n_embd)
         self.lm_head = nn.Linear(n_embd, vocab, bias=False)
         self.lm_head.weight = self.wte.weight  # tied, as in GPT-2
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """GPT-2's: normal(0, 0.02) over every matrix (the embedding and its tied head once), the residual paths'
+        projections scaled by 1/sqrt(2 n_layer), the Linears' biases zero; in parameter order."""
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):  # GPT-2's residual-path scaling
-                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * n_layer))
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * len(self.h)))
             elif p.dim() == 2:
                 nn.init.normal_(p, 0.0, 0.02)
             elif name.endswith("bias") and "ln" not in name:
@@ -126,10 +133,42 @@ def scales(name: str) -> dict[str, GPTConfig]:
     }
 
 
+def causal_future(block_size: int) -> torch.Tensor:
+    """(block_size, block_size) bool, True above the diagonal: the future positions attention hides."""
+    return torch.ones(block_size, block_size, dtype=torch.bool).triu(1)
+
+
 def make_model(cfg: GPTConfig) -> nn.Module:
+    """The model on the current default device; a large one on the CPU gets its weights drawn once (drawn_once)."""
     if cfg.seq > cfg.block_size:
         raise ValueError(f"gpt2 seq={cfg.seq} exceeds block_size={cfg.block_size}")
-    return GPT(cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.vocab, cfg.dropout)
+    build = partial(GPT, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.vocab, cfg.dropout)
+    return drawn_once.built(build, _init_draws(cfg), partial(_init_after_draws, cfg))
+
+
+def _init_after_draws(cfg: GPTConfig, model: GPT) -> None:
+    """What GPT(...) sets after torch's own init draws, on a model built on the meta device: the LayerNorms' ones
+    and zeros (their reset draws nothing), the attention masks, then the zoo's init."""
+    for m in model.modules():
+        if isinstance(m, nn.LayerNorm):
+            m.reset_parameters()
+        elif isinstance(m, CausalSelfAttention):
+            m.future = causal_future(cfg.block_size)  # a registered buffer stays one, not saved in state dicts
+    model.init_weights()
+
+
+def _init_draws(cfg: GPTConfig) -> int:
+    """The 32-bit draws torch's own init takes from the global generator in GPT(...) on the CPU (float32): each
+    embedding's normal_ (one per value, and 16 more when their count is not a multiple of 16: the last 16 are drawn
+    again; under 16 values it draws otherwise, never at a size that jumps), every Linear's kaiming uniform_ and its
+    bias's uniform_ (one per value), the head's included before it is tied."""
+    C = cfg.n_embd
+
+    def embedding(rows: int) -> int:
+        return rows * C + (16 if rows * C % 16 else 0)
+
+    block = 12 * C * C + 9 * C  # c_attn C x 3C, attn c_proj C x C, c_fc C x 4C, mlp c_proj 4C x C; their biases
+    return embedding(cfg.vocab) + embedding(cfg.block_size) + cfg.n_layer * block + cfg.vocab * C
 
 
 def make_inputs(cfg: GPTConfig, batch: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from xsched.zoo.skip_draws import JUMP_MIN, skip_draws
+from xsched.zoo import drawn_once
 
 
 @dataclass(frozen=True)
@@ -155,33 +156,21 @@ def rope_buffers(cfg: LlamaConfig) -> dict[str, torch.Tensor]:
 
 
 def make_model(cfg: LlamaConfig) -> nn.Module:
-    """The model on the current default device; a large one on the CPU gets its weights drawn once (_built_once)."""
+    """The model on the current default device; a large one on the CPU gets its weights drawn once (drawn_once)."""
     if cfg.seq > cfg.block_size:
         raise ValueError(f"llama seq={cfg.seq} exceeds block_size={cfg.block_size}")
-    on_cpu = torch.get_default_device().type == "cpu" and torch.get_default_dtype() == torch.float32
-    if on_cpu and _init_draws(cfg) >= JUMP_MIN:
-        return _built_once(cfg)
-    # the same weights, drawn twice: fast for a small model (meta's first use imports about 2 s of torch); on the
-    # meta device nothing is drawn, on another device from its own generator
-    return Llama(cfg)
+    return drawn_once.built(partial(Llama, cfg), _init_draws(cfg), partial(_init_after_draws, cfg))
 
 
-def _built_once(cfg: LlamaConfig) -> Llama:
-    """Llama(cfg) with the same weights, drawn once: built on the meta device (torch's own init of each Linear and
-    of the embedding draws nothing there), its memory taken on the CPU, the global generator moved past the draws
-    that init would have made (skip_draws: a jump ahead for a large model), then the zoo's normal_ drawn."""
-    with torch.device("meta"):
-        model = Llama(cfg)
-    model.to_empty(device="cpu")
-    model.lm_head.weight = model.embed_tokens.weight  # to_empty gives each module its own tensor: tied again
+def _init_after_draws(cfg: LlamaConfig, model: Llama) -> None:
+    """What Llama(cfg) sets after torch's own init draws, on a model built on the meta device: the norms' ones, the
+    rotary and mask buffers, then the zoo's normal_."""
     for name, value in rope_buffers(cfg).items():
         setattr(model, name, value)  # a registered buffer stays one, not saved in state dicts
     for m in model.modules():
         if isinstance(m, RMSNorm):
             nn.init.ones_(m.weight)
-    skip_draws(_init_draws(cfg))
     model.init_weights()
-    return model
 
 
 def _init_draws(cfg: LlamaConfig) -> int:
