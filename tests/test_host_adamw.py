@@ -13,7 +13,7 @@ from torch import nn
 
 from xsched.train import host_adamw
 from xsched.train.host_adamw import HostAdamW
-from xsched.train.host_buckets import NORM_ROW, sq_norm
+from xsched.train.host_buckets import NORM_ROW, make_bucket, sq_norm
 from xsched.train.host_tasks import TAKE, UPDATE, TaskQueue, read_ranks
 
 
@@ -96,6 +96,26 @@ def test_the_direct_fused_step_equals_torch_fused_adamw_bit_for_bit_and_exports_
             )
     finally:
         host.close()
+
+
+def test_a_lone_contiguous_parameter_keeps_its_memory_and_the_others_are_packed_into_one_buffer() -> None:
+    """A bucket's segment (one weight decay) is one flat buffer its parameters are views of: a lone contiguous
+    parameter is that buffer itself, not a copy (a large model's big weights are not copied again); a lone
+    non-contiguous one and several together are copied. The values stay as they were."""
+    torch.manual_seed(0)
+    lone = nn.Parameter(torch.randn(16, 8))
+    turned = nn.Parameter(torch.randn(8, 16).t())  # not contiguous
+    a, b = nn.Parameter(torch.randn(4)), nn.Parameter(torch.randn(3))
+    named = [("lone", lone), ("turned", turned), ("a", a), ("b", b)]
+    values = [p.detach().clone() for _, p in named]
+    where = lone.data_ptr()
+    bucket = make_bucket(0, named, {"lone": 0.1, "turned": 0.2, "a": 0.0, "b": 0.0}, 1e-3, separate=False)
+    assert [len(seg.params) for seg in bucket.segments] == [1, 1, 2]
+    assert lone.data_ptr() == where == bucket.slots["lone"][0].compute.data_ptr()
+    assert turned.is_contiguous() and turned.data_ptr() == bucket.slots["turned"][0].compute.data_ptr()
+    assert b.data_ptr() == a.data_ptr() + 4 * a.element_size() == bucket.slots["a"][0].compute.data_ptr() + 16
+    for (n, p), v in zip(named, values):
+        assert torch.equal(p.detach(), v), n
 
 
 @pytest.mark.parametrize("numel", [1000, 2 * NORM_ROW, 3 * NORM_ROW + 17])

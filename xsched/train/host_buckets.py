@@ -82,17 +82,8 @@ def make_bucket(
         keys.setdefault((decay[n], p.dtype, p.device), []).append((n, p))
     segments, slots = [], {}
     for (wd, dtype, _), members in keys.items():
-        device = members[0][1].device
-        pinned = members[0][1].is_pinned()  # the run's copies to a GPU read these asynchronously
-        total = sum(p.numel() for _, p in members)
-        compute = torch.empty(total, dtype=dtype, device=device, pin_memory=pinned)
-        spans, off = [], 0
-        with torch.no_grad():
-            for _, p in members:
-                compute[off : off + p.numel()].copy_(p.detach().reshape(-1))
-                p.data = compute[off : off + p.numel()].view(p.shape)
-                spans.append((off, p.numel()))
-                off += p.numel()
+        compute, spans = packed([p for _, p in members])
+        pinned = compute.is_pinned()
         own = separate or dtype != torch.float32
         flat = compute.to(torch.float32, copy=True) if own else compute
         # pinned beside a GPU: gradients are copied home straight into it (ParamPoints' grad_into)
@@ -106,6 +97,26 @@ def make_bucket(
     for ev in (b.idle, b.grads_in, b.readable):
         ev.set()
     return b
+
+
+def packed(params: Sequence[nn.Parameter]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """One flat buffer that `params` (of one dtype and device) become views of, in order, and each one's (offset,
+    numel) in it. A lone contiguous parameter keeps its own memory: a large one (most of a large model's bytes)
+    is not copied. Several are copied into a new buffer, pinned where they are (the run's copies to a GPU read it
+    asynchronously)."""
+    if len(params) == 1 and params[0].is_contiguous():
+        return params[0].data.view(-1), [(0, params[0].numel())]
+    first = params[0]
+    total = sum(p.numel() for p in params)
+    compute = torch.empty(total, dtype=first.dtype, device=first.device, pin_memory=first.is_pinned())
+    spans, off = [], 0
+    with torch.no_grad():
+        for p in params:
+            compute[off : off + p.numel()].copy_(p.detach().reshape(-1))
+            p.data = compute[off : off + p.numel()].view(p.shape)
+            spans.append((off, p.numel()))
+            off += p.numel()
+    return compute, spans
 
 
 NORM_ROW = 1 << 16  # a row of the norm's 2-D view: enough rows for every thread even in a small bucket
