@@ -1,14 +1,18 @@
 """captured_once(): a repeated capture of the same model and inputs returns the first graph; any change the key sees
-(inputs, parameters, mode, options, autocast) traces again, each graph equal to a fresh capture outside the scope."""
+(inputs, parameters, mode, options, autocast) traces again, each graph equal to a fresh capture outside the scope.
+Likewise the fake forward that finds the model's outputs runs once for the loss's outputs, the capture and `wrap`."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from xsched.capture import torch as capture_torch
+from xsched.capture.grad_outputs import loss_outputs
 from xsched.capture.reuse import captured_once
 from xsched.capture.torch import capture
+from xsched.execute.wrap import _output_spec
 
 
 def _model() -> nn.Module:
@@ -95,3 +99,43 @@ def test_xsched_train_traces_the_model_once_and_trains_as_with_two_traces(monkey
     twice = run(str(tmp_path / "twice"))
     assert len(calls) == 3  # without the scope, wrap traces the model again
     assert once == twice
+
+
+class Counted(nn.Module):
+    """forward(x, y) -> (logits, loss), counting its calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(6, 3)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.calls += 1
+        logits = self.body(x)
+        return logits, F.cross_entropy(logits, y)
+
+
+def test_the_fake_forward_runs_once_for_the_loss_outputs_the_capture_and_wraps_output_structure():
+    """Outside a scope each of the three runs its own fake forward (and the capture a fourth, its trace); within
+    one, the first fake forward serves all three, with the results found outside."""
+    model, inputs = Counted(), (torch.randn(4, 6), torch.randint(0, 3, (4,)))
+
+    def found() -> tuple:
+        losses = loss_outputs(model, inputs, lambda out, _: out[1] * 2, None)
+        return losses, capture(model, inputs, grad_outputs="auto").fingerprint, _output_spec(model, inputs)
+
+    alone = found()
+    assert model.calls == 4 and alone[0] == (1,) and alone[2][2] == [True, True]
+    model.calls = 0
+    with captured_once():
+        assert found() == alone
+    assert model.calls == 2  # one fake forward, one trace
+    model.calls = 0
+    with captured_once(), torch.autocast("cpu", dtype=torch.bfloat16):  # what the key sees: found again
+        cast = found()
+        torch.set_grad_enabled(False)
+        try:
+            no_grad = _output_spec(model, inputs)
+        finally:
+            torch.set_grad_enabled(True)
+    assert model.calls == 3 and no_grad[2] == [False, False] and cast[1] != alone[1]

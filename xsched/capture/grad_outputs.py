@@ -9,8 +9,9 @@ from typing import Any, Union
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+from torch.utils._pytree import tree_map, tree_unflatten
 
+from xsched.capture.reuse import TensorMeta, fake_outputs
 from xsched.errors import CaptureError
 
 # "all": every differentiable output gets a gradient input (a tangent); "auto": the forward's scalar outputs when
@@ -44,18 +45,21 @@ def loss_outputs(
     model: nn.Module, inputs: tuple, loss_fn: Callable[[Any, Any], torch.Tensor], targets: Any
 ) -> tuple[int, ...] | None:
     """Positions of the forward's tensor outputs that `loss_fn(model(*inputs), targets)` differentiates, found by
-    one forward and the loss on fake tensors (no compute, no memory); None when the loss cannot run on them (it
+    one forward (or the capture scope's earlier one) and the loss on fake tensors (no compute, no memory); None when the loss cannot run on them (it
     branches on a value) or reads no output's gradient: then every output is differentiated, as before."""
     with FakeTensorMode(allow_non_fake_inputs=False) as mode:
         fake = lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t  # noqa: E731
-        state = {k: fake(t) for k, t in [*model.named_parameters(), *model.named_buffers()]}
+
+        def forward() -> Any:
+            state = {k: fake(t) for k, t in [*model.named_parameters(), *model.named_buffers()]}
+            return torch.func.functional_call(model, state, tuple(fake(x) for x in inputs))
+
         try:
             with torch.enable_grad():
-                out = torch.func.functional_call(model, state, tuple(fake(x) for x in inputs))
-                leaves, spec = tree_flatten(out)
+                out = fake_outputs(model, inputs, forward)
                 # fresh leaves: the loss's dependence on each output, not through the model (its loss on its logits)
-                cut = [_leaf(x) if isinstance(x, torch.Tensor) else x for x in leaves]
-                loss = loss_fn(tree_unflatten(cut, spec), tree_map(fake, targets))
+                cut = [x.leaf() if isinstance(x, TensorMeta) else x for x in out.leaves]
+                loss = loss_fn(tree_unflatten(cut, out.spec), tree_map(fake, targets))
                 tensors = [x for x in cut if isinstance(x, torch.Tensor)]
                 wrt = [k for k, t in enumerate(tensors) if t.requires_grad]
                 if not isinstance(loss, torch.Tensor) or not loss.requires_grad or not wrt:
@@ -65,7 +69,3 @@ def loss_outputs(
             return None
     used = tuple(k for k, g in zip(wrt, grads) if g is not None)
     return used or None
-
-
-def _leaf(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().requires_grad_(t.requires_grad and t.is_floating_point())

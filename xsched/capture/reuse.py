@@ -1,6 +1,7 @@
 """Capturing the same model on the same inputs once per scope: `xsched train` captures to plan, then `wrap` (and an
 evaluating run's inference plan) capture the very same model again; within `captured_once()` the repeat returns the
-first graph instead of tracing the model again (seconds per thousand ops on fake tensors)."""
+first graph instead of tracing the model again (seconds per thousand ops on fake tensors). Likewise the fake
+forward that finds the model's outputs (the loss's outputs, the capture's tangents, `wrap`'s output structure)."""
 
 from __future__ import annotations
 
@@ -8,21 +9,23 @@ import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import TreeSpec, tree_flatten
 
 from xsched.contracts.graph import Graph
 
-_SCOPE: ContextVar[dict[tuple, tuple[nn.Module, Graph]] | None] = ContextVar("xsched_capture_scope", default=None)
+_SCOPE: ContextVar[dict[tuple, tuple[nn.Module, Any]] | None] = ContextVar("xsched_capture_scope", default=None)
 _AUTOCAST_KINDS = ("cpu", "cuda")
 
 
 @contextlib.contextmanager
 def captured_once() -> Iterator[None]:
-    """Within: a capture whose key (`capture_key`) matches an earlier one in the scope returns that graph. The
+    """Within: a capture (or a fake forward, `fake_outputs`) whose key (`capture_key`) matches an earlier one in
+    the scope returns that graph (those outputs). The
     caller promises not to change the model's code or Python state between the captures in the scope; what the
     key sees (parameters, buffers, inputs, mode, autocast, the options) may change, and then the model is traced."""
     token = _SCOPE.set({})
@@ -84,3 +87,53 @@ def reuse_or_capture(
     graph = trace()
     scope[key] = (model, graph)
     return graph
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """A forward output tensor as a fake forward made it."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    requires_grad: bool
+
+    @property
+    def differentiable(self) -> bool:
+        return self.requires_grad and self.dtype.is_floating_point
+
+    def leaf(self) -> torch.Tensor:
+        """A new tensor like it (fake under a FakeTensorMode), a leaf that requires grad where it is differentiable."""
+        t = torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=self.device)
+        return t.requires_grad_(self.differentiable)
+
+
+@dataclass(frozen=True)
+class ForwardOutputs:
+    """What model(*inputs) returns: its treespec and leaves, each tensor leaf as its TensorMeta."""
+
+    spec: TreeSpec
+    leaves: tuple[Any, ...]
+
+    @property
+    def tensors(self) -> list[TensorMeta]:
+        return [x for x in self.leaves if isinstance(x, TensorMeta)]
+
+
+def fake_outputs(model: nn.Module, inputs: tuple, forward: Callable[[], Any]) -> ForwardOutputs:
+    """The outputs of `forward()`, the caller's fake forward of model(*inputs) under the grad mode and autocast in
+    effect; within a scope, those of the scope's earlier fake forward of the same key, without running it."""
+    scope = _SCOPE.get()
+    key = ("forward", *capture_key(model, inputs, False, None)) if scope is not None else None
+    if scope is not None and key in scope and scope[key][0] is model:
+        return scope[key][1]
+    leaves, spec = tree_flatten(forward())
+    found = ForwardOutputs(spec, tuple(_meta(x) if isinstance(x, torch.Tensor) else x for x in leaves))
+    if scope is not None:
+        scope[key] = (model, found)
+    return found
+
+
+def _meta(t: torch.Tensor) -> TensorMeta:
+    return TensorMeta(tuple(t.shape), tuple(t.stride()), t.dtype, t.device, t.requires_grad)

@@ -31,7 +31,7 @@ from torch.utils._pytree import tree_flatten
 from xsched.capture.fxgraph import Slot, TraceInfo, build_graph
 from xsched.capture.grad_outputs import GradOutputs, differentiated
 from xsched.capture.module_frames import ModuleTracker, located
-from xsched.capture.reuse import reuse_or_capture
+from xsched.capture.reuse import TensorMeta, fake_outputs, reuse_or_capture
 from xsched.contracts.graph import Graph
 from xsched.contracts.torch_ops import resolve_ref
 from xsched.errors import CaptureError, XschedError
@@ -94,7 +94,7 @@ def _capture(
     wants_grad = [False] * len(out_meta)
     if not inference:
         wants_grad = list(
-            differentiated(grad_outputs, [m.requires_grad for m in out_meta], [not m.shape for m in out_meta])
+            differentiated(grad_outputs, [m.differentiable for m in out_meta], [not m.shape for m in out_meta])
         )
     grad_params = [] if inference else [k for k, p in params.items() if p.requires_grad]
     grad_inputs = [] if inference else [i for i in input_pos if example_inputs[i].requires_grad]
@@ -225,14 +225,6 @@ def _reject_mutations(mutated: list[bool], params: list[str], inputs: list[str],
             raise CaptureError(f"the model mutates {what} in place; capture supports in-place updates of buffers only")
 
 
-@dataclass(frozen=True)
-class _OutMeta:
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    device: torch.device
-    requires_grad: bool
-
-
 def _tensor_leaves(out: Any) -> list[torch.Tensor]:
     leaves = [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
     for k, t in enumerate(leaves):
@@ -243,15 +235,23 @@ def _tensor_leaves(out: Any) -> list[torch.Tensor]:
 
 def _forward_outputs(
     model: nn.Module, params: dict, buffers: dict, inputs: tuple, modules: ModuleTracker
-) -> list[_OutMeta]:
-    """Run forward once on fake tensors to learn the outputs (the tangents' shapes)."""
-    with FakeTensorMode(allow_non_fake_inputs=False) as mode, modules.active():
-        fake = lambda t: mode.from_tensor(t)  # noqa: E731
-        state = {k: fake(p) for k, p in params.items()} | {k: fake(b) for k, b in buffers.items()}
-        args = tuple(fake(x) if isinstance(x, torch.Tensor) else x for x in inputs)
-        with located(modules):
-            outs = _tensor_leaves(torch.func.functional_call(model, state, args))
-        return [_OutMeta(tuple(o.shape), o.dtype, o.device, o.requires_grad and o.is_floating_point()) for o in outs]
+) -> list[TensorMeta]:
+    """The forward's tensor outputs (the tangents' shapes), found by one forward on fake tensors (or the capture
+    scope's earlier one)."""
+
+    def forward() -> Any:
+        with FakeTensorMode(allow_non_fake_inputs=False) as mode, modules.active():
+            fake = lambda t: mode.from_tensor(t)  # noqa: E731
+            state = {k: fake(p) for k, p in params.items()} | {k: fake(b) for k, b in buffers.items()}
+            args = tuple(fake(x) if isinstance(x, torch.Tensor) else x for x in inputs)
+            with located(modules):
+                return torch.func.functional_call(model, state, args)
+
+    outs = fake_outputs(model, inputs, forward).tensors
+    for k, t in enumerate(outs):
+        if t.dtype.is_complex:
+            raise CaptureError(f"forward output {k} is complex; complex outputs are not supported")
+    return outs
 
 
 def _trace(

@@ -13,10 +13,11 @@ from typing import Any
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._pytree import TreeSpec, tree_flatten
+from torch.utils._pytree import TreeSpec
 
 from xsched.capture.chunk_loss import chunked_as_asked
 from xsched.capture.grad_outputs import GradOutputs
+from xsched.capture.reuse import TensorMeta, fake_outputs
 from xsched.capture.torch import capture
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Plan
@@ -43,15 +44,19 @@ def _signature(inputs: tuple) -> tuple:
 
 
 def _output_spec(model: nn.Module, inputs: tuple) -> tuple[TreeSpec, list[Any], list[bool]]:
-    """The structure of model(*inputs), found on fake tensors: its treespec, non-tensor leaves (None at tensors)
-    and, for each tensor leaf, whether it has a gradient (floating point, requiring grad)."""
-    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
-        state = {k: mode.from_tensor(t) for k, t in [*model.named_parameters(), *model.named_buffers()]}
-        args = tuple(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs)
-        out = torch.func.functional_call(model, state, args)
-    leaves, spec = tree_flatten(out)
-    grads = [x.requires_grad and x.is_floating_point() for x in leaves if isinstance(x, torch.Tensor)]
-    return spec, [None if isinstance(x, torch.Tensor) else x for x in leaves], grads
+    """The structure of model(*inputs), found on fake tensors (or the capture scope's earlier fake forward): its
+    treespec, non-tensor leaves (None at tensors) and, for each tensor leaf, whether it has a gradient (floating
+    point, requiring grad)."""
+
+    def forward() -> Any:
+        with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+            state = {k: mode.from_tensor(t) for k, t in [*model.named_parameters(), *model.named_buffers()]}
+            args = tuple(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs)
+            return torch.func.functional_call(model, state, args)
+
+    out = fake_outputs(model, inputs, forward)
+    leaves = [None if isinstance(x, TensorMeta) else x for x in out.leaves]
+    return out.spec, leaves, [t.differentiable for t in out.tensors]
 
 
 class XschedModule(CompiledReplans, nn.Module):
