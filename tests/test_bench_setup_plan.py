@@ -1,5 +1,6 @@
 """scripts/bench_setup_plan.py: a model built empty (meta device, then uninitialised memory) captures to the graph
-of the model `xsched train` builds, tied weights included, in fp32 and in bf16 under the run's autocast."""
+of the model `xsched train` builds, tied weights included, in fp32 and in bf16 under the run's autocast; and
+scripts/bench_setup_session.py times each stage of the session's own setup once."""
 
 from __future__ import annotations
 
@@ -41,3 +42,17 @@ def test_empty_model_keeps_ties_and_shapes():
     shapes = lambda m: [(k, p.shape, p.dtype) for k, p in m.named_parameters(remove_duplicate=False)]  # noqa: E731
     assert shapes(model) == shapes(built)
     assert all(p.device.type == "cpu" for p in model.parameters())
+
+
+def test_the_session_bench_times_each_stage_of_prepare_and_puts_them_back(monkeypatch, capsys, tmp_path):
+    import bench_setup_session as session_bench
+
+    from xsched.train import session
+
+    before = session.load_task
+    argv = ["bench_setup_session.py", "--scale", "tiny", "--budget", "100%", "--cache", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", argv)
+    session_bench.main()
+    labels = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert labels == ["model", "loss", "capture", "plan", "wrap", "optimizer", "prepare"]
+    assert session.load_task is before
