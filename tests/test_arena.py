@@ -1,0 +1,212 @@
+"""Planned addresses (xsched.allocator.addresses, xsched.execute.arena): offsets checked by an independent pairwise
+check and against exhaustive search, hand counts, and plans run in the arena on logical CPUs against eager PyTorch
+(outputs, gradients), each placed value at its planned address, and the bytes outside the arena counted live."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+import torch
+from conftest import chain_graph
+from executor_support import eager_plan_on, eager_reference, recompute_plan, workload
+from torch.testing import assert_close
+
+from xsched.allocator.addresses import (
+    Residency,
+    aligned,
+    cpsat_offsets,
+    greedy_offsets,
+    plan_addresses,
+    residencies,
+)
+from xsched.capture.torch import bind_inputs, unpack_outputs
+from xsched.contracts.plan import Compute, Copy, Free
+from xsched.execute.arena import ARENA_KINDS, ArenaPlan, out_variant
+from xsched.execute.executor import Executor
+from xsched.execute.live_bytes import LiveBytes, _named
+from xsched.execute.steps import STEP_KINDS
+from xsched.solve.reference import eager_plan
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def disjoint(rs, offsets, size) -> None:
+    """The independent check: residencies of one device live at a common step share no byte."""
+    for a, b in itertools.combinations(rs, 2):
+        if a.device == b.device and a.start <= b.end and b.start <= a.end:
+            lo_a, lo_b = offsets[a.key], offsets[b.key]
+            assert lo_a + size[a.key] <= lo_b or lo_b + size[b.key] <= lo_a, (a, b, lo_a, lo_b)
+
+
+def random_residencies(seed: int, n: int, steps: int = 12, units: int = 4) -> list[Residency]:
+    rng = random.Random(seed)
+    out = []
+    for k in range(n):
+        start = rng.randrange(steps)
+        out.append(Residency(f"v{k}", "d", start, rng.randrange(start, steps), 512 * rng.randint(1, units)))
+    return out
+
+
+def test_hand_counted_chain() -> None:
+    """x -> a0 (1000 B) -> a1 (600) -> a2 (2000), backward g2 (2000), g1 (600), g0 (1000, the output): at b2 a0, a1,
+    a2 and g2 are live (1024 + 1024 + 2048 + 2048 aligned); greedy places a2, g2, a0, a1 stacked and g1 at 0."""
+    graph = chain_graph([1000, 600, 2000], train=True)
+    plan = eager_plan(graph, "cpu")
+    a = plan_addresses(graph, plan)
+    assert a.lower_bound == {"cpu": 6144} and a.arena_bytes == {"cpu": 6144}
+    at = {k[0]: off for k, off in a.offsets.items()}
+    assert at == {"a2": 0, "g2": 2048, "a0": 4096, "a1": 5120, "g1": 0}
+    assert a.homed == {"cpu": 8} and a.outside_peak == {"cpu": 1000}  # g0 is still resident at the end
+    assert a.predicted_peak("cpu") == 8 + 6144 + 1000
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_greedy_and_cpsat_against_exhaustive_search(seed: int) -> None:
+    """On 5 residencies every offset assignment (in 512 B units) is tried: CP-SAT proves the optimum, greedy is at or
+    above it, and both pass the pairwise check."""
+    rs = random_residencies(seed, 5, steps=6, units=3)
+    size = {r.key: r.nbytes for r in rs}
+    best = None
+    ranges = [range(0, sum(size.values()) // 512 - size[r.key] // 512 + 1) for r in rs]
+    for offs in itertools.product(*ranges):
+        o = {r.key: 512 * x for r, x in zip(rs, offs)}
+        if all(
+            o[a.key] + size[a.key] <= o[b.key] or o[b.key] + size[b.key] <= o[a.key]
+            for a, b in itertools.combinations(rs, 2)
+            if a.overlaps(b)
+        ):
+            top = max(o[r.key] + size[r.key] for r in rs)
+            best = top if best is None else min(best, top)
+    greedy = greedy_offsets(rs, size)
+    disjoint(rs, greedy, size)
+    assert max(greedy[r.key] + size[r.key] for r in rs) >= best
+    solved, method = cpsat_offsets(rs, size, greedy, 512, 10.0)
+    disjoint(rs, solved, size)
+    assert method == "optimal" and max(solved[r.key] + size[r.key] for r in rs) == best
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_residencies_never_overlap(seed: int) -> None:
+    rs = random_residencies(100 + seed, 60, steps=40, units=16)
+    size = {r.key: r.nbytes for r in rs}
+    disjoint(rs, greedy_offsets(rs, size), size)
+
+
+@pytest.mark.parametrize("devices", [("cpu:0",), ("cpu:0", "cpu:1")])
+def test_zoo_plan_addresses_pass_the_check_and_the_bound(devices) -> None:
+    _, graph = workload("gpt2")
+    plan = recompute_plan("gpt2", devices, 25)
+    a = ArenaPlan(graph, plan, time_limit_s=1.0).addresses
+    placed = [r for r in residencies(graph, plan) if r.key in a.offsets]
+    assert placed and len(placed) == len(a.offsets)
+    disjoint(placed, a.offsets, a.sizes)
+    for d in plan.devices:
+        assert a.arena_bytes[d] >= a.lower_bound[d]
+        live = max(  # the lower bound recounted: aligned bytes of placed residencies live at each step
+            (
+                sum(a.sizes[r.key] for r in placed if r.device == d and r.start <= i <= r.end)
+                for i in range(len(plan.steps))
+            ),
+            default=0,
+        )
+        assert a.lower_bound[d] == live
+
+
+def test_out_variants_are_found_from_the_schema() -> None:
+    assert out_variant("aten.mm.default")[1] == ("out",)
+    assert out_variant("aten.native_layer_norm.default")[1] == ("out0", "out1", "out2")
+    assert out_variant("aten.add.Tensor")[0].__name__.endswith("add.out")
+    assert out_variant("aten.view.default") is None  # a view: no out=
+    assert out_variant("getitem") is None
+
+
+def checked_table(placed_ok: list) -> dict:
+    """The arena's step kinds, each placed value checked after its step: at the arena's base plus its offset."""
+
+    def wrap(kind):
+        def make(ex, i, s):
+            fn = ARENA_KINDS[kind](ex, i, s)
+            d = s.device if kind is Compute else s.dst
+            vals = ex.graph.op[s.op].outputs if kind is Compute else (s.value,)
+            keys = [(v, d, i) for v in vals if (v, d, i) in ex.arena.planned.addresses.offsets]
+
+            def step(st):
+                fn(st)
+                for k in keys:
+                    t = st.stores[d].tensors[k[0]]
+                    at = ex.arena.planned.addresses.offsets[k] + ex.graph.value[k[0]].storage_offset * t.itemsize
+                    assert t.data_ptr() == ex.arena.base(d) + at, k
+                    placed_ok.append(k)
+
+            return step
+
+        return make
+
+    return {Compute: wrap(Compute), Copy: wrap(Copy)}
+
+
+@pytest.mark.parametrize(
+    "name,devices,percent", [("gpt2", ("cpu:0",), 25), ("gpt2", ("cpu:0", "cpu:1"), 25), ("mlp_mixer", ("cpu:0",), 30)]
+)
+def test_arena_runs_match_eager_at_their_planned_addresses(name, devices, percent) -> None:
+    z, graph = workload(name)
+    plan = recompute_plan(name, devices, percent)
+    env = bind_inputs(graph, z.model, z.inputs)
+    outs, grads, _ = eager_reference(name, seed=7)
+    placed: list = []
+    ex = Executor(graph, plan, planned_addresses=True, table=checked_table(placed), overlap=False)
+    torch.manual_seed(7)
+    run = ex(env)
+    got = unpack_outputs(graph, run.outputs)
+    for a, b in zip(got.outputs, outs):
+        assert_close(a, b.detach(), rtol=1e-5, atol=1e-6)
+    for n, g in got.grads.items():
+        assert_close(g, grads[n], rtol=1e-5, atol=1e-6, msg=lambda m, n=n: f"grad of {n}: {m}")
+    assert set(placed) == set(ex.arena.planned.addresses.offsets)  # every placed value was made where planned
+    if len(devices) == 2:
+        assert any(isinstance(plan.steps[k[2]], Copy) for k in placed)  # copies write into the arena too
+    ex.close()
+
+
+@pytest.mark.parametrize("name,devices", [("gpt2", ("cpu:0",)), ("gpt2", ("cpu:0", "cpu:1"))])
+def test_bytes_outside_the_arena_are_the_planned_outside_peak(name, devices) -> None:
+    """The allocator-level count (LiveBytes) of live storages, the arena buffers and homed inputs set aside, peaks at
+    the plan's outside count on each device (within 3%, as the plan's own peaks in test_live_bytes)."""
+    z, graph = workload(name)
+    plan = recompute_plan(name, devices, 25)
+    env = bind_inputs(graph, z.model, z.inputs)
+    count = LiveBytes()
+    kinds = {**STEP_KINDS, **ARENA_KINDS}
+    where = {Compute: lambda s: s.device, Copy: lambda s: s.dst, Free: lambda s: s.device}
+    table = {k: _named(kinds[k], where[k], count) for k in (Compute, Copy, Free)}
+    ex = Executor(graph, plan, planned_addresses=True, table=table, overlap=False)
+    st = ex.start(env)
+    with count:
+        for t in [*ex.arena.buffers.values(), *(t for s in st.stores.values() for t in s.tensors.values())]:
+            count.track(t, "-")
+        count.reset_peak()
+        ex.run(st)
+    a = ex.arena.planned.addresses
+    for d in plan.devices:
+        got, want = count.peak.get(d, 0), a.outside_peak[d]
+        assert abs(got - want) <= 0.03 * max(want, got), (d, want, got)
+    ex.close()
+
+
+def test_eager_plan_in_the_arena_on_one_cpu_matches_eager() -> None:
+    """A plan with no recompute: the arena is within 1% of its lower bound (greedy on a stack-like order)."""
+    z, graph = workload("gpt2")
+    plan = eager_plan_on(graph, ("cpu:0",))
+    ex = Executor(graph, plan, planned_addresses=True)
+    torch.manual_seed(7)
+    got = unpack_outputs(graph, ex(bind_inputs(graph, z.model, z.inputs)).outputs)
+    outs, grads, _ = eager_reference("gpt2", seed=7)
+    assert_close(got.outputs[0], outs[0].detach(), rtol=1e-5, atol=1e-6)
+    for n, g in got.grads.items():
+        assert_close(g, grads[n], rtol=1e-5, atol=1e-6)
+    a = ex.arena.planned.addresses
+    assert a.arena_bytes["cpu:0"] <= 1.01 * a.lower_bound["cpu:0"]
+    assert aligned(1) == 512
+    ex.close()
