@@ -210,3 +210,51 @@ def test_eager_plan_in_the_arena_on_one_cpu_matches_eager() -> None:
     assert a.arena_bytes["cpu:0"] <= 1.01 * a.lower_bound["cpu:0"]
     assert aligned(1) == 512
     ex.close()
+
+
+@pytest.mark.parametrize("budgets,method", [({"cpu": "50%"}, "auto"), ({"cpu:0": "45%", "cpu:1": "100%"}, "greedy")])
+def test_wrap_with_planned_addresses_trains_like_eager(budgets, method) -> None:
+    """test_wrap's MLP (dropout, batch norm), 3 SGD steps with momentum: losses, params and running stats equal eager's,
+    with the step's values in the arena."""
+    import copy
+
+    from test_wrap import assert_same_state, batch, mlp, train
+
+    from xsched.execute.wrap import wrap
+
+    eager = mlp()
+    model = copy.deepcopy(eager)
+    w = wrap(model, batch()[:1], budgets, method=method, profile="model", time_limit=10, planned_addresses=True)
+    ref, got = train(eager, 3), train(w, 3)
+    assert w._first.executor.arena is not None and w._first.executor.arena.planned.addresses.offsets
+    for a, b in zip(got, ref):
+        assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert_same_state(model, eager)
+
+
+def test_replay_with_an_arena_is_one_block_and_the_outside_values() -> None:
+    """chain [4, 2, 8] MiB with its backward, eager on cuda:0, replayed on the caching-allocator model: the arena is one
+    22 MiB block (a0, a1, a2 and g2 live at b2), x (8 B) a 2 MiB small segment, g0 (4 MiB, the output) a 20 MiB large
+    segment: 44 MiB reserved, against 2 + 22 + 20 + 20 MiB (a2's and g2's own segments) without the arena."""
+    from xsched.allocator import replay_reserved
+
+    MiB = 1 << 20
+    graph = chain_graph([4 * MiB, 2 * MiB, 8 * MiB], train=True)
+    plan = eager_plan(graph, "cuda:0")
+    a = plan_addresses(graph, plan)
+    assert a.arena_bytes == {"cuda:0": 22 * MiB}
+    got = replay_reserved(graph, plan, arena=a)["cuda:0"]
+    assert got.reserved == 44 * MiB
+
+
+def test_cli_run_takes_planned_addresses(tmp_path, capsys) -> None:
+    from executor_support import ZOO
+
+    from xsched.cli import main
+
+    _, graph = workload("gpt2")
+    eager_plan_on(graph, ("cpu:0",)).save(tmp_path / "plan.json")
+    batch, scale = ZOO["gpt2"][:2]
+    argv = ["run", "zoo:gpt2", str(tmp_path / "plan.json"), "--iters", "1", "--warmup", "1", "--scale", scale]
+    assert main([*argv, "--batch", str(batch), "--planned-addresses"]) == 0
+    assert "peak cpu:0" in capsys.readouterr().out

@@ -48,6 +48,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         predicted_from=source,
         compile=args.compile,
         expandable_segments=args.expandable_segments,
+        planned_addresses=args.planned_addresses,
     )
     traced = None
     if args.trace:  # one more run, every step timed, after the measured ones (their timings stay untraced)
@@ -114,6 +115,12 @@ def add(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="turn on PyTorch's CUDA expandable_segments before the plan's first allocation (fewer reserved bytes "
         "lost to fragmentation, as `xsched plan --explain` predicts; a no-op on CPU devices)",
+    )
+    r.add_argument(
+        "--planned-addresses",
+        action="store_true",
+        help="allocate the step's values at planned offsets in one buffer per device (MODeL's address assignment: "
+        "no caching-allocator holes; values without an out= variant, graph outputs and random ops run outside it)",
     )
     add_shape_flag(r)
     r.set_defaults(run=cmd_run)
