@@ -7,7 +7,8 @@ copy's destination) to the step that frees it. Graph inputs homed on the device 
 still resident at the end (they outlive the step: the caller reads them) are not in the arena, nor is any residency
 the caller's `in_arena` leaves out (the executor keeps out what it cannot place: ops without an `out=` variant,
 random ops, views). Offsets come from greedy-by-size (largest first, at the lowest offset clear of the placed
-residencies that overlap it in time, as TFLite's and ExecuTorch's memory planners do), then optionally from CP-SAT
+residencies that overlap it in time, as TFLite's and ExecuTorch's memory planners do; two other orders are tried
+too, GREEDY_ORDERS), then optionally from CP-SAT
 (`AddNoOverlap2D` over fixed time intervals and free offsets, minimising the arena, greedy as the hint).
 """
 
@@ -113,7 +114,7 @@ def plan_addresses(
         else:
             outside.append(r)
     size = {r.key: aligned((sizes or {}).get(r.value, r.nbytes), alignment) for r in arena}
-    offsets = greedy_offsets(arena, size)
+    offsets = best_greedy(arena, size)
     method = "greedy"
     if time_limit_s > 0 and arena:
         offsets, method = cpsat_offsets(arena, size, offsets, alignment, time_limit_s)
@@ -130,12 +131,39 @@ def plan_addresses(
     )
 
 
-def greedy_offsets(arena: list[Residency], size: Mapping[tuple[str, str, int], int]) -> dict[tuple[str, str, int], int]:
-    """Largest first (ties: earliest), each at the lowest offset clear of every placed residency of its device that
-    overlaps it in time."""
+# the orders greedy places residencies in, each tried: largest first (TFLite's greedy by size), largest area (bytes
+# times steps) first, earliest first (a stack-like order fits plans that free in reverse)
+GREEDY_ORDERS = {
+    "size": lambda r, n: (-n, r.start, r.value),
+    "area": lambda r, n: (-n * (r.end - r.start + 1), r.start, r.value),
+    "start": lambda r, n: (r.start, -n, r.value),
+}
+
+
+def best_greedy(arena: list[Residency], size: Mapping[tuple[str, str, int], int]) -> dict[tuple[str, str, int], int]:
+    """Per device, the smallest arena of greedy over GREEDY_ORDERS."""
+    tops: dict[str, int] = {}
+    best: dict[tuple[str, str, int], int] = {}
+    for order in GREEDY_ORDERS:
+        offsets = greedy_offsets(arena, size, order)
+        for dev in {r.device for r in arena}:
+            rs = [r for r in arena if r.device == dev]
+            top = max(offsets[r.key] + size[r.key] for r in rs)
+            if top < tops.get(dev, top + 1):
+                tops[dev] = top
+                best.update({r.key: offsets[r.key] for r in rs})
+    return best
+
+
+def greedy_offsets(
+    arena: list[Residency], size: Mapping[tuple[str, str, int], int], order: str = "size"
+) -> dict[tuple[str, str, int], int]:
+    """In `order` (GREEDY_ORDERS; default largest first, ties earliest), each at the lowest offset clear of every
+    placed residency of its device that overlaps it in time."""
     placed: dict[str, list[tuple[Residency, int]]] = {}
     offsets: dict[tuple[str, str, int], int] = {}
-    for r in sorted(arena, key=lambda r: (-size[r.key], r.start, r.value)):
+    key = GREEDY_ORDERS[order]
+    for r in sorted(arena, key=lambda r: key(r, size[r.key])):
         n = size[r.key]
         taken = sorted((o, o + size[q.key]) for q, o in placed.get(r.device, ()) if q.overlaps(r))
         at = 0

@@ -3,12 +3,14 @@ it (xsched.allocator.addresses) a view at its planned offset, written by its op'
 brings it there.
 
 What runs in the arena: computes whose op has an `out=` overload taking the same arguments (every return a
-keyword-only written alias), that draw no random numbers (their replay stays as it is), and whose outputs are all
-placed; copies into a device. What runs outside it, as without planned addresses: graph inputs homed on the device,
-values still resident at the end (the caller reads them), graph outputs and watched values (the caller may hold them
-past the step), every value an aliasing op reads or makes (a view would outlive its slot's occupant), outputs whose
-recorded layout overlaps itself (no `out=` can write it), and ops without an `out=` variant. In-place reuse
-(compiled.reusable_inputs) is off: an in-place output would live in its input's slot past that input's free.
+keyword-only written alias), random ops included (the in-place twin eager runs on a fresh tensor, run on the slot,
+draws replayed as without planned addresses), with at least one output placed (the others written into fresh
+tensors outside); copies into a device. Outside it, as without planned addresses: graph inputs homed on the device,
+values still resident at the end (the caller reads them), graph outputs live across the autograd boundary (the
+caller is handed the forward outputs there), watched values (the caller keeps their first tensor), every value an
+aliasing op reads or makes (a view would outlive its slot's occupant), outputs whose recorded layout overlaps itself
+(no `out=` can write it), and ops without an `out=` variant. In-place reuse (compiled.reusable_inputs) is off: an
+in-place output would live in its input's slot past that input's free.
 
 Safety across CUDA streams (record_stream no longer protects the arena's memory): a slot's next occupant is written
 by a step that allocates on its device, a compute or a copy into it, and lanes.step_waits makes every such step wait
@@ -31,12 +33,14 @@ from xsched.allocator.addresses import Addresses, Residency, plan_addresses, res
 from xsched.contracts.graph import Graph, Value
 from xsched.contracts.layout import layout, storage_numel
 from xsched.contracts.plan import Compute, Copy, Plan
-from xsched.contracts.random_ops import random_ops
-from xsched.contracts.torch_ops import resolve
+from xsched.contracts.torch_ops import _FillFresh, resolve
 from xsched.errors import XschedError
-from xsched.execute.compiled import _aliases, _direct, _has_ref, getter
+from xsched.execute.compiled import _aliases, _direct, _has_ref, getter, with_rng
 from xsched.execute.steps import RunState, StepFn, prepare_compute, prepare_copy
 from xsched.interpret import wrong_size
+
+# ops that only make uninitialised memory: their slot (laid out as the value records) is that memory
+_EMPTY = frozenset({"aten.empty_like.default", "aten.empty.memory_format", "aten.empty_strided.default"})
 
 
 @functools.cache
@@ -44,8 +48,13 @@ def out_variant(target: str) -> tuple[Any, tuple[str, ...]] | None:
     """The `out=` overload of op `target` and its out arguments, one per return in order: an overload of the same
     packet whose arguments are the op's (same names, types, kinds and order) followed by keyword-only written
     aliases, one per return. None when the op has none (or is not an aten operator)."""
+    if target in _EMPTY:
+        return (lambda *args, out, **kwargs: out), ("out",)
     try:
         fn = resolve(target)
+        if isinstance(fn, _FillFresh):  # a random op eager runs in place on a fresh tensor: the slot is that tensor
+            inplace = fn.inplace
+            return (lambda x, *args, out, **kwargs: inplace(out, *args, **kwargs)), ("out",)
         schema = fn._schema
         packet = fn._overloadpacket
     except (XschedError, AttributeError):
@@ -98,38 +107,49 @@ class ArenaPlan:
     def __init__(self, graph: Graph, plan: Plan, watch: frozenset[str] = frozenset(), time_limit_s: float = 0.0):
         self.graph, self.plan = graph, plan
         aliased = {v for o in graph.ops if _aliases(o) for v in (*o.inputs, *o.outputs)}
-        barred = aliased | set(graph.outputs) | watch
-        steps = len(plan.steps)
+        self.outputs = frozenset(graph.outputs)
         self.ends = {r.key: r.end for r in residencies(graph, plan)}
-        placeable = {
-            v.id for v in graph.values if v.id not in barred and v.nbytes > 0 and writable(v) and slot_bytes(v) > 0
+        self.placeable = {
+            v.id
+            for v in graph.values
+            if v.id not in aliased and v.id not in watch and v.nbytes > 0 and writable(v) and slot_bytes(v) > 0
         }
-        random = random_ops(graph)
         self.compute_steps: set[int] = set()  # compute steps that write their outputs into the arena
         self.copy_steps: set[int] = set()  # copies that write into the arena
+        keys: set[tuple[str, str, int]] = set()  # the residencies placed
         for i, s in enumerate(plan.steps):
             if isinstance(s, Compute):
                 op = graph.op[s.op]
-                found = out_variant(op.target) if op.id not in random else None
+                found = out_variant(op.target)
                 paths = [tuple(p) for p in (op.call or {}).get("outs", ())]
                 regular = paths == ([()] if len(paths) == 1 else [(j,) for j in range(len(paths))])
                 if found is None or not regular or len(paths) != len(found[1]) or len(op.outputs) != len(paths):
                     continue
                 # outputs not placed (graph outputs, gradients) are written into fresh tensors of their layout
-                if all(writable(graph.value[v]) for v in op.outputs) and any(
-                    v in placeable and self.ends.get((v, s.device, i), steps) < steps for v in op.outputs
-                ):
+                fit = [(v, s.device, i) for v in op.outputs if self._fits(v, s.device, i)]
+                if fit and all(writable(graph.value[v]) for v in op.outputs):
                     self.compute_steps.add(i)
-            elif isinstance(s, Copy) and s.value in placeable and self.ends.get((s.value, s.dst, i), steps) < steps:
+                    keys.update(fit)
+            elif isinstance(s, Copy) and self._fits(s.value, s.dst, i):
                 self.copy_steps.add(i)
-        placed = self.compute_steps | self.copy_steps
+                keys.add((s.value, s.dst, i))
         self.addresses: Addresses = plan_addresses(
             graph,
             plan,
-            lambda r: r.start in placed and r.value in placeable,
-            {v: slot_bytes(graph.value[v]) for v in placeable},
+            lambda r: r.key in keys,
+            {v: slot_bytes(graph.value[v]) for v in self.placeable},
             time_limit_s=time_limit_s,
         )
+
+    def _fits(self, v: str, d: str, i: int) -> bool:
+        """Whether the residency of `v` on `d` that step `i` begins may live in the arena: placeable, freed during the
+        step, and, for a graph output, not live across the autograd boundary, where the caller is handed the forward
+        outputs and may hold them past their free."""
+        end = self.ends.get((v, d, i), len(self.plan.steps))
+        if v not in self.placeable or end >= len(self.plan.steps):
+            return False
+        b = self.plan.boundary
+        return v not in self.outputs or b is None or not i < b <= end
 
     def outside_bytes(self) -> dict[str, int]:
         """Per device: bytes made during the step outside the arena (every residency, summed), the share a report
@@ -174,9 +194,9 @@ def prepare_arena_compute(ex: Any, i: int, s: Compute) -> StepFn:
     op, dev, d = ex.graph.op[s.op], ex.dev[s.device], s.device
     fn, names = out_variant(op.target)  # type: ignore[misc]
     fn = _direct(fn)
-    call = op.call or {}
-    args = [getter(a, dev) for a in call.get("args", [])]
-    kw = call.get("kwargs", {})
+    spec = op.call or {}
+    args = [getter(a, dev) for a in spec.get("args", [])]
+    kw = spec.get("kwargs", {})
     consts = {k: getter(x, dev)(None) for k, x in kw.items() if not _has_ref(x)}
     refs = [(k, getter(x, dev)) for k, x in kw.items() if _has_ref(x)]
     slots = [ex.arena.slots.get((v, d, i)) for v in op.outputs]
@@ -187,12 +207,22 @@ def prepare_arena_compute(ex: Any, i: int, s: Compute) -> StepFn:
         for j, (v, t) in enumerate(zip(op.outputs, slots))
     ]
 
+    def kernel(store_outs: tuple[Any, dict[str, torch.Tensor]]) -> tuple:
+        T, outs = store_outs
+        fn(*[a(T) for a in args], **consts, **outs, **{k: g(T) for k, g in refs})
+        return ()
+
+    # a random op: the generator's lock, and the first run's state replayed by a recomputation (compiled.with_rng)
+    drawn = with_rng(op, kernel, dev, record=op.id in ex.recomputed_random) if op.id in ex.random else None
+
     def compute(st: RunState) -> None:
         store = st.stores[d]
-        T = store.tensors
         outs = {k: _fresh(v, dev) for k, v in fresh} if fresh else {}
         try:
-            fn(*[a(T) for a in args], **consts, **outs, **{k: g(T) for k, g in refs})
+            if drawn is not None:
+                drawn((store.tensors, outs), st.rng)
+            else:
+                kernel((store.tensors, outs))
         except KeyError as e:
             raise XschedError("input value is not available", stage="execute", op=op.id, value=str(e.args[0])) from e
         except (RuntimeError, TypeError, ValueError, IndexError) as e:
