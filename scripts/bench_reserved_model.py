@@ -51,20 +51,23 @@ def cell(low: ReservedPeak, high: ReservedPeak) -> str:
 
 
 def arena_cell(graph: Graph, plan: Plan, profile: Profile | None) -> str:
-    """Planned addresses: reserved over the plan's peak (GPU keeping up, host ahead; the values outside the arena
-    with expandable segments), the arena over the plan's step peak (its lower bound: the most placed bytes live at
-    once) and the share of the step's allocated bytes made outside it."""
-    arena = ArenaPlan(graph, plan, time_limit_s=10.0)
-    a = arena.addresses
-    low, high = reserved_range(graph, plan, profile, devices=[GPU], reuse={}, expandable=True, arena=a)[GPU]
-    outside = arena.outside_bytes().get(GPU, 0)
-    placed = sum(n for (_, d, _), n in a.sizes.items() if d == GPU)
-    over = f"{low.reserved / low.plan_peak:.3f}" + ("" if high == low else f"-{high.reserved / high.plan_peak:.3f}")
-    lb = a.lower_bound.get(GPU, 0)
-    return (
-        f"{over}; arena {a.arena_bytes.get(GPU, 0) / low.step_peak:.3f} of the step peak (bound {lb / low.step_peak:.3f},"
-        f" {a.method}), {outside / max(outside + placed, 1):.0%} of bytes outside"
-    )
+    """Planned addresses in whole-step runs (`xsched run`, the benchmarks' executors), then where the caller is handed
+    the forward outputs at the autograd boundary (`wrap`: those outputs stay outside the arena): reserved over the
+    plan's peak (GPU keeping up, host ahead; the values outside the arena with expandable segments), the arena over
+    the plan's step peak beside its lower bound (the most placed bytes live at once), the share of the step's
+    allocated bytes made outside it."""
+    cells = []
+    for handed in (False, True):
+        arena = ArenaPlan(graph, plan, time_limit_s=10.0, handed=handed)
+        a = arena.addresses
+        low, high = reserved_range(graph, plan, profile, devices=[GPU], reuse={}, expandable=True, arena=a)[GPU]
+        outside = arena.outside_bytes().get(GPU, 0)
+        placed = sum(n for (_, d, _), n in a.sizes.items() if d == GPU)
+        over = f"{low.reserved / low.plan_peak:.3f}" + ("" if high == low else f"-{high.reserved / high.plan_peak:.3f}")
+        lb, top = a.lower_bound.get(GPU, 0) / low.step_peak, a.arena_bytes.get(GPU, 0) / low.step_peak
+        share = outside / max(outside + placed, 1)
+        cells.append(f"{over}; arena {top:.3f} (bound {lb:.3f}, {a.method}), {share:.0%} outside")
+    return " | ".join(cells)
 
 
 def plan_for(graph: Graph, profile: Profile, spec: str, limit: float, keep: Path | None) -> Plan:
@@ -92,8 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     graph = Graph.load(DATA / "gpt2-full_n_layer6.graph.json.gz")
     profile = Profile.load(DATA / f"gpt2-full_n_layer6.{a.profile}.profile.json.gz")
-    print("| plan | copy pool | default: reserved / plan peak (step) | expandable segments | planned addresses |")
-    print("|---|---|---|---|---|")
+    print(
+        "| plan | copy pool | default: reserved / plan peak (step) | expandable segments "
+        "| planned addresses, whole steps | planned addresses, wrap |"
+    )
+    print("|---|---|---|---|---|---|")
     for spec in a.plans.split(","):
         try:
             plan = plan_for(graph, profile, spec, a.limit, a.plans_dir)

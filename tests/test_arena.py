@@ -148,15 +148,21 @@ def checked_table(placed_ok: list) -> dict:
 
 
 @pytest.mark.parametrize(
-    "name,devices,percent", [("gpt2", ("cpu:0",), 25), ("gpt2", ("cpu:0", "cpu:1"), 25), ("mlp_mixer", ("cpu:0",), 30)]
+    "name,devices,percent,mode",
+    [
+        ("gpt2", ("cpu:0",), 25, True),
+        ("gpt2", ("cpu:0",), 25, "whole"),
+        ("gpt2", ("cpu:0", "cpu:1"), 25, True),
+        ("mlp_mixer", ("cpu:0",), 30, True),
+    ],
 )
-def test_arena_runs_match_eager_at_their_planned_addresses(name, devices, percent) -> None:
+def test_arena_runs_match_eager_at_their_planned_addresses(name, devices, percent, mode) -> None:
     z, graph = workload(name)
     plan = recompute_plan(name, devices, percent)
     env = bind_inputs(graph, z.model, z.inputs)
     outs, grads, _ = eager_reference(name, seed=7)
     placed: list = []
-    ex = Executor(graph, plan, planned_addresses=True, table=checked_table(placed), overlap=False)
+    ex = Executor(graph, plan, planned_addresses=mode, table=checked_table(placed), overlap=False)
     torch.manual_seed(7)
     run = ex(env)
     got = unpack_outputs(graph, run.outputs)
@@ -165,6 +171,8 @@ def test_arena_runs_match_eager_at_their_planned_addresses(name, devices, percen
     for n, g in got.grads.items():
         assert_close(g, grads[n], rtol=1e-5, atol=1e-6, msg=lambda m, n=n: f"grad of {n}: {m}")
     assert set(placed) == set(ex.arena.planned.addresses.offsets)  # every placed value was made where planned
+    drawn = [i for i in ex.arena.planned.compute_steps if plan.steps[i].op in ex.random]
+    assert not ex.random or any(plan.steps[i].op in ex.recomputed_random for i in drawn)  # replayed draws in the arena
     if len(devices) == 2:
         assert any(isinstance(plan.steps[k[2]], Copy) for k in placed)  # copies write into the arena too
     ex.close()
@@ -258,3 +266,19 @@ def test_cli_run_takes_planned_addresses(tmp_path, capsys) -> None:
     argv = ["run", "zoo:gpt2", str(tmp_path / "plan.json"), "--iters", "1", "--warmup", "1", "--scale", scale]
     assert main([*argv, "--batch", str(batch), "--planned-addresses"]) == 0
     assert "peak cpu:0" in capsys.readouterr().out
+
+
+def test_outputs_live_across_the_boundary_are_placed_only_in_whole_step_runs() -> None:
+    """x -> a (a graph output) on cpu:0, copied to cpu:1 before the autograd boundary and freed there after it: wrap
+    hands the caller `a` at the boundary, so that copy stays outside the arena; a whole-step run places it."""
+    from xsched.contracts.graph import Graph, Op, Value
+    from xsched.contracts.plan import Plan
+    from xsched.contracts.result import SolveResult
+
+    values = (Value("x", 16, "input", (4,), "float32"), Value("a", 16, "activation", (4,), "float32"))
+    graph = Graph("cross", values, (Op("f", "aten.relu.default", ("x",), ("a",)),), ("a",))
+    steps = (Compute("f", "cpu:0"), Copy("a", "cpu:0", "cpu:1"), Free("a", "cpu:1"))
+    plan = Plan(graph.fingerprint, {}, {"x": "cpu:0"}, steps, SolveResult("hand", "heuristic"), boundary=2)
+    assert ArenaPlan(graph, plan).copy_steps == set()
+    whole = ArenaPlan(graph, plan, handed=False)
+    assert whole.copy_steps == {1} and whole.addresses.offsets == {("a", "cpu:1", 1): 0}

@@ -48,7 +48,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         predicted_from=source,
         compile=args.compile,
         expandable_segments=args.expandable_segments,
-        planned_addresses=args.planned_addresses,
+        planned_addresses="whole" if args.planned_addresses else False,  # whole steps: nothing handed midway
     )
     traced = None
     if args.trace:  # one more run, every step timed, after the measured ones (their timings stay untraced)

@@ -6,10 +6,10 @@ What runs in the arena: computes whose op has an `out=` overload taking the same
 keyword-only written alias), random ops included (the in-place twin eager runs on a fresh tensor, run on the slot,
 draws replayed as without planned addresses), with at least one output placed (the others written into fresh
 tensors outside); copies into a device. Outside it, as without planned addresses: graph inputs homed on the device,
-values still resident at the end (the caller reads them), graph outputs live across the autograd boundary (the
-caller is handed the forward outputs there), watched values (the caller keeps their first tensor), every value an
-aliasing op reads or makes (a view would outlive its slot's occupant), outputs whose recorded layout overlaps itself
-(no `out=` can write it), and ops without an `out=` variant. In-place reuse (compiled.reusable_inputs) is off: an
+values still resident at the end (the caller reads them), graph outputs live across the autograd boundary when the
+caller is handed the forward outputs there (wrap; not in whole-step runs), watched values (the caller keeps their
+first tensor), every value an aliasing op reads or makes (a view would outlive its slot's occupant), outputs whose
+recorded layout overlaps itself (no `out=` can write it), and ops without an `out=` variant. In-place reuse (compiled.reusable_inputs) is off: an
 in-place output would live in its input's slot past that input's free.
 
 Safety across CUDA streams (record_stream no longer protects the arena's memory): a slot's next occupant is written
@@ -104,8 +104,16 @@ class ArenaPlan:
     """Which residencies of `plan` run in the arena (the rules in the module's docstring) and their addresses. Needs
     op schemas, not devices: it sizes plans of graphs captured elsewhere (scripts/bench_reserved_model.py)."""
 
-    def __init__(self, graph: Graph, plan: Plan, watch: frozenset[str] = frozenset(), time_limit_s: float = 0.0):
+    def __init__(
+        self,
+        graph: Graph,
+        plan: Plan,
+        watch: frozenset[str] = frozenset(),
+        time_limit_s: float = 0.0,
+        handed: bool = True,
+    ):
         self.graph, self.plan = graph, plan
+        self.handed = handed  # the caller is handed the forward outputs at the autograd boundary (wrap)
         aliased = {v for o in graph.ops if _aliases(o) for v in (*o.inputs, *o.outputs)}
         self.outputs = frozenset(graph.outputs)
         self.ends = {r.key: r.end for r in residencies(graph, plan)}
@@ -143,13 +151,13 @@ class ArenaPlan:
 
     def _fits(self, v: str, d: str, i: int) -> bool:
         """Whether the residency of `v` on `d` that step `i` begins may live in the arena: placeable, freed during the
-        step, and, for a graph output, not live across the autograd boundary, where the caller is handed the forward
-        outputs and may hold them past their free."""
+        step, and, for a graph output where the caller is handed the forward outputs at the autograd boundary (and
+        may hold them past their free), not live across it."""
         end = self.ends.get((v, d, i), len(self.plan.steps))
         if v not in self.placeable or end >= len(self.plan.steps):
             return False
         b = self.plan.boundary
-        return v not in self.outputs or b is None or not i < b <= end
+        return not self.handed or v not in self.outputs or b is None or not i < b <= end
 
     def outside_bytes(self) -> dict[str, int]:
         """Per device: bytes made during the step outside the arena (every residency, summed), the share a report
@@ -165,8 +173,15 @@ class Arena:
     """The buffers of an ArenaPlan on real devices (one uint8 tensor per device with placed values, allocated once)
     and each placed residency's view: `slots[(value, device, start step)]`."""
 
-    def __init__(self, graph: Graph, plan: Plan, dev: Mapping[str, torch.device], watch: frozenset[str] = frozenset()):
-        self.planned = ArenaPlan(graph, plan, watch)
+    def __init__(
+        self,
+        graph: Graph,
+        plan: Plan,
+        dev: Mapping[str, torch.device],
+        watch: frozenset[str] = frozenset(),
+        handed: bool = True,
+    ):
+        self.planned = ArenaPlan(graph, plan, watch, handed=handed)
         a = self.planned.addresses
         gpu = any(t.type == "cuda" for t in dev.values())
         self.buffers = {

@@ -75,7 +75,8 @@ class Executor:
     allocation (execute.alloc_settings; process-wide, for the segments made from now on; off by default, as no GPU
     run has measured it yet). `self.expandable_segments` says whether it was set: False on CPU devices, a no-op.
     `planned_addresses`: values the step makes live at planned offsets in one buffer per device (execute.arena,
-    `self.arena`; in-place reuse off), so the device holds its homed inputs, the arena and what runs outside it.
+    `self.arena`; in-place reuse off), so the device holds its homed inputs, the arena and what runs outside it;
+    "whole": runs hand the caller nothing at the autograd boundary, so graph outputs live across it are placed too.
     """
 
     def __init__(
@@ -92,7 +93,7 @@ class Executor:
         compile: bool = False,
         copy_pool: str = DEFAULT_COPY_POOL,
         expandable_segments: bool = False,
-        planned_addresses: bool = False,
+        planned_addresses: bool | str = False,
     ) -> None:
         if copy_pool not in COPY_POOLS:
             raise XschedError(f"copy_pool must be one of {', '.join(COPY_POOLS)}, not {copy_pool!r}", stage="execute")
@@ -131,7 +132,8 @@ class Executor:
                 counts[s.op] = counts.get(s.op, 0) + 1
         self.recomputed = tuple(o for o, n in counts.items() if n > 1)
         self.recomputed_random = self.random & frozenset(self.recomputed)  # only these need their RNG state saved
-        self.arena = Arena(graph, plan, self.dev, watch) if planned_addresses else None
+        whole = planned_addresses == "whole"
+        self.arena = Arena(graph, plan, self.dev, watch, handed=not whole) if planned_addresses else None
         kinds = {**STEP_KINDS, **(ARENA_KINDS if self.arena else {}), **(table or {})}
         self.fns: list[StepFn] = prepare_steps(self, kinds, check)
         # inline slices run as generated programs, unless a custom step kind must see its steps

@@ -128,7 +128,7 @@ def measure(
     predicted_from: str | None = None,
     compile: bool = False,
     expandable_segments: bool = False,
-    planned_addresses: bool = False,
+    planned_addresses: bool | str = False,
 ) -> RunReport:
     """Run the whole plan with inputs `env` until its time settles (or `warmup` times when given), then `iters` times
     measured; measured figures beside the predicted. `expandable_segments`, `planned_addresses`: the executor's options
