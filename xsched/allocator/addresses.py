@@ -97,10 +97,12 @@ def plan_addresses(
     *,
     alignment: int = ALIGNMENT,
     time_limit_s: float = 0.0,
+    to_the_end: bool = False,
 ) -> Addresses:
     """Offsets for the plan's arena residencies: those made during the step and freed in it, that `in_arena` keeps
     (default all). `sizes`: a value's bytes in its slot where they differ from its graph bytes (a strided layout
-    spans more). With `time_limit_s` > 0, CP-SAT improves on greedy for that long."""
+    spans more). With `time_limit_s` > 0, CP-SAT improves on greedy for that long. `to_the_end`: values still resident
+    at the end may be placed too (their slots live to the end of the step: the caller reads them before the next)."""
     steps = len(plan.steps)
     every = residencies(graph, plan)
     arena: list[Residency] = []
@@ -109,7 +111,7 @@ def plan_addresses(
     for r in every:
         if r.start < 0:
             homed[r.device] = homed.get(r.device, 0) + r.nbytes
-        elif r.end < steps and (in_arena is None or in_arena(r)):
+        elif (r.end < steps or to_the_end) and (in_arena is None or in_arena(r)):
             arena.append(r)
         else:
             outside.append(r)
@@ -141,11 +143,11 @@ GREEDY_ORDERS = {
 
 
 def best_greedy(arena: list[Residency], size: Mapping[tuple[str, str, int], int]) -> dict[tuple[str, str, int], int]:
-    """Per device, the smallest arena of greedy over GREEDY_ORDERS."""
+    """Per device, the smallest arena of greedy over GREEDY_ORDERS, each placing first fit and best fit."""
     tops: dict[str, int] = {}
     best: dict[tuple[str, str, int], int] = {}
-    for order in GREEDY_ORDERS:
-        offsets = greedy_offsets(arena, size, order)
+    for order, tightest in ((o, t) for o in GREEDY_ORDERS for t in (False, True)):
+        offsets = greedy_offsets(arena, size, order, tightest)
         for dev in {r.device for r in arena}:
             rs = [r for r in arena if r.device == dev]
             top = max(offsets[r.key] + size[r.key] for r in rs)
@@ -156,21 +158,27 @@ def best_greedy(arena: list[Residency], size: Mapping[tuple[str, str, int], int]
 
 
 def greedy_offsets(
-    arena: list[Residency], size: Mapping[tuple[str, str, int], int], order: str = "size"
+    arena: list[Residency], size: Mapping[tuple[str, str, int], int], order: str = "size", tightest: bool = False
 ) -> dict[tuple[str, str, int], int]:
     """In `order` (GREEDY_ORDERS; default largest first, ties earliest), each at the lowest offset clear of every
-    placed residency of its device that overlaps it in time."""
+    placed residency of its device that overlaps it in time (first fit), or with `tightest` in the smallest gap between
+    them that holds it (best fit; above them all when none does)."""
     placed: dict[str, list[tuple[Residency, int]]] = {}
     offsets: dict[tuple[str, str, int], int] = {}
     key = GREEDY_ORDERS[order]
     for r in sorted(arena, key=lambda r: key(r, size[r.key])):
         n = size[r.key]
         taken = sorted((o, o + size[q.key]) for q, o in placed.get(r.device, ()) if q.overlaps(r))
+        gaps: list[tuple[int, int]] = []  # (gap bytes, its offset) of every gap that holds r, below the top
         at = 0
         for lo, hi in taken:
             if lo >= at + n:
-                break
+                gaps.append((lo - at, at))
+                if not tightest:
+                    break
             at = max(at, hi)
+        if gaps:
+            at = min(gaps)[1] if tightest else gaps[0][1]
         offsets[r.key] = at
         placed.setdefault(r.device, []).append((r, at))
     return offsets

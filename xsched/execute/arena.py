@@ -5,12 +5,13 @@ brings it there.
 What runs in the arena: computes whose op has an `out=` overload taking the same arguments (every return a
 keyword-only written alias), random ops included (the in-place twin eager runs on a fresh tensor, run on the slot,
 draws replayed as without planned addresses), with at least one output placed (the others written into fresh
-tensors outside); copies into a device. Outside it, as without planned addresses: graph inputs homed on the device,
-values still resident at the end (the caller reads them), graph outputs live across the autograd boundary when the
-caller is handed the forward outputs there (wrap; not in whole-step runs), watched values (the caller keeps their
-first tensor), every value an aliasing op reads or makes (a view would outlive its slot's occupant), outputs whose
-recorded layout overlaps itself (no `out=` can write it), and ops without an `out=` variant. In-place reuse (compiled.reusable_inputs) is off: an
-in-place output would live in its input's slot past that input's free.
+tensors outside); copies into a device. Outside it, as without planned addresses: graph inputs homed on the device;
+where the caller is handed the forward outputs at the autograd boundary (wrap), values still resident at the end and
+graph outputs live across the boundary (the caller may hold them past the step; in whole-step runs they are placed,
+valid until the next run, as a CUDA graph's outputs); watched values (the caller keeps their first tensor); every
+value an aliasing op reads or makes (a view would outlive its slot's occupant); outputs whose recorded layout
+overlaps itself (no `out=` can write it); ops without an `out=` variant. In-place reuse (compiled.reusable_inputs) is
+off: an in-place output would live in its input's slot past that input's free.
 
 Safety across CUDA streams (record_stream no longer protects the arena's memory): a slot's next occupant is written
 by a step that allocates on its device, a compute or a copy into it, and lanes.step_waits makes every such step wait
@@ -147,17 +148,21 @@ class ArenaPlan:
             lambda r: r.key in keys,
             {v: slot_bytes(graph.value[v]) for v in self.placeable},
             time_limit_s=time_limit_s,
+            to_the_end=not handed,
         )
 
     def _fits(self, v: str, d: str, i: int) -> bool:
-        """Whether the residency of `v` on `d` that step `i` begins may live in the arena: placeable, freed during the
-        step, and, for a graph output where the caller is handed the forward outputs at the autograd boundary (and
-        may hold them past their free), not live across it."""
-        end = self.ends.get((v, d, i), len(self.plan.steps))
-        if v not in self.placeable or end >= len(self.plan.steps):
+        """Whether the residency of `v` on `d` that step `i` begins may live in the arena: placeable, and where the
+        caller is handed the forward outputs at the autograd boundary (and may hold them past their free), freed during
+        the step and, for a graph output, not live across the boundary. In whole-step runs (not `handed`) every
+        residency begun during the step may: what is still resident at the end is read before the next run."""
+        if v not in self.placeable:
             return False
+        if not self.handed:
+            return True
+        end = self.ends.get((v, d, i), len(self.plan.steps))
         b = self.plan.boundary
-        return not self.handed or v not in self.outputs or b is None or not i < b <= end
+        return end < len(self.plan.steps) and (v not in self.outputs or b is None or not i < b <= end)
 
     def outside_bytes(self) -> dict[str, int]:
         """Per device: bytes made during the step outside the arena (every residency, summed), the share a report

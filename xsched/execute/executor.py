@@ -76,7 +76,7 @@ class Executor:
     run has measured it yet). `self.expandable_segments` says whether it was set: False on CPU devices, a no-op.
     `planned_addresses`: values the step makes live at planned offsets in one buffer per device (execute.arena,
     `self.arena`; in-place reuse off), so the device holds its homed inputs, the arena and what runs outside it;
-    "whole": runs hand the caller nothing at the autograd boundary, so graph outputs live across it are placed too.
+    "whole": whole-step runs, nothing handed over at the autograd boundary: outputs are placed too, valid until the next run.
     """
 
     def __init__(
