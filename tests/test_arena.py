@@ -292,3 +292,22 @@ def test_outputs_live_across_the_boundary_are_placed_only_in_whole_step_runs() -
     assert ArenaPlan(graph, plan).copy_steps == set()
     whole = ArenaPlan(graph, plan, handed=False)
     assert whole.copy_steps == {1} and whole.addresses.offsets == {("a", "cpu:1", 1): 0}
+
+
+def test_arena_on_the_lanes_runs_twice_like_eager() -> None:
+    """The offload plan on cpu:0 + cpu:1 on the executor's lanes (a thread per stream: copies beside computes), whole
+    steps, two runs through one arena: each matches eager, the second after the first's slots were reused."""
+    z, graph = workload("gpt2")
+    plan = plan_of("gpt2", ("cpu:0", "cpu:1"), 25)
+    env = bind_inputs(graph, z.model, z.inputs)
+    outs, grads, _ = eager_reference("gpt2", seed=7)
+    ex = Executor(graph, plan, planned_addresses="whole", overlap=True)
+    try:
+        for _ in range(2):
+            torch.manual_seed(7)
+            got = unpack_outputs(graph, ex(env).outputs)
+            assert_close(got.outputs[0], outs[0].detach(), rtol=1e-5, atol=1e-6)
+            for n, g in got.grads.items():
+                assert_close(g, grads[n], rtol=1e-5, atol=1e-6, msg=lambda m, n=n: f"grad of {n}: {m}")
+    finally:
+        ex.close()

@@ -120,7 +120,8 @@ def add(sub: argparse._SubParsersAction) -> None:
         "--planned-addresses",
         action="store_true",
         help="allocate the step's values at planned offsets in one buffer per device (MODeL's address assignment: "
-        "no caching-allocator holes; values without an out= variant, graph outputs and random ops run outside it)",
+        "no caching-allocator holes; ops without an out= variant and views run outside it; the outputs are valid "
+        "until the next run)",
     )
     add_shape_flag(r)
     r.set_defaults(run=cmd_run)
