@@ -50,7 +50,7 @@ from bench_offload import hidden_share
 from gpu.memory_report import frontier_plot, mib, render
 
 from xsched import zoo
-from xsched.allocator import reserved_range
+from xsched.allocator import reserved_range, segment_size
 from xsched.capture.torch import bind_inputs, capture
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Plan
@@ -77,6 +77,8 @@ def executors(graph: Graph, plan: Plan, a) -> dict[str, Executor]:
     if a.expandable_segments:
         exs["expandable"] = ex = Executor(graph, plan, check=False, overlap=a.lanes, expandable_segments=True)
         use_expandable_segments(ex.dev.values(), on=False)  # the setting is the process's: on only while it runs
+    if a.planned_addresses:  # its arena is allocated here, once: the runs' peaks above what is there exclude it
+        exs["arena"] = Executor(graph, plan, check=False, overlap=a.lanes, planned_addresses="whole")  # whole steps
     return exs
 
 
@@ -120,6 +122,12 @@ def plan_row(label: str, graph: Graph, plan: Plan, profile: Profile, env: dict, 
     grown = reserved_range(
         graph, plan, profile, devices=[compute], reuse=ex.reuse, side_streams=ex.overlap, expandable=True
     )[compute]
+    arena = exs["arena"].arena.planned.addresses if "arena" in exs else None
+    arena_predicted = (
+        reserved_range(graph, plan, profile, devices=[compute], reuse={}, side_streams=ex.overlap, arena=arena)[compute]
+        if arena is not None
+        else None
+    )
     try:
         runs = {k: functools.partial(run, k) for k in exs}
         got = timed({**runs, "eager": eager}, exs["default"].dev[compute], a.iters, a.warmup)
@@ -155,9 +163,12 @@ def plan_row(label: str, graph: Graph, plan: Plan, profile: Profile, env: dict, 
     if copies:
         row["lanes_s"], row["inline_s"] = (med["default"], med["other"]) if a.lanes else (med["other"], med["default"])
         row["hidden"] = (row["inline_s"] - row["lanes_s"]) / copy_s if a.lanes and copy_s > 0 else None
-    if "expandable" not in got:
-        return [row]
-    return [row, expandable_row(row, got["expandable"], counted["expandable"], grown)]
+    rows = [row]
+    if "expandable" in got:
+        rows.append(expandable_row(row, got["expandable"], counted["expandable"], grown))
+    if "arena" in got:
+        rows.append(arena_row(row, got["arena"], counted["arena"], arena, arena_predicted, compute))
+    return rows
 
 
 def expandable_row(row: dict, got: dict, counted: int, predicted: tuple) -> dict:
@@ -175,6 +186,22 @@ def expandable_row(row: dict, got: dict, counted: int, predicted: tuple) -> dict
     out |= {"predicted_reserved": predicted[0].step_reserved, "predicted_reserved_ahead": predicted[1].step_reserved}
     if row.get("copies"):
         out["hidden"] = None  # not measured for this run (its plan-order twin is not run)
+    return out
+
+
+def arena_row(row: dict, got: dict, counted: int, arena, predicted: tuple, compute: str) -> dict:
+    """The plan's row again, run with planned addresses (Executor(planned_addresses="whole"): whole steps): on CUDA its measured peak
+    and reserved growth above what was there before the run, plus the arena (allocated once, before: its bytes, and
+    the segment cudaMalloc gave it); the allocator model's prediction with the arena (the GPU keeping up, the host
+    ahead); the arena's bytes, their lower bound, and the most bytes the plan makes live outside it."""
+    out = expandable_row(row, got, counted, predicted)
+    n = arena.arena_bytes.get(compute, 0)
+    out["plan"] = f"{row['plan']}, planned addresses"
+    if got["peak"] is not None:
+        out["peak"] = got["peak"] + n
+        out["reserved"] = got["reserved"] + segment_size(n) if n else got["reserved"]
+    out |= {"arena": n, "arena_lower_bound": arena.lower_bound.get(compute, 0)}
+    out["arena_outside_peak"] = arena.outside_peak.get(compute, 0)
     return out
 
 
@@ -315,6 +342,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "logical CPUs a no-op, the plain run again)",
     )
     ap.add_argument(
+        "--planned-addresses",
+        action=argparse.BooleanOptionalAction,
+        help="after every xsched row, the same plan with Executor(planned_addresses=True): the step's values in one "
+        "arena per device (default: on CUDA only; on logical CPUs the row is predicted, its peak the executor's count)",
+    )
+    ap.add_argument(
         "--chunk-loss",
         type=int,
         metavar="K",
@@ -339,6 +372,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     a.lanes = not cpu if a.lanes is None else a.lanes
     a.xsched_compile = not cpu if a.xsched_compile is None else a.xsched_compile
     a.expandable_segments = not cpu if a.expandable_segments is None else a.expandable_segments
+    a.planned_addresses = not cpu if a.planned_addresses is None else a.planned_addresses
     a.argv = argv if argv is not None else sys.argv[1:]
     return a
 

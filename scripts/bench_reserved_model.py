@@ -1,7 +1,8 @@
 """Reserved memory the caching-allocator model (xsched.allocator) expects for plans of GPT-2 (6 layers, batch 8, T1024)
 with op costs measured on an NVIDIA H100 (benchmarks/gpu/): PyTorch's default allocator settings against expandable
 segments (the executor's `expandable_segments` option), copies' destinations from the side stream's pool or the
-compute stream's (`copy_pool`), from the GPU keeping up with the host to the host a step ahead. Each plan is solved
+compute stream's (`copy_pool`), from the GPU keeping up with the host to the host a step ahead, and planned addresses
+(the executor's `planned_addresses`: one arena, the values outside it with expandable segments). Each plan is solved
 by `auto` (or read from --plans-dir, where solved plans are kept) and replayed as the executor allocates it (its
 in-place reuse included). A model, not a measurement: no GPU runs.
 
@@ -18,6 +19,7 @@ from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Copy, Plan
 from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError
+from xsched.execute.arena import ArenaPlan
 from xsched.execute.compiled import reusable_inputs
 from xsched.solve import solve
 from xsched.solve.options import SolverOptions
@@ -48,6 +50,26 @@ def cell(low: ReservedPeak, high: ReservedPeak) -> str:
     return f"{over} ({step} MiB for {low.step_peak / MiB:,.0f})"
 
 
+def arena_cell(graph: Graph, plan: Plan, profile: Profile | None) -> str:
+    """Planned addresses in whole-step runs (`xsched run`, the benchmarks' executors), then where the caller is handed
+    the forward outputs at the autograd boundary (`wrap`: those outputs stay outside the arena): reserved over the
+    plan's peak (GPU keeping up, host ahead; the values outside the arena with expandable segments), the arena over
+    the plan's step peak beside its lower bound (the most placed bytes live at once), the share of the step's
+    allocated bytes made outside it."""
+    cells = []
+    for handed in (False, True):
+        arena = ArenaPlan(graph, plan, time_limit_s=10.0, handed=handed)
+        a = arena.addresses
+        low, high = reserved_range(graph, plan, profile, devices=[GPU], reuse={}, expandable=True, arena=a)[GPU]
+        outside = arena.outside_bytes().get(GPU, 0)
+        placed = sum(n for (_, d, _), n in a.sizes.items() if d == GPU)
+        over = f"{low.reserved / low.plan_peak:.3f}" + ("" if high == low else f"-{high.reserved / high.plan_peak:.3f}")
+        lb, top = a.lower_bound.get(GPU, 0) / low.step_peak, a.arena_bytes.get(GPU, 0) / low.step_peak
+        share = outside / max(outside + placed, 1)
+        cells.append(f"{over}; arena {top:.3f} (bound {lb:.3f}, {a.method}), {share:.0%} outside")
+    return " | ".join(cells)
+
+
 def plan_for(graph: Graph, profile: Profile, spec: str, limit: float, keep: Path | None) -> Plan:
     """`auto`'s plan at "PCT:store" (the host as a store) or "PCT:alone" (the GPU alone), or the eager plan."""
     if spec == "eager":
@@ -73,8 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     graph = Graph.load(DATA / "gpt2-full_n_layer6.graph.json.gz")
     profile = Profile.load(DATA / f"gpt2-full_n_layer6.{a.profile}.profile.json.gz")
-    print("| plan | copy pool | default: reserved / plan peak (step) | expandable segments |")
-    print("|---|---|---|---|")
+    print(
+        "| plan | copy pool | default: reserved / plan peak (step) | expandable segments "
+        "| planned addresses, whole steps | planned addresses, wrap |"
+    )
+    print("|---|---|---|---|---|---|")
     for spec in a.plans.split(","):
         try:
             plan = plan_for(graph, profile, spec, a.limit, a.plans_dir)
@@ -82,8 +107,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {spec} | - | no plan: {e.detail} | |", flush=True)
             continue
         got = predictions(graph, plan, profile)
+        placed = arena_cell(graph, plan, profile)
         for pool in dict.fromkeys(p for p, _ in got):
-            print(f"| {spec} | {pool} | {cell(*got[pool, False])} | {cell(*got[pool, True])} |", flush=True)
+            row = f"| {spec} | {pool} | {cell(*got[pool, False])} | {cell(*got[pool, True])} | {placed} |"
+            print(row, flush=True)
     return 0
 
 

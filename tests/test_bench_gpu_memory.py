@@ -37,6 +37,7 @@ def run(tmp_path_factory):
         "2",
         "--lanes",
         "--expandable-segments",
+        "--planned-addresses",
     ]
     argv += ["--json", str(out / "run.json"), "--out", str(out / "run.md"), "--save-profile", str(out)]
     assert bench.main(argv) == 0
@@ -55,12 +56,16 @@ def test_every_row_runs_or_says_why(run):
         "torch.compile, activation_memory_budget 0.5",
         "xsched eager plan",
         "xsched eager plan, expandable segments",
+        "xsched eager plan, planned addresses",
         "xsched 50%, cpu:0 alone",
         "xsched 50%, cpu:0 alone, expandable segments",
+        "xsched 50%, cpu:0 alone, planned addresses",
         "xsched 50%, cpu:1 store",
         "xsched 50%, cpu:1 store, expandable segments",
+        "xsched 50%, cpu:1 store, planned addresses",
         "xsched at checkpoint's peak, cpu:0 alone",
         "xsched at checkpoint's peak, cpu:0 alone, expandable segments",
+        "xsched at checkpoint's peak, cpu:0 alone, planned addresses",
     ]
     assert rows["torchtune OffloadActivations"]["error"] == "skipped: CUDA streams only"
     for name, row in rows.items():
@@ -80,6 +85,9 @@ def test_every_row_runs_or_says_why(run):
             row = rows[name]
             assert row["reserved"] is None and row["predicted_reserved"] <= row["predicted_reserved_ahead"], name
             assert row["counted_peak"] == rows[name.removesuffix(", expandable segments")]["counted_peak"], name
+    for name, row in rows.items():  # planned addresses: the arena at or above its bound, what runs outside beside it
+        if name.endswith(", planned addresses"):
+            assert row["arena"] >= row["arena_lower_bound"] > 0 and row["arena_outside_peak"] >= 0, name
     assert (out / "run_frontier.svg").read_text().count("<svg") == 1 and "run_frontier.svg" in (
         out / "run.md"
     ).read_text()

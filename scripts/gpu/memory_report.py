@@ -36,6 +36,9 @@ the plan on a model of the caching allocator (xsched.allocator, as `xsched plan 
 over the measured: a range, where they differ, from the GPU keeping up with the host to the host a step ahead.
 Rows `..., expandable segments`: the plan above run by Executor(expandable_segments=True), PyTorch's
 expandable_segments:True on for that run only, its reserved memory beside the model's prediction with them.
+Rows `..., planned addresses`: the plan run by Executor(planned_addresses=True), the step's values at planned offsets
+in one arena allocated before the run (its bytes and segment added to the step's peak and reserved growth), beside
+the model's prediction with the arena.
 torch.compile rows: `--compile-backend`, plain and with `torch._functorch.config.activation_memory_budget` = the
 xsched budget as a fraction (of the activations, not of the eager peak), each timed interleaved with eager PyTorch.
 Budgets: % of the simulated eager peak ({eager_peak}, of which {resident} resident); `at checkpoint's peak`:

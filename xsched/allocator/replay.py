@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
+from xsched.allocator.addresses import Addresses
 from xsched.allocator.caching import CachingAllocator
 from xsched.contracts.graph import Graph, Op
 from xsched.contracts.plan import Compute, Copy, Free, Plan
@@ -92,6 +93,7 @@ class _Replay(PlanInterpreter):
         host_ahead: bool,
         copy_pool: str = DEFAULT_COPY_POOL,
         expandable: bool = False,
+        arena: Addresses | None = None,
     ) -> None:
         super().__init__(graph, plan)
         if copy_pool not in COPY_POOLS:
@@ -110,6 +112,12 @@ class _Replay(PlanInterpreter):
         for m in self.models.values():  # the setting, from the step's first allocation on
             m.expandable = expandable
         self.base = {d: (m.allocated, m.reserved) for d, m in self.models.items()}
+        # planned addresses: one block for the arena, allocated once before the first step; its values allocate nothing
+        self.placed = set(arena.offsets) if arena is not None else set()
+        self.in_arena: set[tuple[str, str]] = set()
+        for d, n in (arena.arena_bytes if arena is not None else {}).items():
+            if n and d in self.models:
+                self.models[d].alloc("arena@", n)
 
     def workspace(self, i: int, s: Compute, op: Op) -> int:
         cost = self.profile.op_cost(op.id, s.device) if self.profile is not None else None
@@ -121,7 +129,9 @@ class _Replay(PlanInterpreter):
             return
         donor, replaced = self.reuse.get(i), []
         for v in op.outputs:
-            if donor is not None and donor in m.live:  # the op writes into its dying input's block (compile_inplace)
+            if (v, s.device, i) in self.placed:
+                self.in_arena.add((v, s.device))
+            elif donor is not None and donor in m.live:  # the op writes into its dying input's block (compile_inplace)
                 m.live[v] = m.live.pop(donor)
                 self.donors.add((donor, s.device))
             elif v in m.live:  # computed again while resident: the old tensor goes once the store holds the new
@@ -138,7 +148,9 @@ class _Replay(PlanInterpreter):
 
     def on_copy(self, i: int, s: Copy) -> None:
         m = self.models.get(s.dst)
-        if m is not None:
+        if (s.value, s.dst, i) in self.placed:
+            self.in_arena.add((s.value, s.dst))
+        elif m is not None:
             # from the host on lanes: the copy lane's side stream's pool (copy_pool "side"), else the compute one
             side = self.side_streams and s.src not in self.models and self.copy_pool == "side"
             m.alloc(s.value, self.nbytes[s.value], lane_of(s) if side else "compute")
@@ -150,6 +162,9 @@ class _Replay(PlanInterpreter):
             self.shared.add((s.value, s.src))
 
     def on_free(self, i: int, s: Free) -> None:
+        if (s.value, s.device) in self.in_arena:
+            self.in_arena.discard((s.value, s.device))
+            return
         m = self.models.get(s.device)
         shared = (s.value, s.device) in self.shared
         self.shared.discard((s.value, s.device))
@@ -185,6 +200,7 @@ def replay_reserved(
     host_ahead: bool = False,
     copy_pool: str = DEFAULT_COPY_POOL,
     expandable: bool = False,
+    arena: Addresses | None = None,
 ) -> dict[str, ReservedPeak]:
     """Per modelled device (default: every plan device that is not the host): the plan's allocations and frees
     replayed on PyTorch's caching allocator rules. `capacity`: device bytes where cudaMalloc fails (default none);
@@ -193,11 +209,22 @@ def replay_reserved(
     shared with it (record_stream; off: in plan order on the compute stream, nothing shared). The GPU's progress is unknown: by default blocks freed after use
     on another stream are back in their pool by the next allocation (the GPU keeps up); with `host_ahead` not until
     the step ends (the host runs a whole step ahead, as the executor's lanes may). A run lies between the two.
-    `copy_pool`: the executor's option of that name (COPY_POOLS); `expandable`: its `expandable_segments` option."""
+    `copy_pool`: the executor's option of that name (COPY_POOLS); `expandable`: its `expandable_segments` option;
+    `arena`: its `planned_addresses` (xsched.execute.arena's addresses): the arena one block, its values none."""
     if devices is None:
         devices = [d for d in plan.devices if not is_host(d, profile)]
     replay = _Replay(
-        graph, plan, profile, devices, capacity or {}, reuse or {}, side_streams, host_ahead, copy_pool, expandable
+        graph,
+        plan,
+        profile,
+        devices,
+        capacity or {},
+        reuse or {},
+        side_streams,
+        host_ahead,
+        copy_pool,
+        expandable,
+        arena,
     )
     return replay.run()
 
@@ -212,6 +239,7 @@ def reserved_range(
     side_streams: bool = True,
     copy_pool: str = DEFAULT_COPY_POOL,
     expandable: bool = False,
+    arena: Addresses | None = None,
 ) -> dict[str, tuple[ReservedPeak, ReservedPeak]]:
     """Per modelled device: (the GPU keeping up, the host a step ahead), the two ends between which a run is
     expected; the same twice where no tensor is shared across streams. Arguments as replay_reserved's."""
@@ -226,6 +254,7 @@ def reserved_range(
             host_ahead=ahead,
             copy_pool=copy_pool,
             expandable=expandable,
+            arena=arena,
         )
         for ahead in (False, True)
     )

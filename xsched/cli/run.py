@@ -48,6 +48,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         predicted_from=source,
         compile=args.compile,
         expandable_segments=args.expandable_segments,
+        planned_addresses="whole" if args.planned_addresses else False,  # whole steps: nothing handed midway
     )
     traced = None
     if args.trace:  # one more run, every step timed, after the measured ones (their timings stay untraced)
@@ -114,6 +115,13 @@ def add(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="turn on PyTorch's CUDA expandable_segments before the plan's first allocation (fewer reserved bytes "
         "lost to fragmentation, as `xsched plan --explain` predicts; a no-op on CPU devices)",
+    )
+    r.add_argument(
+        "--planned-addresses",
+        action="store_true",
+        help="allocate the step's values at planned offsets in one buffer per device (MODeL's address assignment: "
+        "no caching-allocator holes; ops without an out= variant and views run outside it; the outputs are valid "
+        "until the next run)",
     )
     add_shape_flag(r)
     r.set_defaults(run=cmd_run)

@@ -31,6 +31,7 @@ from xsched.contracts.plan import Compute, Copy, Free, Plan, required_homes
 from xsched.contracts.random_ops import random_ops
 from xsched.errors import PlanError, XschedError
 from xsched.execute.alloc_settings import use_expandable_segments
+from xsched.execute.arena import ARENA_KINDS, Arena
 from xsched.execute.compiled import reusable_inputs
 from xsched.execute.program import PreparedPlan, inline_program
 from xsched.execute.reference import RunTrace, torch_device
@@ -73,6 +74,9 @@ class Executor:
     `expandable_segments`: turn on the CUDA caching allocator's expandable segments here, before the plan's first
     allocation (execute.alloc_settings; process-wide, for the segments made from now on; off by default, as no GPU
     run has measured it yet). `self.expandable_segments` says whether it was set: False on CPU devices, a no-op.
+    `planned_addresses`: values the step makes live at planned offsets in one buffer per device (execute.arena,
+    `self.arena`; in-place reuse off), so the device holds its homed inputs, the arena and what runs outside it;
+    "whole": whole-step runs, nothing handed over at the autograd boundary: outputs are placed too, valid until the next run.
     """
 
     def __init__(
@@ -89,6 +93,7 @@ class Executor:
         compile: bool = False,
         copy_pool: str = DEFAULT_COPY_POOL,
         expandable_segments: bool = False,
+        planned_addresses: bool | str = False,
     ) -> None:
         if copy_pool not in COPY_POOLS:
             raise XschedError(f"copy_pool must be one of {', '.join(COPY_POOLS)}, not {copy_pool!r}", stage="execute")
@@ -114,7 +119,7 @@ class Executor:
             for d in self.names
         ]
         steps = plan.steps
-        self.reuse = reusable_inputs(graph, steps, watch) if inplace else {}
+        self.reuse = reusable_inputs(graph, steps, watch) if inplace and not planned_addresses else {}
         # the simulator's overlapped model, with the frees that wait only on their compute lane run on it
         self.lane_of = inline_free_lanes(graph, steps)
         self.deps = step_waits(graph, steps, self.random, self.lane_of)
@@ -127,7 +132,9 @@ class Executor:
                 counts[s.op] = counts.get(s.op, 0) + 1
         self.recomputed = tuple(o for o, n in counts.items() if n > 1)
         self.recomputed_random = self.random & frozenset(self.recomputed)  # only these need their RNG state saved
-        kinds = {**STEP_KINDS, **(table or {})}
+        whole = planned_addresses == "whole"
+        self.arena = Arena(graph, plan, self.dev, watch, handed=not whole) if planned_addresses else None
+        kinds = {**STEP_KINDS, **(ARENA_KINDS if self.arena else {}), **(table or {})}
         self.fns: list[StepFn] = prepare_steps(self, kinds, check)
         # inline slices run as generated programs, unless a custom step kind must see its steps
         self._generate = kinds[Compute] is prepare_compute and kinds[Free] is prepare_free

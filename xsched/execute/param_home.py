@@ -15,6 +15,7 @@ import torch
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Plan
 from xsched.errors import XschedError
+from xsched.execute.arena import prepare_arena_copy
 from xsched.execute.compiled import getter
 from xsched.execute.executor import Executor
 from xsched.execute.steps import RunState, StepFn, prepare_copy
@@ -189,7 +190,7 @@ class ParamPoints:
     def copy_kind(self, ex: Executor, i: int, s: Copy) -> StepFn:
         """The executor's step kind for copies: a read out of a home waits for the parameter's update; a marked
         copy counts down the parameters it marks, with a CUDA event after it where it runs on a GPU."""
-        fn = prepare_copy(ex, i, s)
+        fn = (prepare_arena_copy if ex.arena is not None else prepare_copy)(ex, i, s)  # into its slot, if planned
         read, names = self.reads.get(i), self.marks.get(i)
         if read is None and names is None:
             return fn

@@ -128,13 +128,23 @@ def measure(
     predicted_from: str | None = None,
     compile: bool = False,
     expandable_segments: bool = False,
+    planned_addresses: bool | str = False,
 ) -> RunReport:
     """Run the whole plan with inputs `env` until its time settles (or `warmup` times when given), then `iters` times
-    measured; measured figures beside the predicted. `expandable_segments`: the executor's option of that name."""
+    measured; measured figures beside the predicted. `expandable_segments`, `planned_addresses`: the executor's options
+    of those names."""
     if iters < 1:
         raise XschedError(f"iters must be at least 1, got {iters}", stage="execute")
     sim = simulate(graph, plan, profile, check_budgets=False)
-    ex = Executor(graph, plan, devices, check=False, compile=compile, expandable_segments=expandable_segments)
+    ex = Executor(
+        graph,
+        plan,
+        devices,
+        check=False,
+        compile=compile,
+        expandable_segments=expandable_segments,
+        planned_addresses=planned_addresses,
+    )
     try:
         warmed = warm_up(lambda: (ex(env), _sync(ex)), warmup)
         cuda = {d: ex.dev[d] for d in ex.names if ex.dev[d].type == "cuda"}

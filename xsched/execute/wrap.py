@@ -97,9 +97,11 @@ class XschedModule(CompiledReplans, nn.Module):
         hold_outputs: bool = True,
         expandable_segments: bool = False,
         chunk_loss: int | None = None,
+        planned_addresses: bool = False,
     ) -> None:
         super().__init__()
         self.expandable_segments = expandable_segments  # the Executor's option: CUDA's expandable_segments on
+        self.planned_addresses = planned_addresses  # the Executor's option: the step's values in one arena
         self.chunk_loss = chunk_loss  # the training graphs' cross-entropy in this many row blocks (see `wrap`)
         self.hold_outputs = hold_outputs  # the caller keeps the outputs through backward (see `wrap`)
         self.grad_outputs = grad_outputs  # which outputs the training graphs differentiate (see `wrap`)
@@ -251,6 +253,7 @@ class XschedModule(CompiledReplans, nn.Module):
             table={Copy: points.copy_kind},
             compile=self.compile,
             expandable_segments=self.expandable_segments,
+            planned_addresses=self.planned_addresses,
         )
         points.bind(ex)
         return Compiled(
@@ -375,6 +378,7 @@ def wrap(
     hold_outputs: bool = True,
     expandable_segments: bool = False,
     chunk_loss: int | None = None,
+    planned_addresses: bool = False,
 ) -> XschedModule:
     """`model` as a module whose training steps run an xsched plan within `budgets` (see XschedModule): method
     "auto" by default, within `time_limit` seconds (default 60), on costs measured once and cached (`profile`).
@@ -390,7 +394,7 @@ def wrap(
     does (`logits = model(x); F.cross_entropy(logits, y).backward()`), so the plan counts them resident from the
     forward's end to the backward's; False where the caller drops them before `backward()` (the plan may then
     free and recompute them). `expandable_segments`: the Executor's option (CUDA's expandable segments, set before
-    the plan's first allocation; a no-op on CPU devices).
+    the plan's first allocation; a no-op on CPU devices); `planned_addresses`: its option of that name (execute.arena).
     `chunk_loss`: the training graph's cross-entropy (log_softmax + nll_loss, and its backward through the logits'
     matmul) computed in this many blocks of rows, so that no [tokens, vocab] tensor but the logits is made whole
     (xsched.capture.chunk_loss); a model without one is a one-line error."""
@@ -415,4 +419,5 @@ def wrap(
         hold_outputs,
         expandable_segments,
         chunk_loss,
+        planned_addresses,
     )
