@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from xsched.errors import XschedError
 from xsched.solve.intervals.data import IntervalData
 from xsched.solve.intervals.extract import Placement
+from xsched.solve.intervals.link_time import build_link_time, hint_times
 
 KEEP = 8  # incumbents kept besides the last: the first (a completed hint) and the latest others
 COMPLETE_SHARE = 0.1  # at most this share of the time to complete a hint (its unhinted literals) before the search
@@ -80,23 +81,17 @@ def solve_cpsat(
             m.AddImplication(lit, a[k])
             m.Add(s[k] == start).OnlyEnforceIf(lit)
         m.AddBoolOr(f)
-    serial = {  # serial[k]: copy k feeds a compute of its own stage, which waits for it (its time counts whole)
-        k: m.NewBoolVar(f"serial{k}") for k, sl in enumerate(data.slots) if sl.kind == "copy" and sl.cost > 0
-    }
-    last_stage: dict[int, object] = {}  # copy slot -> literal: it is one of the final copies (nothing after it)
+    lt = build_link_time(m, data, a, stage)  # link_time.py: stage times, copies on their link's time
     for r in data.reads:  # a step reads each input from a used slot that started before it and still holds it
         z = [m.NewBoolVar(f"z{r.slot}_{r.value}_{f}") for f in r.feeders]
         for lit, f in zip(z, r.feeders):
             m.AddImplication(lit, a[f])
             m.Add(s[f] < s[r.slot]).OnlyEnforceIf(lit)
             m.Add(e[(f, r.value)] >= s[r.slot]).OnlyEnforceIf(lit)
-            if f in serial and not r.strict:  # else the copy ran in an earlier stage, beside that stage's computes
-                m.Add(s[f] + data.width + data.offset(r.slot) <= s[r.slot]).OnlyEnforceIf([lit, serial[f].Not()])
-            if r.strict and r.slot in serial:  # a copy's source held through the copy's stage, else it is serial
-                held = [lit, serial[r.slot].Not(), *_before_end(m, data, r.slot, stage, last_stage)]
-                m.Add(e[(f, r.value)] >= s[r.slot] + data.width - 1).OnlyEnforceIf(held)
+            lt.read(m, lit, f, r.slot)  # a copy's readers after it is over
+            if r.strict:  # a copy's source held until it is over
+                lt.hold(m, lit, e[(f, r.value)], r.slot)
         m.AddBoolOr([*z, a[r.slot].Not()])
-    beyond = _links(m, data, a, stage)
     for v, devs in data.ends:  # every graph output resident at the end (on its required home when it has one)
         y = []
         for d in devs:
@@ -129,15 +124,11 @@ def solve_cpsat(
             for k in ks:
                 m.AddImplication(a[k], lit)
         m.AddAtMostOne(used)
-    run_time = (  # the timed objective (data.py): computes, links beyond them, serial copies
-        sum(sl.cost * a[k] for k, sl in enumerate(data.slots) if sl.kind == "compute")
-        + sum(beyond)
-        + sum(data.slots[k].cost * lit for k, lit in serial.items())
-    )
-    # a byte over the budget costs more than any plan's time (at most every slot, and each copy again as serial)
-    heavy = sum(sl.cost for sl in data.slots) + sum(sl.cost for sl in data.slots if sl.kind == "copy") + 1
+    run_time = lt.final  # the final time of the stages and the copies on their links (link_time.py)
+    heavy = lt.horizon + 1  # a byte over the budget costs more than any plan's time
     m.Minimize(run_time + heavy * sum(excess) if soft and excess else run_time)
     if hint:
+        hint_times(m, lt, hint)
         for k, sl in enumerate(data.slots):
             m.AddHint(a[k], k in hint)
             if k in hint:
@@ -198,19 +189,6 @@ def _complete_hint(m, limit_s: float, workers: int, seed: int) -> None:
         m.AddHint(m.GetIntVarFromProtoIndex(i), value)
 
 
-def _before_end(m, data: IntervalData, k: int, stage: list, last_stage: dict) -> list:
-    """[literal: copy slot k is not one of the final copies] if it can be one (no compute follows those: their
-    source needs no holding), else []."""
-    starts = data.slots[k].starts
-    if starts[-1] != data.end:
-        return []
-    if k not in last_stage:
-        final = last_stage[k] = m.NewBoolVar(f"final{k}")
-        m.Add(stage[k] == len(starts) - 1).OnlyEnforceIf(final)
-        m.Add(stage[k] < len(starts) - 1).OnlyEnforceIf(final.Not())
-    return [last_stage[k].Not()]
-
-
 def _held(m, data: IntervalData, a: list, s: list, e: dict) -> None:
     """Each held output: some slot started before the boundary holds it to the end, and a slot holding it at the
     boundary is never ended before the end (hold_to_end's pinned residencies)."""
@@ -231,41 +209,6 @@ def _held(m, data: IntervalData, a: list, s: list, e: dict) -> None:
                 across.append(both)
         if across:  # else its producer comes after the boundary in this order: nothing held (as hold_to_end)
             m.AddBoolOr(across)
-
-
-def _links(m, data: IntervalData, a: list, stage: list) -> list:
-    """beyond[j] >= the copies of each link in stage j less the stage's least compute (data.py's timed objective),
-    as one cumulative per link over stage numbers: each copy takes its stage with its time, and a fixed filler in
-    stage j takes all but floor[j] + beyond[j] of the capacity. O(slots + stages), where a literal per copy and
-    candidate stage came to 320,000 on GPT-2 with a host store."""
-    loads = data.link_loads()
-    most: dict[int, int] = {}  # stage -> its busiest link's copies, all used
-    for (j, _, _), ks in loads.items():
-        most[j] = max(most.get(j, 0), sum(data.slots[k].cost for k, _ in ks))
-    beyond = {
-        j: m.NewIntVar(0, total - data.floor[j], f"beyond{j}")
-        for j, total in sorted(most.items())
-        if total > data.floor[j]  # else no link of this stage can outlast its least compute
-    }
-    by_link: dict[tuple[int, int], set[int]] = {}
-    for j, src, dst in loads:
-        if j in beyond:
-            by_link.setdefault((src, dst), set()).add(j)
-    cap = max(data.floor) + sum(sl.cost for sl in data.slots if sl.kind == "copy")  # every filler's demand >= 0
-    for (src, dst), stages in sorted(by_link.items()):
-        copies = [
-            k
-            for k, sl in enumerate(data.slots)
-            if sl.kind == "copy" and sl.cost > 0 and (sl.src, sl.device) == (src, dst)
-        ]
-        items = []
-        for k in copies:
-            first = data.stage(data.slots[k].starts[0])
-            items.append((m.NewOptionalFixedSizeIntervalVar(first + stage[k], 1, a[k], f"on{k}"), data.slots[k].cost))
-        for j in sorted(stages):
-            items.append((m.NewFixedSizeIntervalVar(j, 1, f"fill{src}_{dst}_{j}"), cap - data.floor[j] - beyond[j]))
-        m.AddCumulative([x for x, _ in items], [w for _, w in items], cap)
-    return list(beyond.values())
 
 
 def _Incumbents(data: IntervalData, a: list, stage: list, e: dict, excess: list):  # built lazily (ortools optional)
