@@ -70,6 +70,10 @@ def build_link_time(m, data: IntervalData, a: list, stage: list) -> LinkTime:
     copies = [k for k, sl in enumerate(data.slots) if sl.kind == "copy" and sl.cost > 0]
     horizon = sum(sl.cost for sl in data.slots) + 1  # every used step one after another fits
     lt = LinkTime(data, stage_of, horizon=horizon)
+    work = sum(data.slots[k].cost * a[k] for k in computes)  # every compute, one after another
+    if not copies:  # no copy takes time: the final time is the computes' (the sequential objective, linear)
+        lt.final = work
+        return lt
     # ---- variable groups
     T = [m.NewIntVar(0, horizon, f"T{j}") for j in range(n + 1)]  # T[j]: stage j issues its copies
     U = [m.NewIntVar(0, horizon, f"U{j}") for j in range(n + 1)]  # U[j]: stage j's computes start
@@ -102,6 +106,7 @@ def build_link_time(m, data: IntervalData, a: list, stage: list) -> LinkTime:
         m.Add(U[j] >= T[j])
         m.Add(T[j + 1] >= U[j] + P[j])
     m.Add(U[n] == T[n])
+    m.Add(T[n] >= work)  # redundant (the stages add up to it): the linear relaxation's bound, as without copies
     load = [(m.NewOptionalFixedSizeIntervalVar(stage_of[k], 1, a[k], f"at{k}"), data.slots[k].cost) for k in computes]
     for j in range(n):  # P[j] >= the computes of stage j: a cumulative over stage numbers, filler cap - P[j]
         load.append((m.NewFixedSizeIntervalVar(j, 1, f"pfill{j}"), cap - P[j]))
@@ -148,6 +153,8 @@ def hint_times(m, lt: LinkTime, placed: Mapping[int, tuple[int, tuple[int, ...]]
     """Hint the time variables of placement `placed` (slot -> start, ends): each copy over as late as its readers
     and its source allow, every step as early as it can. CP-SAT found no time for a fixed GPT-2 placement in 100 s
     without it."""
+    if not lt.times:  # no time variables (no copy takes time)
+        return
     data, n, w = lt.data, len(lt.data.order) + 2, lt.data.width
     T, U, P, c, G = (lt.times[x] for x in "TUPcG")
     sigma = {k: data.stage(start) for k, (start, _) in placed.items()}

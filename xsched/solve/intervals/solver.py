@@ -105,7 +105,8 @@ def solve_intervals(
             times["solve_s"] += out.solve_s
         if out.placed is not None:
             t1 = time.perf_counter()
-            # the model's time is an estimate (copies longer than a stage count beyond it): its earlier solutions,
+            # the model's time is an estimate (HiGHS: copies longer than a stage count beyond it; CP-SAT: an upper
+            # one but where a link's copies of one stage run in another order than the plan's): its earlier solutions,
             # the completed hint first, are replayed too, and the simulator's best is kept
             for cost, placed in ((out.objective, out.placed), *reversed(out.incumbents)):  # a tie: the latest
                 plan = to_plan(data, placed, SolveResult(f"intervals-{backend}", "feasible"))
