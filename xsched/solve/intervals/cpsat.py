@@ -45,12 +45,17 @@ def solve_cpsat(
     hint: Placement | None = None,
     verbose: bool = False,
     soft: bool = False,
+    timing: str = "links",
 ) -> Outcome:
     """Solve `data` within `time_limit_s`; workers 0: one per core; hint: a (partial) placement to start from.
 
     soft: the first phase for a hint over the budgets: each capacity may be exceeded at a cost above any plan's
     time, and the search stops at the first plan within the budgets (status "feasible"); a plan still over them
-    comes back with status "relaxed", as a hint for the next phase."""
+    comes back with status "relaxed", as a hint for the next phase.
+
+    timing: "links" (link_time.py: copies on their links' time; the simulator's makespan on the plans tried) or
+    "stages" (data.py's timed objective: an upper estimate where copies outlast their stage, but CP-SAT finds first
+    plans with it from nothing where "links" found none in a minute, even on 6 ops)."""
     try:
         from ortools.sat.python import cp_model
     except ImportError as e:
@@ -81,17 +86,28 @@ def solve_cpsat(
             m.AddImplication(lit, a[k])
             m.Add(s[k] == start).OnlyEnforceIf(lit)
         m.AddBoolOr(f)
-    lt = build_link_time(m, data, a, stage)  # link_time.py: stage times, copies on their link's time
+    if timing == "links":  # link_time.py: stage times, copies on their link's time
+        lt, serial, last_stage = build_link_time(m, data, a, stage), {}, {}
+    else:  # serial[k]: copy k feeds a compute of its own stage, which waits for it (its time counts whole)
+        lt, last_stage = None, {}  # last_stage: copy slot -> literal: one of the final copies (nothing after it)
+        serial = {k: m.NewBoolVar(f"serial{k}") for k, sl in enumerate(data.slots) if sl.kind == "copy" and sl.cost > 0}
     for r in data.reads:  # a step reads each input from a used slot that started before it and still holds it
         z = [m.NewBoolVar(f"z{r.slot}_{r.value}_{f}") for f in r.feeders]
         for lit, f in zip(z, r.feeders):
             m.AddImplication(lit, a[f])
             m.Add(s[f] < s[r.slot]).OnlyEnforceIf(lit)
             m.Add(e[(f, r.value)] >= s[r.slot]).OnlyEnforceIf(lit)
-            lt.read(m, lit, f, r.slot)  # a copy's readers after it is over
-            if r.strict:  # a copy's source held until it is over
-                lt.hold(m, lit, e[(f, r.value)], r.slot)
+            if lt is not None:  # a copy's readers after it is over, its source held until then
+                lt.read(m, lit, f, r.slot)
+                if r.strict:
+                    lt.hold(m, lit, e[(f, r.value)], r.slot)
+            if f in serial and not r.strict:  # else the copy ran in an earlier stage, beside that stage's computes
+                m.Add(s[f] + data.width + data.offset(r.slot) <= s[r.slot]).OnlyEnforceIf([lit, serial[f].Not()])
+            if r.strict and r.slot in serial:  # a copy's source held through the copy's stage, else it is serial
+                held = [lit, serial[r.slot].Not(), *_before_end(m, data, r.slot, stage, last_stage)]
+                m.Add(e[(f, r.value)] >= s[r.slot] + data.width - 1).OnlyEnforceIf(held)
         m.AddBoolOr([*z, a[r.slot].Not()])
+    beyond = _links(m, data, a, stage) if lt is None else []
     for v, devs in data.ends:  # every graph output resident at the end (on its required home when it has one)
         y = []
         for d in devs:
@@ -124,18 +140,33 @@ def solve_cpsat(
             for k in ks:
                 m.AddImplication(a[k], lit)
         m.AddAtMostOne(used)
-    run_time = lt.final  # the final time of the stages and the copies on their links (link_time.py)
-    heavy = lt.horizon + 1  # a byte over the budget costs more than any plan's time
+    if lt is not None:
+        run_time, heavy = lt.final, lt.horizon + 1  # a byte over the budget costs more than any plan's time
+    else:
+        run_time = (  # the timed objective (data.py): computes, links beyond them, serial copies
+            sum(sl.cost * a[k] for k, sl in enumerate(data.slots) if sl.kind == "compute")
+            + sum(beyond)
+            + sum(data.slots[k].cost * lit for k, lit in serial.items())
+        )
+        # a byte over the budget costs more than any plan's time (at most every slot, and each copy again as serial)
+        heavy = sum(sl.cost for sl in data.slots) + sum(sl.cost for sl in data.slots if sl.kind == "copy") + 1
     m.Minimize(run_time + heavy * sum(excess) if soft and excess else run_time)
     if hint:
-        hint_times(m, lt, hint)
-        for k, sl in enumerate(data.slots):
-            m.AddHint(a[k], k in hint)
-            if k in hint:
-                m.AddHint(stage[k], (hint[k][0] - sl.starts[0]) // data.width)
-                for v, ev in zip(sl.values, hint[k][1]):
-                    m.AddHint(e[(k, v)], ev)
-        _complete_hint(m, COMPLETE_SHARE * time_limit_s, workers, seed)
+
+        def placement_hint() -> None:
+            for k, sl in enumerate(data.slots):
+                m.AddHint(a[k], k in hint)
+                if k in hint:
+                    m.AddHint(stage[k], (hint[k][0] - sl.starts[0]) // data.width)
+                    for v, ev in zip(sl.values, hint[k][1]):
+                        m.AddHint(e[(k, v)], ev)
+
+        placement_hint()
+        if lt is not None:  # its times: a large placement's are not found in time without them
+            hint_times(m, lt, hint)
+        if not _complete_hint(m, COMPLETE_SHARE * time_limit_s, workers, seed):
+            m.ClearHints()  # not a plan (over the budgets, say): its times would only mislead the search
+            placement_hint()
     build_s = time.perf_counter() - t0
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(time_limit_s - build_s, 0.05)
@@ -170,10 +201,10 @@ def solve_cpsat(
     )
 
 
-def _complete_hint(m, limit_s: float, workers: int, seed: int) -> None:
+def _complete_hint(m, limit_s: float, workers: int, seed: int) -> bool:
     """Solve with the hinted variables fixed (fast: only the read, end and stage literals are left) and hint every
     variable from that solution: CP-SAT then starts from the hint itself, where a partial hint of a large model was
-    often repaired into a worse plan. Left as it is when the hint is infeasible or not completed in time."""
+    often repaired into a worse plan. Left as it is (False) when the hint is infeasible or not completed in time."""
     from ortools.sat.python import cp_model
 
     solver = cp_model.CpSolver()
@@ -182,11 +213,25 @@ def _complete_hint(m, limit_s: float, workers: int, seed: int) -> None:
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = seed
     if solver.Solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return
+        return False
     values = list(solver.ResponseProto().solution)
     m.ClearHints()
     for i, value in enumerate(values):
         m.AddHint(m.GetIntVarFromProtoIndex(i), value)
+    return True
+
+
+def _before_end(m, data: IntervalData, k: int, stage: list, last_stage: dict) -> list:
+    """[literal: copy slot k is not one of the final copies] if it can be one (no compute follows those: their
+    source needs no holding), else []."""
+    starts = data.slots[k].starts
+    if starts[-1] != data.end:
+        return []
+    if k not in last_stage:
+        final = last_stage[k] = m.NewBoolVar(f"final{k}")
+        m.Add(stage[k] == len(starts) - 1).OnlyEnforceIf(final)
+        m.Add(stage[k] < len(starts) - 1).OnlyEnforceIf(final.Not())
+    return [last_stage[k].Not()]
 
 
 def _held(m, data: IntervalData, a: list, s: list, e: dict) -> None:
@@ -209,6 +254,41 @@ def _held(m, data: IntervalData, a: list, s: list, e: dict) -> None:
                 across.append(both)
         if across:  # else its producer comes after the boundary in this order: nothing held (as hold_to_end)
             m.AddBoolOr(across)
+
+
+def _links(m, data: IntervalData, a: list, stage: list) -> list:
+    """beyond[j] >= the copies of each link in stage j less the stage's least compute (data.py's timed objective),
+    as one cumulative per link over stage numbers: each copy takes its stage with its time, and a fixed filler in
+    stage j takes all but floor[j] + beyond[j] of the capacity. O(slots + stages), where a literal per copy and
+    candidate stage came to 320,000 on GPT-2 with a host store."""
+    loads = data.link_loads()
+    most: dict[int, int] = {}  # stage -> its busiest link's copies, all used
+    for (j, _, _), ks in loads.items():
+        most[j] = max(most.get(j, 0), sum(data.slots[k].cost for k, _ in ks))
+    beyond = {
+        j: m.NewIntVar(0, total - data.floor[j], f"beyond{j}")
+        for j, total in sorted(most.items())
+        if total > data.floor[j]  # else no link of this stage can outlast its least compute
+    }
+    by_link: dict[tuple[int, int], set[int]] = {}
+    for j, src, dst in loads:
+        if j in beyond:
+            by_link.setdefault((src, dst), set()).add(j)
+    cap = max(data.floor) + sum(sl.cost for sl in data.slots if sl.kind == "copy")  # every filler's demand >= 0
+    for (src, dst), stages in sorted(by_link.items()):
+        copies = [
+            k
+            for k, sl in enumerate(data.slots)
+            if sl.kind == "copy" and sl.cost > 0 and (sl.src, sl.device) == (src, dst)
+        ]
+        items = []
+        for k in copies:
+            first = data.stage(data.slots[k].starts[0])
+            items.append((m.NewOptionalFixedSizeIntervalVar(first + stage[k], 1, a[k], f"on{k}"), data.slots[k].cost))
+        for j in sorted(stages):
+            items.append((m.NewFixedSizeIntervalVar(j, 1, f"fill{src}_{dst}_{j}"), cap - data.floor[j] - beyond[j]))
+        m.AddCumulative([x for x, _ in items], [w for _, w in items], cap)
+    return list(beyond.values())
 
 
 def _Incumbents(data: IntervalData, a: list, stage: list, e: dict, excess: list):  # built lazily (ortools optional)

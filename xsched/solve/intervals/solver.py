@@ -77,7 +77,9 @@ def solve_intervals(
         if backend == "cpsat" and best is None and C == C_START and not _fits(warm_start, order, graph):
             # no plan of this order to start from: a short search on the model as it is (often enough), then one
             # with the budgets made soft (bytes over them cost more than any plan's time) from where it stopped
-            out = _run(data, backend, HARD_SHARE * left, hint, seed, workers, options)
+            # (CP-SAT on data.py's stage objective: on link_time.py's it found no first plan in a minute, even on
+            # 6 ops; the next C, or the next call, starts link time from the plan found here)
+            out = _run(data, backend, HARD_SHARE * left, hint, seed, workers, options, "stages")
             times["build_s"] += out.build_s
             times["solve_s"] += out.solve_s
             if out.placed is None and out.status != "infeasible":
@@ -88,13 +90,21 @@ def solve_intervals(
                     seed,
                     hint,
                     soft=True,
+                    timing="stages",
                 )
                 times["build_s"] += soft.build_s
                 times["solve_s"] += soft.solve_s
                 hint = soft.placed or hint
             if out.status not in ("optimal", "infeasible"):  # the rest of the time, from the best start known
                 more = _run(
-                    data, backend, limit - (time.perf_counter() - t0), out.placed or hint, seed, workers, options
+                    data,
+                    backend,
+                    limit - (time.perf_counter() - t0),
+                    out.placed or hint,
+                    seed,
+                    workers,
+                    options,
+                    "stages",
                 )
                 times["build_s"] += more.build_s
                 times["solve_s"] += more.solve_s
@@ -174,10 +184,18 @@ run_highs = from_plan(intervals_highs, proofs=False)
 
 
 def _run(
-    data: IntervalData, backend: str, left: float, hint, seed: int, workers: int, options: SolverOptions
+    data: IntervalData,
+    backend: str,
+    left: float,
+    hint,
+    seed: int,
+    workers: int,
+    options: SolverOptions,
+    timing: str = "links",
 ) -> Outcome:
     if backend == "cpsat":
-        return solve_cpsat(data, left, workers or (options.solver_threads or 0), seed, hint, options.verbose)
+        threads = workers or (options.solver_threads or 0)
+        return solve_cpsat(data, left, threads, seed, hint, options.verbose, timing=timing)
     if backend == "highs":
         from xsched.solve.intervals.highs import solve_highs_intervals
 
