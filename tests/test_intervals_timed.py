@@ -113,8 +113,10 @@ def slow_link_case(bandwidth: float) -> tuple:
 @pytest.mark.parametrize(("bandwidth", "want"), [(40.0, 16.0), (30.0, 16.0 + 2 * (0.01 + 100 / 30 - 3))])
 def test_the_models_time_is_the_simulated_makespan_with_copies_longer_than_a_stage(bandwidth, want) -> None:
     g, profile, budgets, homes = slow_link_case(bandwidth)
-    # from nothing, C = 2 runs the stage objective (a first plan), C = 3 link time from its plan
-    plan = solve_intervals(Problem(g, profile, budgets, list(DEVICES), homes), EXACT, workers=1, c_max=3)
+    problem = Problem(g, profile, budgets, list(DEVICES), homes)
+    warm = solve_intervals(problem, EXACT, workers=1, c_max=2)  # the stage objective's plan: it recomputes
+    assert warm.predicted.makespan_s == pytest.approx(17.0)
+    plan = solve_intervals(problem, EXACT, warm, workers=1, c_max=2)  # link time, from that plan
     assert_prediction_matches(g, plan, profile, budgets)
     assert [s.value for s in plan.steps if isinstance(s, Copy)] == ["a0", "a0"]  # parked, nothing recomputed
     assert sum(isinstance(s, Compute) for s in plan.steps) == len(g.ops)

@@ -62,6 +62,11 @@ def solve_intervals(
     order = tuple(order)
     # a warm start running this order gets a slot for each of its steps, even past C: a complete hint
     least = step_counts(graph, warm_start, devices) if _fits(warm_start, order, graph) else None
+    # CP-SAT times copies on their links (link_time.py) from a plan of this order, where one device computes (a
+    # store beside it): from nothing it found no first plan in a minute even on 6 ops; with two computing devices
+    # (which it times one after another, as the stage objective does) it proved no optimum of test_auto's 30 s case
+    one = sum(1 for d in devices if profile.compute.get(d)) == 1
+    timing = "links" if least is not None and one else "stages"
     best: Plan | None = None
     hint = None
     C, times = C_START, {"build_s": 0.0, "solve_s": 0.0, "extract_s": 0.0}
@@ -77,8 +82,6 @@ def solve_intervals(
         if backend == "cpsat" and best is None and C == C_START and not _fits(warm_start, order, graph):
             # no plan of this order to start from: a short search on the model as it is (often enough), then one
             # with the budgets made soft (bytes over them cost more than any plan's time) from where it stopped
-            # (CP-SAT on data.py's stage objective: on link_time.py's it found no first plan in a minute, even on
-            # 6 ops; the next C, or the next call, starts link time from the plan found here)
             out = _run(data, backend, HARD_SHARE * left, hint, seed, workers, options, "stages")
             times["build_s"] += out.build_s
             times["solve_s"] += out.solve_s
@@ -110,7 +113,7 @@ def solve_intervals(
                 times["solve_s"] += more.solve_s
                 out = more if more.placed is not None or out.placed is None else out
         else:
-            out = _run(data, backend, left, hint, seed, workers, options)
+            out = _run(data, backend, left, hint, seed, workers, options, timing)
             times["build_s"] += out.build_s
             times["solve_s"] += out.solve_s
         if out.placed is not None:
