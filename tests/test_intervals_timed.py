@@ -15,8 +15,9 @@ from test_offload import fwd_bwd
 from test_park import DEVICES, with_store
 
 from xsched.contracts.plan import Compute, Copy, Free
-from xsched.contracts.profile import Profile
+from xsched.contracts.profile import OpCost, Profile
 from xsched.errors import PlanError
+from xsched.solve.heuristics.park import park_remat
 from xsched.solve.intervals import solve_intervals
 from xsched.solve.options import SolverOptions
 from xsched.solve.problem import Problem, validated
@@ -93,3 +94,43 @@ def test_a_held_output_stays_where_it_was_through_backward(backend: str) -> None
     after = plan.steps[plan.boundary :]
     assert not any(isinstance(s, (Free, Copy)) and s.value == "a2" for s in after)
     assert not any(isinstance(s, Compute) and s.op == "f2" for s in after)
+
+
+def slow_link_case(bandwidth: float) -> tuple:
+    """fwd_bwd(4) at 100 B under its eager peak: forward ops 1 s, backward ops 3 s, a copy of 100 B taking 0.01 +
+    100 / bandwidth s. At 40 B/s (2.51 s) parking a0 beats recomputing it (17 s in all): its copy out outlasts the
+    next forward op and hides behind three (the old model counted it beyond its stage: 17.51 s), its copy back
+    hides behind b2; the makespan is the computes' 16 s."""
+    g = fwd_bwd(4)
+    store = with_store(g, latency=0.01, bandwidth=bandwidth)
+    compute = {"cpu:0": {o.id: OpCost(1.0 if o.id.startswith("f") else 3.0) for o in g.ops}, "cpu:1": {}}
+    profile = Profile(g.fingerprint, store.devices, compute, store.copy)
+    return g, profile, {"cpu:0": eager_peak(g) - 100}, {"x": "cpu:0"}
+
+
+# at 30 B/s each copy (3.343 s) outlasts its three ops by 0.343 s: the free of a0 waits for the copy out, b3 for
+# that free, and b0 for the copy back (the hand count)
+@pytest.mark.parametrize(("bandwidth", "want"), [(40.0, 16.0), (30.0, 16.0 + 2 * (0.01 + 100 / 30 - 3))])
+def test_the_models_time_is_the_simulated_makespan_with_copies_longer_than_a_stage(bandwidth, want) -> None:
+    g, profile, budgets, homes = slow_link_case(bandwidth)
+    problem = Problem(g, profile, budgets, list(DEVICES), homes)
+    warm = solve_intervals(problem, EXACT, workers=1, c_max=2)  # the stage objective's plan: it recomputes
+    assert warm.predicted.makespan_s == pytest.approx(17.0)
+    plan = solve_intervals(problem, EXACT, warm, workers=1, c_max=2)  # link time, from that plan
+    assert_prediction_matches(g, plan, profile, budgets)
+    assert [s.value for s in plan.steps if isinstance(s, Copy)] == ["a0", "a0"]  # parked, nothing recomputed
+    assert sum(isinstance(s, Compute) for s in plan.steps) == len(g.ops)
+    assert oracle_makespan(g, plan, profile) == pytest.approx(want)
+    assert plan.solver.stats.model_objective == pytest.approx(want, rel=1e-6)
+
+
+def test_the_models_time_of_a_heuristics_plan_is_its_simulated_makespan() -> None:
+    """park's plan as the warm start: the model's time of the plan it keeps is the simulator's makespan of the
+    extracted plan (an independent event sweep)."""
+    g, profile, budgets, homes = slow_link_case(60.0)  # copies of 1.68 s, a forward op takes 1 s
+    problem = Problem(g, profile, budgets, list(DEVICES), homes)
+    warm = park_remat(problem)
+    assert sum(isinstance(s, Copy) for s in warm.steps) == 2  # a0 parked and brought back
+    plan = solve_intervals(problem, EXACT, warm, workers=1, c_max=2)
+    assert plan.solver.stats.model_objective == pytest.approx(oracle_makespan(g, plan, profile), rel=1e-6)
+    assert oracle_makespan(g, plan, profile) == pytest.approx(oracle_makespan(g, warm, profile))

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from xsched.errors import XschedError
 from xsched.solve.intervals.data import IntervalData
 from xsched.solve.intervals.extract import Placement
+from xsched.solve.intervals.link_time import build_link_time, hint_times
 
 KEEP = 8  # incumbents kept besides the last: the first (a completed hint) and the latest others
 COMPLETE_SHARE = 0.1  # at most this share of the time to complete a hint (its unhinted literals) before the search
@@ -44,12 +45,17 @@ def solve_cpsat(
     hint: Placement | None = None,
     verbose: bool = False,
     soft: bool = False,
+    timing: str = "links",
 ) -> Outcome:
     """Solve `data` within `time_limit_s`; workers 0: one per core; hint: a (partial) placement to start from.
 
     soft: the first phase for a hint over the budgets: each capacity may be exceeded at a cost above any plan's
     time, and the search stops at the first plan within the budgets (status "feasible"); a plan still over them
-    comes back with status "relaxed", as a hint for the next phase."""
+    comes back with status "relaxed", as a hint for the next phase.
+
+    timing: "links" (link_time.py: copies on their links' time; the simulator's makespan on the plans tried) or
+    "stages" (data.py's timed objective: an upper estimate where copies outlast their stage, but CP-SAT finds first
+    plans with it from nothing where "links" found none in a minute, even on 6 ops)."""
     try:
         from ortools.sat.python import cp_model
     except ImportError as e:
@@ -80,23 +86,28 @@ def solve_cpsat(
             m.AddImplication(lit, a[k])
             m.Add(s[k] == start).OnlyEnforceIf(lit)
         m.AddBoolOr(f)
-    serial = {  # serial[k]: copy k feeds a compute of its own stage, which waits for it (its time counts whole)
-        k: m.NewBoolVar(f"serial{k}") for k, sl in enumerate(data.slots) if sl.kind == "copy" and sl.cost > 0
-    }
-    last_stage: dict[int, object] = {}  # copy slot -> literal: it is one of the final copies (nothing after it)
+    if timing == "links":  # link_time.py: stage times, copies on their link's time
+        lt, serial, last_stage = build_link_time(m, data, a, stage), {}, {}
+    else:  # serial[k]: copy k feeds a compute of its own stage, which waits for it (its time counts whole)
+        lt, last_stage = None, {}  # last_stage: copy slot -> literal: one of the final copies (nothing after it)
+        serial = {k: m.NewBoolVar(f"serial{k}") for k, sl in enumerate(data.slots) if sl.kind == "copy" and sl.cost > 0}
     for r in data.reads:  # a step reads each input from a used slot that started before it and still holds it
         z = [m.NewBoolVar(f"z{r.slot}_{r.value}_{f}") for f in r.feeders]
         for lit, f in zip(z, r.feeders):
             m.AddImplication(lit, a[f])
             m.Add(s[f] < s[r.slot]).OnlyEnforceIf(lit)
             m.Add(e[(f, r.value)] >= s[r.slot]).OnlyEnforceIf(lit)
+            if lt is not None:  # a copy's readers after it is over, its source held until then
+                lt.read(m, lit, f, r.slot)
+                if r.strict:
+                    lt.hold(m, lit, e[(f, r.value)], r.slot)
             if f in serial and not r.strict:  # else the copy ran in an earlier stage, beside that stage's computes
                 m.Add(s[f] + data.width + data.offset(r.slot) <= s[r.slot]).OnlyEnforceIf([lit, serial[f].Not()])
             if r.strict and r.slot in serial:  # a copy's source held through the copy's stage, else it is serial
                 held = [lit, serial[r.slot].Not(), *_before_end(m, data, r.slot, stage, last_stage)]
                 m.Add(e[(f, r.value)] >= s[r.slot] + data.width - 1).OnlyEnforceIf(held)
         m.AddBoolOr([*z, a[r.slot].Not()])
-    beyond = _links(m, data, a, stage)
+    beyond = _links(m, data, a, stage) if lt is None else []
     for v, devs in data.ends:  # every graph output resident at the end (on its required home when it has one)
         y = []
         for d in devs:
@@ -129,22 +140,33 @@ def solve_cpsat(
             for k in ks:
                 m.AddImplication(a[k], lit)
         m.AddAtMostOne(used)
-    run_time = (  # the timed objective (data.py): computes, links beyond them, serial copies
-        sum(sl.cost * a[k] for k, sl in enumerate(data.slots) if sl.kind == "compute")
-        + sum(beyond)
-        + sum(data.slots[k].cost * lit for k, lit in serial.items())
-    )
-    # a byte over the budget costs more than any plan's time (at most every slot, and each copy again as serial)
-    heavy = sum(sl.cost for sl in data.slots) + sum(sl.cost for sl in data.slots if sl.kind == "copy") + 1
+    if lt is not None:
+        run_time, heavy = lt.final, lt.horizon + 1  # a byte over the budget costs more than any plan's time
+    else:
+        run_time = (  # the timed objective (data.py): computes, links beyond them, serial copies
+            sum(sl.cost * a[k] for k, sl in enumerate(data.slots) if sl.kind == "compute")
+            + sum(beyond)
+            + sum(data.slots[k].cost * lit for k, lit in serial.items())
+        )
+        # a byte over the budget costs more than any plan's time (at most every slot, and each copy again as serial)
+        heavy = sum(sl.cost for sl in data.slots) + sum(sl.cost for sl in data.slots if sl.kind == "copy") + 1
     m.Minimize(run_time + heavy * sum(excess) if soft and excess else run_time)
     if hint:
-        for k, sl in enumerate(data.slots):
-            m.AddHint(a[k], k in hint)
-            if k in hint:
-                m.AddHint(stage[k], (hint[k][0] - sl.starts[0]) // data.width)
-                for v, ev in zip(sl.values, hint[k][1]):
-                    m.AddHint(e[(k, v)], ev)
-        _complete_hint(m, COMPLETE_SHARE * time_limit_s, workers, seed)
+
+        def placement_hint() -> None:
+            for k, sl in enumerate(data.slots):
+                m.AddHint(a[k], k in hint)
+                if k in hint:
+                    m.AddHint(stage[k], (hint[k][0] - sl.starts[0]) // data.width)
+                    for v, ev in zip(sl.values, hint[k][1]):
+                        m.AddHint(e[(k, v)], ev)
+
+        placement_hint()
+        if lt is not None:  # its times: a large placement's are not found in time without them
+            hint_times(m, lt, hint)
+        if not _complete_hint(m, COMPLETE_SHARE * time_limit_s, workers, seed):
+            m.ClearHints()  # not a plan (over the budgets, say): its times would only mislead the search
+            placement_hint()
     build_s = time.perf_counter() - t0
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(time_limit_s - build_s, 0.05)
@@ -179,10 +201,10 @@ def solve_cpsat(
     )
 
 
-def _complete_hint(m, limit_s: float, workers: int, seed: int) -> None:
+def _complete_hint(m, limit_s: float, workers: int, seed: int) -> bool:
     """Solve with the hinted variables fixed (fast: only the read, end and stage literals are left) and hint every
     variable from that solution: CP-SAT then starts from the hint itself, where a partial hint of a large model was
-    often repaired into a worse plan. Left as it is when the hint is infeasible or not completed in time."""
+    often repaired into a worse plan. Left as it is (False) when the hint is infeasible or not completed in time."""
     from ortools.sat.python import cp_model
 
     solver = cp_model.CpSolver()
@@ -191,11 +213,12 @@ def _complete_hint(m, limit_s: float, workers: int, seed: int) -> None:
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = seed
     if solver.Solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return
+        return False
     values = list(solver.ResponseProto().solution)
     m.ClearHints()
     for i, value in enumerate(values):
         m.AddHint(m.GetIntVarFromProtoIndex(i), value)
+    return True
 
 
 def _before_end(m, data: IntervalData, k: int, stage: list, last_stage: dict) -> list:

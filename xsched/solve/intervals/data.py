@@ -19,14 +19,15 @@ from xsched.solve.order.order import topological
 # first compute (a plan may rebuild an output at the end: the logits, say). Stage T + 1 holds only the final copies,
 # so a recompute of stage T can still be copied to its required home; the outputs are checked there (`end`). Event
 # numbers start at 1; 0 is "before any step" (graph inputs on their home).
-# Timed objective (both backends): the sum of the stages' times. A stage takes at least its computes (one after
-# another, every device alike, as without copies) and at least the copies of each link (src -> dst: one copy lane
-# each, lanes.py), which run beside its computes. Counted as every compute's time plus, per stage, what its busiest
-# link takes beyond `floor` (the stage's first compute at its cheapest): recomputes are not taken to hide copies,
-# so this bounds max(computes, link) from above and equals it when the stage recomputes nothing. A copy read by a
-# compute of its own stage makes that compute wait: it is "serial" and its time counts whole. So does a copy whose
-# source is freed before its stage ends (a free waits for its reads, the copy included, and the next compute there
-# for the free; the final copies excepted: nothing follows them). No copy: the sum of the computes, as before.
+# Timed objective (the HiGHS backend; CP-SAT times copies on their links' time instead, link_time.py): the sum of the
+# stages' times. A stage takes at least its computes (one after another, every device alike, as without copies) and
+# at least the copies of each link (src -> dst: one copy lane each, lanes.py), which run beside its computes. Counted
+# as every compute's time plus, per stage, what its busiest link takes beyond `floor` (the stage's first compute at
+# its cheapest): recomputes are not taken to hide copies, so this bounds max(computes, link) from above and equals it
+# when the stage recomputes nothing. A copy read by a compute of its own stage makes that compute wait: it is
+# "serial" and its time counts whole. So does a copy whose source is freed before its stage ends (a free waits for
+# its reads, the copy included, and the next compute there for the free; the final copies excepted: nothing follows
+# them). No copy: the sum of the computes, as before.
 # A copy longer than its stage counts beyond it even where the plan (its source held longer) hides it: the
 # objective is an upper estimate there, so the solver replays its solutions and keeps the simulator's best.
 TIME_SCALE = 10**7  # the objective is integral: times scaled so that every op once at its slowest is about this

@@ -62,6 +62,11 @@ def solve_intervals(
     order = tuple(order)
     # a warm start running this order gets a slot for each of its steps, even past C: a complete hint
     least = step_counts(graph, warm_start, devices) if _fits(warm_start, order, graph) else None
+    # CP-SAT times copies on their links (link_time.py) from a plan of this order, where one device computes (a
+    # store beside it): from nothing it found no first plan in a minute even on 6 ops; with two computing devices
+    # (which it times one after another, as the stage objective does) it proved no optimum of test_auto's 30 s case
+    one = sum(1 for d in devices if profile.compute.get(d)) == 1
+    timing = "links" if least is not None and one else "stages"
     best: Plan | None = None
     hint = None
     C, times = C_START, {"build_s": 0.0, "solve_s": 0.0, "extract_s": 0.0}
@@ -77,7 +82,7 @@ def solve_intervals(
         if backend == "cpsat" and best is None and C == C_START and not _fits(warm_start, order, graph):
             # no plan of this order to start from: a short search on the model as it is (often enough), then one
             # with the budgets made soft (bytes over them cost more than any plan's time) from where it stopped
-            out = _run(data, backend, HARD_SHARE * left, hint, seed, workers, options)
+            out = _run(data, backend, HARD_SHARE * left, hint, seed, workers, options, "stages")
             times["build_s"] += out.build_s
             times["solve_s"] += out.solve_s
             if out.placed is None and out.status != "infeasible":
@@ -88,24 +93,33 @@ def solve_intervals(
                     seed,
                     hint,
                     soft=True,
+                    timing="stages",
                 )
                 times["build_s"] += soft.build_s
                 times["solve_s"] += soft.solve_s
                 hint = soft.placed or hint
             if out.status not in ("optimal", "infeasible"):  # the rest of the time, from the best start known
                 more = _run(
-                    data, backend, limit - (time.perf_counter() - t0), out.placed or hint, seed, workers, options
+                    data,
+                    backend,
+                    limit - (time.perf_counter() - t0),
+                    out.placed or hint,
+                    seed,
+                    workers,
+                    options,
+                    "stages",
                 )
                 times["build_s"] += more.build_s
                 times["solve_s"] += more.solve_s
                 out = more if more.placed is not None or out.placed is None else out
         else:
-            out = _run(data, backend, left, hint, seed, workers, options)
+            out = _run(data, backend, left, hint, seed, workers, options, timing)
             times["build_s"] += out.build_s
             times["solve_s"] += out.solve_s
         if out.placed is not None:
             t1 = time.perf_counter()
-            # the model's time is an estimate (copies longer than a stage count beyond it): its earlier solutions,
+            # the model's time is an estimate (HiGHS: copies longer than a stage count beyond it; CP-SAT: an upper
+            # one but where a link's copies of one stage run in another order than the plan's): its earlier solutions,
             # the completed hint first, are replayed too, and the simulator's best is kept
             for cost, placed in ((out.objective, out.placed), *reversed(out.incumbents)):  # a tie: the latest
                 plan = to_plan(data, placed, SolveResult(f"intervals-{backend}", "feasible"))
@@ -173,10 +187,18 @@ run_highs = from_plan(intervals_highs, proofs=False)
 
 
 def _run(
-    data: IntervalData, backend: str, left: float, hint, seed: int, workers: int, options: SolverOptions
+    data: IntervalData,
+    backend: str,
+    left: float,
+    hint,
+    seed: int,
+    workers: int,
+    options: SolverOptions,
+    timing: str = "links",
 ) -> Outcome:
     if backend == "cpsat":
-        return solve_cpsat(data, left, workers or (options.solver_threads or 0), seed, hint, options.verbose)
+        threads = workers or (options.solver_threads or 0)
+        return solve_cpsat(data, left, threads, seed, hint, options.verbose, timing=timing)
     if backend == "highs":
         from xsched.solve.intervals.highs import solve_highs_intervals
 
