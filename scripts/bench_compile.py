@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 from xsched import zoo
-from xsched.contracts.plan import Compute
+from xsched.contracts.plan import Compute, Plan
 from xsched.errors import BudgetError, XschedError
 from xsched.execute.compiled_memory import MAX_SPLITS
 from xsched.execute.wrap import MAX_REPLANS, wrap
@@ -128,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fit", action="store_true", help="memory only: each xsched plan's first compiled peak, no timing")
     ap.add_argument("--repeat", type=int, default=1, help="with --fit: plans solved per budget (auto varies)")
     ap.add_argument("--out", type=Path, help="append the markdown table here")
+    ap.add_argument("--save-plans", type=Path, help="with --fit: each try's first plan saved here (plan<k>.json)")
+    ap.add_argument("--plans", type=Path, help="with --fit: run the plans --save-plans saved instead of solving")
     a = ap.parse_args(argv)
     device = torch.device(a.device)
     cuda = device.type == "cuda"
@@ -162,10 +164,13 @@ def main(argv: list[str] | None = None) -> int:
     before = sum(p.numel() * p.element_size() for p in base.parameters()) + sum(x.nbytes for x in inputs)
     predicted: dict[str, int] = {}
 
-    def planned(budget: str | int, method: str) -> tuple[torch.nn.Module, list[str], tuple[float, float]]:
+    def planned(
+        budget: str | int, method: str, given: Path | None = None, save: Path | None = None
+    ) -> tuple[torch.nn.Module, list[str], tuple[float, float]]:
         """wrap(compile=True) settled: steps until its plan is (the first measures the regions; one over the budget
         plans again within less, a re-plan far under it once more within more, each measured by its first step);
-        wrap's notices of them; the seconds wrap took, and the steps until settled (compiles, splits, re-plans)."""
+        wrap's notices of them; the seconds wrap took, and the steps until settled (compiles, splits, re-plans).
+        `given`: a plan file run instead of solving one (--plans); `save`: where to save the first plan."""
         t0 = time.perf_counter()
         w = wrap(
             copy.deepcopy(base),
@@ -175,8 +180,12 @@ def main(argv: list[str] | None = None) -> int:
             time_limit=a.time_limit,
             profile=a.profile,
             compile=True,
+            plan=Plan.load(given) if given else None,
         )
         t1 = time.perf_counter()
+        if save:
+            save.parent.mkdir(parents=True, exist_ok=True)
+            w._first.plan.save(save)  # type: ignore[attr-defined]
         with contextlib.redirect_stderr(io.StringIO()) as err:
             for _ in range(2 + MAX_SPLITS + 2 * MAX_REPLANS):  # until settled: each first step after a change measures
                 loss_of(w(*inputs)).backward()
@@ -187,9 +196,12 @@ def main(argv: list[str] | None = None) -> int:
         return w, said, (t1 - t0, time.perf_counter() - t1)
 
     if a.fit:
+        tries = iter(range(10**6))
 
         def fit(frac: float) -> list[str]:
-            w, said, setup = planned(before + int(frac * ref), "auto")
+            k = next(tries)
+            given, save = (d / f"plan{k}.json" if d else None for d in (a.plans, a.save_plans))
+            w, said, setup = planned(before + int(frac * ref), "auto", given, save)
             measured = before + step_peak(lambda: loss_of(w(*inputs)), [*w.parameters()], device)
             return [fit_row(w, said, measured, plan_dev, frac, setup)]
 
@@ -266,7 +278,7 @@ def fit_table(a: argparse.Namespace, fit: Callable[[float], list[str]], ref: int
         f"Command: `python scripts/bench_compile.py {' '.join(sys.argv[1:])}`, torch.compile's measured peak "
         f"{ref:,} B. All bytes with the params and inputs (the plan counts them; the step's peak column adds them).",
         "",
-        "| budget | per-op count | first compiled step | what wrap did | cuts | setup: wrap + steps to settle "
+        "| budget | per-op count | first compiled step | what wrap did | cuts (parts compiled to choose them) | setup: wrap + steps to settle "
         "| settled: predicted | measured | predicted - measured |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -297,7 +309,7 @@ def fit_row(
     budget, pred = c.plan.budgets[plan_dev], c.plan.predicted.peak_bytes[plan_dev]
     return (
         f"| {mib(budget)} ({frac:.0%}) | {mib(c.plan.extra[PER_OP_KEY][plan_dev])} | {at} | "
-        f"{did} | {len(c.executor.segments.cuts)} | {setup[0]:.0f} + {setup[1]:.0f} s | {mib(pred)} | {mib(measured)} | {pred - measured:+,} B "
+        f"{did} | {len(c.executor.segments.cuts)} ({getattr(c.executor.segments, 'tried_parts', 0)}) | {setup[0]:.0f} + {setup[1]:.0f} s | {mib(pred)} | {mib(measured)} | {pred - measured:+,} B "
         f"({(pred - measured) / measured:+.2%}) |"
     )
 

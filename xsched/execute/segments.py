@@ -6,9 +6,10 @@ comes back as the graph's outputs, and what it frees is dropped from the store w
 residency after the region is the plan's. The bytes a fused region allocates are not the plan's per-op count
 (a fused kernel holds its inputs while it writes its outputs): before its first call its generated code is read
 (`compiled_code`), and a region that would go over its device's budget is split in two where its peak is
-(`compiled_cuts`), each part checked so (a part of one compute runs uncompiled, as counted). Its first run is measured through the allocator's events
-(torch.profiler, any device) and kept as the region's peak above what was resident when it started;
-`compiled_walk.compiled_peaks` walks the plan with those figures in place of the per-op counts of the region's steps.
+(`compiled_cuts`), each part checked so (a part of one compute runs uncompiled, as counted). Its first run is
+measured through the allocator's events (torch.profiler, any device) and kept as the region's peak above what was
+resident when it started; `compiled_walk.compiled_peaks` walks the plan with those figures in place of the per-op
+counts of the region's steps.
 
 Random ops the plan recomputes replay a saved generator state around their call, which a fused kernel cannot:
 they run uncompiled between regions. Other random ops stay inside, drawing through ATen in graph order
@@ -197,6 +198,7 @@ class Segments:
         self.eager_ops = frozenset(ex.recomputed_random)
         self.cuts: set[int] = set()  # steps a region ends before (split regions)
         self.split_rounds = 0  # rounds of splits made (compiled_memory.split_overruns)
+        self.tried_parts = 0  # parts compiled to choose a cut (`_part_fits`), each one compile
 
     def uncompile(self, steps: tuple[int, ...], device: str, why: str) -> None:
         """Region `steps` runs uncompiled from now on (its steps one by one, allocating as the plan counts), with a
@@ -240,6 +242,7 @@ class Segments:
         key = _key(part.steps, part_args)
         if key not in self._fns:
             try:
+                self.tried_parts += 1
                 gm = region_graph(ex.graph, ex.plan.steps, part, ex.dev[part.device])
                 self._fns[key] = self.compile_fn(gm, list(part_args))
             except Exception:  # the compiler cannot handle it: that part would run uncompiled, as counted
