@@ -130,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="append the markdown table here")
     ap.add_argument("--save-plans", type=Path, help="with --fit: each try's first plan saved here (plan<k>.json)")
     ap.add_argument("--plans", type=Path, help="with --fit: run the plans --save-plans saved instead of solving")
+    ap.add_argument(
+        "--plan", type=Path, action="append", help="timed rows: a plan file run at each of --budgets, in order"
+    )
     a = ap.parse_args(argv)
     device = torch.device(a.device)
     cuda = device.type == "cuda"
@@ -211,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         label = "xsched compiled eager plan" if frac is None else f"xsched compiled, {frac:.0%} of torch.compile's peak"
         log(f"planning and compiling {label} (budget {budget})")
         try:
-            w, said, _ = planned(budget, "eager" if frac is None else "auto")
+            given = dict(zip(fracs, a.plan or [])).get(frac) if frac is not None else None
+            w, said, _ = planned(budget, "eager" if frac is None else "auto", given)
         except (BudgetError, XschedError) as e:
             notes.append(f"{label}: no plan ({str(e).splitlines()[0][:300]})")
             continue
