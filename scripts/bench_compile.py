@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 from xsched import zoo
-from xsched.contracts.plan import Compute
+from xsched.contracts.plan import Compute, Plan
 from xsched.errors import BudgetError, XschedError
 from xsched.execute.compiled_memory import MAX_SPLITS
 from xsched.execute.wrap import MAX_REPLANS, wrap
@@ -128,6 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fit", action="store_true", help="memory only: each xsched plan's first compiled peak, no timing")
     ap.add_argument("--repeat", type=int, default=1, help="with --fit: plans solved per budget (auto varies)")
     ap.add_argument("--out", type=Path, help="append the markdown table here")
+    ap.add_argument("--save-plans", type=Path, help="with --fit: each try's first plan saved here (plan<k>.json)")
+    ap.add_argument("--plans", type=Path, help="with --fit: run the plans --save-plans saved instead of solving")
+    ap.add_argument(
+        "--plan", type=Path, action="append", help="timed rows: a plan file run at each of --budgets, in order"
+    )
     a = ap.parse_args(argv)
     device = torch.device(a.device)
     cuda = device.type == "cuda"
@@ -162,10 +167,14 @@ def main(argv: list[str] | None = None) -> int:
     before = sum(p.numel() * p.element_size() for p in base.parameters()) + sum(x.nbytes for x in inputs)
     predicted: dict[str, int] = {}
 
-    def planned(budget: str | int, method: str) -> tuple[torch.nn.Module, list[str]]:
+    def planned(
+        budget: str | int, method: str, given: Path | None = None, save: Path | None = None
+    ) -> tuple[torch.nn.Module, list[str], tuple[float, float]]:
         """wrap(compile=True) settled: steps until its plan is (the first measures the regions; one over the budget
         plans again within less, a re-plan far under it once more within more, each measured by its first step);
-        wrap's notices of them."""
+        wrap's notices of them; the seconds wrap took, and the steps until settled (compiles, splits, re-plans).
+        `given`: a plan file run instead of solving one (--plans); `save`: where to save the first plan."""
+        t0 = time.perf_counter()
         w = wrap(
             copy.deepcopy(base),
             inputs,
@@ -174,7 +183,12 @@ def main(argv: list[str] | None = None) -> int:
             time_limit=a.time_limit,
             profile=a.profile,
             compile=True,
+            plan=Plan.load(given) if given else None,
         )
+        t1 = time.perf_counter()
+        if save:
+            save.parent.mkdir(parents=True, exist_ok=True)
+            w._first.plan.save(save)  # type: ignore[attr-defined]
         with contextlib.redirect_stderr(io.StringIO()) as err:
             for _ in range(2 + MAX_SPLITS + 2 * MAX_REPLANS):  # until settled: each first step after a change measures
                 loss_of(w(*inputs)).backward()
@@ -182,14 +196,17 @@ def main(argv: list[str] | None = None) -> int:
                 if c.first_run is None and c.replan is None and c.back_to is None:
                     break
         said = [line for line in err.getvalue().splitlines() if line.startswith("xsched:")]
-        return w, said
+        return w, said, (t1 - t0, time.perf_counter() - t1)
 
     if a.fit:
+        tries = iter(range(10**6))
 
         def fit(frac: float) -> list[str]:
-            w, said = planned(before + int(frac * ref), "auto")
+            k = next(tries)
+            given, save = (d / f"plan{k}.json" if d else None for d in (a.plans, a.save_plans))
+            w, said, setup = planned(before + int(frac * ref), "auto", given, save)
             measured = before + step_peak(lambda: loss_of(w(*inputs)), [*w.parameters()], device)
-            return [fit_row(w, said, measured, plan_dev, frac)]
+            return [fit_row(w, said, measured, plan_dev, frac, setup)]
 
         return fit_table(a, fit, ref)
     for frac in [None, *fracs] if with_eager_plan else fracs:
@@ -197,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         label = "xsched compiled eager plan" if frac is None else f"xsched compiled, {frac:.0%} of torch.compile's peak"
         log(f"planning and compiling {label} (budget {budget})")
         try:
-            w, said = planned(budget, "eager" if frac is None else "auto")
+            given = dict(zip(fracs, a.plan or [])).get(frac) if frac is not None else None
+            w, said, _ = planned(budget, "eager" if frac is None else "auto", given)
         except (BudgetError, XschedError) as e:
             notes.append(f"{label}: no plan ({str(e).splitlines()[0][:300]})")
             continue
@@ -264,9 +282,9 @@ def fit_table(a: argparse.Namespace, fit: Callable[[float], list[str]], ref: int
         f"Command: `python scripts/bench_compile.py {' '.join(sys.argv[1:])}`, torch.compile's measured peak "
         f"{ref:,} B. All bytes with the params and inputs (the plan counts them; the step's peak column adds them).",
         "",
-        "| budget | per-op count | first compiled step | what wrap did | settled: predicted | measured "
-        "| predicted - measured |",
-        "|---|---|---|---|---|---|---|",
+        "| budget | per-op count | first compiled step | what wrap did | cuts (parts compiled to choose them) | setup: wrap + steps to settle "
+        "| settled: predicted | measured | predicted - measured |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for frac in [float(f) for f in a.budgets.split(",") if f]:
         for k in range(a.repeat):
@@ -276,9 +294,12 @@ def fit_table(a: argparse.Namespace, fit: Callable[[float], list[str]], ref: int
     return 0
 
 
-def fit_row(w: torch.nn.Module, said: list[str], measured: int, plan_dev: str, frac: float) -> str:
+def fit_row(
+    w: torch.nn.Module, said: list[str], measured: int, plan_dev: str, frac: float, setup: tuple[float, float]
+) -> str:
     """One --fit row: the plan's budget and per-op count, its first compiled step's peak (wrap's notice of it, or
-    within the budget when there is none), the regions split, the settled prediction beside `measured`."""
+    within the budget when there is none), the regions split and the cuts made, the seconds wrap and the steps
+    until settled took (`setup`), the settled prediction beside `measured`."""
     c = w._first  # type: ignore[attr-defined]
     mib = lambda b: f"{b / 2**20:.3f} MiB"  # noqa: E731
     first = next((ln for ln in said if "the compiled plan peaked at" in ln), None)
@@ -292,7 +313,7 @@ def fit_row(w: torch.nn.Module, said: list[str], measured: int, plan_dev: str, f
     budget, pred = c.plan.budgets[plan_dev], c.plan.predicted.peak_bytes[plan_dev]
     return (
         f"| {mib(budget)} ({frac:.0%}) | {mib(c.plan.extra[PER_OP_KEY][plan_dev])} | {at} | "
-        f"{did} | {mib(pred)} | {mib(measured)} | {pred - measured:+,} B "
+        f"{did} | {len(c.executor.segments.cuts)} ({getattr(c.executor.segments, 'tried_parts', 0)}) | {setup[0]:.0f} + {setup[1]:.0f} s | {mib(pred)} | {mib(measured)} | {pred - measured:+,} B "
         f"({(pred - measured) / measured:+.2%}) |"
     )
 

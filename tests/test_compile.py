@@ -16,8 +16,9 @@ from torch.testing import assert_close
 from xsched.capture.torch import bind_inputs, capture
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Free, Plan
+from xsched.execute.compiled_walk import compiled_peaks
 from xsched.execute.executor import Executor
-from xsched.execute.segments import compiled_peaks, regions_of
+from xsched.execute.segments import regions_of
 from xsched.execute.wrap import wrap
 from xsched.pipeline import PER_OP_KEY
 from xsched.solve.reference import eager_plan
@@ -149,9 +150,10 @@ def test_regions_cut_at_recomputed_random_ops_and_keep_what_the_plan_keeps() -> 
     assert flat == list(range(len(steps)))
 
 
-def test_a_split_region_runs_as_two_cut_before_its_middle_compute_each_measured(capsys) -> None:
-    """The MLP's one region split: cut before its middle compute (counted here), a one-line notice naming it; the
-    next run runs the two parts (each of >= 2 computes a region measured on its first run, else plain steps),
+def test_a_split_region_runs_as_two_cut_before_its_highest_per_op_compute_each_measured(capsys) -> None:
+    """The MLP's one region split without its code (as after a measured run): cut before the compute during which
+    the region's values live hold the most bytes (counted here as a set of values), a one-line notice naming it;
+    the next run runs the two parts (each of >= 2 computes a region measured on its first run, else plain steps),
     which cover the region's steps in order, and equals the uncompiled run."""
     _, graph, env = _mlp_graph()
     plan = eager_plan(graph, "cpu")
@@ -160,9 +162,20 @@ def test_a_split_region_runs_as_two_cut_before_its_middle_compute_each_measured(
     ex.segments.compile_fn = lambda gm, inputs: lambda args: torch.fx.Interpreter(gm).boxed_run(args)
     ex(env)
     ((whole, _),) = ex.segments.peaks.items()
-    computes = [i for i in whole if isinstance(plan.steps[i], Compute)]
     ex.segments.split(whole, "cpu", "a test")
-    cut = computes[len(computes) // 2]
+    ops = [graph.op[plan.steps[i].op] for i in whole if isinstance(plan.steps[i], Compute)]
+    made = {v for op in ops for v in op.outputs}
+    live = {v for op in ops for v in op.inputs} - made  # resident when the region begins
+    during = {}
+    for i in whole:
+        s = plan.steps[i]
+        if isinstance(s, Compute):
+            live |= set(graph.op[s.op].outputs)
+            during[i] = sum(graph.value[v].nbytes for v in live)
+        else:
+            live.discard(s.value)
+    cut = max(during, key=lambda i: (during[i], -i))
+    cut = cut if cut != min(during) else sorted(during)[1]  # never before the first compute
     assert ex.segments.cuts == {cut} and not ex.segments.peaks
     assert capsys.readouterr().err == (
         f"xsched: region steps {whole[0]}-{whole[-1]} on cpu split before step {cut} (a test)\n"

@@ -164,6 +164,17 @@ def test_a_region_whose_compiled_code_would_overrun_is_split_before_it_runs(caps
     assert "its compiled code peaks at" in err and "split before step" in err
     assert "the compiled plan peaked" not in err and "runs uncompiled" not in err
     assert w._first.first_run is None and w._first.executor.segments.split_rounds == 0
+    # One cut, where one suffices: the backward region peaks in the kernel fusing the second block's tanh, batch
+    # norm and GELU backward (it holds what they read while it writes); of its 22 single cuts (each tried once,
+    # both parts compiled and their code read), only the one before the batch norm backward fits both parts.
+    ((cut,),) = [w._first.executor.segments.cuts]
+    assert err.count("split before step") == 1
+    bn = [
+        i
+        for i, s in enumerate(w.plan.steps)
+        if isinstance(s, Compute) and "batch_norm_backward" in w.graph.op[s.op].target
+    ]
+    assert cut == bn[0]
     predicted = w.plan.predicted.peak_bytes["cpu"]
     x = data(2)
     mem = bench.step_memory(lambda: bench.loss_of(w(x)), [*w.parameters()])

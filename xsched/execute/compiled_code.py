@@ -12,12 +12,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 _ALLOC = re.compile(r"empty_strided_\w+\(\(([^()]*)\), \(([^()]*)\), torch\.(\w+)\)$")
 _VIEW = re.compile(r"reinterpret_tensor\((\w+),")
 _NAME = re.compile(r"\w+$")
+_ARG = re.compile(r"arg(\d+)_1$")
+_ARG_IN = re.compile(r"\barg(\d+)_1\b")
+_TENSOR_ARG = re.compile(r"\((.*\b)?(arg\d+_1|buf\d+)\b")
+# calls that run no kernel of the region's
+_NOT_KERNELS = ("assert_", "del ", "return ", "args.clear(")
 _ASSIGN = re.compile(r"(\w+) = (.+)$")
 # assignments that bind no tensor of the region's (a CUDA stream)
 _NOT_TENSORS = ("get_raw_stream(",)
@@ -53,14 +59,34 @@ def _call_body(source: str) -> list[str] | None:
     return out
 
 
+@dataclass(frozen=True)
+class CodePeak:
+    """Where a wrapper's call peaks: its bytes above the call's start, the inputs it has deleted by then and the
+    returned values whose storage it has allocated by then (indices into its args and its return tuple), the
+    returned value whose allocation reached the peak (None: a buffer it frees before returning), and the inputs
+    that the kernel run at the peak (the first call after it, which writes what was allocated) reads."""
+
+    bytes: int
+    inputs_gone: frozenset[int]
+    outputs_made: frozenset[int]
+    peak_output: int | None
+    peak_reads: frozenset[int]
+
+
 def code_peak(source: str, inputs: Sequence[torch.Tensor], dying: Sequence[bool]) -> int | None:
     """The most bytes live during the wrapper `source`'s call above what was live when it began: its buffers as
     allocated, renamed and deleted, less each input of `dying` (the call holds its only reference) from the `del`
     of its argument on. None when some statement may allocate in a way this does not follow."""
+    at = code_peak_at(source, inputs, dying)
+    return None if at is None else at.bytes
+
+
+def code_peak_at(source: str, inputs: Sequence[torch.Tensor], dying: Sequence[bool]) -> CodePeak | None:
+    """`code_peak` with where in the call it is reached (`CodePeak`); None where `code_peak` is."""
     body = _call_body(source)
     if body is None:
         return None
-    owner: dict[str, int] = {}  # name -> storage id
+    owner: dict[str, int] = {}  # name -> storage id (the inputs' first, then allocation order)
     size: dict[int, int] = {}
     refs: dict[int, int] = {}
     for k, (t, dies) in enumerate(zip(inputs, dying)):
@@ -69,9 +95,21 @@ def code_peak(source: str, inputs: Sequence[torch.Tensor], dying: Sequence[bool]
             size[k], refs[k] = t.untyped_storage().nbytes(), 1
     now = peak = 0
     fresh = len(inputs)
+    at_peak = fresh  # the last storage allocated when the peak was reached
+    gone: set[int] = set()  # inputs deleted so far
+    gone_at_peak: frozenset[int] = frozenset()
+    returned: list[int | None] = []
+    reads: frozenset[int] | None = None  # the inputs the kernel after the peak reads (None: not reached yet)
     for stmt in body:
+        if reads is None and _is_kernel(stmt):
+            reads = frozenset(int(k) for k in _ARG_IN.findall(stmt))
+        if stmt.startswith("return "):
+            returned = [_storage_of(x, owner) for x in _returned_names(stmt)]
+            continue
         if stmt.startswith("del "):
             for name in (n.strip() for n in stmt[4:].split(",")):
+                if (arg := _ARG.match(name)) is not None:
+                    gone.add(int(arg.group(1)))
                 sid = owner.pop(name, None)
                 if sid is not None:
                     refs[sid] -= 1
@@ -80,7 +118,7 @@ def code_peak(source: str, inputs: Sequence[torch.Tensor], dying: Sequence[bool]
             continue
         m = _ASSIGN.match(stmt)
         if m is None:
-            continue  # a kernel call, an assert, `args.clear()`, the unpacking of args, return: no allocation
+            continue  # a kernel call, an assert, `args.clear()`, the unpacking of args: no allocation
         name, rhs = m.groups()
         alloc = _ALLOC.search(rhs)
         view = _VIEW.match(rhs)
@@ -93,7 +131,8 @@ def code_peak(source: str, inputs: Sequence[torch.Tensor], dying: Sequence[bool]
             owner[name], refs[fresh] = fresh, 1
             size[fresh] = nbytes
             now += size[fresh]
-            peak = max(peak, now)
+            if now > peak:
+                peak, at_peak, gone_at_peak, reads = now, fresh, frozenset(gone), None
         elif view or _NAME.match(rhs):
             base = view.group(1) if view else rhs
             if base in owner:
@@ -101,4 +140,32 @@ def code_peak(source: str, inputs: Sequence[torch.Tensor], dying: Sequence[bool]
                 refs[owner[base]] += 1
         elif not rhs.startswith(_NOT_TENSORS):
             return None
-    return peak
+    made = frozenset(k for k, sid in enumerate(returned) if sid is not None and len(inputs) < sid <= at_peak)
+    peak_output = next((k for k, sid in enumerate(returned) if sid == at_peak and peak > 0), None)
+    return CodePeak(peak, gone_at_peak, made, peak_output, reads or frozenset())
+
+
+def _is_kernel(stmt: str) -> bool:
+    """A statement that runs a kernel on the region's tensors (`cpp_fused_0(...)`, `extern_kernels.mm(...)`,
+    `triton_...run(...)`; not `torch.cuda.set_device(0)`)."""
+    return _ASSIGN.match(stmt) is None and not stmt.startswith(_NOT_KERNELS) and _TENSOR_ARG.search(stmt) is not None
+
+
+def _returned_names(stmt: str) -> list[str]:
+    """The names (or the bases of views) a `return (a, reinterpret_tensor(b, ...), )` returns, in order."""
+    items, depth, cur = [], 0, ""
+    for ch in stmt[len("return ") :].strip().removeprefix("(").removesuffix(")"):
+        depth += (ch in "([") - (ch in ")]")
+        if ch == "," and depth == 0:
+            items.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    items.append(cur.strip())
+    return [x for x in items if x]
+
+
+def _storage_of(expr: str, owner: dict[str, int]) -> int | None:
+    view = _VIEW.match(expr)
+    name = view.group(1) if view else expr
+    return owner.get(name)

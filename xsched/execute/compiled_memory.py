@@ -5,7 +5,7 @@ them) or where a re-plan stays far under it (solved once more within more, the p
 
 The solvers count each value a plan keeps (per op). A compiled region allocates otherwise: its fused intermediates
 never materialise, and inductor's buffers are its own. Its first run measures it (`segments`); the plan's peak is
-then the walk of the plan with each region counted as measured (`segments.compiled_peaks`).
+then the walk of the plan with each region counted as measured (`compiled_walk.compiled_peaks`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 from xsched.budgets import format_bytes
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Plan, Prediction
-from xsched.execute.segments import compiled_peaks, region_peaks
+from xsched.execute.compiled_walk import compiled_peaks, region_peaks
 from xsched.pipeline import PER_OP_KEY
 
 PLANNED_WITHIN_KEY = "planned_within"  # Plan.extra: the lowered budgets a re-plan was solved within
@@ -27,9 +27,9 @@ PLANNED_WITHIN_KEY = "planned_within"  # Plan.extra: the lowered budgets a re-pl
 # not linear in the per-op budget); the plan that fits is kept, to go back to if the raised one overruns.
 RAISE_SLACK = 0.05
 RAISE_SHARE = 0.5
-# Rounds of splits before a plan still over its budget is solved again: each halves the regions that overrun, and a
-# part of one compute runs uncompiled, allocating as the plan counts, so a region of n computes fits within
-# log2(n) rounds (the 150 computes of gpt2 small's largest backward region, split to fit, took 7).
+# Rounds of splits before a plan still over its budget is solved again: each cuts the regions that overrun where
+# their peak is (`compiled_cuts`), and a part of one compute runs uncompiled, allocating as the plan counts, so
+# every round makes progress (cut in the middle, the 150 computes of gpt2 small's largest backward region took 7).
 MAX_SPLITS = 10
 
 

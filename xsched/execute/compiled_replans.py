@@ -20,7 +20,7 @@ from xsched.execute.compiled_memory import (
     wasted_room,
     with_compiled_peaks,
 )
-from xsched.execute.segments import compiled_peaks
+from xsched.execute.compiled_walk import compiled_peaks
 from xsched.execute.wrap_run import Compiled
 
 # Re-plans of a compiled plan over its budget before its overrunning regions run uncompiled: the excess is the first

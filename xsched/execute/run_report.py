@@ -17,8 +17,8 @@ from xsched.contracts.plan import Plan
 from xsched.contracts.profile import Profile
 from xsched.devices.base import relative_spread
 from xsched.errors import XschedError
+from xsched.execute.compiled_walk import compiled_peaks
 from xsched.execute.executor import Executor
-from xsched.execute.segments import compiled_peaks
 from xsched.simulate import simulate
 
 

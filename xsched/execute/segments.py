@@ -5,10 +5,11 @@ makes and frees inside the region (fused intermediates) never materialise. What 
 comes back as the graph's outputs, and what it frees is dropped from the store when the region ends, so the
 residency after the region is the plan's. The bytes a fused region allocates are not the plan's per-op count
 (a fused kernel holds its inputs while it writes its outputs): before its first call its generated code is read
-(`compiled_code`), and a region that would go over its device's budget is split in two, each part checked so (a
-part of one compute runs uncompiled, as counted). Its first run is measured through the allocator's events
-(torch.profiler, any device) and kept as the region's peak above what was resident when it started;
-`compiled_peaks` walks the plan with those figures in place of the per-op counts of the region's steps.
+(`compiled_code`), and a region that would go over its device's budget is split in two where its peak is
+(`compiled_cuts`), each part checked so (a part of one compute runs uncompiled, as counted). Its first run is
+measured through the allocator's events (torch.profiler, any device) and kept as the region's peak above what was
+resident when it started; `compiled_walk.compiled_peaks` walks the plan with those figures in place of the per-op
+counts of the region's steps.
 
 Random ops the plan recomputes replay a saved generator state around their call, which a fused kernel cannot:
 they run uncompiled between regions. Other random ops stay inside, drawing through ATen in graph order
@@ -29,15 +30,16 @@ from torch import fx
 
 from xsched.budgets import format_bytes
 from xsched.contracts.graph import Graph, Op
-from xsched.contracts.plan import Compute, Free, Plan, Step
+from xsched.contracts.plan import Compute, Free, Step
 from xsched.contracts.random_ops import random_ops
 from xsched.contracts.torch_ops import decode, resolve
 from xsched.errors import XschedError
 from xsched.execute.compiled import _has_ref, _rng_lock
-from xsched.execute.compiled_code import code_peak
+from xsched.execute.compiled_code import CodePeak, code_peak_at
+from xsched.execute.compiled_cuts import peak_cut
 from xsched.execute.compiled_measure import measured_peak
 from xsched.execute.steps import tagged
-from xsched.interpret import PlanInterpreter, wrong_size
+from xsched.interpret import wrong_size
 from xsched.profiling.fused import REGION_LABEL
 
 MIN_COMPUTES = 2  # a region of one op has nothing to fuse: it runs as a plain step
@@ -196,6 +198,7 @@ class Segments:
         self.eager_ops = frozenset(ex.recomputed_random)
         self.cuts: set[int] = set()  # steps a region ends before (split regions)
         self.split_rounds = 0  # rounds of splits made (compiled_memory.split_overruns)
+        self.tried_parts = 0  # parts compiled to choose a cut (`_part_fits`), each one compile
 
     def uncompile(self, steps: tuple[int, ...], device: str, why: str) -> None:
         """Region `steps` runs uncompiled from now on (its steps one by one, allocating as the plan counts), with a
@@ -204,17 +207,47 @@ class Segments:
         self.peaks.pop(steps, None)
         print(f"xsched: region steps {steps[0]}-{steps[-1]} on {device} runs uncompiled ({why})", file=sys.stderr)
 
-    def split(self, steps: tuple[int, ...], device: str, why: str) -> None:
-        """Region `steps` runs as two from the next call on, cut before its middle compute (each part compiled and
-        measured on its first run; a part of one compute runs uncompiled), with a one-line notice naming it."""
-        computes = [i for i in steps if isinstance(self.ex.plan.steps[i], Compute)]
-        cut = computes[len(computes) // 2]
+    def split(
+        self,
+        steps: tuple[int, ...],
+        device: str,
+        why: str,
+        at: tuple[Region, CodePeak] | None = None,
+        fits: Callable[[int], bool] | None = None,
+    ) -> None:
+        """Region `steps` runs as two from the next call on, cut before the compute that makes its peak
+        (`compiled_cuts.peak_cut`: where its compiled code `at` says, the latest there whose part before `fits`;
+        else where the plan's per-op count of it is highest), each part compiled and checked or measured on its
+        first run (a part of one compute runs uncompiled), with a one-line notice naming it."""
+        ex = self.ex
+        io = (at[0].inputs, at[0].outputs + at[0].watched) if at else ((), ())
+        cut = peak_cut(ex.graph, ex.plan.steps, ex.nbytes, steps, io, at[1] if at else None, fits)
         self.cuts.add(cut)
         self.peaks.pop(steps, None)
         self._runs.clear()  # every program is built again, its regions cut; unchanged regions keep their code
         print(
             f"xsched: region steps {steps[0]}-{steps[-1]} on {device} split before step {cut} ({why})", file=sys.stderr
         )
+
+    def _part_fits(self, r: Region, args: list[torch.Tensor], start: int, cut: int) -> bool:
+        """Whether the part of region `r` before step `cut`, called with its share of `args` with `start` bytes
+        resident, keeps within its device's budget by its compiled code (kept for its run); a part of one compute
+        runs as counted, and a part whose code cannot be compiled or read is measured when it runs: both fit."""
+        ex = self.ex
+        part = regions_of(ex.graph, ex.plan.steps, [i for i in r.steps if i < cut], frozenset(), ex.watch)[0]
+        if not isinstance(part, Region):
+            return True
+        given = dict(zip(r.inputs, args))
+        part_args = [given[v] for v in part.inputs]
+        key = _key(part.steps, part_args)
+        if key not in self._fns:
+            try:
+                self.tried_parts += 1
+                gm = region_graph(ex.graph, ex.plan.steps, part, ex.dev[part.device])
+                self._fns[key] = self.compile_fn(gm, list(part_args))
+            except Exception:  # the compiler cannot handle it: that part would run uncompiled, as counted
+                return True
+        return self._overruns(part, self._fns[key], part_args, start) is None
 
     def program(self, idx: Sequence[int]) -> Callable[[Any], None]:
         """A step function running steps `idx` (computes and frees on one device, in order) as compiled regions."""
@@ -263,7 +296,7 @@ class Segments:
                     device=r.device,
                     step=r.steps[0],
                 ) from e
-            key = (r.steps, *((tuple(a.shape), a.stride(), a.dtype) for a in args))
+            key = _key(r.steps, args)
             fn = self._fns.get(key)
             if fn is None:
                 try:
@@ -275,8 +308,9 @@ class Segments:
                         f(st)
                     return
             start = store.bytes
-            if r.steps not in self.peaks and (why := self._overruns(r, fn, args, start)):
-                self.split(r.steps, r.device, why)  # before it runs: its parts, each checked so, run instead
+            if r.steps not in self.peaks and (over := self._overruns(r, fn, args, start)):
+                fits = lambda cut: self._part_fits(r, args, start, cut)  # noqa: E731
+                self.split(r.steps, r.device, over[0], (r, over[1]), fits)  # before it runs: its parts, checked so
                 args.clear()  # the parts' inputs die where the parts free them
                 for part in self._built(r.steps):
                     part(st)
@@ -302,18 +336,24 @@ class Segments:
 
         return run
 
-    def _overruns(self, r: Region, fn: Callable, args: list[torch.Tensor], start: int) -> str | None:
+    def _overruns(self, r: Region, fn: Callable, args: list[torch.Tensor], start: int) -> tuple[str, CodePeak] | None:
         """Why region `r`, compiled as `fn` and called with `args` with `start` bytes resident, would go over its
-        device's budget, by its generated code (`compiled_code.code_peak`); None when it fits, or is not known."""
+        device's budget, and where its peak is, by its generated code (`compiled_code.code_peak_at`); None when it
+        fits, or is not known."""
         limit = self.ex.plan.budgets.get(r.device)
         source = getattr(fn, "source_code", None)
         if limit is None or not isinstance(source, str):
             return None
         drops = set(r.drops)
-        extra = code_peak(source, args, [v in drops for v in r.inputs])
-        if extra is None or start + extra <= limit:
+        at = code_peak_at(source, args, [v in drops for v in r.inputs])
+        if at is None or start + at.bytes <= limit:
             return None
-        return f"its compiled code peaks at {format_bytes(start + extra)}, over {format_bytes(limit)}"
+        return f"its compiled code peaks at {format_bytes(start + at.bytes)}, over {format_bytes(limit)}", at
+
+
+def _key(steps: tuple[int, ...], args: Sequence[torch.Tensor]) -> tuple:
+    """A region's compiled code is kept per its steps and its inputs' shapes, strides and dtypes."""
+    return (steps, *((tuple(a.shape), a.stride(), a.dtype) for a in args))
 
 
 # Inductor runs a region's kernels in the plan's order: its reorderings (for locality, and for its own estimate of
@@ -330,46 +370,3 @@ def _inductor(gm: fx.GraphModule, inputs: list[torch.Tensor]) -> Callable:
     from torch._inductor.compile_fx import compile_fx
 
     return compile_fx(GmWrapper(gm, tuple), inputs, config_patches=INDUCTOR_CONFIG)
-
-
-def compiled_peaks(graph: Graph, plan: Plan, peaks: Mapping[tuple[int, ...], int]) -> dict[str, int]:
-    """The plan's peak per device with each measured region (its steps -> the most bytes it allocated above what
-    was resident when it began) counted as measured instead of by its steps' per-op counts."""
-    return _CompiledPeaks(graph, plan, peaks).run()
-
-
-def region_peaks(
-    graph: Graph, plan: Plan, peaks: Mapping[tuple[int, ...], int]
-) -> dict[tuple[int, ...], tuple[str, int]]:
-    """Each measured region (its steps) -> its device and the bytes there at its peak: what the plan holds when the
-    region begins plus the most the region allocated above that."""
-    walk = _CompiledPeaks(graph, plan, peaks)
-    walk.run()
-    return walk.at
-
-
-class _CompiledPeaks(PlanInterpreter):
-    def __init__(self, graph: Graph, plan: Plan, peaks: Mapping[tuple[int, ...], int]) -> None:
-        super().__init__(graph, plan)
-        self.inside = {i: steps for steps in peaks for i in steps}
-        self.first = {steps[0]: (steps, extra) for steps, extra in peaks.items()}
-        self.at: dict[tuple[int, ...], tuple[str, int]] = {}  # region steps -> (device, its peak)
-
-    def bump(self, i: int, device: str, during: int, **where: str) -> None:
-        if i not in self.inside:
-            super().bump(i, device, during, **where)
-
-    def on_compute(self, i: int, s: Compute, op: Op) -> None:
-        self._enter(i, s.device)
-
-    def on_free(self, i: int, s: Free) -> None:
-        self._enter(i, s.device)
-
-    def _enter(self, i: int, device: str) -> None:
-        if i in self.first:  # a region begins: what is resident now plus what it allocated, at most
-            steps, extra = self.first[i]
-            self.at[steps] = (device, self.used[device] + extra)
-            super().bump(i, device, self.used[device] + extra)
-
-    def end(self) -> dict[str, int]:
-        return dict(self.peak)
