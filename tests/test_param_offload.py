@@ -296,3 +296,26 @@ def test_host_adamw_buckets_wait_for_their_copies_and_block_only_their_own_reads
     opt.step()
     for p, q in zip(params, ref):
         assert_close(p.detach(), q.detach(), **FUSED)
+
+
+def test_planned_addresses_train_like_eager(mlp, tmp_path, monkeypatch) -> None:
+    """`xsched train --planned-addresses` (TrainConfig.planned_addresses) with the weights, gradients and AdamW on the
+    store: the step's values on cpu:0 run in its arena, and the losses and final weights are eager AdamW's."""
+    import xsched.execute.executor as executor_module
+
+    arenas = []
+
+    class Recorded(executor_module.Arena):
+        def __init__(self, *args, **kw) -> None:
+            super().__init__(*args, **kw)
+            arenas.append(self)
+
+    monkeypatch.setattr(executor_module, "Arena", Recorded)
+    config = offloaded(f"{mlp}:factory", "1.6MiB", tmp_path, steps=4, batch=8, planned_addresses=True)
+    result = train(dataclasses.replace(config, checkpoint_dir=str(tmp_path / "ck")))
+    assert_store_plan(result, int(1.6 * 2**20))
+    assert arenas and all(a.planned.addresses.arena_bytes.get("cpu:0", 0) > 0 for a in arenas)
+    assert any(a.planned.compute_steps for a in arenas)  # computes wrote into their slots
+    want, model = eager_run(mlp, batch=8, world=1, steps=4)
+    assert_close(result.losses, want, rtol=1e-5, atol=1e-6)
+    assert_same_weights(read_checkpoint(tmp_path / "ck", 4)["model"], model, **FUSED)

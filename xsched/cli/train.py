@@ -74,6 +74,7 @@ def cmd_train(a: argparse.Namespace) -> int:
         stores=tuple(split_device_list(",".join(a.store))) if a.store else (),
         compile=a.compile,
         expandable_segments=a.expandable_segments,
+        planned_addresses=a.planned_addresses,
         delayed_update=a.delayed_update,
         optimizer_split=a.optimizer_split,
         optimizer_split_by=a.optimizer_split_by,
@@ -145,6 +146,11 @@ def add(sub: argparse._SubParsersAction) -> None:
         "--expandable-segments",
         action="store_true",
         help="turn on PyTorch's CUDA expandable_segments before the plan's first allocation (a no-op on CPU devices)",
+    )
+    t.add_argument(
+        "--planned-addresses",
+        action="store_true",
+        help="the step's values at planned offsets in one preallocated buffer per device (outputs and gradients outside)",
     )
     t.add_argument("--json", action="store_true", help="one JSON object per line: start, step, checkpoint, end")
     t.add_argument("--log-csv", metavar="PATH", help="also write each step's fields (as --json's step lines) to a CSV")

@@ -62,6 +62,7 @@ class TrainConfig:
     stores: tuple[str, ...] = ()  # devices that hold values and run no op (only their copies are profiled)
     compile: bool = False  # run one-device runs of steps as compiled regions (xsched.execute.segments)
     expandable_segments: bool = False  # CUDA's expandable segments on before the plan's first allocation (Executor)
+    planned_addresses: bool = False  # the step's values in one arena per device (Executor; xsched.execute.arena)
     delayed_update: bool = False  # --param-home's AdamW one step late (ZeRO-Offload's DPU; see train.host_adamw)
     optimizer_split: float | None = None  # Twin-Flow: this share of the compute budget holds optimizer-placed params
     optimizer_split_by: str = "order"  # which params move: "order" (released last), "time" (least predicted step)

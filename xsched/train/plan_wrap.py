@@ -98,6 +98,7 @@ def plan_and_wrap(
         compile=config.compile,
         grad_outputs=grads,
         expandable_segments=config.expandable_segments,
+        planned_addresses=config.planned_addresses,
         chunk_loss=config.chunk_loss,
     )
     if evaluates:
