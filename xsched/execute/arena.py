@@ -34,10 +34,10 @@ from xsched.allocator.addresses import Addresses, Residency, plan_addresses, res
 from xsched.contracts.graph import Graph, Value
 from xsched.contracts.layout import layout, storage_numel
 from xsched.contracts.plan import Compute, Copy, Plan
-from xsched.contracts.torch_ops import _FillFresh, resolve
+from xsched.contracts.torch_ops import _FillFresh, laid_out, resolve
 from xsched.errors import XschedError
 from xsched.execute.compiled import _aliases, _direct, _has_ref, getter, with_rng
-from xsched.execute.steps import RunState, StepFn, prepare_compute, prepare_copy
+from xsched.execute.steps import RunState, StepFn, pinned, prepare_compute, prepare_copy
 from xsched.interpret import wrong_size
 
 # ops that only make uninitialised memory: their slot (laid out as the value records) is that memory
@@ -235,9 +235,12 @@ def prepare_arena_compute(ex: Any, i: int, s: Compute) -> StepFn:
     # a random op: the generator's lock, and the first run's state replayed by a recomputation (compiled.with_rng)
     drawn = with_rng(op, kernel, dev, record=op.id in ex.recomputed_random) if op.id in ex.random else None
 
+    def new_storage(numel: int, dtype: torch.dtype) -> torch.Tensor:  # an output not placed: a fresh tensor (laid_out)
+        return torch.empty(numel, dtype=dtype, device=dev)
+
     def compute(st: RunState) -> None:
         store = st.stores[d]
-        outs = {k: _fresh(v, dev) for k, v in fresh} if fresh else {}
+        outs = {k: laid_out(v, new_storage)[1] for k, v in fresh} if fresh else {}
         try:
             if drawn is not None:
                 drawn((store.tensors, outs), st.rng)
@@ -258,15 +261,6 @@ def prepare_arena_compute(ex: Any, i: int, s: Compute) -> StepFn:
     return compute
 
 
-def _fresh(v: Value, device: torch.device) -> torch.Tensor:
-    """A new tensor laid out as `v` records, outside the arena: an out= argument for an output not placed."""
-    stride, offset = layout(v)
-    if not offset:
-        return torch.empty_strided(tuple(v.shape or ()), stride, dtype=_dtype(v), device=device)
-    raw = torch.empty(storage_numel(v.shape or (), stride, offset), dtype=_dtype(v), device=device)
-    return raw.as_strided(tuple(v.shape or ()), stride, offset)
-
-
 def prepare_arena_copy(ex: Any, i: int, s: Copy) -> StepFn:
     """A copy into the arena: the source written into the value's slot (on the lane's stream on CUDA, a pageable
     host source staged through pinned memory first); otherwise the executor's own copy step."""
@@ -281,11 +275,8 @@ def prepare_arena_copy(ex: Any, i: int, s: Copy) -> StepFn:
         if gpu:
             if t.device.type == "cuda":  # an outside source the caching allocator must keep for this stream
                 t.record_stream(torch.cuda.current_stream(t.device))
-            elif slot.device.type == "cuda" and not t.is_pinned():
-                staged = torch.empty_like(t, pin_memory=True)
-                staged.copy_(t)
-                st.keep.append(staged)
-                t = staged
+            elif slot.device.type == "cuda":
+                t = pinned(t, st)
         slot.copy_(t, non_blocking=gpu)
         st.stores[dst].put(v, slot)
 

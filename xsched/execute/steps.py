@@ -137,6 +137,17 @@ def _unchecked(ex: Any, kinds: Mapping[type, Callable[[Any, int, Any], StepFn]])
     return fns
 
 
+def pinned(t: torch.Tensor, st: RunState) -> torch.Tensor:
+    """A host tensor a non-blocking copy to a GPU can read: `t` if pinned, else a pinned copy of it that the run
+    keeps (st.keep) while the copy may still read it."""
+    if t.is_pinned():
+        return t
+    staged = torch.empty_like(t, device="cpu", pin_memory=True)
+    staged.copy_(t)
+    st.keep.append(staged)
+    return staged
+
+
 def _mover(ex: Any, s: Copy) -> Callable[[torch.Tensor, RunState], torch.Tensor]:
     """How one copy moves a tensor: a real clone between logical CPU devices; on CUDA, non-blocking copies
     on the lane's side stream through pinned host memory into a block of `ex.copy_pool`'s stream, with
@@ -153,11 +164,8 @@ def _mover(ex: Any, s: Copy) -> Callable[[torch.Tensor, RunState], torch.Tensor]
         def h2d_or_d2d(t: torch.Tensor, st: RunState) -> torch.Tensor:
             if t.device.type == "cuda":
                 t.record_stream(side)
-            elif not t.is_pinned():
-                staged = torch.empty_like(t, device="cpu", pin_memory=True)
-                staged.copy_(t)
-                st.keep.append(staged)
-                t = staged
+            else:
+                t = pinned(t, st)
             if not in_compute_pool:  # from the side stream's pool; the compute stream reads it
                 out = t.to(dst, non_blocking=True)
                 out.record_stream(reader)
