@@ -21,14 +21,13 @@ Executor(expandable_segments=True): PyTorch's expandable_segments:True for that 
 its reserved memory beside the allocator model's prediction with expandable segments; on logical CPUs there is no
 caching allocator and the option is a no-op (the row is the plain run again). `--chunk-loss K` adds xsched rows with the store on
 the graph with its loss in K row blocks (chunked_rows). The torch rows and the shared timing are in
-bench_gpu_torch_rows. Setup in scripts/gpu/README.md.
+bench_gpu_torch_rows, the xsched rows in bench_gpu_plan_rows. Setup in scripts/gpu/README.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as futures
-import functools
 import gzip
 import json
 import multiprocessing
@@ -45,164 +44,19 @@ from pathlib import Path
 import torch
 from bench_cuda import device_name, no_plan, one_line
 from bench_gpu_compiled_rows import compiled_plan_rows
-from bench_gpu_torch_rows import compile_rows, log, timed, torch_rows
-from bench_offload import hidden_share
+from bench_gpu_plan_rows import plan_row
+from bench_gpu_torch_rows import compile_rows, log, torch_rows
 from gpu.memory_report import frontier_plot, mib, render
 
 from xsched import zoo
-from xsched.allocator import reserved_range, segment_size
 from xsched.capture.torch import bind_inputs, capture
 from xsched.contracts.graph import Graph
-from xsched.contracts.plan import Compute, Copy, Plan
+from xsched.contracts.plan import Plan
 from xsched.contracts.profile import Profile
 from xsched.devices import get_device
 from xsched.errors import BudgetError
-from xsched.execute.alloc_settings import use_expandable_segments
 from xsched.execute.back_to_back import profile_calibrated
-from xsched.execute.executor import Executor
-from xsched.execute.live_bytes import measured_peaks
-from xsched.simulate import simulate
 from xsched.solve.reference import eager_peak, eager_plan
-
-
-def executors(graph: Graph, plan: Plan, a) -> dict[str, Executor]:
-    """The executors a plan's row runs: as by default (`a.lanes`), the other mode when it copies (and the compute
-    stream's copy pool on the lanes), and with expandable segments (`a.expandable_segments`), the setting left off
-    after it was made (each run sets its own)."""
-    exs = {"default": Executor(graph, plan, check=False, overlap=a.lanes)}
-    if any(isinstance(s, Copy) for s in plan.steps):  # without copies a one-device plan runs alike in either mode
-        exs["other"] = Executor(graph, plan, check=False, overlap=not a.lanes)
-        if a.lanes:  # copies' destinations from the compute stream's pool: fewer reserved bytes, maybe later copies
-            exs["compute_pool"] = Executor(graph, plan, check=False, overlap=True, copy_pool="compute")
-    if a.expandable_segments:
-        exs["expandable"] = ex = Executor(graph, plan, check=False, overlap=a.lanes, expandable_segments=True)
-        use_expandable_segments(ex.dev.values(), on=False)  # the setting is the process's: on only while it runs
-    if a.planned_addresses:  # its arena is allocated here, once: the runs' peaks above what is there exclude it
-        exs["arena"] = Executor(graph, plan, check=False, overlap=a.lanes, planned_addresses="whole")  # whole steps
-    return exs
-
-
-def plan_row(label: str, graph: Graph, plan: Plan, profile: Profile, env: dict, compute: str, eager: Callable, a):
-    """The plan through the executor as it runs by default (`a.lanes`; CUDA: on its lanes, copies on side streams;
-    logical CPUs: in plan order on the calling thread), interleaved with eager PyTorch (the row's "vs eager") and,
-    when the plan copies, with the executor's other mode. Measured on the lanes, the step in plan order (copies on
-    the compute stream) less the step on the lanes, over the plan's predicted copy time, is the share of copy time
-    the lanes hide. The rows: the plan's, then (`a.expandable_segments`) the same plan with expandable segments."""
-    sim = simulate(graph, plan, profile, check_budgets=False)
-    copy_s, predicted_hidden = hidden_share(graph, plan, profile)
-    copies = sum(isinstance(s, Copy) for s in plan.steps)
-    loss_id = graph.forward_outputs[-1]["ref"]  # zoo gpt2 returns (logits, loss)
-    resident = sum(graph.value[v].nbytes for v in graph.inputs if plan.homes[v] == compute)
-    exs = executors(graph, plan, a)
-    counted: dict[str, int] = {}  # the executor's accounting of `compute`, less what is resident before a step
-
-    def run(name: str) -> float:
-        ex = exs[name]
-        if ex.expandable_segments:  # its segments made with the setting on, every other run's with it off
-            use_expandable_segments([ex.dev[compute]])
-        try:
-            st = ex.start(env)
-            ex.run(st)
-        finally:
-            if ex.expandable_segments:
-                use_expandable_segments([ex.dev[compute]], on=False)
-        counted[name] = max(counted.get(name, 0), st.peak()[compute] - resident)
-        return float(ex.outputs(st, [loss_id])[loss_id])
-
-    # the caching-allocator model as the measured run allocates: the steps that overwrite a dying input (no
-    # allocation there), copies written or read on side streams when on lanes (record_stream); growth above the
-    # homed inputs, from the GPU keeping up with the host to the host a step ahead
-    ex = exs["default"]
-    low, high = reserved_range(graph, plan, profile, devices=[compute], reuse=ex.reuse, side_streams=ex.overlap)[
-        compute
-    ]
-    pool_low, pool_high = reserved_range(
-        graph, plan, profile, devices=[compute], reuse=ex.reuse, side_streams=True, copy_pool="compute"
-    )[compute]
-    grown = reserved_range(
-        graph, plan, profile, devices=[compute], reuse=ex.reuse, side_streams=ex.overlap, expandable=True
-    )[compute]
-    arena = exs["arena"].arena.planned.addresses if "arena" in exs else None
-    arena_predicted = (
-        reserved_range(graph, plan, profile, devices=[compute], reuse={}, side_streams=ex.overlap, arena=arena)[compute]
-        if arena is not None
-        else None
-    )
-    try:
-        runs = {k: functools.partial(run, k) for k in exs}
-        got = timed({**runs, "eager": eager}, exs["default"].dev[compute], a.iters, a.warmup)
-    finally:
-        for ex in exs.values():
-            ex.close()
-    med = {k: statistics.median(v["times"]) for k, v in got.items()}
-    mine = got["default"]
-    row = {
-        "plan": label,
-        "time_s": med["default"],
-        "eager_s": med["eager"],
-        "eager_times": got["eager"]["times"],
-        "peak": mine["peak"] if mine["peak"] is not None else measured_peaks(graph, plan, env)[compute],
-        "counted_peak": counted["default"],
-        "reserved": mine["reserved"],
-        "predicted_reserved": low.step_reserved,
-        "predicted_reserved_ahead": high.step_reserved,
-        "loss": mine["loss"],
-        "predicted_s": sim.makespan_s,
-        "predicted_seq_s": sim.time_s,
-        "predicted_peak": sim.peak_bytes[compute] - resident,
-        "copies": copies,
-        "recomputes": sum(isinstance(s, Compute) for s in plan.steps) - len(graph.ops),
-        "copy_s": copy_s,
-        "hidden_predicted": predicted_hidden,
-        "found_by": plan.solver.found_by,
-        "budget": plan.budgets.get(compute),
-    }
-    if "compute_pool" in got:  # the same plan with copy_pool="compute", measured and predicted
-        row["compute_pool_s"], row["compute_pool_reserved"] = med["compute_pool"], got["compute_pool"]["reserved"]
-        row["predicted_reserved_compute_pool"] = (pool_low.step_reserved, pool_high.step_reserved)
-    if copies:
-        row["lanes_s"], row["inline_s"] = (med["default"], med["other"]) if a.lanes else (med["other"], med["default"])
-        row["hidden"] = (row["inline_s"] - row["lanes_s"]) / copy_s if a.lanes and copy_s > 0 else None
-    rows = [row]
-    if "expandable" in got:
-        rows.append(expandable_row(row, got["expandable"], counted["expandable"], grown))
-    if "arena" in got:
-        rows.append(arena_row(row, got["arena"], counted["arena"], arena, arena_predicted, compute))
-    return rows
-
-
-def expandable_row(row: dict, got: dict, counted: int, predicted: tuple) -> dict:
-    """The plan's row again, measured with expandable segments (`got`: timed's entry of that run; `counted`: its
-    executor's accounting) and predicted by the allocator model with them (the GPU keeping up, the host ahead)."""
-    keep = ("eager_s", "predicted_s", "predicted_seq_s", "predicted_peak", "copies", "recomputes", "copy_s")
-    out = {k: row[k] for k in (*keep, "hidden_predicted", "found_by", "budget") if k in row}
-    out |= {
-        "plan": f"{row['plan']}, expandable segments",
-        "time_s": statistics.median(got["times"]),
-        "loss": got["loss"],
-    }
-    out |= {"peak": got["peak"] if got["peak"] is not None else row["peak"], "counted_peak": counted}
-    out |= {"reserved": got["reserved"], "eager_times": []}
-    out |= {"predicted_reserved": predicted[0].step_reserved, "predicted_reserved_ahead": predicted[1].step_reserved}
-    if row.get("copies"):
-        out["hidden"] = None  # not measured for this run (its plan-order twin is not run)
-    return out
-
-
-def arena_row(row: dict, got: dict, counted: int, arena, predicted: tuple, compute: str) -> dict:
-    """The plan's row again, run with planned addresses (Executor(planned_addresses="whole"): whole steps): on CUDA its measured peak
-    and reserved growth above what was there before the run, plus the arena (allocated once, before: its bytes, and
-    the segment cudaMalloc gave it); the allocator model's prediction with the arena (the GPU keeping up, the host
-    ahead); the arena's bytes, their lower bound, and the most bytes the plan makes live outside it."""
-    out = expandable_row(row, got, counted, predicted)
-    n = arena.arena_bytes.get(compute, 0)
-    out["plan"] = f"{row['plan']}, planned addresses"
-    if got["peak"] is not None:
-        out["peak"] = got["peak"] + n
-        out["reserved"] = got["reserved"] + segment_size(n) if n else got["reserved"]
-    out |= {"arena": n, "arena_lower_bound": arena.lower_bound.get(compute, 0)}
-    out["arena_outside_peak"] = arena.outside_peak.get(compute, 0)
-    return out
 
 
 # ---- solving: every plan from the one profile, in parallel processes where cores allow ----
