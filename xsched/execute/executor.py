@@ -33,6 +33,7 @@ from xsched.errors import PlanError, XschedError
 from xsched.execute.alloc_settings import use_expandable_segments
 from xsched.execute.arena import ARENA_KINDS, Arena
 from xsched.execute.compiled import reusable_inputs
+from xsched.execute.lane_run import LaneRunner
 from xsched.execute.program import PreparedPlan, inline_program
 from xsched.execute.reference import RunTrace, torch_device
 from xsched.execute.segments import Segments
@@ -46,12 +47,9 @@ from xsched.execute.steps import (
     tagged,
 )
 from xsched.execute.stores import DeviceStore
-from xsched.execute.workers import Done, Lane, Task
+from xsched.execute.workers import Lane
 from xsched.interpret import at_step
 from xsched.lanes import inline_free_lanes, step_waits
-
-# a lanes run's lanes and tasks (Executor._lane_tasks): (first step, last step, lane, function, waited-for steps)
-_LaneTasks = tuple[list[Lane], list[tuple[int, int, Lane, StepFn, tuple[int, ...]]]]
 
 
 class Executor:
@@ -144,9 +142,7 @@ class Executor:
         self._programs: dict[tuple[int, int], StepFn] = {}
         self._inline: dict[tuple[int, int], list[StepFn]] = {}  # (start, stop) -> _inline_fns, for _inline_clock
         self._inline_clock: Any = None
-        self._lane_plans: dict[tuple[int, int], _LaneTasks] = {}
-        self._tasks_clock: Any = None  # the clock _lane_plans' functions are timed by
-        self._groups: dict[tuple[int, int], list[tuple[int, ...]]] = {}
+        self.lane_runner = LaneRunner(self)
         self._cuts: dict[tuple[int, int], list[tuple[int, int]]] = {}
         self.segments = Segments(self) if compile and self._generate else None
         self.clock: Any = None  # a StepClock (xsched.execute.step_clock) that times the lanes' tasks, when set
@@ -221,7 +217,7 @@ class Executor:
             if trace or not self.overlap or self._one_device(start, stop):
                 self._run_inline(st, start, stop, trace)
             else:
-                self._run_lanes(st, start, stop)
+                self.lane_runner.run(st, start, stop)
         st.next_step = stop
         if self.clock is not None:
             forward = self.plan.boundary is None or stop <= self.plan.boundary
@@ -297,96 +293,6 @@ class Executor:
                 torch.cuda.current_stream(self.dev[self.plan.steps[i].src]).synchronize()  # type: ignore[union-attr]
             if trace:
                 st.resident_after.append(st.resident())
-
-    def _run_lanes(self, st: RunState, start: int, stop: int) -> None:
-        used, tasks = self._lane_tasks(start, stop)
-        for lane in used:
-            lane.begin()
-            if lane.kind == "cuda":  # work of earlier slices and of the caller, on the compute streams, comes first
-                for d in self.names:
-                    if self.dev[d].type == "cuda" and self.dev[d] == lane.stream.device:
-                        lane.stream.wait_stream(self.compute_stream(d))
-        dones: dict[int, Done] = {}  # the last step of each task -> its Done: nothing waits for the others
-        last: dict[str, Done] = {}
-        errors: list[tuple[int, BaseException]] = []
-        batches: dict[Lane, list[Task]] = {lane: [] for lane in used}
-        for i, end, lane, fn, waits in tasks:
-            done = dones[end] = Done()
-            batches[lane].append(Task(i, fn, st, [dones[j] for j in waits], done, errors))
-            last[lane.name] = done
-        for lane, batch in batches.items():
-            lane.submit(batch)
-        for done in last.values():
-            done.event.wait()
-        for d in self.names:  # later work on each GPU's compute stream waits for every lane's last step
-            if self.dev[d].type == "cuda":
-                cur = self.compute_stream(d)
-                for done in last.values():
-                    for _, ev in done.cuda.values():
-                        cur.wait_event(ev)
-        if errors:
-            i, e = min(errors, key=lambda x: x[0])
-            i = e.step if isinstance(e, XschedError) and e.step is not None else i
-            if isinstance(e, XschedError):
-                raise at_step(e, i, self.plan.steps[i]) from e
-            raise XschedError(f"{type(e).__name__}: {e}", stage="execute", step=i) from e
-
-    def _lane_tasks(self, start: int, stop: int) -> _LaneTasks:
-        """The lanes steps [start, stop) use, in the order of their first step, and the tasks a lanes run submits:
-        (first step, last step, lane, function, the last steps of the earlier tasks it waits for), each function
-        timed by the clock when one is set. Built once per slice and clock (the plan is fixed), so a run's issuing
-        thread pays no per-task lookups or closures."""
-        if self._tasks_clock is not self.clock:
-            self._lane_plans.clear()
-            self._tasks_clock = self.clock
-        out = self._lane_plans.get((start, stop))
-        if out is not None:
-            return out
-        tasks = []
-        for group in self.tasks(start, stop):
-            i, key = group[0], self.lane_of[group[0]]
-            lane = self.lanes[key]
-            fn = self.fns[i] if len(group) == 1 else self._run_group(group)
-            if self.segments and key.startswith("compute:") and len(group) > 1:
-                fn = self.segments.program(group)
-            if self.clock is not None:
-                fn = self.clock.timed(key, f"steps {i}-{group[-1]}", fn, lane.stream)
-            tasks.append((i, group[-1], lane, fn, tuple(j for j in self.deps[i] if j >= start)))
-        used = list(dict.fromkeys(self.lanes[self.lane_of[i]] for i in range(start, stop)))
-        out = self._lane_plans[(start, stop)] = (used, tasks)
-        return out
-
-    def tasks(self, start: int, stop: int) -> list[tuple[int, ...]]:
-        """Steps [start, stop) cut into tasks: runs of one lane's steps, in plan order, where only the first waits
-        for another lane and only the last is waited for by another lane. One hand-off per task, not per step."""
-        if (start, stop) not in self._groups:
-            waited = {j for i in range(start, stop) for j in self.deps[i] if j >= start}
-            groups: list[list[int]] = []
-            open_: dict[str, list[int]] = {}  # lane -> its group still taking steps
-            for i in range(start, stop):
-                key = self.lane_of[i]
-                if key not in open_ or any(j >= start for j in self.deps[i]):
-                    open_[key] = []
-                    groups.append(open_[key])
-                open_[key].append(i)
-                if i in waited:
-                    del open_[key]
-            self._groups[(start, stop)] = [tuple(g) for g in groups]
-        return self._groups[(start, stop)]
-
-    def _run_group(self, group: tuple[int, ...]) -> StepFn:
-        fns, steps = self.fns, self.plan.steps
-
-        def run(st: RunState) -> None:
-            for i in group:
-                try:
-                    fns[i](st)
-                except XschedError as e:
-                    raise at_step(e, i, steps[i]) from e
-                except Exception as e:
-                    raise XschedError(f"{type(e).__name__}: {e}", stage="execute", step=i) from e
-
-        return run
 
     def outputs(self, st: RunState, values: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
         """The graph outputs (or those of `values`) of a finished run, each from the device where it must end
