@@ -204,7 +204,10 @@ def main(argv: list[str] | None = None) -> int:
         def fit(frac: float) -> list[str]:
             k = next(tries)
             given, save = (d / f"plan{k}.json" if d else None for d in (a.plans, a.save_plans))
-            w, said, setup = planned(before + int(frac * ref), "auto", given, save)
+            try:
+                w, said, setup = planned(before + int(frac * ref), "auto", given, save)
+            except (BudgetError, XschedError) as e:  # a budget below the bound, said as a row, not a traceback
+                return [f"| {frac:.0%} | no plan: {str(e).splitlines()[0][:200]} | - | - | - | - | - | - | - |"]
             measured = before + step_peak(lambda: loss_of(w(*inputs)), [*w.parameters()], device)
             return [fit_row(w, said, measured, plan_dev, frac, setup)]
 
