@@ -15,11 +15,11 @@ import argparse
 from pathlib import Path
 
 from xsched.allocator import COPY_POOLS, ReservedPeak, reserved_range
+from xsched.allocator.placement import ArenaPlan
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Copy, Plan
 from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError
-from xsched.execute.arena import ArenaPlan
 from xsched.execute.compiled import reusable_inputs
 from xsched.solve import solve
 from xsched.solve.options import SolverOptions
