@@ -301,7 +301,7 @@ def reserved_text(graph: Graph, plan: Plan, profile: Profile | None = None) -> s
         )
         + ". Expandable segments: the executor's expandable_segments option (PyTorch's expandable_segments:True, one "
         "growing segment per pool and stream). Planned addresses: the step's values at planned offsets in one "
-        "arena per device, placed as the run places them (`xsched run --planned-addresses`). A GPU runs out on "
+        "arena per device, at greedy's offsets as the run places them (`xsched run --planned-addresses`). A GPU runs out on "
         "reserved memory, not on the plan's peak."
     )
 
@@ -317,8 +317,12 @@ def _device_text(d: str, e: ExpectedReserved) -> str:
         f"reserved for {format_bytes(low.step_peak)} above the homed inputs)"
         + (f"; out of memory at {high.out_of_memory}" if high.out_of_memory else "")
         + f"; with expandable segments ~{_reserved(grown)}"
-        + f"; with planned addresses (--planned-addresses) ~{_reserved(planned)} (arena "
-        f"{format_bytes(e.arena_bytes)}, at most {format_bytes(e.outside)} outside it)"
+        + "; with planned addresses (--planned-addresses) "
+        + (
+            f"~{_reserved(planned)} (arena {format_bytes(e.arena_bytes)}, at most {format_bytes(e.outside)} outside it)"
+            if e.arena_bytes
+            else "the same: no value it makes can go in the arena (no `out=` overload, or no recorded dtype and layout)"
+        )
     )
 
 
