@@ -253,11 +253,10 @@ class ExpectedReserved:
         return high.allocated - high.base_allocated - self.arena_bytes
 
     def as_dict(self) -> dict:
-        pair = lambda r: [r[0].as_dict(), r[1].as_dict()]  # noqa: E731
         return {
-            "default": pair(self.default),
-            "expandable": pair(self.expandable),
-            "planned_addresses": pair(self.planned),
+            "default": [r.as_dict() for r in self.default],
+            "expandable": [r.as_dict() for r in self.expandable],
+            "planned_addresses": [r.as_dict() for r in self.planned],
             "arena_bytes": self.arena_bytes,
             "outside_arena": self.outside,
         }
@@ -268,8 +267,10 @@ def expected_reserved(
 ) -> dict[str, ExpectedReserved]:
     """Per modelled device with a peak (`devices`, default every plan device but the host): its ExpectedReserved.
     The arena comes from the executor's own selection (ArenaPlan) with greedy's offsets, as the run places them."""
-    arena = ArenaPlan(graph, plan, handed=False).addresses  # whole steps, as `xsched run --planned-addresses`
     default = reserved_range(graph, plan, profile, devices=devices)
+    if not any(low.plan_peak for low, _ in default.values()):  # no accelerator: no arena to size
+        return {}
+    arena = ArenaPlan(graph, plan, handed=False).addresses  # whole steps, as `xsched run --planned-addresses`
     grown = reserved_range(graph, plan, profile, devices=devices, expandable=True)
     # in-place reuse is off with planned addresses (reserved_range's default: none)
     planned = reserved_range(graph, plan, profile, devices=devices, arena=arena)

@@ -10,7 +10,7 @@ from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Plan
 from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError, XschedError
-from xsched.explain import expected_reserved
+from xsched.explain import Range, expected_reserved
 from xsched.report.machines import Machine
 from xsched.solve.api import solve
 from xsched.solve.bounds.memory import lower_bounds
@@ -152,13 +152,17 @@ def reserved_fields(graph: Graph, plan: Plan, profile: Profile) -> dict[str, dic
     """A Point's reserved-memory fields: per accelerator, each setting's (GPU keeping up, host ahead) reserved bytes,
     and the planned addresses' arena."""
     expected = expected_reserved(graph, plan, profile)
-    both = lambda r: (r[0].reserved, r[1].reserved)  # noqa: E731
     return {
-        "reserved_bytes": {d: both(e.default) for d, e in expected.items()},
-        "expandable_bytes": {d: both(e.expandable) for d, e in expected.items()},
-        "planned_bytes": {d: both(e.planned) for d, e in expected.items()},
+        "reserved_bytes": {d: _ends(e.default) for d, e in expected.items()},
+        "expandable_bytes": {d: _ends(e.expandable) for d, e in expected.items()},
+        "planned_bytes": {d: _ends(e.planned) for d, e in expected.items()},
         "arena_bytes": {d: e.arena_bytes for d, e in expected.items()},
     }
+
+
+def _ends(r: Range) -> tuple[int, int]:
+    """Reserved bytes with the GPU keeping up and with the host a step ahead."""
+    return r[0].reserved, r[1].reserved
 
 
 def found_by(plan: Plan, method: str) -> str | None:
