@@ -7,20 +7,24 @@ by `auto` (or read from --plans-dir, where solved plans are kept) and replayed a
 in-place reuse included). A model, not a measurement: no GPU runs.
 
     python scripts/bench_reserved_model.py --plans 55:store,45:store,55:alone --limit 20 --plans-dir /tmp/plans
+
+With --explain: what `xsched plan --explain` says with planned addresses for each plan, and how long it takes.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 from xsched.allocator import COPY_POOLS, ReservedPeak, reserved_range
+from xsched.allocator.placement import ArenaPlan
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Copy, Plan
 from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError
-from xsched.execute.arena import ArenaPlan
 from xsched.execute.compiled import reusable_inputs
+from xsched.explain import expected_reserved
 from xsched.solve import solve
 from xsched.solve.options import SolverOptions
 from xsched.solve.reference import eager_plan
@@ -70,6 +74,23 @@ def arena_cell(graph: Graph, plan: Plan, profile: Profile | None) -> str:
     return " | ".join(cells)
 
 
+def explain_row(graph: Graph, plan: Plan, profile: Profile, spec: str) -> str:
+    """What `xsched plan --explain` says with planned addresses (whole steps, greedy's offsets as the run places
+    them, the default settings outside the arena), the seconds it takes, and the arena CP-SAT finds in 10 s."""
+    t = time.perf_counter()
+    e = expected_reserved(graph, plan, profile)[GPU]
+    took = time.perf_counter() - t
+    low, high = e.planned
+    over = f"{low.reserved / low.plan_peak:.3f}" + ("" if high == low else f"-{high.reserved / high.plan_peak:.3f}")
+    t = time.perf_counter()
+    solved = ArenaPlan(graph, plan, time_limit_s=10.0, handed=False).addresses
+    took_cpsat = time.perf_counter() - t
+    return (
+        f"| {spec} | {over} | {e.arena_bytes / MiB:,.0f} | {e.outside / MiB:,.0f} | {took:.2f} "
+        f"| {solved.arena_bytes.get(GPU, 0) / MiB:,.0f} ({solved.method}, {took_cpsat:.1f} s) |"
+    )
+
+
 def plan_for(graph: Graph, profile: Profile, spec: str, limit: float, keep: Path | None) -> Plan:
     """`auto`'s plan at "PCT:store" (the host as a store) or "PCT:alone" (the GPU alone), or the eager plan."""
     if spec == "eager":
@@ -92,9 +113,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=float, default=20.0, help="auto's time limit per plan, seconds")
     ap.add_argument("--plans-dir", type=Path, help="keep solved plans here, and read them back when there")
     ap.add_argument("--profile", default="h100", help="the stored profile: h100 or h200")
+    ap.add_argument("--explain", action="store_true", help="instead: --explain's planned-addresses figure, timed")
     a = ap.parse_args(argv)
     graph = Graph.load(DATA / "gpt2-full_n_layer6.graph.json.gz")
     profile = Profile.load(DATA / f"gpt2-full_n_layer6.{a.profile}.profile.json.gz")
+    if a.explain:
+        print(
+            "| plan | reserved / plan peak | arena MiB (greedy) | outside it, MiB | seconds | arena MiB, CP-SAT 10 s |"
+        )
+        print("|---|---|---|---|---|---|")
+        for spec in a.plans.split(","):
+            print(explain_row(graph, plan_for(graph, profile, spec, a.limit, a.plans_dir), profile, spec), flush=True)
+        return 0
     print(
         "| plan | copy pool | default: reserved / plan peak (step) | expandable segments "
         "| planned addresses, whole steps | planned addresses, wrap |"

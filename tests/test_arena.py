@@ -24,9 +24,10 @@ from xsched.allocator.addresses import (
     plan_addresses,
     residencies,
 )
+from xsched.allocator.placement import ArenaPlan, out_variant
 from xsched.capture.torch import bind_inputs, unpack_outputs
 from xsched.contracts.plan import Compute, Copy, Free
-from xsched.execute.arena import ARENA_KINDS, ArenaPlan, out_variant
+from xsched.execute.arena import ARENA_KINDS
 from xsched.execute.executor import Executor
 from xsched.execute.live_bytes import LiveBytes, _named
 from xsched.execute.steps import STEP_KINDS

@@ -23,3 +23,14 @@ def test_predictions_replay_the_plan_with_each_setting() -> None:
     # the step: 40 MiB reserved above x's 2 MiB for a peak of a and b together, 22 MiB
     assert [got["side", grown][0].reserved for grown in (False, True)] == [48 * MiB, 42 * MiB]
     assert bench.cell(*got["side", True]) == f"{42 * MiB / got['side', True][0].plan_peak:.3f} (40 MiB for 22)"
+
+
+def test_explain_row_is_the_hand_counted_arena() -> None:
+    """--explain's row on tests/test_explain_arena.py's hand plan: 20 MiB over a 12,000,000 B peak, the arena 8,000,512
+    B (7.6 MiB) by greedy and by CP-SAT (proven), d's 2,000,384 B outside it."""
+    from test_explain_arena import hand_graph, hand_plan
+
+    g = hand_graph()
+    cells = bench.explain_row(g, hand_plan(g), None, "hand").split(" | ")
+    assert cells[:4] == ["| hand", f"{20 * MiB / 12_000_000:.3f}", "8", "2"]
+    assert cells[5].startswith("8 (optimal, ")

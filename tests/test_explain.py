@@ -78,6 +78,8 @@ def test_explain_says_what_the_caching_allocator_is_expected_to_reserve() -> Non
     assert "cuda:0: predicted reserved 22.00 MiB (fragmentation 5.00 MiB; the host a step ahead" in text
     # expandable: a0 [0, 3) and a1 [3, 8) of one 20 MiB page, a2 the free [8, 20): the same 22 MiB
     assert "with expandable segments ~22.00 MiB, +29.4%" in text
+    # the chain's values record no dtype or layout: none can go in an arena (tests/test_explain_arena.py sizes one)
+    assert "with planned addresses (--planned-addresses) the same: no value" in text
     assert reserved_text(g, eager_plan(g, "cpu")) == ""  # the host has no such allocator
     from test_allocator import parked_plan
 

@@ -121,6 +121,14 @@ def test_report_has_each_section_figure_table_and_data_file(report):
     assert (
         "reserved ~" in svg and "over the plan" in svg
     )  # the pictured plan's expected fragmentation (xsched.allocator)
+    assert "with expandable segments ~" in svg and "with planned addresses (--planned-addresses) the same: " in svg
+    sweep = {
+        tuple(p["reserved_bytes"]) for s in json.loads((r.html.parent / "sweep.json").read_text()) for p in s["points"]
+    }
+    accelerators = set().union(*sweep)
+    assert accelerators
+    for d in accelerators:  # each accelerator's columns: expandable segments, planned addresses
+        assert f"reserved {d}, expandable segments<" in svg and f"reserved {d}, planned addresses<" in svg
 
 
 def test_sweep_points_are_checked_plans_and_auto_beats_baselines(report):

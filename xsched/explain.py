@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from xsched.allocator import reserved_range
+from xsched.allocator import ReservedPeak, reserved_range
+from xsched.allocator.placement import ArenaPlan
 from xsched.budgets import format_bytes
 from xsched.contracts.graph import Graph, Op
 from xsched.contracts.plan import Compute, Copy, Free, Plan, Step
@@ -229,26 +230,65 @@ def explain_table(rows: tuple[ValueExplanation, ...], kept_rows: int = 10) -> st
 
 
 # ---- reserved memory: what the caching allocator takes from each GPU for the plan (xsched.allocator) ----
+Range = tuple[ReservedPeak, ReservedPeak]  # (the GPU keeping up with the host, the host a step ahead)
+
+
+@dataclass(frozen=True)
+class ExpectedReserved:
+    """One accelerator's reserved memory as the allocator model expects it for the plan, each a Range: PyTorch's
+    default settings, expandable segments (the executor's `expandable_segments`), and planned addresses in whole-step
+    runs (`xsched run --planned-addresses`: the executor's `planned_addresses="whole"`, the default settings for what
+    runs outside the arena). `arena_bytes`: that arena, placed by greedy as the executor places it."""
+
+    default: Range
+    expandable: Range
+    planned: Range
+    arena_bytes: int
+
+    @property
+    def outside(self) -> int:
+        """With planned addresses, the most bytes allocated outside the arena and the homed inputs at once (the
+        host a step ahead): values the arena does not hold and workspaces, in the allocator's rounded blocks."""
+        high = self.planned[1]
+        return high.allocated - high.base_allocated - self.arena_bytes
+
+    def as_dict(self) -> dict:
+        return {
+            "default": [r.as_dict() for r in self.default],
+            "expandable": [r.as_dict() for r in self.expandable],
+            "planned_addresses": [r.as_dict() for r in self.planned],
+            "arena_bytes": self.arena_bytes,
+            "outside_arena": self.outside,
+        }
+
+
+def expected_reserved(
+    graph: Graph, plan: Plan, profile: Profile | None = None, devices: Collection[str] | None = None
+) -> dict[str, ExpectedReserved]:
+    """Per modelled device with a peak (`devices`, default every plan device but the host): its ExpectedReserved.
+    The arena comes from the executor's own selection (ArenaPlan) with greedy's offsets, as the run places them."""
+    default = reserved_range(graph, plan, profile, devices=devices)
+    if not any(low.plan_peak for low, _ in default.values()):  # no accelerator: no arena to size
+        return {}
+    arena = ArenaPlan(graph, plan, handed=False).addresses  # whole steps, as `xsched run --planned-addresses`
+    grown = reserved_range(graph, plan, profile, devices=devices, expandable=True)
+    # in-place reuse is off with planned addresses (reserved_range's default: none)
+    planned = reserved_range(graph, plan, profile, devices=devices, arena=arena)
+    return {
+        d: ExpectedReserved(default[d], grown[d], planned[d], arena.arena_bytes.get(d, 0))
+        for d in default
+        if default[d][0].plan_peak
+    }
+
+
 def reserved_text(graph: Graph, plan: Plan, profile: Profile | None = None) -> str:
     """`--explain`'s line on fragmentation: per accelerator, the reserved memory the allocator model expects, with the
-    allocator's default settings and with expandable segments (the executor's `expandable_segments` option)."""
-    ranges = reserved_range(graph, plan, profile)
-    grown = reserved_range(graph, plan, profile, expandable=True)
-    parts = [
-        f"{d}: predicted reserved {format_bytes(high.reserved)} (fragmentation {format_bytes(high.fragmentation)}; "
-        f"the host a step ahead, the end planning fits to the budget), "
-        f"reserved ~{_span(low.reserved, high.reserved, format_bytes)}, "
-        f"{_span(low.over_plan, high.over_plan, lambda x: f'{x:+.1%}')} over the plan's peak of "
-        f"{format_bytes(low.plan_peak)} (the step adds {_span(low.step_reserved, high.step_reserved, format_bytes)} "
-        f"reserved for {format_bytes(low.step_peak)} above the homed inputs)"
-        + (f"; out of memory at {high.out_of_memory}" if high.out_of_memory else "")
-        + f"; with expandable segments ~{_span(grown[d][0].reserved, grown[d][1].reserved, format_bytes)}, "
-        f"{_span(grown[d][0].over_plan, grown[d][1].over_plan, lambda x: f'{x:+.1%}')}"
-        for d, (low, high) in ranges.items()
-        if low.plan_peak
-    ]
-    if not parts:
+    allocator's default settings, with expandable segments (the executor's `expandable_segments` option) and with
+    planned addresses (its `planned_addresses`)."""
+    expected = expected_reserved(graph, plan, profile)
+    if not expected:
         return ""
+    parts = [_device_text(d, e) for d, e in expected.items()]
     replanned = [m for m in plan.solver.message.split("; ") if m.startswith("re-planned for reserved memory")]
     return (
         "".join(f"{m}. " for m in replanned)
@@ -257,11 +297,41 @@ def reserved_text(graph: Graph, plan: Plan, profile: Profile | None = None) -> s
         + (
             ". A range runs from the GPU keeping up with the host to the host a step ahead (the blocks a copy's "
             "stream still reads held back)"
-            if any(lo.reserved != hi.reserved for lo, hi in ranges.values())
+            if any(e.default[0].reserved != e.default[1].reserved for e in expected.values())
             else ""
         )
         + ". Expandable segments: the executor's expandable_segments option (PyTorch's expandable_segments:True, one "
-        "growing segment per pool and stream). A GPU runs out on reserved memory, not on the plan's peak."
+        "growing segment per pool and stream). Planned addresses: the step's values at planned offsets in one "
+        "arena per device, at greedy's offsets as the run places them (`xsched run --planned-addresses`). A GPU runs out on "
+        "reserved memory, not on the plan's peak."
+    )
+
+
+def _device_text(d: str, e: ExpectedReserved) -> str:
+    """One accelerator's part of reserved_text."""
+    (low, high), grown, planned = e.default, e.expandable, e.planned
+    return (
+        f"{d}: predicted reserved {format_bytes(high.reserved)} (fragmentation {format_bytes(high.fragmentation)}; "
+        f"the host a step ahead, the end planning fits to the budget), "
+        f"reserved ~{_reserved(e.default)} over the plan's peak of "
+        f"{format_bytes(low.plan_peak)} (the step adds {_span(low.step_reserved, high.step_reserved, format_bytes)} "
+        f"reserved for {format_bytes(low.step_peak)} above the homed inputs)"
+        + (f"; out of memory at {high.out_of_memory}" if high.out_of_memory else "")
+        + f"; with expandable segments ~{_reserved(grown)}"
+        + "; with planned addresses (--planned-addresses) "
+        + (
+            f"~{_reserved(planned)} (arena {format_bytes(e.arena_bytes)}, at most {format_bytes(e.outside)} outside it)"
+            if e.arena_bytes
+            else "the same: no value it makes can go in the arena (no `out=` overload, or no recorded dtype and layout)"
+        )
+    )
+
+
+def _reserved(r: Range) -> str:
+    """Reserved bytes and their share over the plan's peak, as ranges where the two ends differ."""
+    return (
+        f"{_span(r[0].reserved, r[1].reserved, format_bytes)}, "
+        f"{_span(r[0].over_plan, r[1].over_plan, lambda x: f'{x:+.1%}')}"
     )
 
 

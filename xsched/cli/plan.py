@@ -82,8 +82,12 @@ def cmd_plan(a: argparse.Namespace) -> int:
             out["explain"] = [r.as_dict() for r in rows]
             out["makespan_bounds"] = [{"seconds": b.seconds, "by": b.by, "why": b.why} for b in bounds]
             from xsched.allocator import replay_reserved
+            from xsched.explain import expected_reserved
 
             out["reserved"] = {d: r.as_dict() for d, r in replay_reserved(graph, plan, profile).items()}
+            # per accelerator: default settings, expandable segments, planned addresses (each the GPU keeping up,
+            # the host a step ahead), the arena's bytes and what stays outside it: the text's figures
+            out["reserved_expected"] = {d: e.as_dict() for d, e in expected_reserved(graph, plan, profile).items()}
         print_json(out)
         return 0
     found = f", found by {s.found_by}" if s.found_by != s.method else ""

@@ -1,17 +1,6 @@
 """Planned addresses at run time: one preallocated byte buffer (the arena) per device, every value the plan places in
-it (xsched.allocator.addresses) a view at its planned offset, written by its op's `out=` variant or by the copy that
-brings it there.
-
-What runs in the arena: computes whose op has an `out=` overload taking the same arguments (every return a
-keyword-only written alias), random ops included (the in-place twin eager runs on a fresh tensor, run on the slot,
-draws replayed as without planned addresses), with at least one output placed (the others written into fresh
-tensors outside); copies into a device. Outside it, as without planned addresses: graph inputs homed on the device;
-where the caller is handed the forward outputs at the autograd boundary (wrap), values still resident at the end and
-graph outputs live across the boundary (the caller may hold them past the step; in whole-step runs they are placed,
-valid until the next run, as a CUDA graph's outputs); watched values (the caller keeps their first tensor); every
-value an aliasing op reads or makes (a view would outlive its slot's occupant); outputs whose recorded layout
-overlaps itself (no `out=` can write it); ops without an `out=` variant. In-place reuse (compiled.reusable_inputs) is
-off: an in-place output would live in its input's slot past that input's free.
+it (xsched.allocator.placement's ArenaPlan: which values, their slots and offsets) a view at its planned offset,
+written by its op's `out=` variant or by the copy that brings it there.
 
 Safety across CUDA streams (record_stream no longer protects the arena's memory): a slot's next occupant is written
 by a step that allocates on its device, a compute or a copy into it, and lanes.step_waits makes every such step wait
@@ -24,154 +13,21 @@ compute lane is ordered by the compute stream itself.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from xsched.allocator.addresses import Addresses, Residency, plan_addresses, residencies
-from xsched.contracts.graph import Graph, Value
-from xsched.contracts.layout import layout, storage_numel
+from xsched.allocator.addresses import Residency, residencies
+from xsched.allocator.placement import ArenaPlan, out_variant, slot_bytes, value_dtype
+from xsched.contracts.graph import Graph
+from xsched.contracts.layout import layout
 from xsched.contracts.plan import Compute, Copy, Plan
-from xsched.contracts.torch_ops import _FillFresh, laid_out, resolve
+from xsched.contracts.torch_ops import laid_out
 from xsched.errors import XschedError
-from xsched.execute.compiled import _aliases, _direct, _has_ref, getter, with_rng
+from xsched.execute.compiled import _direct, _has_ref, getter, with_rng
 from xsched.execute.steps import RunState, StepFn, pinned, prepare_compute, prepare_copy
 from xsched.interpret import wrong_size
-
-# ops that only make uninitialised memory: their slot (laid out as the value records) is that memory
-_EMPTY = frozenset({"aten.empty_like.default", "aten.empty.memory_format", "aten.empty_strided.default"})
-
-
-@functools.cache
-def out_variant(target: str) -> tuple[Any, tuple[str, ...]] | None:
-    """The `out=` overload of op `target` and its out arguments, one per return in order: an overload of the same
-    packet whose arguments are the op's (same names, types, kinds and order) followed by keyword-only written
-    aliases, one per return. None when the op has none (or is not an aten operator)."""
-    if target in _EMPTY:
-        return (lambda *args, out, **kwargs: out), ("out",)
-    try:
-        fn = resolve(target)
-        if isinstance(fn, _FillFresh):  # a random op eager runs in place on a fresh tensor: the slot is that tensor
-            inplace = fn.inplace
-            return (lambda x, *args, out, **kwargs: inplace(out, *args, **kwargs)), ("out",)
-        schema = fn._schema
-        packet = fn._overloadpacket
-    except (XschedError, AttributeError):
-        return None
-    if not schema.returns or any(r.alias_info is not None or str(r.type) != "Tensor" for r in schema.returns):
-        return None
-    want = [(a.name, str(a.type), a.kwarg_only) for a in schema.arguments]
-    for name in packet.overloads():
-        cand = getattr(packet, name)._schema
-        head, tail = cand.arguments[: len(want)], cand.arguments[len(want) :]
-        if [(a.name, str(a.type), a.kwarg_only) for a in head] != want or len(tail) != len(schema.returns):
-            continue
-        written = [a for a in tail if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
-        returned = [r.alias_info for r in cand.returns]
-        if len(written) == len(tail) == len(returned) and all(
-            r is not None and r.before_set == a.alias_info.before_set for a, r in zip(written, returned)
-        ):
-            return getattr(packet, name), tuple(a.name for a in tail)
-    return None
-
-
-def _dtype(v: Value) -> torch.dtype | None:
-    dt = getattr(torch, v.dtype or "", None)
-    return dt if isinstance(dt, torch.dtype) else None
-
-
-def writable(v: Value) -> bool:
-    """True when a tensor laid out as `v` records (shape, strides) can be written: no two elements share memory."""
-    if v.shape is None or _dtype(v) is None:
-        return False
-    stride, _ = layout(v)
-    reach = 0  # the furthest element offset the dims taken so far reach
-    for size, st in sorted(((n, s) for n, s in zip(v.shape, stride) if n > 1), key=lambda x: x[1]):
-        if st <= reach:
-            return False
-        reach += (size - 1) * st
-    return True
-
-
-def slot_bytes(v: Value) -> int:
-    """Bytes of storage a tensor laid out as `v` records spans (its storage offset included)."""
-    stride, offset = layout(v)
-    return storage_numel(v.shape or (), stride, offset) * _dtype(v).itemsize  # type: ignore[union-attr]
-
-
-class ArenaPlan:
-    """Which residencies of `plan` run in the arena (the rules in the module's docstring) and their addresses. Needs
-    op schemas, not devices: it sizes plans of graphs captured elsewhere (scripts/bench_reserved_model.py)."""
-
-    def __init__(
-        self,
-        graph: Graph,
-        plan: Plan,
-        watch: frozenset[str] = frozenset(),
-        time_limit_s: float = 0.0,
-        handed: bool = True,
-    ):
-        self.graph, self.plan = graph, plan
-        self.handed = handed  # the caller is handed the forward outputs at the autograd boundary (wrap)
-        aliased = {v for o in graph.ops if _aliases(o) for v in (*o.inputs, *o.outputs)}
-        self.outputs = frozenset(graph.outputs)
-        self.ends = {r.key: r.end for r in residencies(graph, plan)}
-        self.placeable = {
-            v.id
-            for v in graph.values
-            if v.id not in aliased and v.id not in watch and v.nbytes > 0 and writable(v) and slot_bytes(v) > 0
-        }
-        self.compute_steps: set[int] = set()  # compute steps that write their outputs into the arena
-        self.copy_steps: set[int] = set()  # copies that write into the arena
-        keys: set[tuple[str, str, int]] = set()  # the residencies placed
-        for i, s in enumerate(plan.steps):
-            if isinstance(s, Compute):
-                op = graph.op[s.op]
-                found = out_variant(op.target)
-                paths = [tuple(p) for p in (op.call or {}).get("outs", ())]
-                regular = paths == ([()] if len(paths) == 1 else [(j,) for j in range(len(paths))])
-                if found is None or not regular or len(paths) != len(found[1]) or len(op.outputs) != len(paths):
-                    continue
-                # outputs not placed (graph outputs, gradients) are written into fresh tensors of their layout
-                fit = [(v, s.device, i) for v in op.outputs if self._fits(v, s.device, i)]
-                if fit and all(writable(graph.value[v]) for v in op.outputs):
-                    self.compute_steps.add(i)
-                    keys.update(fit)
-            elif isinstance(s, Copy) and self._fits(s.value, s.dst, i):
-                self.copy_steps.add(i)
-                keys.add((s.value, s.dst, i))
-        self.addresses: Addresses = plan_addresses(
-            graph,
-            plan,
-            lambda r: r.key in keys,
-            {v: slot_bytes(graph.value[v]) for v in self.placeable},
-            time_limit_s=time_limit_s,
-            to_the_end=not handed,
-        )
-
-    def _fits(self, v: str, d: str, i: int) -> bool:
-        """Whether the residency of `v` on `d` that step `i` begins may live in the arena: placeable, and where the
-        caller is handed the forward outputs at the autograd boundary (and may hold them past their free), freed during
-        the step and, for a graph output, not live across the boundary. In whole-step runs (not `handed`) every
-        residency begun during the step may: what is still resident at the end is read before the next run."""
-        if v not in self.placeable:
-            return False
-        if not self.handed:
-            return True
-        end = self.ends.get((v, d, i), len(self.plan.steps))
-        b = self.plan.boundary
-        return end < len(self.plan.steps) and (v not in self.outputs or b is None or not i < b <= end)
-
-    def outside_bytes(self) -> dict[str, int]:
-        """Per device: bytes made during the step outside the arena (every residency, summed), the share a report
-        gives beside the arena's."""
-        out: dict[str, int] = {}
-        for r in residencies(self.graph, self.plan):
-            if r.start >= 0 and r.key not in self.addresses.offsets:
-                out[r.device] = out.get(r.device, 0) + r.nbytes
-        return out
 
 
 class Arena:
@@ -197,7 +53,7 @@ class Arena:
         self.slots: dict[tuple[str, str, int], torch.Tensor] = {}
         for key, off in a.offsets.items():
             v = graph.value[key[0]]
-            dt, (stride, offset) = _dtype(v), layout(v)
+            dt, (stride, offset) = value_dtype(v), layout(v)
             raw = self.buffers[key[1]][off : off + slot_bytes(v)].view(dt)  # type: ignore[arg-type]
             # as_strided's offset counts from the buffer's start, not the slice's
             self.slots[key] = raw.as_strided(tuple(v.shape or ()), stride, raw.storage_offset() + offset)

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from xsched.allocator.placement import aliases
 from xsched.contracts.graph import Graph, Op
 from xsched.contracts.layout import layout
 from xsched.contracts.torch_ops import decode, is_executable, resolve
@@ -202,18 +203,6 @@ _INPLACE = {
 }
 
 
-def _aliases(op: Op) -> bool:
-    """True when some output of op may share storage with an input (schema `Tensor(a)` returns, getitem, and
-    _unsafe_view, which aliases without saying so in its schema)."""
-    if op.target in ("getitem", "aten._unsafe_view.default"):
-        return True
-    try:
-        schema = resolve(op.target)._schema
-    except (XschedError, AttributeError):
-        return True
-    return any(r.alias_info is not None for r in schema.returns)
-
-
 def reusable_inputs(graph: Graph, steps: Sequence[Any], watch: frozenset[str]) -> dict[int, str]:
     """Compute steps that may overwrite their first input: step index -> that input's value id.
 
@@ -226,7 +215,7 @@ def reusable_inputs(graph: Graph, steps: Sequence[Any], watch: frozenset[str]) -
     from xsched.contracts.plan import Compute, Copy, Free
 
     copied = {(s.value, s.src) for s in steps if isinstance(s, Copy)}
-    aliased = {v for o in graph.ops if _aliases(o) for v in (*o.inputs, *o.outputs)}
+    aliased = {v for o in graph.ops if aliases(o) for v in (*o.inputs, *o.outputs)}
     out: dict[int, str] = {}
     for i, s in enumerate(steps):
         if not isinstance(s, Compute) or (op := graph.op[s.op]).target not in _INPLACE or not op.call:

@@ -70,13 +70,30 @@ def _peak(p: Point, device: str) -> str:
     peak, reserved = p.peak_bytes.get(device, 0), p.reserved_bytes.get(device)
     if reserved is None or not peak:
         return fmt_bytes(peak)
-    low, high = (fmt_bytes(b) for b in reserved)
-    return f"{fmt_bytes(peak)} (reserved ~{low if low == high else f'{low}-{high}'})"
+    return f"{fmt_bytes(peak)} (reserved ~{_range(reserved)})"
 
 
-def sweep_cells(points: Sequence[Point], methods: Sequence[str], devices: Sequence[str]) -> tuple[tuple[str, ...], ...]:
+def _range(pair: tuple[int, int] | None) -> str:
+    """A (GPU keeping up, host ahead) pair of reserved bytes: one figure, or low-high."""
+    if pair is None:
+        return "-"
+    low, high = (fmt_bytes(b) for b in pair)
+    return low if low == high else f"{low}-{high}"
+
+
+def _planned(p: Point, device: str) -> str:
+    """Reserved with planned addresses on `device`, and the arena's share of it."""
+    if device not in p.planned_bytes:
+        return "-"
+    return f"{_range(p.planned_bytes[device])} (arena {fmt_bytes(p.arena_bytes.get(device, 0))})"
+
+
+def sweep_cells(
+    points: Sequence[Point], methods: Sequence[str], devices: Sequence[str], accelerators: Sequence[str] = ()
+) -> tuple[tuple[str, ...], ...]:
     """One row per budget: each method's makespan (or why it has no plan), then the first method's status, sequential time,
-    energy and peak on each device."""
+    energy and peak on each device (with the reserved memory the allocator model expects on an accelerator), then on
+    each of `accelerators` its reserved memory with expandable segments and with planned addresses."""
     by = {(p.budget_bytes, p.method): p for p in points}
     rows = []
     for b in sorted({p.budget_bytes for p in points}):
@@ -86,13 +103,14 @@ def sweep_cells(points: Sequence[Point], methods: Sequence[str], devices: Sequen
         ]
         main = by.get((b, methods[0]))
         if main is None or not main.ok:
-            rest = ["-"] * (3 + len(devices))
+            rest = ["-"] * (3 + len(devices) + 2 * len(accelerators))
         else:
             rest = [
                 _status(main),
                 fmt_seconds(main.time_s),
                 _energy(main.energy_j),
                 *(_peak(main, d) for d in devices),
+                *(c for d in accelerators for c in (_range(main.expandable_bytes.get(d)), _planned(main, d))),
             ]
         rows.append((fmt_bytes(b), *times, *rest))
     return tuple(rows)

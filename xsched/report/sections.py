@@ -24,6 +24,7 @@ def sweep_section(sweeps: list, s: SweepSettings, machine: Machine, out: Path, f
     points = [p for x in sweeps for p in x.points]
     names = save(out, files, "sweep", [data.row(p) for p in points], sweeps)
     m0 = s.methods[0]
+    acc = [d for d in machine.devices if any(d in p.planned_bytes for p in points)]  # those the allocator model runs on
     header = (
         "budget",
         *(f"{m} makespan" for m in s.methods),
@@ -31,12 +32,13 @@ def sweep_section(sweeps: list, s: SweepSettings, machine: Machine, out: Path, f
         f"{m0} sequential time",
         f"{m0} energy",
         *(f"{m0} peak {d}" for d in machine.devices),
+        *(c for d in acc for c in (f"{m0} reserved {d}, expandable segments", f"{m0} reserved {d}, planned addresses")),
     )
     tables = tuple(
         html.Table(
             f"{x.machine}: budget of {x.label} (the other devices at their base budgets)",
             header,
-            data.sweep_cells(x.points, s.methods, machine.devices),
+            data.sweep_cells(x.points, s.methods, machine.devices, acc),
         )
         for x in sweeps
     )
@@ -53,7 +55,9 @@ def sweep_section(sweeps: list, s: SweepSettings, machine: Machine, out: Path, f
         f"How much time each byte of budget buys. {plots.budget_note(points)}; the solver's plan and the "
         "baselines at each budget, every plan checked by the simulator. Beside a peak on an accelerator, the memory "
         "PyTorch's CUDA caching allocator is expected to reserve for the plan (a model, xsched.allocator; a range "
-        "from the GPU keeping up with the host to the host a step ahead): what runs out on a GPU."
+        "from the GPU keeping up with the host to the host a step ahead): what runs out on a GPU. Then the same "
+        "with expandable segments (`--expandable-segments`), and with planned addresses (`--planned-addresses`: "
+        "the step's values in one arena, its size beside it)."
     )
     return html.Section("sweep", "Budget sweep", intro, (fig,), tables, names)
 

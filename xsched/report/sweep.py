@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from xsched.allocator import reserved_range
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Plan
 from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError, XschedError
+from xsched.explain import Range, expected_reserved
 from xsched.report.machines import Machine
 from xsched.solve.api import solve
 from xsched.solve.bounds.memory import lower_bounds
@@ -57,8 +57,12 @@ class Point:
     found_by: str | None = None
     solve_s: float = 0.0
     note: str = ""
-    # per accelerator, modelled (xsched.allocator): the GPU keeping up with the host, the host a step ahead
+    # per accelerator, modelled (xsched.explain.expected_reserved): the GPU keeping up with the host, the host a step
+    # ahead, with the allocator's default settings, with expandable segments, and with planned addresses (whole steps)
     reserved_bytes: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    expandable_bytes: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    planned_bytes: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    arena_bytes: Mapping[str, int] = field(default_factory=dict)  # the planned addresses' arena
 
     @property
     def ok(self) -> bool:
@@ -140,8 +144,25 @@ def point_of(
         dict(budgets),
         found,
         plan.solver.solve_s,
-        reserved_bytes={d: (lo.reserved, hi.reserved) for d, (lo, hi) in reserved_range(graph, plan, profile).items()},
+        **reserved_fields(graph, plan, profile),
     )
+
+
+def reserved_fields(graph: Graph, plan: Plan, profile: Profile) -> dict[str, dict]:
+    """A Point's reserved-memory fields: per accelerator, each setting's (GPU keeping up, host ahead) reserved bytes,
+    and the planned addresses' arena."""
+    expected = expected_reserved(graph, plan, profile)
+    return {
+        "reserved_bytes": {d: _ends(e.default) for d, e in expected.items()},
+        "expandable_bytes": {d: _ends(e.expandable) for d, e in expected.items()},
+        "planned_bytes": {d: _ends(e.planned) for d, e in expected.items()},
+        "arena_bytes": {d: e.arena_bytes for d, e in expected.items()},
+    }
+
+
+def _ends(r: Range) -> tuple[int, int]:
+    """Reserved bytes with the GPU keeping up and with the host a step ahead."""
+    return r[0].reserved, r[1].reserved
 
 
 def found_by(plan: Plan, method: str) -> str | None:
