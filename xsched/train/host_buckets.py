@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from xsched.errors import XschedError
+from xsched.execute.host_pin import pin_host, pinned_empty
 
 
 @dataclass
@@ -72,23 +73,31 @@ def chunks(named: Sequence[tuple[str, nn.Parameter]], limit: int) -> list[list[t
 
 
 def make_bucket(
-    index: int, chunk: Sequence[tuple[str, nn.Parameter]], decay: Mapping[str, float], lr: float, separate: bool
+    index: int,
+    chunk: Sequence[tuple[str, nn.Parameter]],
+    decay: Mapping[str, float],
+    lr: float,
+    separate: bool,
+    pin: bool = False,
 ) -> Bucket:
     """Pack the chunk's parameters into one flat buffer per (weight decay, dtype, device): each parameter becomes a
     view (a parameter homed on the computing device, Twin-Flow's split, is updated there).
-    Master weights of their own (fp32) where `separate` or the parameters are not fp32."""
+    Master weights of their own (fp32) where `separate` or the parameters are not fp32. `pin`: the host buffers
+    the run reads are pinned (beside a GPU: `XschedModule.pins_host`), each weight's bytes once (see `packed`)."""
     keys: dict[tuple[float, torch.dtype, torch.device], list[tuple[str, nn.Parameter]]] = {}
     for n, p in chunk:
         keys.setdefault((decay[n], p.dtype, p.device), []).append((n, p))
     segments, slots = [], {}
-    for (wd, dtype, _), members in keys.items():
-        compute, spans = packed([p for _, p in members])
-        pinned = compute.is_pinned()
+    for (wd, dtype, device), members in keys.items():
+        compute, spans = packed([p for _, p in members], pin and device.type == "cpu")
         own = separate or dtype != torch.float32
         flat = compute.to(torch.float32, copy=True) if own else compute
-        # pinned beside a GPU: gradients are copied home straight into it (ParamPoints' grad_into)
-        pin = pinned and dtype == flat.dtype  # bf16 gradients are cast into it by the worker: nothing lands there
-        grad = torch.zeros(flat.shape, dtype=flat.dtype, device=flat.device, pin_memory=pin)
+        # pinned beside a GPU: gradients are copied home straight into it (ParamPoints' grad_into); bf16
+        # gradients are cast into it by the worker instead: nothing lands there, so it is not pinned
+        if compute.is_pinned() and dtype == flat.dtype:
+            grad = pinned_empty(flat.shape, flat.dtype).zero_()
+        else:
+            grad = torch.zeros(flat.shape, dtype=flat.dtype, device=flat.device)
         seg = Segment([p for _, p in members], compute, flat, grad, _adamw(flat, lr, wd), spans)
         flat.grad = grad
         segments.append(seg)
@@ -99,16 +108,23 @@ def make_bucket(
     return b
 
 
-def packed(params: Sequence[nn.Parameter]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+def packed(params: Sequence[nn.Parameter], pin: bool = False) -> tuple[torch.Tensor, list[tuple[int, int]]]:
     """One flat buffer that `params` (of one dtype and device) become views of, in order, and each one's (offset,
     numel) in it. A lone contiguous parameter keeps its own memory: a large one (most of a large model's bytes)
-    is not copied. Several are copied into a new buffer, pinned where they are (the run's copies to a GPU read it
-    asynchronously)."""
-    if len(params) == 1 and params[0].is_contiguous():
-        return params[0].data.view(-1), [(0, params[0].numel())]
+    is not copied, unless `pin` and it is not pinned yet: then it is copied once, into pinned memory. Several are
+    copied into a new buffer, pinned where `pin` or they are (the run's copies to a GPU read it asynchronously).
+    Either way each weight's bytes are pinned once, here, in their final home (no other pinned copy is made)."""
     first = params[0]
+    if len(params) == 1 and first.is_contiguous():
+        if pin and not first.is_pinned():
+            with torch.no_grad():
+                first.data = pin_host(first.data)
+        return first.data.view(-1), [(0, first.numel())]
     total = sum(p.numel() for p in params)
-    compute = torch.empty(total, dtype=first.dtype, device=first.device, pin_memory=first.is_pinned())
+    if pin or first.is_pinned():
+        compute = pinned_empty((total,), first.dtype)
+    else:
+        compute = torch.empty(total, dtype=first.dtype, device=first.device)
     spans, off = [], 0
     with torch.no_grad():
         for p in params:
