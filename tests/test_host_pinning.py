@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import sys
 
 import pytest
 import torch
 from torch import nn
 from torch.testing import assert_close
 from torch.utils._python_dispatch import TorchDispatchMode
-from train_support import eager_run, teacher_mlp
+from train_support import ROOT, eager_run, teacher_mlp
 
 from xsched.errors import XschedError
 from xsched.execute import host_pin, steps
@@ -181,3 +182,18 @@ def test_xsched_train_with_the_parameters_on_the_host_pins_each_weight_once(pins
     weights = _nbytes(model.parameters())
     assert pins.pinned_bytes() == 2 * weights  # the weights once, and their fp32 gradient buffers
     assert_close(result.losses, want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_pinning_bench_counts_the_weights_once_now_and_the_packed_ones_twice_before() -> None:
+    """scripts/bench_host_pinning.py on the tiny GPT-2: now every parameter and buffer byte is pinned and copied
+    once and none is dead; before, the packed ones were pinned again and their first copies left dead."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    bench = importlib.import_module("bench_host_pinning")
+    model = bench.empty_model("gpt2", "tiny")
+    held = _nbytes([*model.parameters(), *model.buffers()])
+    names = bench.release_order(model, "gpt2", "tiny", "reverse")
+    before = bench.setup(model, names, before=True)
+    now = bench.setup(bench.empty_model("gpt2", "tiny"), names, before=False)
+    assert now["weights pinned"] == now["copied into pinned"] == held and now["dead pinned"] == 0
+    assert before["dead pinned"] > 0 and before["weights pinned"] == held + before["dead pinned"]
+    assert before["gradients pinned"] == now["gradients pinned"] == _nbytes(model.parameters())
