@@ -87,7 +87,7 @@ def setup(model: torch.nn.Module, names: list[str], before: bool) -> dict[str, i
         with count:
             if before:
                 host_pin.pin_unpinned(model)
-            host = HostAdamW([(n, named[n]) for n in names], decay, 1e-4, pin=True)
+            host = HostAdamW([(n, named[n]) for n in names], decay, 1e-4, pin=not before)  # before: as they are
             host.close()
             if not before:
                 host_pin.pin_unpinned(model)
@@ -95,7 +95,8 @@ def setup(model: torch.nn.Module, names: list[str], before: bool) -> dict[str, i
         torch.Tensor.is_pinned = real_is_pinned
         for undo in swapped:
             undo()
-    grads = sum(seg.grad.untyped_storage().nbytes() for b in host.buckets for seg in b.segments)
+    grad_buffers = [seg.grad for b in host.buckets for seg in b.segments if count.is_pinned(seg.grad)]
+    grads = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in grad_buffers}.values())
     tensors = [*model.parameters(), *model.buffers()]
     live = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if count.is_pinned(t)}
     weights = count.pinned_bytes() - grads

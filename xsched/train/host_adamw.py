@@ -28,6 +28,7 @@ from xsched.errors import XschedError
 from xsched.execute.host_pin import pinned_empty
 from xsched.train.host_buckets import (
     Bucket,
+    PinnedHome,
     Segment,
     adamw_step,
     chunks,
@@ -94,8 +95,10 @@ class HostAdamW:
         self.direct = 0  # gradients the run copied home straight into their buffers
         self.buckets: list[Bucket] = []
         self.of: dict[str, Bucket] = {}
-        for k, chunk in enumerate(chunks(named, bucket_bytes)):
-            b = make_bucket(k, chunk, decay, lr, separate=delayed, pin=pin)
+        buckets = chunks(named, bucket_bytes)
+        pinned = PinnedHome.sized(buckets, decay) if pin else None
+        for k, chunk in enumerate(buckets):
+            b = make_bucket(k, chunk, decay, lr, separate=delayed, pinned=pinned)
             self.buckets.append(b)
             self.of.update(dict.fromkeys(b.slots, b))
         self._flags = (True, True, lr)  # this micro-batch: first, last, learning rate
