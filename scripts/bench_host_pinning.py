@@ -1,7 +1,7 @@
 """Host memory pinned during the setup of `xsched train --param-home cpu` beside a GPU (issue 30), counted without
-one: the bytes the wrapped module and the host optimizer's buckets pin and copy into pinned memory, in the order
-before (the module pins every parameter, then the buckets pack some into new pinned buffers) and now (the buckets
-pin what they pack, then the module pins the rest).
+one: the bytes the wrapped module and the host optimizer's buckets pin and copy into pinned memory, as before (the
+module pinned every parameter alone, then the buckets packed some into new pinned buffers) and now (the buckets pin
+what they pack in slabs, then the module pins the rest).
 
     PYTHONPATH=scripts python scripts/bench_host_pinning.py [--model gpt2] [--scale full:n_layer=48,...] [--order plan|reverse]
 
@@ -69,6 +69,13 @@ def release_order(model: torch.nn.Module, name: str, scale: str, order: str) -> 
     return [n for n in ParamPoints(graph, plan, ListenerSlot()).order if n in names]
 
 
+def pin_each_alone(module: torch.nn.Module) -> None:
+    """What the wrapped module did before: each host parameter and buffer copied into a pinned allocation alone."""
+    with torch.no_grad():
+        for t in [*module.parameters(), *module.buffers()]:
+            t.data = host_pin.pin_host(t.data)
+
+
 def setup(model: torch.nn.Module, names: list[str], before: bool) -> dict[str, int]:
     """One setup's counts, in bytes: the module's pins and the buckets' in the given order."""
     count = PinCount()
@@ -86,7 +93,7 @@ def setup(model: torch.nn.Module, names: list[str], before: bool) -> dict[str, i
     try:
         with count:
             if before:
-                host_pin.pin_unpinned(model)
+                pin_each_alone(model)
             host = HostAdamW([(n, named[n]) for n in names], decay, 1e-4, pin=not before)  # before: as they are
             host.close()
             if not before:

@@ -147,13 +147,12 @@ def test_pinning_before_the_buckets_pins_the_packed_weights_twice(pins) -> None:
     with pins:
         w.pin_host_memory()
     weights = _nbytes(model.parameters())
-    assert pins.pinned_bytes() == pins.copied == weights and not pins.whole()
+    assert pins.copied == weights and pins.whole()  # in slabs
     with pins:
         host = _host(w, model, pin=True)
     try:
         packed = _nbytes(p for b in host.buckets for seg in b.segments if len(seg.params) > 1 for p in seg.params)
         assert packed > 0 and pins.copied == weights + packed
-        assert pins.dead([*model.parameters(), *(seg.grad for b in host.buckets for seg in b.segments)]) == packed
     finally:
         host.close()
 

@@ -109,13 +109,16 @@ def move_to_homes(module: nn.Module, home_of: Mapping[str, str], dev: Mapping[st
 
 
 def pin_unpinned(module: nn.Module) -> int:
-    """Pin the host parameters and buffers that nothing pinned yet, each into memory of its own; the bytes pinned.
-    Run once, at the first run: an optimizer built before it (train.host_buckets) has packed the parameters it
-    owns into its own pinned buffers, which they are views of, and those are not pinned again."""
-    pinned = 0
+    """Pin the host parameters and buffers that nothing pinned yet (contiguous ones into slabs per dtype, each a
+    view of its own part); the bytes copied. Run once, at the first run: an optimizer built before it
+    (train.host_buckets) has packed the parameters it owns into its own pinned buffers, not pinned again here."""
+    unpinned = [t for t in [*module.parameters(), *module.buffers()] if t.device.type == "cpu" and not t.is_pinned()]
+    sizes: dict[torch.dtype, list[int]] = {}
+    for t in unpinned:
+        if t.is_contiguous():
+            sizes.setdefault(t.dtype, []).append(t.numel())
+    slabs = {dtype: PinnedSlabs(dtype, numels) for dtype, numels in sizes.items()}
     with torch.no_grad():
-        for t in [*module.parameters(), *module.buffers()]:
-            if t.device.type == "cpu" and not t.is_pinned():
-                t.data = pin_host(t.data)
-                pinned += t.numel() * t.element_size()
-    return pinned
+        for t in unpinned:
+            t.data = slabs[t.dtype].pin(t.data) if t.is_contiguous() else pin_host(t.data)
+    return sum(t.numel() * t.element_size() for t in unpinned)
