@@ -32,17 +32,30 @@ MiB = 2**20
 
 
 class PinCount(TorchDispatchMode):
-    """Pinned allocations recorded by storage; copies into them and their zeroing counted and skipped."""
+    """Pinned allocations recorded by storage; copies into them and their zeroing counted and skipped; the peak of
+    the pinned memory (as torch rounds it) and `model`'s host memory not pinned yet, at each pinned allocation."""
 
-    def __init__(self) -> None:
+    def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
+        self.model = model
         self.held: dict[int, torch.Tensor] = {}  # storage pointer -> the allocation (kept: no address reused)
         self.copied = 0
+        self.peak = 0
 
     def empty(self, shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         t = torch.empty(shape, dtype=dtype)
         self.held[t.untyped_storage().data_ptr()] = t
+        pageable = {
+            s.data_ptr(): s.nbytes()
+            for x in [*self.model.parameters(), *self.model.buffers()]
+            if (s := x.untyped_storage()).data_ptr() not in self.held
+        }
+        self.peak = max(self.peak, self.rounded() + sum(pageable.values()))
         return t
+
+    def rounded(self) -> int:
+        """The pinned bytes as torch's host allocator (CachingHostAllocator) holds them: each a power of two."""
+        return sum(_pow2(t.untyped_storage().nbytes()) for t in self.held.values())
 
     def is_pinned(self, t: torch.Tensor) -> bool:
         return t.untyped_storage().data_ptr() in self.held
@@ -78,7 +91,7 @@ def pin_each_alone(module: torch.nn.Module) -> None:
 
 def setup(model: torch.nn.Module, names: list[str], before: bool) -> dict[str, int]:
     """One setup's counts, in bytes: the module's pins and the buckets' in the given order."""
-    count = PinCount()
+    count = PinCount(model)
     swapped: list[Callable[[], None]] = []
     for module in (host_pin, host_buckets, host_adamw):
         if hasattr(module, "pinned_empty"):
@@ -107,18 +120,17 @@ def setup(model: torch.nn.Module, names: list[str], before: bool) -> dict[str, i
     tensors = [*model.parameters(), *model.buffers()]
     live = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if count.is_pinned(t)}
     weights = count.pinned_bytes() - grads
-    rounded = sum(_pow2(t.untyped_storage().nbytes()) for t in count.held.values())
     return {
         "weights pinned": weights,
         "copied into pinned": count.copied,
         "dead pinned": weights - sum(live.values()),
         "gradients pinned": grads,
-        "all pinned, as torch rounds it": rounded,
+        "all pinned, as torch rounds it": count.rounded(),
+        "setup's peak: that and the weights not pinned yet": count.peak,
     }
 
 
 def _pow2(n: int) -> int:
-    """A pinned allocation's size in torch's host allocator (CachingHostAllocator): the next power of two."""
     return 1 << (n - 1).bit_length() if n > 1 else n
 
 

@@ -75,7 +75,9 @@ def chunks(named: Sequence[tuple[str, nn.Parameter]], limit: int) -> list[list[t
 Group = tuple[float, torch.dtype, torch.device]  # a segment's weight decay, dtype and device
 
 
-def segment_groups(chunk: Sequence[tuple[str, nn.Parameter]], decay: Mapping[str, float]) -> dict[Group, list]:
+def segment_groups(
+    chunk: Sequence[tuple[str, nn.Parameter]], decay: Mapping[str, float]
+) -> dict[Group, list[tuple[str, nn.Parameter]]]:
     """A bucket's parameters grouped into its segments, in order: those of one weight decay, dtype and device."""
     keys: dict[Group, list[tuple[str, nn.Parameter]]] = {}
     for n, p in chunk:
@@ -150,8 +152,8 @@ def packed(
     numel) in it. A lone contiguous parameter keeps its own memory: a large one (most of a large model's bytes)
     is not copied, unless `slabs` (pinned memory) is given and it is not pinned yet: then it is copied once, into
     them. Several are copied into a new buffer from `slabs`, or pinned alone where they are pinned (the run's
-    copies to a GPU read it asynchronously). Either way each weight's bytes are pinned once, here, in their final
-    home (no other pinned copy is made)."""
+    copies to a GPU read it asynchronously). With `slabs` and nothing pinned before, each weight's bytes are pinned
+    once, here, in their final home."""
     first = params[0]
     if len(params) == 1 and first.is_contiguous():
         if slabs is not None and not first.is_pinned():
