@@ -12,7 +12,7 @@ from xsched.capture import torch as capture_torch
 from xsched.capture.grad_outputs import loss_outputs
 from xsched.capture.reuse import captured_once
 from xsched.capture.torch import capture
-from xsched.execute.wrap import _output_spec
+from xsched.execute.wrap_signature import output_spec
 
 
 def _model() -> nn.Module:
@@ -122,7 +122,7 @@ def test_the_fake_forward_runs_once_for_the_loss_outputs_the_capture_and_wraps_o
 
     def found() -> tuple:
         losses = loss_outputs(model, inputs, lambda out, _: out[1] * 2, None)
-        return losses, capture(model, inputs, grad_outputs="auto").fingerprint, _output_spec(model, inputs)
+        return losses, capture(model, inputs, grad_outputs="auto").fingerprint, output_spec(model, inputs)
 
     alone = found()
     assert model.calls == 4 and alone[0] == (1,) and alone[2][2] == [True, True]
@@ -135,7 +135,7 @@ def test_the_fake_forward_runs_once_for_the_loss_outputs_the_capture_and_wraps_o
         cast = found()
         torch.set_grad_enabled(False)
         try:
-            no_grad = _output_spec(model, inputs)
+            no_grad = output_spec(model, inputs)
         finally:
             torch.set_grad_enabled(True)
     assert model.calls == 3 and no_grad[2] == [False, False] and cast[1] != alone[1]

@@ -14,6 +14,7 @@ import torch
 from xsched.contracts.plan import Compute, Copy, Free
 from xsched.errors import PlanError, XschedError
 from xsched.execute.compiled import RngLog, compile_inplace, compile_op, with_rng
+from xsched.execute.host_pin import pin_host
 from xsched.execute.stores import DeviceStore
 from xsched.interpret import PlanInterpreter, at_step, wrong_size
 from xsched.lanes import lane_of
@@ -142,8 +143,7 @@ def pinned(t: torch.Tensor, st: RunState) -> torch.Tensor:
     keeps (st.keep) while the copy may still read it."""
     if t.is_pinned():
         return t
-    staged = torch.empty_like(t, device="cpu", pin_memory=True)
-    staged.copy_(t)
+    staged = pin_host(t)
     st.keep.append(staged)
     return staged
 

@@ -12,51 +12,25 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import TreeSpec
 
 from xsched.capture.chunk_loss import chunked_as_asked
 from xsched.capture.grad_outputs import GradOutputs
-from xsched.capture.reuse import TensorMeta, fake_outputs
 from xsched.capture.torch import capture
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Plan
 from xsched.contracts.profile import Profile
 from xsched.errors import XschedError
 from xsched.execute.back_to_back import stored_profile
-from xsched.execute.compiled_memory import (
-    as_replanned,
-)
+from xsched.execute.compiled_memory import as_replanned
 from xsched.execute.compiled_replans import MAX_REPLANS, CompiledReplans
 from xsched.execute.executor import Executor
+from xsched.execute.host_pin import move_to_homes, pin_unpinned, pins_host
 from xsched.execute.param_home import ListenerSlot, ParamListener, ParamPoints, check_homes, param_homes
-from xsched.execute.reference import torch_device
 from xsched.execute.wrap_run import Compiled, _apply_c, _PlanFunction, _Run
+from xsched.execute.wrap_signature import describe, output_spec, signature
 from xsched.pipeline import plan_report, solve_plan
 from xsched.solve.autograd_boundary import forward_outputs
-
-
-def _signature(inputs: tuple) -> tuple:
-    return tuple(
-        ("tensor", tuple(x.shape), x.dtype, x.requires_grad) if isinstance(x, torch.Tensor) else ("const", repr(x))
-        for x in inputs
-    )
-
-
-def _output_spec(model: nn.Module, inputs: tuple) -> tuple[TreeSpec, list[Any], list[bool]]:
-    """The structure of model(*inputs), found on fake tensors (or the capture scope's earlier fake forward): its
-    treespec, non-tensor leaves (None at tensors) and, for each tensor leaf, whether it has a gradient (floating
-    point, requiring grad)."""
-
-    def forward() -> Any:
-        with FakeTensorMode(allow_non_fake_inputs=False) as mode:
-            state = {k: mode.from_tensor(t) for k, t in [*model.named_parameters(), *model.named_buffers()]}
-            args = tuple(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs)
-            return torch.func.functional_call(model, state, args)
-
-    out = fake_outputs(model, inputs, forward)
-    leaves = [None if isinstance(x, TensorMeta) else x for x in out.leaves]
-    return out.spec, leaves, [t.differentiable for t in out.tensors]
 
 
 class XschedModule(CompiledReplans, nn.Module):
@@ -70,8 +44,8 @@ class XschedModule(CompiledReplans, nn.Module):
     profile: "measure" (default: the graph's costs measured on `devices` once, cached under `profile_dir`, default
     profiles/, as `xsched profile` stores them, and reused), "model" (modelled costs, no measurement) or a Profile.
     param_home: the device where the parameters and buffers live (their gradients end there too), e.g. the host
-    beside a GPU; default the first device. `.plan` is the training plan of the example inputs; `.report()`
-    describes it.
+    beside a GPU; default the first device; `pins_host`: whether the host ones are pinned (beside a GPU, at the first
+    run: xsched.execute.host_pin). `.plan` is the training plan of the example inputs; `.report()` describes it.
 
     stores: devices that hold values and run no op (e.g. the host beside a GPU): profiled for their copies only,
     planned with (values may be parked there and fetched back) and run as the memory they are. They need not be
@@ -122,7 +96,7 @@ class XschedModule(CompiledReplans, nn.Module):
         self._slot = ListenerSlot()
         self.compiled: dict[tuple, Compiled] = {}
         inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-        self._first = self._compile(("train", _signature(inputs)), inputs, inference=False, plan=plan)
+        self._first = self._compile(("train", signature(inputs)), inputs, inference=False, plan=plan)
         self._move_to_homes(self._first)
 
     @property
@@ -141,7 +115,14 @@ class XschedModule(CompiledReplans, nn.Module):
 
     def listen(self, listener: ParamListener | None) -> None:
         """Tell `listener` when each run is done with each parameter on its home, and make a run's reads of a
-        parameter there wait for it (xsched.execute.param_home); None stops."""
+        parameter there wait for it (xsched.execute.param_home); None stops. A listener that packs the parameters
+        into buffers of its own (train.host_adamw) must pin them where `pins_host` says, before the first run."""
+        if self._pin_pending and listener is not None and not getattr(listener, "pinned", True):
+            raise XschedError(
+                "the listener's buffers are not pinned but this module pins its host parameters at its first run, "
+                "which would part them from those buffers: build it with pin=module.pins_host",
+                stage="execute",
+            )
         self._slot.listener = listener
 
     @property
@@ -155,19 +136,12 @@ class XschedModule(CompiledReplans, nn.Module):
         return self._first.points.read_order
 
     def _move_to_homes(self, c: Compiled) -> None:
-        """Params and buffers live on their plan home's torch device, so grads land where autograd expects them;
-        on the host beside a GPU they are pinned, so the plan's copies to the GPU run asynchronously."""
-        home_of = {
-            c.graph.value[v].name: d for v, d in c.plan.homes.items() if c.graph.value[v].kind in ("param", "buffer")
-        }
-        pin = any(d.type == "cuda" for d in c.executor.dev.values()) and torch.cuda.is_available()
-        with torch.no_grad():
-            for name, t in [*self.module.named_parameters(), *self.module.named_buffers()]:
-                dev = torch_device(home_of[name], c.executor.dev) if name in home_of else t.device
-                if t.device != dev:
-                    t.data = t.data.to(dev)
-                if pin and dev.type == "cpu" and not t.is_pinned():
-                    t.data = t.data.pin_memory()
+        """Params and buffers onto their plan homes (xsched.execute.host_pin); beside a GPU, the host ones are
+        pinned at the first run, after an optimizer built before it has pinned the buffers it packs them into."""
+        kinds = ("param", "buffer")
+        home_of = {c.graph.value[v].name: d for v, d in c.plan.homes.items() if c.graph.value[v].kind in kinds}
+        move_to_homes(self.module, home_of, c.executor.dev)
+        self.pins_host = self._pin_pending = pins_host(c.executor.dev.values())
 
     def _compile(
         self,
@@ -201,7 +175,7 @@ class XschedModule(CompiledReplans, nn.Module):
             plan = as_replanned(plan, limits) if limits is not None else plan
         elif self.param_home is not None:
             check_homes(graph, plan, self.param_home)
-        spec, leaves, has_grad = _output_spec(self.module, inputs)
+        spec, leaves, has_grad = output_spec(self.module, inputs)
         c = self._bindings(graph, plan, inputs, spec, leaves)
         took = {
             int((graph.value[v].name or "").split(":")[1]) for v in graph.inputs if graph.value[v].kind == "tangent"
@@ -271,7 +245,7 @@ class XschedModule(CompiledReplans, nn.Module):
         )
 
     def _get(self, mode: str, inputs: tuple) -> Compiled:
-        key = (mode, _signature(inputs))
+        key = (mode, signature(inputs))
         if key in self.compiled:
             c = self.compiled[key]
             if c.back_to is not None:
@@ -279,7 +253,7 @@ class XschedModule(CompiledReplans, nn.Module):
             return c if c.replan is None else self._replanned(key, c, inputs)
         if self.fixed_plan is not None:
             raise XschedError(
-                f"inputs {_describe(inputs)} differ from those of the given plan's graph (or need an inference "
+                f"inputs {describe(inputs)} differ from those of the given plan's graph (or need an inference "
                 f"plan, mode {mode!r}); wrap without plan= to re-plan per input shape",
                 stage="execute",
             )
@@ -290,7 +264,7 @@ class XschedModule(CompiledReplans, nn.Module):
         mode captures (e.g. an inference plan `xsched train` cached), instead of solving one at their first call."""
         inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
         mode = self._mode()
-        self._compile((mode, _signature(inputs)), inputs, inference=mode != "train", plan=plan)
+        self._compile((mode, signature(inputs)), inputs, inference=mode != "train", plan=plan)
 
     def _mode(self) -> str:
         """train (train mode, grad enabled: the training plan through autograd), train-nograd or eval."""
@@ -298,7 +272,14 @@ class XschedModule(CompiledReplans, nn.Module):
             return "train" if torch.is_grad_enabled() else "train-nograd"
         return "eval"
 
+    def pin_host_memory(self) -> None:
+        """Pin the host parameters and buffers not pinned yet, once, where `pins_host` (the first run does it)."""
+        if self._pin_pending:
+            pin_unpinned(self.module)
+            self._pin_pending = False
+
     def forward(self, *inputs: Any) -> Any:
+        self.pin_host_memory()
         mode = self._mode()
         if mode == "train":
             c = self._get("train", inputs)
@@ -350,13 +331,6 @@ def _computing_first(devices: Sequence[str], stores: Sequence[str]) -> list[str]
             device=stores[0],
         )
     return computing + list(stores)
-
-
-def _describe(inputs: tuple) -> str:
-    return ", ".join(
-        f"{list(x.shape)}:{str(x.dtype).removeprefix('torch.')}" if isinstance(x, torch.Tensor) else repr(x)
-        for x in inputs
-    )
 
 
 def wrap(

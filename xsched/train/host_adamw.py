@@ -25,8 +25,10 @@ import torch
 from torch import nn
 
 from xsched.errors import XschedError
+from xsched.execute.host_pin import pinned_empty
 from xsched.train.host_buckets import (
     Bucket,
+    PinnedHome,
     Segment,
     adamw_step,
     chunks,
@@ -64,9 +66,10 @@ class HostAdamW:
     bucket_bytes: the size from which a bucket is closed (default: an eighth of the parameters, at most 32 MiB);
     delayed: the one-step delayed update (see the module); clock: a StepClock its buckets' spans and the waits for
     them are reported to; read_order: the names in the order the next forward first reads them (its buckets are
-    updated in that order once their gradients are in; default: the reverse of `named`). Per optimizer step:
-    `start_step()` before the first forward, `begin(first, last, lr)` before each micro-batch's backward,
-    `end_backward()` after it, then `grad_norm()`; `settle()` waits for every update (before reading the
+    updated in that order once their gradients are in; default: the reverse of `named`); pin: its host buffers
+    the run reads are pinned, each weight's bytes once (`XschedModule.pins_host`, before the module's first run).
+    Per optimizer step: `start_step()` before the first forward, `begin(first, last, lr)` before each micro-batch's
+    backward, `end_backward()` after it, then `grad_norm()`; `settle()` waits for every update (before reading the
     parameters or the state)."""
 
     takes_grads = True
@@ -81,17 +84,21 @@ class HostAdamW:
         delayed: bool = False,
         clock: Any = None,
         read_order: Sequence[str] | None = None,
+        pin: bool = False,
     ) -> None:
         if bucket_bytes is None:
             total = sum(p.numel() * p.element_size() for _, p in named)
             bucket_bytes = max(1, min(MAX_BUCKET_BYTES, total // MIN_BUCKETS))
         self.delayed = delayed
+        self.pinned = pin  # its host buffers the run reads are pinned (XschedModule.listen checks it)
         self.clock = clock
         self.direct = 0  # gradients the run copied home straight into their buffers
         self.buckets: list[Bucket] = []
         self.of: dict[str, Bucket] = {}
-        for k, chunk in enumerate(chunks(named, bucket_bytes)):
-            b = make_bucket(k, chunk, decay, lr, separate=delayed)
+        buckets = chunks(named, bucket_bytes)
+        pinned = PinnedHome.sized(buckets, decay) if pin else None
+        for k, chunk in enumerate(buckets):
+            b = make_bucket(k, chunk, decay, lr, separate=delayed, pinned=pinned)
             self.buckets.append(b)
             self.of.update(dict.fromkeys(b.slots, b))
         self._flags = (True, True, lr)  # this micro-batch: first, last, learning rate
@@ -142,7 +149,7 @@ class HostAdamW:
             sq = torch.linalg.vector_norm(grad, dtype=torch.float32).square()
             out = self._norm_out.get(name)
             if out is None:
-                out = self._norm_out[name] = torch.empty((), dtype=torch.float32, pin_memory=True)
+                out = self._norm_out[name] = pinned_empty((), torch.float32)
             out.copy_(sq, non_blocking=True)
             value: torch.Tensor | float = out
         elif grad.dtype == torch.float32:

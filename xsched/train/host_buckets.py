@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from xsched.errors import XschedError
+from xsched.execute.host_pin import PinnedSlabs, pinned_empty
 
 
 @dataclass
@@ -71,24 +72,69 @@ def chunks(named: Sequence[tuple[str, nn.Parameter]], limit: int) -> list[list[t
     return out
 
 
+Group = tuple[float, torch.dtype, torch.device]  # a segment's weight decay, dtype and device
+
+
+def segment_groups(
+    chunk: Sequence[tuple[str, nn.Parameter]], decay: Mapping[str, float]
+) -> dict[Group, list[tuple[str, nn.Parameter]]]:
+    """A bucket's parameters grouped into its segments, in order: those of one weight decay, dtype and device."""
+    keys: dict[Group, list[tuple[str, nn.Parameter]]] = {}
+    for n, p in chunk:
+        keys.setdefault((decay[n], p.dtype, p.device), []).append((n, p))
+    return keys
+
+
+@dataclass
+class PinnedHome:
+    """Where a host optimizer's pinned buffers come from (beside a GPU): slabs per dtype for the weights and,
+    apart (a checkpoint of the weights writes no gradient), for the fp32 gradients the run copies home."""
+
+    weights: dict[torch.dtype, PinnedSlabs]
+    grads: PinnedSlabs
+
+    @classmethod
+    def sized(cls, buckets: Iterable[Sequence[tuple[str, nn.Parameter]]], decay: Mapping[str, float]) -> PinnedHome:
+        """Slabs placed for the host segments of these buckets (each a chunk of `make_bucket`): the weights that
+        `packed` copies (all but a lone one pinned already), and the fp32 gradients."""
+        weights: dict[torch.dtype, list[int]] = {}
+        grads: list[int] = []
+        for chunk in buckets:
+            for (_, dtype, device), members in segment_groups(chunk, decay).items():
+                if device.type != "cpu":
+                    continue
+                numel = sum(p.numel() for _, p in members)
+                lone = len(members) == 1 and members[0][1].is_contiguous() and members[0][1].is_pinned()
+                weights.setdefault(dtype, []).extend([] if lone else [numel])
+                grads.extend([numel] if dtype == torch.float32 else [])
+        return cls({d: PinnedSlabs(d, sizes) for d, sizes in weights.items()}, PinnedSlabs(torch.float32, grads))
+
+
 def make_bucket(
-    index: int, chunk: Sequence[tuple[str, nn.Parameter]], decay: Mapping[str, float], lr: float, separate: bool
+    index: int,
+    chunk: Sequence[tuple[str, nn.Parameter]],
+    decay: Mapping[str, float],
+    lr: float,
+    separate: bool,
+    pinned: PinnedHome | None = None,
 ) -> Bucket:
     """Pack the chunk's parameters into one flat buffer per (weight decay, dtype, device): each parameter becomes a
     view (a parameter homed on the computing device, Twin-Flow's split, is updated there).
-    Master weights of their own (fp32) where `separate` or the parameters are not fp32."""
-    keys: dict[tuple[float, torch.dtype, torch.device], list[tuple[str, nn.Parameter]]] = {}
-    for n, p in chunk:
-        keys.setdefault((decay[n], p.dtype, p.device), []).append((n, p))
+    Master weights of their own (fp32) where `separate` or the parameters are not fp32. `pinned`: the host
+    buffers the run reads come from there (beside a GPU: `XschedModule.pins_host`), each weight's bytes pinned
+    once (see `packed`)."""
     segments, slots = [], {}
-    for (wd, dtype, _), members in keys.items():
-        compute, spans = packed([p for _, p in members])
-        pinned = compute.is_pinned()
+    for (wd, dtype, device), members in segment_groups(chunk, decay).items():
+        home = pinned if pinned is not None and device.type == "cpu" else None
+        compute, spans = packed([p for _, p in members], home.weights[dtype] if home is not None else None)
         own = separate or dtype != torch.float32
         flat = compute.to(torch.float32, copy=True) if own else compute
-        # pinned beside a GPU: gradients are copied home straight into it (ParamPoints' grad_into)
-        pin = pinned and dtype == flat.dtype  # bf16 gradients are cast into it by the worker: nothing lands there
-        grad = torch.zeros(flat.shape, dtype=flat.dtype, device=flat.device, pin_memory=pin)
+        # pinned beside a GPU: gradients are copied home straight into it (ParamPoints' grad_into); bf16
+        # gradients are cast into it by the worker instead: nothing lands there, so it is not pinned
+        if compute.is_pinned() and dtype == flat.dtype:
+            grad = (home.grads.empty(flat.numel()) if home is not None else pinned_empty(flat.shape, dtype)).zero_()
+        else:
+            grad = torch.zeros(flat.shape, dtype=flat.dtype, device=flat.device)
         seg = Segment([p for _, p in members], compute, flat, grad, _adamw(flat, lr, wd), spans)
         flat.grad = grad
         segments.append(seg)
@@ -99,16 +145,28 @@ def make_bucket(
     return b
 
 
-def packed(params: Sequence[nn.Parameter]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+def packed(
+    params: Sequence[nn.Parameter], slabs: PinnedSlabs | None = None
+) -> tuple[torch.Tensor, list[tuple[int, int]]]:
     """One flat buffer that `params` (of one dtype and device) become views of, in order, and each one's (offset,
     numel) in it. A lone contiguous parameter keeps its own memory: a large one (most of a large model's bytes)
-    is not copied. Several are copied into a new buffer, pinned where they are (the run's copies to a GPU read it
-    asynchronously)."""
-    if len(params) == 1 and params[0].is_contiguous():
-        return params[0].data.view(-1), [(0, params[0].numel())]
+    is not copied, unless `slabs` (pinned memory) is given and it is not pinned yet: then it is copied once, into
+    them. Several are copied into a new buffer from `slabs`, or pinned alone where they are pinned (the run's
+    copies to a GPU read it asynchronously). With `slabs` and nothing pinned before, each weight's bytes are pinned
+    once, here, in their final home."""
     first = params[0]
+    if len(params) == 1 and first.is_contiguous():
+        if slabs is not None and not first.is_pinned():
+            with torch.no_grad():
+                first.data = slabs.pin(first.data)
+        return first.data.view(-1), [(0, first.numel())]
     total = sum(p.numel() for p in params)
-    compute = torch.empty(total, dtype=first.dtype, device=first.device, pin_memory=first.is_pinned())
+    if slabs is not None:
+        compute = slabs.empty(total)
+    elif first.is_pinned():
+        compute = pinned_empty((total,), first.dtype)
+    else:
+        compute = torch.empty(total, dtype=first.dtype, device=first.device)
     spans, off = [], 0
     with torch.no_grad():
         for p in params:

@@ -128,7 +128,13 @@ class HostUpdater(Updater):
         decay = {self.names[p]: g["weight_decay"] for g in self.opt.param_groups for p in g["params"]}
         order = [(n, named[n]) for n in wrapped.release_order if n in decay]
         self.host = HostAdamW(
-            order, decay, config.lr, delayed=config.delayed_update, clock=clock, read_order=wrapped.read_order
+            order,
+            decay,
+            config.lr,
+            delayed=config.delayed_update,
+            clock=clock,
+            read_order=wrapped.read_order,
+            pin=wrapped.pins_host,  # its buffers are the weights' pinned home: the module pins only the rest
         )
         for n, p in order:  # .grad shows the step's gradient (autograd leaves it alone: the listener takes them)
             seg, off, k = self.host.of[n].slots[n]

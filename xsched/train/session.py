@@ -208,6 +208,7 @@ def prepare(
         graph, chosen, wrapped = plan_and_wrap(config, task, budgets, devices, world, rep, val is not None)
     clock = step_clock(wrapped)
     updater = make_updater(config, wrapped, kinds, world.size, clock)
+    wrapped.pin_host_memory()  # after the host optimizer pinned the buffers it packs the weights into
     blocker = host_optimizer_blocker(config, world.size)
     if config.param_home is not None and blocker is not None and world.main:
         rep.notice(f"the optimizer steps on {config.param_home} after the backward, not overlapped: {blocker}")
