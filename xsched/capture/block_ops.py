@@ -10,7 +10,6 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from xsched.capture.module_frames import compiler_tracing
 
@@ -23,21 +22,27 @@ def _saving_hooks() -> bool:
 
 
 def _describe(x: Any) -> Any:
+    """An argument as it shapes the trace: a tensor's metadata, a constant itself, a list item by item."""
     if isinstance(x, torch.Tensor):
-        return ("T", tuple(x.shape), tuple(x.stride()), x.dtype, x.requires_grad)
+        return (x.shape, x.stride(), x.dtype, x.requires_grad)
+    if isinstance(x, (list, tuple)):
+        return tuple(_describe(y) for y in x)
     if isinstance(x, _PLAIN):
         return x
     return type(x).__name__
 
 
 class _Recorder(TorchDispatchMode):
-    """Every aten call made while one of `blocks` runs, under that block's position."""
+    """Every aten call made while one of `blocks` runs, under that block's position; and those made between two
+    blocks (by the model around them), under the position of the block they follow."""
 
     def __init__(self, blocks: nn.Module) -> None:
         super().__init__()
         self.position = {id(b): i for i, b in enumerate(blocks)}
         self.ops: list[list[tuple]] = [[] for _ in blocks]
+        self.between: list[list[tuple]] = [[] for _ in blocks]
         self.active: list[int] = []
+        self.last = -1  # the block that ran last
 
     def enter(self, module: nn.Module, args: Any) -> None:
         if id(module) in self.position:
@@ -45,17 +50,17 @@ class _Recorder(TorchDispatchMode):
 
     def leave(self, module: nn.Module, args: Any, out: Any) -> None:
         if id(module) in self.position and self.active:
-            self.active.pop()
+            self.last = self.active.pop()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if self.active:
-            leaves = tree_flatten((args, kwargs or {}))[0]
-            call = (str(func), tuple(_describe(x) for x in leaves), torch.is_grad_enabled(), _saving_hooks())
-            self.ops[self.active[-1]].append(call)
+        if self.active or self.last >= 0:
+            call = (func, _describe(args), _describe(tuple((kwargs or {}).items())), torch.is_grad_enabled())
+            where = self.ops[self.active[-1]] if self.active else self.between[self.last]
+            where.append((*call, _saving_hooks()))
         return func(*args, **(kwargs or {}))
 
 
-def block_ops(model: nn.Module, blocks: nn.Module, inputs: tuple, inference: bool) -> list[list[tuple]]:
+def block_ops(model: nn.Module, blocks: nn.Module, inputs: tuple, inference: bool) -> list[tuple[list, list]]:
     """Per block of `blocks` (a list inside `model`), the aten calls it made in `model(*inputs)` on fake tensors:
     op, arguments (tensor metadata, constants), grad mode and whether saved-tensor hooks were on."""
     recorder = _Recorder(blocks)
@@ -73,9 +78,11 @@ def block_ops(model: nn.Module, blocks: nn.Module, inputs: tuple, inference: boo
     finally:
         for h in hooks:
             h.remove()
-    return recorder.ops
+    return [(ops, between) for ops, between in zip(recorder.ops, recorder.between[:-1] + [[]])]
 
 
-def first_unlike(ops: list[list[tuple]]) -> int | None:
-    """The position of the first block whose calls differ from block 0's, else None."""
-    return next((i for i, o in enumerate(ops) if o != ops[0]), None)
+def first_unlike(ops: list[tuple[list, list]]) -> int | None:
+    """The position of the first block whose calls (or those between it and the next) differ from block 0's,
+    else None."""
+    last = len(ops) - 1
+    return next((i for i, (o, b) in enumerate(ops) if o != ops[0][0] or (i < last and b != ops[0][1])), None)

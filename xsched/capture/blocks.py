@@ -19,6 +19,7 @@ from xsched.capture.periodic import Fit, Mismatch, Records, fit, predict
 from xsched.contracts.graph import Graph
 
 BLOCKS_KEPT = 3  # k: the smallest cut; each run then has copies to fit (1, 2) and check (3) beyond its first
+WORTH_FROM = 16  # blocks: with fewer, the cut traces (3 + 4 + 5 blocks) and the check cost about a full trace
 _FIELDS = [f.name for f in dataclasses.fields(Graph)]
 
 
@@ -67,19 +68,21 @@ def capture_blocks(
     inference: bool,
     trace: Callable[[nn.Module], Graph],
     full: Callable[[], Graph],
+    least: int = WORTH_FROM,
 ) -> Graph:
-    """`full()`'s graph, found by `trace` of the model cut to a few blocks where its body repeats; `full()` where
-    it does not, or where the blocks act differently or the cut graphs do not line up (saying why on stderr)."""
+    """`full()`'s graph, found by `trace` of the model cut to a few blocks where its body repeats at least `least`
+    times; `full()` where it does not, or where the blocks act differently or the cut graphs do not line up
+    (saying why on stderr)."""
     found = repeated_blocks(model)
     k = BLOCKS_KEPT
-    if found is None or found[1] <= k + 2:  # nothing to save: the cut captures would cost as much
+    if found is None or found[1] < max(least, k + 3):
         return full()
     path, n = found
     try:
         # the cut graphs see blocks 0..k+1 only: every other block must run the very calls block 0 runs
         unlike = first_unlike(block_ops(model, model.get_submodule(path), inputs, inference))
         if unlike is not None:
-            raise Mismatch(f"block {unlike} runs other ops than block 0")
+            raise Mismatch(f"block {unlike} (or the model right after it) runs other ops than block 0")
         graphs = [trace(with_blocks(model, path, k + i)) for i in range(3)]
         return extrapolate(graphs[0], graphs[1], graphs[2], n - k)
     except Exception as e:  # noqa: BLE001 - whatever failed, the full capture is the answer (or says the error)

@@ -64,8 +64,8 @@ def capture(
     require grad (default), "auto" (the scalar losses if the forward returns any) or their positions; the others
     get no tangent and no backward ops, as `loss.backward()` runs none for the logits beside the loss.
     Outputs: the forward outputs, param (and input) gradients, and updated buffers.
-    `reuse_blocks`: where the model's body is a list of identical blocks, trace it cut to a few blocks and
-    extrapolate (xsched.capture.blocks); the same graph, checked, else the full trace.
+    `reuse_blocks`: where the model's body is a list of enough identical blocks to pay, trace it cut to a few
+    blocks and extrapolate (xsched.capture.blocks): the same graph, checked, else the full trace.
     """
     if not isinstance(model, nn.Module):
         raise CaptureError(f"capture needs an nn.Module, got {type(model).__name__}")
