@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,19 +68,40 @@ def _read(obj: Any, ints: list[int], key: list[str]) -> None:
         raise Mismatch(f"a record holds a {type(obj).__name__}")
 
 
-def _fill(obj: Any, ints: Iterator[int]) -> Any:
-    """`obj` with its integers replaced, in `_read`'s order, by the next of `ints`."""
+Build = Callable[[Iterator[int]], Any]
+
+
+def builder(obj: Any) -> Build:
+    """A function that makes `obj` anew with its integers taken, in `_read`'s order, from an iterator (made once
+    per record of a fit, called for each copy: faster than walking the record each time)."""
     if obj is None or isinstance(obj, (bool, float)):
-        return obj
+        return lambda ints: obj
     if isinstance(obj, int):
-        return next(ints)
+        return next
     if isinstance(obj, str):
-        return _DIGITS.sub(lambda m: _digits(next(ints)) if _canonical(m.group()) else m.group(), obj)
+        return _string_builder(obj)
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_fill(x, ints) for x in obj)
+        items = [builder(x) for x in obj]
+        if isinstance(obj, list):
+            return lambda ints: [b(ints) for b in items]
+        return lambda ints: tuple([b(ints) for b in items])
     if isinstance(obj, Mapping):
-        return {_fill(k, ints): _fill(v, ints) for k, v in obj.items()}
-    return type(obj)(**{f.name: _fill(getattr(obj, f.name), ints) for f in dataclasses.fields(obj)})
+        pairs = [(builder(k), builder(v)) for k, v in obj.items()]
+        return lambda ints: {k(ints): v(ints) for k, v in pairs}
+    cls, fields = type(obj), [(f.name, builder(getattr(obj, f.name))) for f in dataclasses.fields(obj)]
+    return lambda ints: cls(**{name: b(ints) for name, b in fields})
+
+
+def _string_builder(text: str) -> Build:
+    heads, last = [], 0  # the text before each refilled digit run; then what follows the last
+    for m in _DIGITS.finditer(text):
+        if _canonical(m.group()):
+            heads.append(text[last : m.start()])
+            last = m.end()
+    tail = text[last:]
+    if not heads:
+        return lambda ints: text
+    return lambda ints: "".join([h + _digits(next(ints)) for h in heads]) + tail
 
 
 def _digits(n: int) -> str:
@@ -165,11 +186,11 @@ Ints = tuple[int, ...]
 
 @dataclass(frozen=True)
 class Line:
-    """One record of a fixed segment or of a run's copy: its template and how its integers grow. A fixed record's,
+    """One record of a fixed segment or of a run's copy: how to build it and how its integers grow. A fixed record's,
     and a run's first copy's, are a0 + b0 (n - k); a later copy c's are a + b (n - k) + g c. The first copy stands
     apart because it reads what precedes the run (a block's input is the embedding, not the block before)."""
 
-    template: Any
+    build: Build  # the record's builder
     a0: Ints
     b0: Ints
     a: Ints = ()
@@ -206,7 +227,7 @@ def _line(small: Records, at: int, big: Records, p: Part, t: int) -> Line:
     """Record t of part p, which starts at `at` in `small`, fitted and checked against every copy in both graphs."""
     i, j, n = at + t, p.start + t, p.length  # the record's first copy in small, in big; the copies' stride
     _same_key(small, i, big, j)
-    first = Line(big.items[j], small.ints[i], _sub(big.ints[j], small.ints[i]))
+    first = Line(builder(big.items[j]), small.ints[i], _sub(big.ints[j], small.ints[i]))
     if not p.copies:
         return first
     g = _sub(big.ints[j + 2 * n], big.ints[j + n])
@@ -226,7 +247,7 @@ def predict(f: Fit, blocks_added: int) -> list[Any]:
     out = []
     for p, lines in zip(f.parts, f.lines):
         for c in range(p.copies - 1 + blocks_added if p.copies else 1):
-            out += [_fill(line.template, iter(line.ints(blocks_added, c))) for line in lines]
+            out += [line.build(iter(line.ints(blocks_added, c))) for line in lines]
     return out
 
 
