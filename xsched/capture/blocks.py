@@ -18,7 +18,7 @@ from xsched.capture.block_ops import block_ops, first_unlike
 from xsched.capture.periodic import Fit, Mismatch, Records, fit, predict
 from xsched.contracts.graph import Graph
 
-BLOCKS_KEPT = 3  # k: the smallest cut; each run then has copies to fit (1, 2) and check (3) beyond its first
+BLOCKS_KEPT = 3  # k, the smallest cut: then each run has copies 1 and 2, beyond its first, to fit its step from
 WORTH_FROM = 16  # blocks: with fewer, the cut traces (3 + 4 + 5 blocks) and the check cost about a full trace
 _FIELDS = [f.name for f in dataclasses.fields(Graph)]
 

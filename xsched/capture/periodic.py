@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,18 @@ def _canonical(run: str) -> bool:
     return run == "0" or not run.startswith("0")
 
 
+@functools.lru_cache(maxsize=1 << 16)  # names, targets and ids repeat across the records and the graphs
+def _split(text: str) -> tuple[tuple[str, ...], str, tuple[int, ...]]:
+    """The text before each refillable digit run, the text after the last, and the runs' numbers."""
+    heads, numbers, last = [], [], 0
+    for m in _DIGITS.finditer(text):
+        if _canonical(m.group()):
+            heads.append(text[last : m.start()])
+            numbers.append(int(m.group()))
+            last = m.end()
+    return tuple(heads), text[last:], tuple(numbers)
+
+
 def _read(obj: Any, ints: list[int], key: list[str]) -> None:
     if obj is None or isinstance(obj, (bool, float)):
         key.append(repr(obj))
@@ -39,15 +52,9 @@ def _read(obj: Any, ints: list[int], key: list[str]) -> None:
         ints.append(obj)
         key.append("i" + _HOLE)
     elif isinstance(obj, str):
-        parts = []
-        last = 0
-        for m in _DIGITS.finditer(obj):
-            if _canonical(m.group()):
-                parts.append(obj[last : m.start()] + _HOLE)
-                ints.append(int(m.group()))
-                last = m.end()
-        parts.append(obj[last:])
-        key.append("s" + repr("".join(parts)))
+        heads, tail, numbers = _split(obj)
+        ints.extend(numbers)
+        key.append("s" + repr(_HOLE.join([*heads, tail])))
     elif isinstance(obj, (list, tuple)):
         key.append("[" if isinstance(obj, list) else "(")
         for x in obj:
@@ -93,12 +100,7 @@ def builder(obj: Any) -> Build:
 
 
 def _string_builder(text: str) -> Build:
-    heads, last = [], 0  # the text before each refilled digit run; then what follows the last
-    for m in _DIGITS.finditer(text):
-        if _canonical(m.group()):
-            heads.append(text[last : m.start()])
-            last = m.end()
-    tail = text[last:]
+    heads, tail, _ = _split(text)
     if not heads:
         return lambda ints: text
     return lambda ints: "".join([h + _digits(next(ints)) for h in heads]) + tail
