@@ -138,6 +138,12 @@ def test_too_few_blocks_to_pay_are_traced_whole(monkeypatch):
     assert traced == [15]
 
 
+def test_a_backward_hook_on_one_block_breaks_the_repeat():
+    model, _ = _stack(widths=[8] * 16)
+    model.blocks[12].register_full_backward_hook(lambda *a: None)
+    assert repeated_blocks(model) is None
+
+
 def _falls_back(model, x, capsys) -> str:
     full = capture(model, x)
     _assert_same(capture(model, x, reuse_blocks=True), full)

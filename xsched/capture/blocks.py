@@ -39,9 +39,15 @@ def repeated_blocks(model: nn.Module) -> tuple[str, int] | None:
 
 
 def _signature(block: nn.Module) -> tuple:
-    """What two blocks must share to trace alike: class, and every parameter's and buffer's metadata."""
+    """What two blocks must share to trace alike: every module's class, mode and hooks (a backward hook on one block
+    would not show in a forward), and every parameter's and buffer's metadata."""
     state = [*block.named_parameters(remove_duplicate=False), *block.named_buffers(remove_duplicate=False)]
-    return (type(block), tuple((k, tuple(t.shape), t.dtype, t.requires_grad) for k, t in state))
+    modules = [(k, type(m), m.training, *map(len, _hooks(m))) for k, m in block.named_modules(remove_duplicate=False)]
+    return tuple(modules), tuple((k, tuple(t.shape), t.dtype, t.requires_grad) for k, t in state)
+
+
+def _hooks(m: nn.Module) -> tuple:
+    return (m._forward_hooks, m._forward_pre_hooks, m._backward_hooks, m._backward_pre_hooks)
 
 
 def with_blocks(model: nn.Module, path: str, count: int) -> nn.Module:
