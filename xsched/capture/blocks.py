@@ -93,7 +93,7 @@ def capture_blocks(
         return extrapolate(graphs[0], graphs[1], graphs[2], n - k)
     except Exception as e:  # noqa: BLE001 - whatever failed, the full capture is the answer (or says the error)
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
-        print(f"xsched: capturing every block of {path}: {why}", file=sys.stderr)
+        print(f"xsched: capturing every block of {path or 'the model'}: {why}", file=sys.stderr)
         return full()
 
 
