@@ -111,6 +111,36 @@ def test_a_stack_under_cpu_autocast():
         _assert_same(_reused(model, x), capture(model, x))
 
 
+class NormBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.bn, self.drop = nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.drop(torch.relu(self.bn(self.fc(x))))
+
+
+class NormStack(nn.Module):
+    """Buffers updated in every block, random ops, two outputs (one reads block 0 alone)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks, self.head = nn.Sequential(*(NormBlock() for _ in range(7))), nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.head(self.blocks(x)).sum(), self.blocks[0].fc.weight.sum()
+
+
+def test_buffer_updates_and_an_input_gradient_extrapolate():
+    torch.manual_seed(0)
+    model, x = NormStack(), (torch.randn(5, 8, requires_grad=True),)
+    full = capture(model, x)
+    assert len(full.buffer_updates) == 21 and list(full.input_grads) == [0]
+    _assert_same(_reused(model, x), full)
+    model.eval()  # block 0's input needs a gradient, the others' not (no_grad): the check skips block 0
+    _assert_same(_reused(model, x, inference=True), capture(model, x, inference=True))
+
+
 def test_the_public_option_traces_three_cuts_not_the_model(monkeypatch):
     model, x = _stack(widths=[8] * 16)
     full = capture(model, x)
@@ -160,7 +190,7 @@ def test_blocks_of_other_widths_are_not_a_repeated_list(capsys):
 def test_a_block_with_an_extra_op_falls_back(which, capsys):
     model, x = _stack(widths=[8] * 16)
     model.blocks[which].extra = True
-    assert f"block {which} (or the model right after it) runs other ops" in _falls_back(model, x, capsys)
+    assert f"block {which} (or the model right after it) runs other ops than block 1" in _falls_back(model, x, capsys)
 
 
 @pytest.mark.parametrize("apart", [2, 9])

@@ -53,7 +53,7 @@ class _Recorder(TorchDispatchMode):
             self.last = self.active.pop()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if self.active or self.last >= 0:
+        if (self.active or self.last >= 0) and func.namespace != "prim":  # prim: metadata queries (prim.device)
             call = (func, _describe(args), _describe(tuple((kwargs or {}).items())), torch.is_grad_enabled())
             where = self.ops[self.active[-1]] if self.active else self.between[self.last]
             where.append((*call, _saving_hooks()))
@@ -82,7 +82,9 @@ def block_ops(model: nn.Module, blocks: nn.Module, inputs: tuple, inference: boo
 
 
 def first_unlike(ops: list[tuple[list, list]]) -> int | None:
-    """The position of the first block whose calls (or those between it and the next) differ from block 0's,
-    else None."""
+    """The position of the first block whose calls (or those between it and the next) differ from block 1's, else
+    None. Block 0 may differ (its input is the model's, which may not need a gradient): every cut holds it as it is."""
     last = len(ops) - 1
-    return next((i for i, (o, b) in enumerate(ops) if o != ops[0][0] or (i < last and b != ops[0][1])), None)
+    return next(
+        (i for i in range(1, last + 1) if ops[i][0] != ops[1][0] or (i < last and ops[i][1] != ops[1][1])), None
+    )

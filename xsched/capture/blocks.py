@@ -85,10 +85,10 @@ def capture_blocks(
         return full()
     path, n = found
     try:
-        # the cut graphs see blocks 0..k+1 only: every other block must run the very calls block 0 runs
+        # the cut graphs see blocks 0..k+1 only: every later block must run the very calls block 1 runs
         unlike = first_unlike(block_ops(model, model.get_submodule(path), inputs, inference))
         if unlike is not None:
-            raise Mismatch(f"block {unlike} (or the model right after it) runs other ops than block 0")
+            raise Mismatch(f"block {unlike} (or the model right after it) runs other ops than block 1")
         graphs = [trace(with_blocks(model, path, k + i)) for i in range(3)]
         return extrapolate(graphs[0], graphs[1], graphs[2], n - k)
     except Exception as e:  # noqa: BLE001 - whatever failed, the full capture is the answer (or says the error)
