@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 from xsched.capture import torch as capture_torch
@@ -77,17 +78,19 @@ class Block(nn.Module):
 
 
 class Stack(nn.Module):
-    def __init__(self, widths: list[int], apart: int | None = None) -> None:
+    def __init__(self, widths: list[int], apart: int | None = None, checkpointed: int | None = None) -> None:
         super().__init__()
         self.inp = nn.Linear(4, 8)
         self.blocks = nn.ModuleList(Block(w) for w in widths)  # each block's hidden width
         self.out = nn.Linear(8, 3)
         self.apart = apart  # the forward treats this block's output apart
+        self.checkpointed = checkpointed  # from this block on, blocks run under activation checkpointing
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.inp(x)
         for i, b in enumerate(self.blocks):
-            x = b(x)
+            recomputed = self.checkpointed is not None and i >= self.checkpointed
+            x = torch.utils.checkpoint.checkpoint(b, x, use_reentrant=False) if recomputed else b(x)
             if i == self.apart:
                 x = torch.tanh(x)
         return self.out(x)
@@ -199,6 +202,11 @@ def test_a_forward_that_treats_one_block_apart_falls_back(apart, capsys):
     err = _falls_back(model, x, capsys)
     assert err.startswith("xsched: capturing every block of blocks:") and len(err.splitlines()) == 1
     assert f"block {apart} (or the model right after it)" in err
+
+
+def test_blocks_checkpointed_beyond_the_cuts_fall_back(capsys):
+    model, x = _stack(widths=[8] * 16, checkpointed=10)
+    assert "block 10 (or the model right after it)" in _falls_back(model, x, capsys)
 
 
 def test_the_check_graph_must_be_predicted_exactly():
