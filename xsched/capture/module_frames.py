@@ -1,4 +1,5 @@
-"""Which module (path, class) was active at each traced FX node; tracing failures located at the user's file:line."""
+"""Which module (path, class) was active at each traced FX node; tracing failures located at the user's file:line; the
+compiling flag libraries read while we trace."""
 
 from __future__ import annotations
 
