@@ -154,6 +154,22 @@ def test_the_public_option_traces_three_cuts_not_the_model(monkeypatch):
     assert traced == [3, 4, 5]
 
 
+def test_the_loss_outputs_fake_forward_serves_the_block_check(monkeypatch):
+    from xsched.capture import blocks
+    from xsched.capture.block_ops import block_ops
+    from xsched.capture.grad_outputs import loss_outputs
+    from xsched.capture.reuse import captured_once, recall
+
+    model, x = _stack(widths=[8] * 16)
+    full = capture(model, x)
+    with captured_once():
+        loss_outputs(model, x, lambda out, y: F.mse_loss(out, y), torch.zeros(5, 3))
+        kept = recall(blocks._CALLS, model, x)
+        assert kept == block_ops(model, model.blocks, x, False)  # the check's own fake forward sees the same calls
+        monkeypatch.setattr(blocks, "block_ops", lambda *a: pytest.fail("ran its own fake forward"))
+        _assert_same(capture(model, x, reuse_blocks=True), full)
+
+
 def test_a_cut_shares_the_models_parameters_and_leaves_it_whole():
     model, _ = _stack(widths=[8] * 6)
     cut = with_blocks(model, "blocks", 2)

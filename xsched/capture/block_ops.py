@@ -4,6 +4,8 @@ before their graph is extrapolated from a few of them."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -59,26 +61,42 @@ class _Recorder(TorchDispatchMode):
             where.append((*call, _saving_hooks()))
         return func(*args, **(kwargs or {}))
 
+    def calls(self) -> list[tuple[list, list]]:
+        """Per block, its calls and those before the next block (none after the last: the model's tail)."""
+        return list(zip(self.ops, self.between[:-1] + [[]]))
 
-def block_ops(model: nn.Module, blocks: nn.Module, inputs: tuple, inference: bool) -> list[tuple[list, list]]:
-    """Per block of `blocks` (a list inside `model`), the aten calls it made in `model(*inputs)` on fake tensors:
-    op, arguments (tensor metadata, constants), grad mode and whether saved-tensor hooks were on."""
+    def saw_any(self) -> bool:
+        return any(self.ops)
+
+
+@contextlib.contextmanager
+def recording(blocks: nn.Module) -> Iterator[_Recorder]:
+    """Within: the calls of each block of `blocks` are recorded. Enter it inside the FakeTensorMode, so that it sees
+    the calls before the fake mode does."""
     recorder = _Recorder(blocks)
-    params = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     hooks = [
         nn.modules.module.register_module_forward_pre_hook(recorder.enter),
         nn.modules.module.register_module_forward_hook(recorder.leave),
     ]
     try:
-        with FakeTensorMode(allow_non_fake_inputs=False) as mode:
-            state = {k: mode.from_tensor(t) for k, t in params.items()}
-            args = tuple(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs)
-            with torch.no_grad() if inference else torch.enable_grad(), compiler_tracing(), recorder:
-                torch.func.functional_call(model, state, args)
+        with recorder:
+            yield recorder
     finally:
         for h in hooks:
             h.remove()
-    return [(ops, between) for ops, between in zip(recorder.ops, recorder.between[:-1] + [[]])]
+
+
+def block_ops(model: nn.Module, blocks: nn.Module, inputs: tuple, inference: bool) -> list[tuple[list, list]]:
+    """Per block of `blocks` (a list inside `model`), the aten calls it made in `model(*inputs)` on fake tensors
+    (op, arguments: tensor metadata, constants; grad mode, whether saved-tensor hooks were on), and after each but
+    the last, those made before the next block ran."""
+    params = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+        state = {k: mode.from_tensor(t) for k, t in params.items()}
+        args = tuple(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs)
+        with torch.no_grad() if inference else torch.enable_grad(), compiler_tracing(), recording(blocks) as seen:
+            torch.func.functional_call(model, state, args)
+    return seen.calls()
 
 
 def first_unlike(ops: list[tuple[list, list]]) -> int | None:

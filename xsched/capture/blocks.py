@@ -6,20 +6,23 @@ is captured (with a one-line notice); the graph returned is always the one a ful
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from torch import nn
 
-from xsched.capture.block_ops import block_ops, first_unlike
+from xsched.capture.block_ops import block_ops, first_unlike, recording
 from xsched.capture.periodic import Fit, Mismatch, Records, fit, predict
+from xsched.capture.reuse import recall, remember
 from xsched.contracts.graph import Graph
 
 BLOCKS_KEPT = 3  # k, the smallest cut: then each run has copies 1 and 2, beyond its first, to fit its step from
 WORTH_FROM = 16  # blocks: with fewer, the cut traces (3 + 4 + 5 blocks) and the check cost about a full trace
+_CALLS = "block calls"  # what `recorded_for_reuse` keeps in the capture scope
 _FIELDS = [f.name for f in dataclasses.fields(Graph)]
 
 
@@ -85,8 +88,10 @@ def capture_blocks(
         return full()
     path, n = found
     try:
-        # the cut graphs see blocks 0..k+1 only: every later block must run the very calls block 1 runs
-        unlike = first_unlike(block_ops(model, model.get_submodule(path), inputs, inference))
+        # the cut graphs see blocks 0..k+1 only: every later block must run the very calls block 1 runs (as seen by
+        # the loss outputs' fake forward of a training step, `recorded_for_reuse`, or by a fake forward of our own)
+        calls = None if inference else recall(_CALLS, model, inputs)
+        unlike = first_unlike(calls or block_ops(model, model.get_submodule(path), inputs, inference))
         if unlike is not None:
             raise Mismatch(f"block {unlike} (or the model right after it) runs other ops than block 1")
         graphs = [trace(with_blocks(model, path, k + i)) for i in range(3)]
@@ -95,6 +100,20 @@ def capture_blocks(
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"xsched: capturing every block of {path or 'the model'}: {why}", file=sys.stderr)
         return full()
+
+
+@contextlib.contextmanager
+def recorded_for_reuse(model: nn.Module, inputs: tuple) -> Iterator[None]:
+    """Around a fake forward of a training step (inside its FakeTensorMode) in a capture scope: the calls of the
+    model's repeated blocks are kept for a capture with `reuse_blocks`, which then need not run its own."""
+    found = repeated_blocks(model)
+    if found is None or found[1] < WORTH_FROM:
+        yield
+        return
+    with recording(model.get_submodule(found[0])) as seen:
+        yield
+    if seen.saw_any():  # nothing when the scope answered the forward without running it
+        remember(_CALLS, model, inputs, seen.calls())
 
 
 def extrapolate(small: Graph, big: Graph, check: Graph, blocks_added: int) -> Graph:
