@@ -17,7 +17,7 @@ from torch import nn
 
 from xsched.capture.block_ops import block_ops, first_unlike, recording
 from xsched.capture.periodic import Fit, Mismatch, Records, fit, predict
-from xsched.capture.reuse import recall, remember
+from xsched.capture.reuse import recall, remember, scoped
 from xsched.contracts.graph import Graph
 
 BLOCKS_KEPT = 3  # k, the smallest cut: then each run has copies 1 and 2, beyond its first, to fit its step from
@@ -106,7 +106,7 @@ def capture_blocks(
 def recorded_for_reuse(model: nn.Module, inputs: tuple) -> Iterator[None]:
     """Around a fake forward of a training step (inside its FakeTensorMode) in a capture scope: the calls of the
     model's repeated blocks are kept for a capture with `reuse_blocks`, which then need not run its own."""
-    found = repeated_blocks(model)
+    found = repeated_blocks(model) if scoped() else None
     if found is None or found[1] < WORTH_FROM:
         yield
         return

@@ -89,6 +89,11 @@ def reuse_or_capture(
     return graph
 
 
+def scoped() -> bool:
+    """Whether a `captured_once()` scope is open."""
+    return _SCOPE.get() is not None
+
+
 def remember(tag: str, model: nn.Module, inputs: tuple, value: Any) -> None:
     """Within a scope, keep `value` (what a fake forward found, `tag` says what) for `recall` with the same model
     and inputs, under the grad and autocast state in effect; outside a scope, nothing."""
