@@ -178,6 +178,26 @@ def test_a_cut_shares_the_models_parameters_and_leaves_it_whole():
     assert repeated_blocks(model) == ("blocks", 6)
 
 
+def test_wrap_runs_the_extrapolated_graph_as_eager_pytorch_does(monkeypatch):
+    import copy
+
+    from xsched.execute.wrap import wrap
+
+    model, x = _stack(widths=[8] * 16)
+    eager = copy.deepcopy(model)
+    traced: list[int] = []
+    real = capture_torch._capture
+    monkeypatch.setattr(capture_torch, "_capture", lambda m, *a: traced.append(len(m.blocks)) or real(m, *a))
+    wrapped = wrap(model, x, {"cpu": "100%"}, method="eager", profile="model")
+    out, ref = wrapped(*x), eager(*x)
+    (out * out).sum().backward()
+    (ref * ref).sum().backward()
+    assert traced == [3, 4, 5]  # wrap's capture went through the cuts
+    torch.testing.assert_close(out, ref)
+    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+
+
 def test_too_few_blocks_to_pay_are_traced_whole(monkeypatch):
     model, x = _stack(widths=[8] * 15)
     traced: list[int] = []
