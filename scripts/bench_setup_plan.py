@@ -4,7 +4,7 @@
 
     python scripts/bench_setup_plan.py [--model gpt2] [--scale full:n_layer=48,n_head=25,n_embd=1600,seq=512,batch=2,dropout=0.0]
         [--precision fp32|bf16] [--empty] [--runs park:16GiB,park:8GiB,auto:16GiB,auto:8GiB] [--time-limit 60]
-        [--save graph.pkl | --load graph.pkl]
+        [--save graph.pkl | --load graph.pkl] [--blocks reuse|both] [--capture-only]
     python scripts/bench_setup_plan.py --model llama --scale full:seq=1024,batch=4 --precision bf16 --runs park:70GiB
 
 Prints the seconds (wall and this process's CPU) of each stage, and per plan its predicted step and GPU peak, or
@@ -13,7 +13,9 @@ capture `wrap` repeats (within the session's `captured_once()`, so reused), the 
 captures as `--precision bf16 --param-home cpu` does (bf16 weights, under autocast); `--empty` builds the model on
 the meta device and gives it uninitialised memory (its ties kept), as planning reads shapes only: the graph is the
 same (tests/test_bench_setup_plan.py), the model stage is not the training run's. `--save`/`--load` keep the
-captured graph and its costs, so planning can be timed alone."""
+captured graph and its costs, so planning can be timed alone. `--blocks reuse` captures with `reuse_blocks=True`
+(a few of the identical blocks traced, the rest extrapolated); `--blocks both` then also captures every block, in a
+scope of its own, and says whether the two graphs are the same; `--capture-only` stops after the capture."""
 
 from __future__ import annotations
 
@@ -77,7 +79,9 @@ def load_task(name: str, scale: str, precision: str, empty: bool) -> TrainingTas
     return TrainingTask(f"zoo:{name}", empty_model(name, scale, dtype), stream(0), tasks.task_loss(name), stream)
 
 
-def build(name: str, scale: str, precision: str, empty: bool, clock: Clock) -> tuple:
+def build(
+    name: str, scale: str, precision: str, empty: bool, clock: Clock, blocks: str = "", only: bool = False
+) -> tuple:
     """The training graph `xsched train` captures for zoo `name` at `scale` and `precision`, and its costs on the
     H100 spec. The capture wrap repeats runs too, as in the session (reused within `captured_once()`)."""
     torch.manual_seed(0)
@@ -86,11 +90,23 @@ def build(name: str, scale: str, precision: str, empty: bool, clock: Clock) -> t
     with autocast(precision, ("cuda",)), captured_once():
         grads = grad_outputs(task)
         print(f"loss outs {clock.lap()}", flush=True)
-        graph = capture(task.model, task.example_batch[0], name=graph_name(f"zoo:{name}"), grad_outputs=grads)
-        print(f"capture   {clock.lap()}  {len(graph.ops)} ops", flush=True)
+        reuse = blocks in ("reuse", "both")
+        graph = capture(
+            task.model, task.example_batch[0], name=graph_name(f"zoo:{name}"), grad_outputs=grads, reuse_blocks=reuse
+        )
+        print(f"capture   {clock.lap()}  {len(graph.ops)} ops{', blocks reused' if reuse else ''}", flush=True)
+        if blocks == "both":
+            with captured_once():  # a scope of its own: the full trace, not the graph above again
+                full = capture(task.model, task.example_batch[0], name=graph_name(f"zoo:{name}"), grad_outputs=grads)
+            same = full == graph and full.fingerprint == graph.fingerprint
+            print(
+                f"full      {clock.lap()}  {len(full.ops)} ops, every block traced; the same graph: {same}", flush=True
+            )
         again = capture(task.model, task.example_batch[0], name=type(task.model).__name__, grad_outputs=grads)
         print(f"wrap's    {clock.lap()}  the same graph: {again.fingerprint == graph.fingerprint}", flush=True)
     del task
+    if only:
+        return graph, None
     with tempfile.TemporaryDirectory() as where:  # the sim device's roofline, the copies over the spec's host link
         profile = plan_profile(graph, [GPU, HOST], "measure", where, stores=[HOST])
     print(f"profile   {clock.lap()}", flush=True)
@@ -119,13 +135,19 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=60.0, help="as `xsched train`'s default")
     ap.add_argument("--save", help="pickle the graph and its costs here")
     ap.add_argument("--load", help="plan a graph and costs pickled by --save")
+    ap.add_argument("--blocks", default="", choices=("", "reuse", "both"), help="capture with reuse_blocks")
+    ap.add_argument("--capture-only", action="store_true", help="stop after the capture")
     args = ap.parse_args()
     clock = Clock()
     if args.load:
         with open(args.load, "rb") as f:
             graph, profile = pickle.load(f)
     else:
-        graph, profile = build(args.model, args.scale, args.precision, args.empty, clock)
+        graph, profile = build(
+            args.model, args.scale, args.precision, args.empty, clock, args.blocks, args.capture_only
+        )
+        if args.capture_only:
+            return
     if args.save:
         with open(args.save, "wb") as f:
             pickle.dump((graph, profile), f)

@@ -11,6 +11,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_map, tree_unflatten
 
+from xsched.capture.blocks import recorded_for_reuse
 from xsched.capture.reuse import TensorMeta, fake_outputs
 from xsched.errors import CaptureError
 
@@ -56,7 +57,8 @@ def loss_outputs(
 
         try:
             with torch.enable_grad():
-                out = fake_outputs(model, inputs, forward)
+                with recorded_for_reuse(model, inputs):  # the blocks' calls, for a capture with reuse_blocks
+                    out = fake_outputs(model, inputs, forward)
                 # fresh leaves: the loss's dependence on each output, not through the model (its loss on its logits)
                 cut = [x.leaf() if isinstance(x, TensorMeta) else x for x in out.leaves]
                 loss = loss_fn(tree_unflatten(cut, out.spec), tree_map(fake, targets))

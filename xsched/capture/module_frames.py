@@ -1,8 +1,10 @@
-"""Which module (path, class) was active at each traced FX node; tracing failures located at the user's file:line."""
+"""Which module (path, class) was active at each traced FX node; tracing failures located at the user's file:line; the
+compiling flag libraries read while we trace."""
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import sysconfig
 import traceback
 from pathlib import Path
@@ -153,3 +155,16 @@ def _user_frame(exc: BaseException) -> str:
     user = [f for f in frames if not str(Path(f.filename).resolve()).startswith(_SKIP_DIRS)]
     f = user[-1] if user else (frames[-1] if frames else None)
     return f"{f.filename}:{f.lineno}" if f else "<unknown>"
+
+
+@contextlib.contextmanager
+def compiler_tracing() -> Any:
+    """torch.compiler.is_compiling() is True while we trace, as in torch.export's non-strict tracing (make_fx too):
+    libraries then take their traceable paths instead of eager-only checks a fake tensor cannot answer, e.g.
+    transformers' test of the position ids for packed sequences (a branch on a tensor value)."""
+    old = torch.compiler._is_compiling_flag
+    torch.compiler._is_compiling_flag = True
+    try:
+        yield
+    finally:
+        torch.compiler._is_compiling_flag = old

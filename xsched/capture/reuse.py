@@ -89,6 +89,26 @@ def reuse_or_capture(
     return graph
 
 
+def scoped() -> bool:
+    """Whether a `captured_once()` scope is open."""
+    return _SCOPE.get() is not None
+
+
+def remember(tag: str, model: nn.Module, inputs: tuple, value: Any) -> None:
+    """Within a scope, keep `value` (what a fake forward found, `tag` says what) for `recall` with the same model
+    and inputs, under the grad and autocast state in effect; outside a scope, nothing."""
+    scope = _SCOPE.get()
+    if scope is not None:
+        scope[(tag, *capture_key(model, inputs, False, None))] = (model, value)
+
+
+def recall(tag: str, model: nn.Module, inputs: tuple) -> Any | None:
+    """What `remember` kept under `tag` for this model and inputs in the current state, else None."""
+    scope = _SCOPE.get()
+    key = (tag, *capture_key(model, inputs, False, None)) if scope is not None else None
+    return scope[key][1] if scope is not None and key in scope and scope[key][0] is model else None
+
+
 @dataclass(frozen=True)
 class TensorMeta:
     """A forward output tensor as a fake forward made it."""

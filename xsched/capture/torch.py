@@ -14,7 +14,6 @@ The traced FX graph is then lowered to an xsched Graph by xsched.capture.fxgraph
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -28,9 +27,10 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._pytree import tree_flatten
 
+from xsched.capture.blocks import capture_blocks
 from xsched.capture.fxgraph import Slot, TraceInfo, build_graph
 from xsched.capture.grad_outputs import GradOutputs, differentiated
-from xsched.capture.module_frames import ModuleTracker, located
+from xsched.capture.module_frames import ModuleTracker, compiler_tracing, located
 from xsched.capture.reuse import TensorMeta, fake_outputs, reuse_or_capture
 from xsched.contracts.graph import Graph
 from xsched.contracts.torch_ops import resolve_ref
@@ -54,6 +54,7 @@ def capture(
     inference: bool = False,
     name: str | None = None,
     grad_outputs: GradOutputs = "all",
+    reuse_blocks: bool = False,
 ) -> Graph:
     """Trace `model(*example_inputs)` (and its backward unless `inference`) into a Graph.
 
@@ -63,10 +64,16 @@ def capture(
     require grad (default), "auto" (the scalar losses if the forward returns any) or their positions; the others
     get no tangent and no backward ops, as `loss.backward()` runs none for the logits beside the loss.
     Outputs: the forward outputs, param (and input) gradients, and updated buffers.
+    `reuse_blocks`: where the model's body is a list of enough identical blocks to pay, trace it cut to a few
+    blocks and extrapolate (xsched.capture.blocks): the same graph, checked, else the full trace.
     """
     if not isinstance(model, nn.Module):
         raise CaptureError(f"capture needs an nn.Module, got {type(model).__name__}")
-    trace = lambda: _capture(model, example_inputs, inference, name, grad_outputs)  # noqa: E731
+    cut = lambda m: _capture(m, example_inputs, inference, name, grad_outputs)  # noqa: E731
+    trace = lambda: cut(model)  # noqa: E731
+    if reuse_blocks:
+        tensors = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+        trace = lambda: capture_blocks(model, tensors, inference, cut, lambda: cut(model))  # noqa: E731
     try:  # within `captured_once()`, a repeat of a capture returns its graph
         return reuse_or_capture(model, example_inputs, inference, grad_outputs, name or type(model).__name__, trace)
     except CaptureError as e:  # one line that names the model (and the library model inside a loss wrapper)
@@ -278,19 +285,6 @@ def _trace(
         return [torch._from_functional_tensor(t.elem) for t in outs]
 
     flat = [p.detach().requires_grad_(p.requires_grad and not inference) for p in primals] + tangents
-    with modules.active(), located(modules), _compiler_tracing():
+    with modules.active(), located(modules), compiler_tracing():
         gm = make_fx(functional, tracing_mode="fake")(*flat)
     return gm, mutated
-
-
-@contextlib.contextmanager
-def _compiler_tracing() -> Any:
-    """torch.compiler.is_compiling() is True while we trace, as in torch.export's non-strict tracing (make_fx too):
-    libraries then take their traceable paths instead of eager-only checks a fake tensor cannot answer, e.g.
-    transformers' test of the position ids for packed sequences (a branch on a tensor value)."""
-    old = torch.compiler._is_compiling_flag
-    torch.compiler._is_compiling_flag = True
-    try:
-        yield
-    finally:
-        torch.compiler._is_compiling_flag = old

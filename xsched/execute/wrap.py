@@ -158,7 +158,9 @@ class XschedModule(CompiledReplans, nn.Module):
         lower ones (`replan` of the plan it replaces), the `replans`-th for this key; `fallback`: the measured plan
         that fits, which a re-plan solved within more replaces until its own first run is measured."""
         name = type(self.module).__name__
-        graph = capture(self.module, inputs, inference=inference, name=name, grad_outputs=self.grad_outputs)
+        graph = capture(
+            self.module, inputs, inference=inference, name=name, grad_outputs=self.grad_outputs, reuse_blocks=True
+        )
         graph = graph if inference else chunked_as_asked(graph, self.chunk_loss)
         graph = held_by_caller(graph) if self.hold_outputs and not inference else graph
         if plan is not None and plan.graph != graph.fingerprint and self.grad_outputs == "auto" and not inference:

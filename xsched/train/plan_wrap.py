@@ -82,7 +82,8 @@ def plan_and_wrap(
 
     inputs = task.example_batch[0]
     grads = grad_outputs(task)
-    graph = capture(task.model, inputs, name=graph_name(config.model), grad_outputs=grads)
+    # a body of many identical blocks is traced cut to a few and extrapolated: the same graph, checked
+    graph = capture(task.model, inputs, name=graph_name(config.model), grad_outputs=grads, reuse_blocks=True)
     graph = chunked_as_asked(graph, config.chunk_loss)
     chosen = plan_for(graph, budgets)
     if config.optimizer_split is not None and home is not None:
@@ -103,7 +104,7 @@ def plan_and_wrap(
     )
     if evaluates:
         wrapped.eval()
-        inference = capture(task.model, inputs, inference=True, name=graph.name)
+        inference = capture(task.model, inputs, inference=True, name=graph.name, reuse_blocks=True)
         wrapped.use_plan(plan_for(inference, chosen.plan.budgets).plan, inputs)
         wrapped.train()
     return graph, chosen, wrapped
