@@ -1,0 +1,138 @@
+"""The phase bound (weights and saved values under a budget): never above the least makespan an exhaustive search
+over step sequences finds (makespans by the oracle's event sweep), nor above any plan the heuristics return."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from oracle import makespan
+from test_heuristics import DEVICES, HEURISTICS, train_dags, two_device_profile
+
+from xsched.contracts.graph import Graph, Op, Value
+from xsched.contracts.plan import Compute, Copy, Free, required_homes
+from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
+from xsched.errors import BudgetError
+from xsched.simulate import simulate
+from xsched.solve.bounds.phases import cuts
+from xsched.solve.bounds.time import time_bound, time_bounds
+from xsched.solve.problem import Problem
+
+
+def least_makespan(graph, profile, budgets, devices, homes, below: float, runs: int = 2, depth: int = 14) -> float:
+    """The least oracle makespan over every valid step sequence of at most `depth` steps, each op run at most
+    `runs` times, if some plan is below `below` (else `below`): depth-first, a prefix dropped once its makespan
+    reaches the best so far (more steps never end sooner). Left out, as no plan is faster for them: frees on
+    devices without a budget (a free only adds waits), copies of a value to a device where no op reading it can
+    run and where it need not end, and consecutive frees in any but one order (their order changes nothing)."""
+    size = {v.id: v.nbytes for v in graph.values}
+    ends = required_homes(graph, homes)
+    best = [below]
+    wanted = {(v, d) for v, d in ends.items()}
+    wanted |= {(v, d) for o in graph.ops for v in o.inputs for d in devices if profile.can_run(o.id, d)}
+
+    def used(res, d):
+        return sum(size[v] for v, e in res if e == d)
+
+    def done(res, count):
+        return (
+            len(count) == len(graph.ops)
+            and all(any((v, d) in res for d in devices) for v in graph.outputs)
+            and all((v, d) in res for v, d in ends.items())
+        )
+
+    def search(steps, res, count):
+        span = makespan(graph, SimpleNamespace(steps=steps, homes=homes), profile) if steps else 0.0
+        if span >= best[0] - 1e-12:
+            return
+        if done(res, count):
+            best[0] = span
+            return
+        if len(steps) == depth:
+            return
+        for op in graph.ops:
+            for d in devices:
+                c = profile.op_cost(op.id, d)
+                if c is None or count.get(op.id, 0) == runs or any((v, d) not in res for v in op.inputs):
+                    continue
+                need = used(res, d) + sum(size[v] for v in op.outputs) + max(op.workspace_bytes, c.workspace_bytes)
+                if need <= budgets.get(d, math.inf):
+                    made = res | {(v, d) for v in op.outputs}
+                    search([*steps, Compute(op.id, d)], made, {**count, op.id: count.get(op.id, 0) + 1})
+        for v, src in sorted(res):
+            for d in devices:
+                if d == src or (v, d) in res or (v, d) not in wanted or profile.link(src, d) is None:
+                    continue
+                if used(res, d) + size[v] <= budgets.get(d, math.inf):
+                    search([*steps, Copy(v, src, d)], res | {(v, d)}, count)
+        last = steps[-1] if steps and isinstance(steps[-1], Free) else None
+        for v, d in sorted(res):
+            if homes.get(v) != d and d in budgets and (last is None or (v, d) > (last.value, last.device)):
+                search([*steps, Free(v, d)], res - {(v, d)}, count)
+
+    search([], frozenset(homes.items()), {})
+    return best[0]
+
+
+def weight_graph() -> tuple[Graph, Profile]:
+    """x (1 B) and w (10 B), homed on the host h -> f -> a (10 B) -> loss -> l (10 B); backward: l, w -> b -> da (1 B).
+    g computes (1 s an op) and h cannot; the links move 2 B/s after 0.1 s (w: 5.1 s, x: 0.6 s)."""
+    values = [Value("x", 1, "input"), Value("w", 10, "param"), Value("a", 10), Value("l", 10), Value("da", 1)]
+    ops = [
+        Op("f", "mm", ("x", "w"), ("a",)),
+        Op("loss", "sum", ("a",), ("l",)),
+        Op("b", "mm", ("l", "w"), ("da",), phase="bwd"),
+    ]
+    g = Graph("w2", tuple(values), tuple(ops), ("da",))
+    link = LinkCost(0.1, 2.0)
+    compute = {"g": {o.id: OpCost(1.0) for o in ops}, "h": {}}
+    devices = {"g": DeviceInfo("gpu"), "h": DeviceInfo("cpu")}
+    return g, Profile(g.fingerprint, devices, compute, {"g->h": link, "h->g": link})
+
+
+def test_the_cut_is_the_loss() -> None:
+    g, _ = weight_graph()
+    cut = cuts(g)[0]
+    assert (cut.op, cut.before, cut.after) == ("loss", {"f"}, {"b"})
+
+
+@pytest.mark.parametrize(("budget", "by_hand"), [(None, 7.7), (30, 7.7), (21, 10.29)])
+def test_weights_fetched_twice_under_the_budget_and_exhaustive_search_finds_nothing_below(budget, by_hand) -> None:
+    """By hand: x and w come in (5.7 s) before f, so before loss starts; loss and b after: 7.7 s. At 21 B (f's
+    own need) loss holds a and l (20 B), so at most a tenth of w stays: 0.9 x 5.1 s of copying after loss starts,
+    10.29 s. The old bounds saw the 5.7 s of copies only. No plan beats it (the best are 8.7 s and 13.8 s)."""
+    g, prof = weight_graph()
+    homes = {"x": "h", "w": "h"}
+    budgets = {"g": budget} if budget is not None else {}
+    old = max(b.seconds for b in time_bounds(g, prof, ["g", "h"], homes, budgets) if not b.by.startswith("phases"))
+    new = time_bound(g, prof, ["g", "h"], homes, budgets)
+    assert old == pytest.approx(5.7)
+    assert (new.by, new.seconds) == ("phases around loss", pytest.approx(by_hand, rel=1e-5))
+    below = new.seconds * (1 - 1e-9)
+    assert least_makespan(g, prof, budgets, ["g", "h"], homes, below, depth=10) >= below
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(train_dags(max_ops=5), st.data())
+def test_no_heuristic_plan_and_no_searched_plan_beats_the_bound(g, data) -> None:
+    """Random training graphs, homes and budgets: every heuristic's plan (makespan by the simulator and by the
+    oracle's sweep) and, on the smallest graphs, an exhaustive search find nothing below the bound."""
+    b_runs = data.draw(st.sampled_from([lambda o: True, lambda o: o.phase == "fwd", lambda o: False]))
+    profile = two_device_profile(g, b_runs=b_runs, slow_b=data.draw(st.sampled_from([0.5, 1.0, 3.0])))
+    homes = {v: data.draw(st.sampled_from(DEVICES)) for v in g.inputs}
+    total = sum(v.nbytes for v in g.values)
+    budgets = {d: data.draw(st.integers(0, total + 10)) for d in data.draw(st.sampled_from([(), ("a",), DEVICES]))}
+    bound = time_bound(g, profile, DEVICES, homes, budgets).seconds
+    for fn in HEURISTICS.values():
+        try:
+            plan = fn(Problem(g, profile, budgets, DEVICES, homes))
+        except BudgetError:
+            continue
+        assert simulate(g, plan, profile).makespan_s >= bound * (1 - 1e-9)
+        assert makespan(g, plan, profile) >= bound * (1 - 1e-9)
+    if len(g.ops) <= 3 and len(g.values) <= 7:
+        below = bound * (1 - 1e-9)
+        assert least_makespan(g, profile, budgets, list(DEVICES), homes, below, runs=1, depth=9) >= below
