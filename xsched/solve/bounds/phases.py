@@ -230,8 +230,8 @@ class _Model:
             home = self.homes.get(v)
             for d in self.devices:
                 readers = [o for o in self.g.consumers.get(v, ()) if d in self.runs[o]]
-                if home is None or home == d or not readers:
-                    continue
+                if home not in self.devices or home == d or not readers:
+                    continue  # (a home outside the devices: its link is not among theirs)
                 ended = self.copy_var(("a", v, d), v, d, ["ended before"], counted=False)  # one of p's
                 started = self.copy_var(("p", v, d), v, d, ["started before"])
                 later = self.copy_var(("m", v, d), v, d, ["after"])
