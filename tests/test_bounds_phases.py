@@ -7,9 +7,9 @@ import math
 from types import SimpleNamespace
 
 import pytest
+from conftest import BENCH
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from conftest import BENCH
 from oracle import makespan
 from test_heuristics import DEVICES, HEURISTICS, train_dags, two_device_profile
 
@@ -19,9 +19,9 @@ from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
 from xsched.errors import BudgetError, XschedError
 from xsched.importers import import_networkx
 from xsched.simulate import simulate
+from xsched.solve import SolverOptions, solve
 from xsched.solve.bounds.phases import cuts
 from xsched.solve.bounds.time import time_bound, time_bounds
-from xsched.solve import SolverOptions, solve
 from xsched.solve.problem import Problem
 from xsched.solve.reference import eager_peak
 from xsched.solve.registry import SOLVERS
