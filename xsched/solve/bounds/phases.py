@@ -23,9 +23,11 @@ class Cut:
     after: frozenset[str]
 
 
-def cuts(graph: Graph) -> list[Cut]:
-    """The ops that order the most others (before or after them), at most three: of the forward ones the one with
-    the most ops before it (on a training graph, the loss), and of all the ones with the most and the fewest."""
+def cuts(graph: Graph, homes: Mapping[str, str]) -> list[Cut]:
+    """At most four cut ops: of those ordering the most others (before or after them), the forward one with the
+    most ops before it (on a training graph, the loss) and the one with the fewest; the reader of the largest homed
+    input with the most ops after it (its copy delays them all); the maker of the largest value that must end on
+    a home (its copy follows it)."""
     index = graph.op_index
     below: list[int] = []  # per op, a bitset of the ops it depends on
     for o in graph.ops:
@@ -44,7 +46,14 @@ def cuts(graph: Graph) -> list[Cut]:
     most = [i for i in range(len(graph.ops)) if cover[i] == max(cover, default=0)]
     by_before = sorted(most, key=lambda i: below[i].bit_count())
     forward = [i for i in by_before if graph.ops[i].phase == "fwd"]
-    picked = dict.fromkeys(forward[-1:] + by_before[-1:] + by_before[:1])
+    picked = dict.fromkeys(forward[-1:] + by_before[:1])
+    homed = [v for v in graph.inputs if v in homes and graph.consumers.get(v)]
+    if homed:
+        largest = max(homed, key=lambda v: graph.value[v].nbytes)
+        picked[max((index[c] for c in graph.consumers[largest]), key=lambda i: above[i].bit_count())] = None
+    ends = [v for v in required_homes(graph, homes) if v in graph.producer]
+    if ends:
+        picked[index[graph.producer[max(ends, key=lambda v: graph.value[v].nbytes)]]] = None
     ids = [o.id for o in graph.ops]
     return [Cut(ids[i], _members(below[i], ids), _members(above[i], ids)) for i in picked]
 
@@ -110,23 +119,24 @@ def phase_bound(
       and y <= z. A device's compute lane runs one op at a time: the runs it holds fit in [0, T], the ones before
       X in [0, S], X's and those after it (and any run starting after S) in [S, T], those after X in [F, T].
     - A graph input reaches another device only by a copy, which with two devices comes over the one link from
-      its home (with more, a relay could, and no link row is written). If an op before X reads it on d, a copy
-      into d ended by S (a); any reader on d needs a copy into d starting before S (p) or after (m); a reader
-      after X needs it held on d at S (r, which needs p) or a copy after S (m). One link lane runs one copy at a
-      time: those ended by S take at most S, those started before S at most S + the longest copy, those started
-      after S at most T - S, all of them at most T.
-    - A value made before X and read after it on d is held on d at S (r), or copied into d after S (m: then it
-      was held on the other device at S, r there, or made there after S), or made on d again after S (q[p, d]: a
-      run of its producer starting after S, on d's lane in [S, T]). Held on a device at S means made there (z) or
-      copied there by a copy started before S (k).
-    - A parameter's gradient (or buffer update) ends on its home: made there (z) or copied there (g); made after
-      X, its copy starts after F.
+      its home (with more, a relay could, and no link row is written). If X or an op before X reads it on d, a
+      copy into d ended by S (a); any reader on d needs a copy into d starting before S (p) or after (m); a
+      reader after X needs it held on d at S (r, which needs p) or a copy after S (m); X reading it holds it at S.
+      One link lane runs one copy at a time: those ended by S take at most S, those started before S at most S +
+      the longest copy, those started after S at most T - S, all of them at most T.
+    - A value made before X and read after it on d is held on d at S (r), or copied into d after S (m), or made
+      on d again after S (q[p, d]: a run of its producer starting after S, on d's lane in [S, T]). Count m only
+      where neither r nor q holds: then the first time after S the value is on either device, it was held on the
+      other device at S or made there after S. Held on a device at S means made there (z) or copied there by a
+      copy started before S (k).
+    - A parameter's gradient (or buffer update) ends on its home: made there (z) or copied there (g); made by X
+      or after it, its copy starts after F.
     - At S each budgeted device holds its homed inputs, the values held there (r, each counted once), and, where X
       runs, X's outputs and the inputs of X not counted already. In the lanes model every allocation waits for the
       frees before it, so an overlapped run never holds more than the plan counts at some step: its budget.
     A relaxation of constraints every plan meets is a lower bound on every plan's makespan."""
     best: tuple[float, Cut] | None = None
-    for cut in cuts(graph):
+    for cut in cuts(graph, homes):
         model = _Model(graph, profile, list(devices), homes, budgets, cut)
         if not model.build():
             return None
@@ -245,8 +255,9 @@ class _Model:
                         lp.row([(lp.get(("y", o, d)), 1.0), (ended, -1.0)], 0.0)
                     if o in cut.after:
                         lp.row([(lp.get(("z", o, d)), 1.0), (held, -1.0), (later, -1.0)], 0.0)
-                    if o == cut.op:
+                    if o == cut.op:  # its run starting at S reads it: held then, its copy ended by then
                         lp.row([(lp.get(("y", o, d)), 1.0), (held, -1.0)], 0.0)
+                        lp.row([(lp.get(("y", o, d)), 1.0), (ended, -1.0)], 0.0)
 
     def saved_values(self) -> None:
         """A value made before the cut and read after it, on a device running such a reader: held there at S,
@@ -282,13 +293,13 @@ class _Model:
 
     def gradients(self) -> None:
         """A value that must end on its home (a parameter's gradient) and is not made before the cut: made there,
-        or copied there (after F when its maker runs after the cut)."""
+        or copied there (after F when its maker is the cut op or runs after it)."""
         lp, cut = self.lp, self.cut
         for v, home in required_homes(self.g, self.homes).items():
             maker = self.g.producer.get(v)
             if maker is None or maker in cut.before or home not in self.devices:
                 continue
-            lanes = ["after", "after F"] if maker in cut.after else []
+            lanes = ["after", "after F"] if maker in cut.after or maker == cut.op else []
             moved = self.copy_var(("g", v), v, home, lanes)
             lp.row([(lp.get(("z", maker, home)), -1.0), (moved, -1.0)], -1.0)
 
