@@ -24,10 +24,11 @@ class Cut:
 
 
 def cuts(graph: Graph, homes: Mapping[str, str]) -> list[Cut]:
-    """At most four cut ops: of those ordering the most others (before or after them), the forward one with the
-    most ops before it (on a training graph, the loss) and the one with the fewest; the reader of the largest homed
-    input with the most ops after it (its copy delays them all); the maker of the largest value that must end on
-    a home (its copy follows it)."""
+    """At most four cut ops: the one with the most forward ops before it and backward ops after it (on a training
+    graph, the loss); the last op up to it that reads a homed input; the reader of the largest homed input with the
+    most ops after it (its copy delays them all), or without homes, of the ops ordering the most others (before or
+    after them) the one with the fewest before it; the maker of the largest value that must end on a home (its
+    copy follows it)."""
     index = graph.op_index
     below: list[int] = []  # per op, a bitset of the ops it depends on
     for o in graph.ops:
@@ -44,13 +45,23 @@ def cuts(graph: Graph, homes: Mapping[str, str]) -> list[Cut]:
                 above[i] |= above[index[c]] | (1 << index[c])
     cover = [below[i].bit_count() + above[i].bit_count() for i in range(len(graph.ops))]
     most = [i for i in range(len(graph.ops)) if cover[i] == max(cover, default=0)]
-    by_before = sorted(most, key=lambda i: below[i].bit_count())
-    forward = [i for i in by_before if graph.ops[i].phase == "fwd"]
-    picked = dict.fromkeys(forward[-1:] + by_before[:1])
+    fwd = sum(1 << i for i, o in enumerate(graph.ops) if o.phase == "fwd")
+    bwd = sum(1 << i for i, o in enumerate(graph.ops) if o.phase != "fwd")
+    split = [  # forward ops up to and including it, backward ops after it
+        (((below[i] | 1 << i) & fwd).bit_count() + (above[i] & bwd).bit_count(), below[i].bit_count(), i)
+        for i in range(len(graph.ops))
+    ]
+    loss = max(split)[2]
+    picked = dict.fromkeys([loss])
     homed = [v for v in graph.inputs if v in homes and graph.consumers.get(v)]
+    reads_homed = [i for i, o in enumerate(graph.ops) if any(v in homes for v in o.inputs)]
+    last_read = [i for i in reads_homed if i == loss or below[loss] >> i & 1]
+    picked.update(dict.fromkeys(last_read[-1:]))  # from there on, no copy of a homed input holds an op up
     if homed:
         largest = max(homed, key=lambda v: graph.value[v].nbytes)
         picked[max((index[c] for c in graph.consumers[largest]), key=lambda i: above[i].bit_count())] = None
+    else:
+        picked[min(most, key=lambda i: below[i].bit_count())] = None
     ends = [v for v in required_homes(graph, homes) if v in graph.producer]
     if ends:
         picked[index[graph.producer[max(ends, key=lambda v: graph.value[v].nbytes)]]] = None
