@@ -178,6 +178,12 @@ class _Model:
         self.t = self.lp.var(("T",), None)
         self.s = self.lp.var(("S",), None)
         self.tracked: dict[str, set[str]] = {d: set() for d in devices}  # device -> values with an r there
+        self.remade = {  # the makers of values made before the cut and read after it: only they may run again
+            p
+            for v in graph.values
+            if (p := graph.producer.get(v.id)) in cut.before
+            and any(c in cut.after for c in graph.consumers.get(v.id, ()))
+        }
 
     def build(self) -> bool:
         if any(not r for r in self.runs.values()):
@@ -222,7 +228,7 @@ class _Model:
             before = [(lp.get(("y", o, d)), self.time(o, d)) for o in on if o in cut.before]
             lp.row(before + [(self.s, -1.0)], 0.0)
             after = [(lp.get(("z", o, d)), self.time(o, d)) for o in on if o in cut.after]
-            again = [(lp.var(("q", o, d)), self.time(o, d)) for o in on if o in cut.before]
+            again = [(lp.var(("q", o, d)), self.time(o, d)) for o in on if o in self.remade]
             mine = [(lp.get(("y", x, d)), self.time(x, d))] if d in self.runs[x] else []
             lp.row(after + again + mine + [(self.s, 1.0), (self.t, -1.0)], 0.0)
             lp.row(after + [(self.s, 1.0), (self.t, -1.0)], -x_least / self.unit)
