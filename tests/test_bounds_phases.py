@@ -124,24 +124,31 @@ def test_weights_fetched_twice_under_the_budget_and_exhaustive_search_finds_noth
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(train_dags(max_ops=5), st.data())
 def test_no_heuristic_plan_and_no_searched_plan_beats_the_bound(g, data) -> None:
-    """Random training graphs, homes and budgets: every heuristic's plan (makespan by the simulator and by the
-    oracle's sweep) and, on the smallest graphs, an exhaustive search find nothing below the bound."""
+    """Random training graphs, homes, budgets, link speeds and a third device or none: every heuristic's plan
+    (makespan by the simulator and by the oracle's sweep) and, on the smallest graphs with two devices, an
+    exhaustive search find nothing below the bound."""
     b_runs = data.draw(st.sampled_from([lambda o: True, lambda o: o.phase == "fwd", lambda o: False]))
     profile = two_device_profile(g, b_runs=b_runs, slow_b=data.draw(st.sampled_from([0.5, 1.0, 3.0])))
-    homes = {v: data.draw(st.sampled_from(DEVICES)) for v in g.inputs}
+    link = LinkCost(0.1, data.draw(st.sampled_from([1.0, 20.0])))
+    devices = list(DEVICES) + (["c"] if data.draw(st.booleans()) else [])
+    pairs = [(x, y) for x in devices for y in devices if x != y]
+    compute = {**profile.compute, "c": {o.id: OpCost(2.0) for o in g.ops}} if "c" in devices else profile.compute
+    infos = {d: DeviceInfo("cpu") for d in devices}
+    profile = Profile(g.fingerprint, infos, compute, {f"{x}->{y}": link for x, y in pairs})
+    homes = {v: data.draw(st.sampled_from(devices)) for v in g.inputs}
     total = sum(v.nbytes for v in g.values)
     budgets = {d: data.draw(st.integers(0, total + 10)) for d in data.draw(st.sampled_from([(), ("a",), DEVICES]))}
-    bound = time_bound(g, profile, DEVICES, homes, budgets).seconds
+    bound = time_bound(g, profile, devices, homes, budgets).seconds
     for fn in HEURISTICS.values():
         try:
-            plan = fn(Problem(g, profile, budgets, DEVICES, homes))
+            plan = fn(Problem(g, profile, budgets, devices, homes))
         except BudgetError:
             continue
         assert simulate(g, plan, profile).makespan_s >= bound * (1 - 1e-9)
         assert makespan(g, plan, profile) >= bound * (1 - 1e-9)
-    if len(g.ops) <= 3 and len(g.values) <= 7:
+    if len(devices) == 2 and len(g.ops) <= 3 and len(g.values) <= 7:
         below = bound * (1 - 1e-9)
-        assert least_makespan(g, profile, budgets, list(DEVICES), homes, below, runs=1, depth=9) >= below
+        assert least_makespan(g, profile, budgets, devices, homes, below, runs=1, depth=9) >= below
 
 
 @pytest.mark.parametrize("share", [0.9, 0.5])

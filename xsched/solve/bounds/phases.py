@@ -29,20 +29,10 @@ def cuts(graph: Graph, homes: Mapping[str, str]) -> list[Cut]:
     most ops after it (its copy delays them all), or without homes, of the ops ordering the most others (before or
     after them) the one with the fewest before it; the maker of the largest value that must end on a home (its
     copy follows it)."""
+    if not graph.ops:
+        return []
     index = graph.op_index
-    below: list[int] = []  # per op, a bitset of the ops it depends on
-    for o in graph.ops:
-        bits = 0
-        for v in o.inputs:
-            if v in graph.producer:
-                p = index[graph.producer[v]]
-                bits |= below[p] | (1 << p)
-        below.append(bits)
-    above = [0] * len(graph.ops)  # per op, a bitset of the ops depending on it
-    for i in range(len(graph.ops) - 1, -1, -1):
-        for v in graph.ops[i].outputs:
-            for c in graph.consumers.get(v, ()):
-                above[i] |= above[index[c]] | (1 << index[c])
+    below, above = _order(graph)
     cover = [below[i].bit_count() + above[i].bit_count() for i in range(len(graph.ops))]
     most = [i for i in range(len(graph.ops)) if cover[i] == max(cover, default=0)]
     fwd = sum(1 << i for i, o in enumerate(graph.ops) if o.phase == "fwd")
@@ -67,6 +57,25 @@ def cuts(graph: Graph, homes: Mapping[str, str]) -> list[Cut]:
         picked[index[graph.producer[max(ends, key=lambda v: graph.value[v].nbytes)]]] = None
     ids = [o.id for o in graph.ops]
     return [Cut(ids[i], _members(below[i], ids), _members(above[i], ids)) for i in picked]
+
+
+def _order(graph: Graph) -> tuple[list[int], list[int]]:
+    """Per op (by index), bitsets of the ops it depends on and of the ops depending on it."""
+    index = graph.op_index
+    below: list[int] = []
+    for o in graph.ops:
+        bits = 0
+        for v in o.inputs:
+            if v in graph.producer:
+                p = index[graph.producer[v]]
+                bits |= below[p] | (1 << p)
+        below.append(bits)
+    above = [0] * len(graph.ops)
+    for i in range(len(graph.ops) - 1, -1, -1):
+        for v in graph.ops[i].outputs:
+            for c in graph.consumers.get(v, ()):
+                above[i] |= above[index[c]] | (1 << index[c])
+    return below, above
 
 
 def _members(bits: int, ids: Sequence[str]) -> frozenset[str]:
