@@ -314,7 +314,7 @@ class _Model:
                     e = self.other(d)
                     lp.row([(later, 1.0), (held[e], -1.0), (lp.get(("q", maker, e)), -1.0)], 0.0)
             if cut.op in self.g.consumers.get(u.id, ()):
-                for d in places:
+                for d in held_on:  # X reads it where it runs: held there at S
                     lp.row([(lp.get(("y", cut.op, d)), 1.0), (held[d], -1.0)], 0.0)
 
     def gradients(self) -> None:
