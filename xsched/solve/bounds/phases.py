@@ -170,14 +170,8 @@ class _Model:
     """The rows of `phase_bound`, each group in one method; times in units of `unit` seconds, bytes per budget."""
 
     def __init__(self, graph, profile, devices, homes, budgets, cut: Cut) -> None:
-        self.g, self.prof, self.devices, self.homes, self.budgets, self.cut = (
-            graph,
-            profile,
-            devices,
-            homes,
-            budgets,
-            cut,
-        )
+        self.g, self.prof, self.devices, self.cut = graph, profile, devices, cut
+        self.homes, self.budgets = homes, budgets
         self.runs = {
             o.id: {d: c.time_s for d in devices if (c := profile.op_cost(o.id, d)) is not None} for o in graph.ops
         }
