@@ -59,7 +59,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
         from xsched.solve.bounds.time import time_bounds
 
         rows = explain(graph, plan, profile)
-        bounds = time_bounds(graph, profile, plan.devices, plan.homes)
+        bounds = time_bounds(graph, profile, plan.devices, plan.homes, plan.budgets)
     p, s = plan.predicted, plan.solver
     if a.json:
         out = {

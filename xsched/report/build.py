@@ -247,7 +247,7 @@ def _pictures_section(graph: Graph, profile: Profile, plan: Plan, why: str, out:
     from xsched.report.trace import predicted_trace, write_trace
 
     w = pictures.walk(graph, plan, profile)
-    bound = time_bound(graph, profile, plan.devices, plan.homes)
+    bound = time_bound(graph, profile, plan.devices, plan.homes, plan.budgets)
     files["plan.json"] = out / "plan.json"
     plan.save(files["plan.json"])
     files["predicted-trace.json"] = write_trace(predicted_trace(graph, plan, profile), out / "predicted-trace.json")

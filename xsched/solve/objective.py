@@ -53,11 +53,16 @@ def best_of(plans: Sequence[Plan], alpha_energy: float = 0.0) -> Plan | None:
 
 
 def objective_floor(
-    graph: Graph, profile: Profile, devices: Sequence[str], homes: Mapping[str, str], alpha_energy: float = 0.0
+    graph: Graph,
+    profile: Profile,
+    devices: Sequence[str],
+    homes: Mapping[str, str],
+    alpha_energy: float = 0.0,
+    budgets: Mapping[str, int] | None = None,
 ) -> tuple[float, str]:
-    """No plan's objective is below this: the makespan's lower bound (`time_bound`) plus alpha x every op's least
-    energy; and what sets it."""
-    bound = time_bound(graph, profile, devices, homes)
+    """No plan's objective is below this: the makespan's lower bound (`time_bound`, under `budgets` in bytes) plus
+    alpha x every op's least energy; and what sets it."""
+    bound = time_bound(graph, profile, devices, homes, budgets)
     energy = 0.0
     if alpha_energy:
         for o in graph.ops:

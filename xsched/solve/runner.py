@@ -101,7 +101,9 @@ def run(problem: Problem, config: Configuration, options: SolverOptions, given: 
         consider(entry.name, _stopped(_checked(problem, r, options), stopped), now() - started)
     if given is not None:
         consider("warm start", _given(problem, given, options), 0.0)
-    floor, floor_why = objective_floor(problem.graph, problem.profile, problem.devices, problem.homes, alpha)
+    floor, floor_why = objective_floor(
+        problem.graph, problem.profile, problem.devices, problem.homes, alpha, problem.budgets
+    )
     start = found
     for k, entry in enumerate(timed):
         left = limit - (now() - t0)

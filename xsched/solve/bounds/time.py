@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import required_homes
 from xsched.contracts.profile import Profile
+from xsched.solve.bounds.phases import phase_bound
 
 
 @dataclass(frozen=True)
@@ -21,13 +22,21 @@ class TimeBound:
     why: str
 
 
-def time_bounds(graph: Graph, profile: Profile, devices: Sequence[str], homes: Mapping[str, str]) -> list[TimeBound]:
+def time_bounds(
+    graph: Graph,
+    profile: Profile,
+    devices: Sequence[str],
+    homes: Mapping[str, str],
+    budgets: Mapping[str, int] | None = None,
+) -> list[TimeBound]:
     """Every bound that holds (largest first):
     - the critical path: the longest chain of ops, each at its cheapest device, copies free;
     - per device, the ops that can run only there, one after another on its one compute lane;
     - every op at its cheapest, spread perfectly over the devices that compute;
     - per link, the bytes that must cross it (a graph input read only by ops that cannot run on its home, an
-      output that must end on a home where its producer cannot run) at its bandwidth, each copy with its latency."""
+      output that must end on a home where its producer cannot run) at its bandwidth, each copy with its latency;
+    - the phases around the cut op (`bounds.phases`): the ops before it and the copies they need before it first
+      runs, the ops after it after, and under `budgets` (bytes) what is not held then moved or computed again."""
     cheapest = {o.id: _cheapest(profile, o.id, devices) for o in graph.ops}
     runs_on = {o.id: [d for d in devices if profile.can_run(o.id, d)] for o in graph.ops}
     bounds = [_critical_path(graph, cheapest)]
@@ -42,12 +51,26 @@ def time_bounds(graph: Graph, profile: Profile, devices: Sequence[str], homes: M
         why = f"every op at its cheapest, spread evenly over the {len(computing)} devices that compute"
         bounds.append(TimeBound(total, f"compute spread over {len(computing)} devices", why))
     bounds += _links(graph, profile, devices, homes, runs_on)
+    phased = phase_bound(graph, profile, devices, homes, budgets or {})
+    if phased is not None:
+        seconds, cut = phased
+        why = (
+            f"the {len(cut.before)} ops before {cut.op} and the copies they need, then the {len(cut.after)} after it;"
+            f" what is not held at {cut.op} under the budgets moved or computed again (a linear relaxation)"
+        )
+        bounds.append(TimeBound(seconds, f"phases around {cut.op}", why))
     return sorted(bounds, key=lambda b: -b.seconds)
 
 
-def time_bound(graph: Graph, profile: Profile, devices: Sequence[str], homes: Mapping[str, str]) -> TimeBound:
+def time_bound(
+    graph: Graph,
+    profile: Profile,
+    devices: Sequence[str],
+    homes: Mapping[str, str],
+    budgets: Mapping[str, int] | None = None,
+) -> TimeBound:
     """The largest of `time_bounds`."""
-    return time_bounds(graph, profile, devices, homes)[0]
+    return time_bounds(graph, profile, devices, homes, budgets)[0]
 
 
 def _cheapest(profile: Profile, op: str, devices: Sequence[str]) -> float:
