@@ -24,6 +24,7 @@ from xsched.errors import BudgetError, XschedError
 from xsched.simulate import simulate
 from xsched.solve import METHODS, SOLVERS, Outcome, Problem, SolverEntry, SolveResult
 from xsched.solve.api import solve
+from xsched.solve.objective import objective_floor
 from xsched.solve.options import SolverOptions
 from xsched.solve.reference import eager_peak, eager_plan
 from xsched.solve.registry import run_member
@@ -162,6 +163,27 @@ def test_auto_is_deterministic_with_one_thread(registry) -> None:
     b = solve(G, prof, {"a": "70%", "b": "70%"}, options=opts)
     assert a.steps == b.steps and a.solver.found_by == b.solver.found_by
     assert all(m.status != "time_limit" for m in a.solver.stats.members)  # none was stopped by the clock
+
+
+def test_auto_stops_once_its_plan_is_within_the_gap_asked_for(registry) -> None:
+    """`--gap` (options.mip_gap) ends `auto` as soon as its best plan is within that gap of the lower bound on every
+    plan: a member after the heuristics runs with the default gap, and is not started with a gap the heuristics' plan
+    already meets (the result says optimal, with that gap)."""
+    calls = []
+
+    def toy(problem: Problem, options: SolverOptions, warm: Plan | None) -> Outcome:
+        calls.append(warm)
+        return Outcome(SolveResult("toy", "no_incumbent", message="a probe"))
+
+    registry["toy"] = SolverEntry("toy", toy, kind="search")
+    prof = two_device_profile(G)
+    tight = solve(G, prof, {"a": "80%"}, devices=["a"], options=SolverOptions(time_limit_s=5))
+    floor, _ = objective_floor(G, prof, ["a"], tight.homes, 0.0, tight.budgets)
+    assert calls and tight.solver.objective > floor  # recomputes at 80%: above the floor, so every member runs
+    calls.clear()
+    loose = solve(G, prof, {"a": "80%"}, devices=["a"], options=SolverOptions(time_limit_s=5, mip_gap=0.9))
+    assert not calls and "toy" not in [m.method for m in loose.solver.stats.members]
+    assert loose.solver.status == "optimal" and loose.solver.gap <= 0.9
 
 
 class Shared(nn.Module):

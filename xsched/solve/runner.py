@@ -109,7 +109,7 @@ def run(problem: Problem, config: Configuration, options: SolverOptions, given: 
         left = limit - (now() - t0)
         if entry.name == config.method:  # a method named on its own runs, even after a heuristic at the floor
             left = max(left, MIN_METHOD_S)
-        elif left < MIN_MEMBER_S or _done(best, found, results, floor, alpha):
+        elif left < MIN_MEMBER_S or _done(best, found, results, floor, alpha, options.mip_gap):
             break
         elif left < MIN_MEMBER_S + (loading := _import_s(entry)):  # a later member may need no import
             why = f"not started: loading {', '.join(entry.imports)} (about {loading:g} s) leaves too little of {left:.2f} s"
@@ -192,10 +192,14 @@ def _checked(problem: Problem, r: Outcome, options: SolverOptions) -> Outcome:
     return Outcome(replace(plan.solver, objective=objective(plan, options.alpha_energy)), plan)
 
 
-def _done(best: Plan | None, found: SolveResult | None, results: list[Outcome], floor: float, alpha: float) -> bool:
-    """Nothing left to gain: the best plan is as good as every op once at its cheapest, or the last member found it
-    and proved it optimal (an exact model, in its formulation)."""
-    if best is not None and objective(best, alpha) <= floor * (1 + 1e-9):
+def _done(
+    best: Plan | None, found: SolveResult | None, results: list[Outcome], floor: float, alpha: float, gap: float
+) -> bool:
+    """Nothing left to gain: the best plan is within the relative `gap` (options.mip_gap, `--gap`) of the lower bound
+    on every plan, the gap the result then reports as optimal, or the last member found it and proved it optimal (an
+    exact model, in its formulation)."""
+    value = objective(best, alpha) if best is not None else None
+    if value is not None and value - floor <= max(gap, 1e-9) * value:
         return True
     return bool(results) and results[-1].record is found and _proven(found, best)
 
