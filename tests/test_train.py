@@ -96,6 +96,10 @@ def test_json_lines_and_the_plan_and_profile_cache(tmp_path, capfd) -> None:
     assert os.stat(profile_file).st_mtime_ns != stamps[1]
     json.loads(open(profile_file).read())  # measured again and stored whole
 
+    rc, gapped, _ = run_json(capfd, *args, "--gap", "0.05")  # another gap, another plan (the profile reused)
+    assert rc == 0 and not gapped[0]["plan_reused"] and gapped[0]["plan_path"] != plan_file
+    assert gapped[0]["profile_path"] == profile_file and Plan.load(gapped[0]["plan_path"]).solver.gap <= 0.05
+
 
 FACTORIES = """
 import torch
@@ -126,6 +130,7 @@ def vector_loss(batch=4):
         (["zoo:gpt2", "--budget", "cpu"], "--budget wants DEVICE=SIZE"),
         (["zoo:gpt2"], "give at least one budget"),
         (["zoo:gpt2", "--budget", "cpu=1GiB", "--steps", "0"], "--steps must be at least 1"),
+        (["zoo:gpt2", "--budget", "cpu=1GiB", "--gap", "1.5"], "--gap must be a relative gap in [0, 1), got 1.5"),
         (["zoo:gpt2", "--budget", "cpu=1GiB", "--resume"], "--resume needs --checkpoint-dir"),
         (["zoo:gpt2", "--budget", "cpu=1GiB", "--resume", "--checkpoint-dir", "{tmp}/none"], "does not exist"),
         (["zoo:gpt2", "--budget", "cpu=1GiB", "--resume", "--checkpoint-dir", "{tmp}"], "no checkpoint"),
@@ -146,6 +151,7 @@ def vector_loss(batch=4):
         "budget-flag",
         "no-budget",
         "steps",
+        "gap",
         "resume-no-dir",
         "resume-missing-dir",
         "resume-empty-dir",

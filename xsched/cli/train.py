@@ -48,6 +48,7 @@ def cmd_train(a: argparse.Namespace) -> int:
         devices=tuple(split_device_list(a.devices)) if a.devices else None,
         method=a.method,
         time_limit=a.time_limit,
+        gap=a.gap,
         profile=a.profile,
         cache_dir=a.cache_dir,
         checkpoint_dir=a.checkpoint_dir,
@@ -130,6 +131,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     )
     t.add_argument("--method", default="auto", help="solver method (default auto)")
     t.add_argument("--time-limit", type=float, help="solver time limit in seconds (default 60)")
+    t.add_argument(
+        "--gap", type=float, help="stop planning once the plan is within this relative gap of the lower bound"
+    )
     t.add_argument(
         "--profile",
         default="measure",

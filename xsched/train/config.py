@@ -36,6 +36,7 @@ class TrainConfig:
     devices: tuple[str, ...] | None = None
     method: str = "auto"
     time_limit: float | None = None
+    gap: float | None = None  # the solver stops once its plan is within this relative gap of the lower bound
     profile: str = "measure"
     cache_dir: str = "profiles"
     checkpoint_dir: str | None = None
@@ -94,6 +95,8 @@ class TrainConfig:
             _fail(f"--weight-decay must be at least 0, got {self.weight_decay}")
         if self.warmup < 0:
             _fail(f"--warmup must be at least 0, got {self.warmup}")
+        if self.gap is not None and not 0 <= self.gap < 1:
+            _fail(f"--gap must be a relative gap in [0, 1), got {self.gap}")
         if self.chunk_loss is not None and self.chunk_loss < 1:
             _fail(f"--chunk-loss must be at least 1, got {self.chunk_loss}")
         if not 0 <= self.min_lr <= self.lr:

@@ -77,6 +77,7 @@ def plan_and_wrap(
                 stores,
                 homes,
                 fused=config.compile,
+                gap=config.gap,
             ),
         )
 

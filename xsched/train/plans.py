@@ -51,6 +51,7 @@ def plan_key(
     time_limit: float | None,
     stores: Sequence[str] = (),
     homes: Mapping[str, str] | None = None,
+    gap: float | None = None,
 ) -> str:
     parts = {
         "graph": graph.fingerprint,
@@ -63,6 +64,8 @@ def plan_key(
     if stores or homes:  # absent otherwise, so the plans cached before stores and homes keep their keys
         parts["stores"] = sorted(stores)
         parts["homes"] = dict(sorted((homes or {}).items()))
+    if gap is not None:  # likewise: a plan solved to another gap may differ
+        parts["gap"] = gap
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -92,11 +95,13 @@ def cached_plan(
     stores: Sequence[str] = (),
     homes: Mapping[str, str] | None = None,
     fused: bool = False,
+    gap: float | None = None,
 ) -> CachedPlan:
     """The plan for `graph` on `devices` within `budgets`: the cached one when its key matches and it simulates,
     else solved (`method`, within `time_limit` s) on the stored or freshly measured profile, and cached. `stores`
     run no op (only their copies are costed); `homes` places graph inputs (default: the first device); `fused`: the
-    plan runs as compiled regions, its costs priced as fused (and keyed so: the profile's numbers differ)."""
+    plan runs as compiled regions, its costs priced as fused (and keyed so: the profile's numbers differ); `gap`: the
+    solver stops once its plan is within this relative gap of the lower bound on every plan (default SolverOptions')."""
     from xsched.solve.api import solve
     from xsched.solve.options import SolverOptions
 
@@ -105,7 +110,7 @@ def cached_plan(
     measured = stored_profile(graph, compute, cache_dir, stores) if profile == "measure" else profile
     costs = plan_profile(graph, devices, measured, cache_dir, stores, fused=fused)
     stored = profile_path(graph, compute, cache_dir, stores) if profile == "measure" else None
-    key = plan_key(graph, costs, devices, budgets, method, time_limit, stores, homes)
+    key = plan_key(graph, costs, devices, budgets, method, time_limit, stores, homes, gap)
     path = plan_path(cache_dir, graph, key)
     if path.exists():
         try:
@@ -113,6 +118,8 @@ def cached_plan(
         except XschedError as e:
             notice(f"plan cache {path} is stale or unreadable: {e.detail[:160]}; planning again")
     options = SolverOptions(time_limit_s=time_limit if time_limit is not None else DEFAULT_TIME_LIMIT_S)
+    if gap is not None:
+        options = dataclasses.replace(options, mip_gap=gap)
     try:
         plan = solve(graph, costs, budgets, devices, method=method, options=options, homes=homes)
     except BudgetError as e:
