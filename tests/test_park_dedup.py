@@ -96,7 +96,7 @@ def test_an_earlier_gap_parked_after_a_later_one_reuses_its_store_copy() -> None
     assert redundant_copies(g, plan) == []
     assert sum(s == Compute("f0", "cpu:0") for s in plan.steps) == 2  # the rerun before b1 stays
     assert [pk.out for pk in line.parks] == [False, True] and len(line.lanes["out"].items) == 1
-    assert peaks(g, plan, with_store(g))["cpu:0"] <= int(line.mem.max())  # the timeline never under-counts
+    assert peaks(g, plan, with_store(g))["cpu:0"] <= int(line.mem.max())  # the timeline does not under-count it
 
 
 def test_the_later_park_frees_its_value_after_its_last_read() -> None:
