@@ -14,6 +14,7 @@ from oracle import assert_prediction_matches
 from oracle import makespan as oracle_makespan
 from test_heuristics import train_dags
 from test_offload import fwd_bwd
+from test_park_dedup import redundant_copies
 
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy
@@ -44,7 +45,7 @@ def with_store(g: Graph, op_s: float = 1.0, latency: float = 0.01, bandwidth: fl
 
 def test_every_park_plan_is_valid_or_names_the_device() -> None:
     """Random training graphs, homes, link speeds and budgets: each plan valid (independent counts and event
-    sweep) or the device named; at least a tenth of the draws give a plan (a heuristic that never found one would
+    sweep), copying no value to a device that holds it already, or the device named; at least a tenth of the draws give a plan (a heuristic that never found one would
     pass vacuously; 13-17 of 60 do here)."""
     found: list[bool] = []
 
@@ -62,6 +63,7 @@ def test_every_park_plan_is_valid_or_names_the_device() -> None:
             return
         assert_prediction_matches(g, plan, profile, budgets)
         assert plan.predicted.makespan_s == pytest.approx(oracle_makespan(g, plan, profile))
+        assert redundant_copies(g, plan) == []
         found.append(True)
 
     draw()

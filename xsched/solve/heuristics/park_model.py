@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -39,9 +39,10 @@ class EndRerun:
 @dataclass(frozen=True)
 class Park:
     """Park `value` across a gap of its span `span`: copied out after position a, where the span starts (unless the
-    store holds a copy made by then), freed before position q (after its last read before the gap), copied back before
-    position p for its next read at b (None: it stays on the store to the end); resident on the compute device
-    through q - 1 and again from p. `cost`: the seconds its copies keep computes waiting, plus the link's price."""
+    store holds a copy made by then, or an earlier gap's park made later copies out first), freed before position q
+    (after its last read before the gap), copied back before position p for its next read at b (None: it stays on
+    the store to the end); resident on the compute device through q - 1 and again from p. `cost`: the seconds its
+    copies keep computes waiting, plus the link's price."""
 
     value: str
     span: int
@@ -69,6 +70,12 @@ class Lane:
         self.items.insert(at, item)
         self.emits.insert(at, item[0])
         return at
+
+    def remove(self, item: tuple[int, int, float, int]) -> None:
+        """Take out the first copy equal to `item`."""
+        at = self.items.index(item)
+        del self.items[at]
+        del self.emits[at]
 
     def finishes(self, start: np.ndarray, begin: int = 0, prev: float = 0.0) -> list[float]:
         """When each copy from index `begin` on is done, the one before it done at `prev`."""
@@ -254,9 +261,36 @@ class ParkTimeline(Timeline):
             )
         if pk.out:
             self.stored_from[pk.value] = min(pk.a, self.stored_from.get(pk.value, pk.a))
+            self._reuse_store_copy(pk)
         self.parks.append(pk)
         if pk.b is None:
             self.ended.add(pk.value)  # on the store for good: nothing more to do with it here
+
+    def _reuse_store_copy(self, first: Park) -> None:
+        """The parks of `first`'s value whose copies out come after its own (a later gap, its span starting where the
+        value is made again, parked before this earlier one) come back from `first`'s copy instead: the store holds
+        the value, unchanged, from then on, and a second copy out is link time and a store buffer for nothing. Their
+        copies leave the out lane, and each is freed right after its last read before its gap, as routing frees a
+        park with no copy out, instead of when its copy out would have been done."""
+        n = self.nbytes[first.value]
+        for i, pk in enumerate(self.parks):
+            if pk.value != first.value or not pk.out or pk.a <= first.a:
+                continue
+            self.lanes["out"].remove((pk.a, pk.a + 1, self.seconds("out", n), pk.q))
+            self.parks[i] = replace(pk, out=False, q=self._freed_after_read(pk))
+        self.done["out"] = self.lanes["out"].finishes(self.start)
+
+    def _freed_after_read(self, pk: Park) -> int:
+        """Free `pk`'s value right after its last read before the gap (pk.read) instead of before pk.q: the span
+        holding it to pk.q - 1 ends at the read, its bytes leave the positions between; the new q. Where later moves
+        have left no such span, pk.q as it was (the timeline then over-counts those positions, never under)."""
+        spans = self.spans[pk.value]
+        k = next((k for k, (s, e) in enumerate(spans) if s <= pk.read < e == pk.q - 1), None)
+        if k is None:
+            return pk.q
+        spans[k][1] = pk.read
+        self.mem[pk.read + 1 : pk.q] -= self.nbytes[pk.value]
+        return pk.read + 1
 
     def end_rerun(self, v: str, k: int, t: int, budget: int) -> EndRerun | None:
         """Freeing an output after its last read around the peak `t` (and after the autograd boundary) and running
