@@ -3,7 +3,7 @@
 (the sim plugin, the host as the store), then planned per method and GPU budget with the weights homed on the host.
 
     python scripts/bench_setup_plan.py [--model gpt2] [--scale full:n_layer=48,n_head=25,n_embd=1600,seq=512,batch=2,dropout=0.0]
-        [--precision fp32|bf16] [--empty] [--runs park:16GiB,park:8GiB,auto:16GiB,auto:8GiB] [--time-limit 60]
+        [--precision fp32|bf16] [--empty] [--runs park:16GiB,park:8GiB,auto:16GiB,auto:8GiB] [--time-limit 60] [--gap G]
         [--save graph.pkl | --load graph.pkl] [--blocks reuse|both] [--capture-only]
     python scripts/bench_setup_plan.py --model llama --scale full:seq=1024,batch=4 --precision bf16 --runs park:70GiB
 
@@ -20,6 +20,7 @@ scope of its own, and says whether the two graphs are the same; `--capture-only`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import pickle
 import tempfile
 import time
@@ -113,16 +114,21 @@ def build(
     return graph, profile
 
 
-def plan_once(graph, profile, method: str, budget: str, time_limit: float) -> str:
+def plan_once(graph, profile, method: str, budget: str, time_limit: float, gap: float | None = None) -> str:
     """One plan as `xsched train` asks for it: the weights homed on the host, the host as the store."""
     options = SolverOptions(time_limit_s=time_limit)
+    if gap is not None:  # as `xsched train --gap`
+        options = dataclasses.replace(options, mip_gap=gap)
     budgets = {GPU: budget, HOST: "100GiB"}
     try:
         plan = solve(graph, profile, budgets, [GPU, HOST], method, options=options, homes=param_homes(graph, HOST))
     except XschedError as e:
         return f"{type(e).__name__}: {e.detail[:160]}"
-    p = plan.predicted
-    return f"step {p.time_s * 1e3:.1f} ms, GPU peak {p.peak_bytes[GPU] / 2**30:.2f} GiB, by {plan.solver.found_by}"
+    p, r = plan.predicted, plan.solver
+    return (
+        f"makespan {(p.makespan_s or p.time_s) * 1e3:.1f} ms (sequential {p.time_s * 1e3:.1f} ms), GPU peak "
+        f"{p.peak_bytes[GPU] / 2**30:.2f} GiB, by {r.found_by}, {r.status}, gap {'-' if r.gap is None else f'{r.gap:.1%}'}"
+    )
 
 
 def main() -> None:
@@ -133,6 +139,7 @@ def main() -> None:
     ap.add_argument("--empty", action="store_true", help="build the model on the meta device, then empty memory")
     ap.add_argument("--runs", default="park:16GiB,park:8GiB,auto:16GiB,auto:8GiB", help="method:budget, ...")
     ap.add_argument("--time-limit", type=float, default=60.0, help="as `xsched train`'s default")
+    ap.add_argument("--gap", type=float, help="as `xsched train --gap`: auto stops within this gap of the bound")
     ap.add_argument("--save", help="pickle the graph and its costs here")
     ap.add_argument("--load", help="plan a graph and costs pickled by --save")
     ap.add_argument("--blocks", default="", choices=("", "reuse", "both"), help="capture with reuse_blocks")
@@ -154,7 +161,7 @@ def main() -> None:
     clock.lap()
     for run in args.runs.split(","):
         method, budget = run.split(":")
-        result = plan_once(graph, profile, method, budget, args.time_limit)
+        result = plan_once(graph, profile, method, budget, args.time_limit, args.gap)
         print(f"{method:6} {budget:>6} {clock.lap()}  {result}", flush=True)
 
 

@@ -183,6 +183,8 @@ def test_auto_stops_once_its_plan_is_within_the_gap_asked_for(registry) -> None:
     calls.clear()
     loose = solve(G, prof, {"a": "80%"}, devices=["a"], options=SolverOptions(time_limit_s=5, mip_gap=0.9))
     assert not calls and "toy" not in [m.method for m in loose.solver.stats.members]
+    skipped = [m for m in loose.solver.stats.members if "within the gap" in m.message]
+    assert skipped and all(m.method != loose.solver.found_by for m in skipped)  # heuristics after the plan: not run
     assert loose.solver.status == "optimal" and loose.solver.gap <= 0.9
 
 

@@ -88,8 +88,14 @@ def run(problem: Problem, config: Configuration, options: SolverOptions, given: 
     # the heuristics share the limit (less a named method's own minimum), each an equal part of what is left, so
     # that a slow one cannot starve those after it; one that ends early leaves its time to the rest
     until = limit - (MIN_METHOD_S if config.method is not None and timed else 0.0)
+    floor, floor_why = objective_floor(
+        problem.graph, problem.profile, problem.devices, problem.homes, alpha, problem.budgets
+    )
     for k, entry in enumerate(heuristics):
         started = now()
+        if _within_gap(best, floor, alpha, options.mip_gap):  # no later member could gain more than the gap asked
+            outcomes.append(MemberOutcome(entry.name, "no_incumbent", 0.0, None, "not started: a plan within the gap"))
+            continue
         # without a plan each still tries its first variant (which runs however late), but only within the grace
         if started - t0 >= (until if best is not None else grace_end):
             outcomes.append(MemberOutcome(entry.name, "no_incumbent", 0.0, None, "not started: no time left"))
@@ -101,9 +107,6 @@ def run(problem: Problem, config: Configuration, options: SolverOptions, given: 
         consider(entry.name, _stopped(_checked(problem, r, options), stopped), now() - started)
     if given is not None:
         consider("warm start", _given(problem, given, options), 0.0)
-    floor, floor_why = objective_floor(
-        problem.graph, problem.profile, problem.devices, problem.homes, alpha, problem.budgets
-    )
     start = found
     for k, entry in enumerate(timed):
         left = limit - (now() - t0)
@@ -198,10 +201,15 @@ def _done(
     """Nothing left to gain: the best plan is within the relative `gap` (options.mip_gap, `--gap`) of the lower bound
     on every plan, the gap the result then reports as optimal, or the last member found it and proved it optimal (an
     exact model, in its formulation)."""
-    value = objective(best, alpha) if best is not None else None
-    if value is not None and value - floor <= max(gap, 1e-9) * value:
+    if _within_gap(best, floor, alpha, gap):
         return True
     return bool(results) and results[-1].record is found and _proven(found, best)
+
+
+def _within_gap(best: Plan | None, floor: float, alpha: float, gap: float) -> bool:
+    """The plan's objective is within the relative `gap` of the lower bound on every plan (at it, for a gap of 0)."""
+    value = objective(best, alpha) if best is not None else None
+    return value is not None and value - floor <= max(gap, 1e-9) * value
 
 
 def _proven(r: SolveResult | None, plan: Plan | None) -> bool:
