@@ -37,10 +37,10 @@ HEURISTICS = {
     "greedy": greedy_fill,
     "fastest": fastest,
     "sqrt": sqrt_checkpoint,
-    "checkpoint": checkpoint_search,
-    "offload": offload_search,
     "gaps": gap_remat,
     "park": park_remat,
+    "checkpoint": checkpoint_search,
+    "offload": offload_search,
 }
 
 

@@ -206,15 +206,17 @@ def _fused_cut(problem: Problem, options: SolverOptions, warm: Plan | None) -> P
 
 CP_SAT = "ortools.sat.python.cp_model"  # OR-Tools' CP-SAT: a second's import, when it is installed
 
-# ---- the built-in solvers, one line each (sizes are ops x devices); the heuristics run first, in this order
+# ---- the built-in solvers, one line each (sizes are ops x devices); the heuristics run first, in this order: the
+# constructions that end on their own first, then the two that search for as long as their share of the time lasts
+# (so they get what the others leave, and a plan within --gap found first spares them)
 register(heuristic("eager", eager))
 register(heuristic("greedy", greedy_fill))
 register(heuristic("fastest", fastest))
 register(heuristic("sqrt", sqrt_checkpoint))
-register(heuristic("checkpoint", checkpoint_search))
-register(heuristic("offload", offload_search))
 register(heuristic("gaps", gap_remat))
 register(heuristic("park", park_remat))
+register(heuristic("checkpoint", checkpoint_search))
+register(heuristic("offload", offload_search))
 register(
     lazy_entry(
         "hier",
