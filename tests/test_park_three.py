@@ -1,7 +1,7 @@
 """Park with three computing devices. The regression: a gradient homed on a third device (neither the compute
 device nor the store) was parked for good on the store, and routing then copied it home from the compute device,
-where the park had freed it. Plans are checked by the simulator and against independent counts and an event sweep
-(tests/oracle.py)."""
+where the park had freed it. Now its copy home leaves from the store. Plans are checked by the simulator and against
+independent counts and an event sweep (tests/oracle.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
 from xsched.errors import BudgetError
 from xsched.simulate import simulate
 from xsched.solve import SolverOptions, solve
-from xsched.solve.heuristics.park import park_remat
+from xsched.solve.heuristics.park import park_remat, park_variant
+from xsched.solve.order.order import starting_orders
 from xsched.solve.problem import Problem
 from xsched.solve.reference import eager_peak
 
@@ -81,6 +82,24 @@ def test_a_gradient_homed_on_a_third_device_reaches_it() -> None:
     assert_prediction_matches(g, plan, profile, budgets)
     assert plan.predicted.makespan_s == pytest.approx(oracle_makespan(g, plan, profile))
     assert ("g_p0", "c") in resident_at_end(g, plan)
+
+
+def test_a_gradient_parked_for_good_goes_home_from_the_store() -> None:
+    """The repro's variants on a with b as the store, in every starting order: each plan that fits is valid, and
+    one parks g_p0 on b for good (a to b, then b to c: the rule the bug broke)."""
+    g, profile, homes = grad_homed_on_c()
+    budgets = {"a": 156}
+    routes: list[list[tuple[str, str]]] = []
+    for name, order in starting_orders(g).items():
+        try:
+            plan = park_variant(g, profile, budgets, homes, "a", "b", name, order, 0, 0.0, 1.0, 0.0)
+        except BudgetError:
+            continue
+        simulate(g, plan, profile)
+        assert_prediction_matches(g, plan, profile, budgets)
+        assert ("g_p0", "c") in resident_at_end(g, plan)
+        routes.append([(s.src, s.dst) for s in plan.steps if isinstance(s, Copy) and s.value == "g_p0"])
+    assert [("a", "b"), ("b", "c")] in routes, routes
 
 
 def test_auto_returns_a_valid_plan_for_three_computing_devices() -> None:

@@ -129,14 +129,13 @@ class ParkTimeline(Timeline):
         self.outputs = frozenset(graph.outputs)  # end_rerun asks for every candidate: a set, not the tuple
         self._ready: tuple | None = None  # _in_ready's arrays and the lane finish times and starts they are of
         # values that may be parked: made by an op, or graph inputs not homed on the compute device; an output that
-        # need not end anywhere, or must end on the store, may also go to the store for good (after the autograd
-        # boundary, where wrap returns it). Not one that must end on a third device: its copy home would have to
-        # leave from the store, but routing sends it from the compute device, where the park has freed it
+        # need not end here may also go to the store for good (after the autograd boundary, where wrap returns it;
+        # one that must end on a third device is copied there from the store at the end: park.park_steps)
         self.homed_here = {v for v, d in homes.items() if d == device}
         must_end = required_homes(graph, homes)
         # (never one the caller holds: it stays on the device it is on at the boundary)
         self.may_leave = {
-            v for v in graph.outputs if must_end.get(v, store) == store and v in graph.producer and v not in self.held
+            v for v in graph.outputs if must_end.get(v, store) != device and v in graph.producer and v not in self.held
         }
         # value -> the first position after whose compute the store holds it (-1: homed there): a gap before that
         # has no copy on the store to come back from, even where a later gap of the value was parked already
