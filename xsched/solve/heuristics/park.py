@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from xsched.contracts.graph import Graph
-from xsched.contracts.plan import Compute, Copy, Free, Plan, Step
+from xsched.contracts.plan import Compute, Copy, Free, Plan, Step, required_homes
 from xsched.contracts.profile import Profile
 from xsched.contracts.result import HeuristicStats
 from xsched.errors import BudgetError, PlanError
@@ -161,11 +161,26 @@ def park_steps(graph: Graph, line: ParkTimeline, homes: Mapping[str, str], profi
         plan.append(main[-1])
         plan += outs.get(t, [])
     plan += [Compute(p, line.device) for p in line.end_redo]
+    plan += _home_from_store(graph, line, parks, homes)
     steps = route(graph, plan, homes, profile)
     for_good = {pk.value for pk, _, _ in parks if pk.b is None}
     steps = _frees_moved(graph, steps, _group_starts(steps, main, set(move)), move, direct, for_good)
     # a forward output made again at the end keeps its first residency to the boundary, where wrap returns it
     return tuple(hold_to_boundary(graph, steps))
+
+
+def _home_from_store(
+    graph: Graph, line: ParkTimeline, parks: list[tuple[Park, int, int]], homes: Mapping[str, str]
+) -> list[Copy]:
+    """The copies home, from the store at the end, of the values parked for good that must end on a third device:
+    routing would send them from any device that held them, the compute device included, whose copy the park
+    frees at its gap."""
+    must_end = required_homes(graph, homes)
+    return [
+        Copy(pk.value, line.store, must_end[pk.value])
+        for pk, _, _ in parks
+        if pk.b is None and must_end.get(pk.value, line.store) != line.store
+    ]
 
 
 def _kept_parks(line: ParkTimeline) -> list[tuple[Park, int, int]]:

@@ -129,7 +129,8 @@ class ParkTimeline(Timeline):
         self.outputs = frozenset(graph.outputs)  # end_rerun asks for every candidate: a set, not the tuple
         self._ready: tuple | None = None  # _in_ready's arrays and the lane finish times and starts they are of
         # values that may be parked: made by an op, or graph inputs not homed on the compute device; an output that
-        # need not end here may also go to the store for good (after the autograd boundary, where wrap returns it)
+        # need not end here may also go to the store for good (after the autograd boundary, where wrap returns it;
+        # one that must end on a third device is copied there from the store at the end: park.park_steps)
         self.homed_here = {v for v, d in homes.items() if d == device}
         must_end = required_homes(graph, homes)
         # (never one the caller holds: it stays on the device it is on at the boundary)

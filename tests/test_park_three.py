@@ -1,0 +1,138 @@
+"""Park with three computing devices. The regression: a gradient homed on a third device (neither the compute
+device nor the store) was parked for good on the store, and routing then copied it home from the compute device,
+where the park had freed it. Now its copy home leaves from the store. Plans are checked by the simulator and against
+independent counts and an event sweep (tests/oracle.py)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from oracle import assert_prediction_matches
+from oracle import makespan as oracle_makespan
+from test_heuristics import train_dags
+
+from xsched.contracts.graph import Graph, Op, Value
+from xsched.contracts.plan import Compute, Copy
+from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
+from xsched.errors import BudgetError
+from xsched.simulate import simulate
+from xsched.solve import SolverOptions, solve
+from xsched.solve.heuristics.park import park_remat, park_variant
+from xsched.solve.order.order import starting_orders
+from xsched.solve.problem import Problem
+from xsched.solve.reference import eager_peak
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+DEVICES = ("a", "b", "c")
+
+
+def three_devices(g: Graph, b_s: float = 0.5, bandwidth: float = 1.0) -> Profile:
+    """a runs every op in 1 s, b in `b_s`, c in 2 s; every pair linked both ways (0.1 s latency, `bandwidth` B/s)."""
+    seconds = {"a": 1.0, "b": b_s, "c": 2.0}
+    link = LinkCost(0.1, bandwidth)
+    return Profile(
+        g.fingerprint,
+        {d: DeviceInfo("cpu") for d in DEVICES},
+        {d: {o.id: OpCost(s) for o in g.ops} for d, s in seconds.items()},
+        {f"{x}->{y}": link for x in DEVICES for y in DEVICES if x != y},
+    )
+
+
+def grad_homed_on_c() -> tuple[Graph, Profile, dict[str, str]]:
+    """Five ops; p0 homed on c, so g_p0 must end there; in0 and p1 on a, in1 on b (found by a random sweep)."""
+    values = (
+        *(Value(f"in{i}", 0, "input") for i in range(2)),
+        Value("p0", 13, "param"),
+        Value("p1", 24, "param"),
+        *(Value(v, n) for v, n in (("v0_0", 0), ("v0_1", 37), ("v1_0", 1), ("v1_1", 45), ("v2_0", 27))),
+        Value("g_p0", 13, grad_of="p0"),
+        Value("g_p1", 24, grad_of="p1"),
+    )
+    ops = (
+        Op("o0", "t", (), ("v0_0", "v0_1")),
+        Op("o1", "t", (), ("v1_0", "v1_1"), phase="bwd"),
+        Op("o2", "t", ("in0", "v1_1", "v0_1"), ("v2_0",), phase="bwd"),
+        Op("grad_p0", "t", ("in0", "in1"), ("g_p0",), phase="bwd"),
+        Op("grad_p1", "t", ("v1_0",), ("g_p1",), phase="bwd"),
+    )
+    g = Graph("rand", values, ops, ("g_p0", "g_p1"))
+    return g, three_devices(g), {"in0": "a", "in1": "b", "p0": "c", "p1": "a"}
+
+
+def resident_at_end(g: Graph, plan) -> set[tuple[str, str]]:
+    """(value, device) pairs still resident after the last step, counted from the plan's homes and steps."""
+    resident = set(plan.homes.items())
+    for s in plan.steps:
+        if isinstance(s, Compute):
+            resident.update((v, s.device) for v in g.op[s.op].outputs)
+        elif isinstance(s, Copy):
+            resident.add((s.value, s.dst))
+        else:
+            resident.discard((s.value, s.device))
+    return resident
+
+
+def test_a_gradient_homed_on_a_third_device_reaches_it() -> None:
+    """The repro: park's plan is valid (simulator and independent counts) within a's budget, and g_p0 ends on c."""
+    g, profile, homes = grad_homed_on_c()
+    budgets = {"a": 156}
+    plan = park_remat(Problem(g, profile, budgets, list(DEVICES), homes))
+    simulate(g, plan, profile)  # raises on a read of a value not resident, or a budget exceeded
+    assert_prediction_matches(g, plan, profile, budgets)
+    assert plan.predicted.makespan_s == pytest.approx(oracle_makespan(g, plan, profile))
+    assert ("g_p0", "c") in resident_at_end(g, plan)
+
+
+def test_a_gradient_parked_for_good_goes_home_from_the_store() -> None:
+    """The repro's variants on a with b as the store, in every starting order: each plan that fits is valid, and
+    one parks g_p0 on b for good (a to b, then b to c: the rule the bug broke)."""
+    g, profile, homes = grad_homed_on_c()
+    budgets = {"a": 156}
+    routes: list[list[tuple[str, str]]] = []
+    for name, order in starting_orders(g).items():
+        try:
+            plan = park_variant(g, profile, budgets, homes, "a", "b", name, order, 0, 0.0, 1.0, 0.0)
+        except BudgetError:
+            continue
+        simulate(g, plan, profile)
+        assert_prediction_matches(g, plan, profile, budgets)
+        assert ("g_p0", "c") in resident_at_end(g, plan)
+        routes.append([(s.src, s.dst) for s in plan.steps if isinstance(s, Copy) and s.value == "g_p0"])
+    assert [("a", "b"), ("b", "c")] in routes, routes
+
+
+def test_auto_returns_a_valid_plan_for_three_computing_devices() -> None:
+    """method="auto" on the repro: a plan within the budget by the independent counts (park no longer sinks it)."""
+    g, profile, homes = grad_homed_on_c()
+    budgets = {"a": 156}
+    plan = solve(g, profile, budgets, list(DEVICES), homes=homes, options=SolverOptions(time_limit_s=5))
+    simulate(g, plan, profile)
+    assert_prediction_matches(g, plan, profile, budgets)
+
+
+def test_every_three_device_park_plan_is_valid_or_none_is_found() -> None:
+    """Random training graphs on three computing devices, random homes, budgets on one or two of them: each plan
+    valid (simulator, independent counts, event sweep) or a BudgetError; at least a fifth of the draws give a plan
+    (a park that never found one would pass vacuously)."""
+    found: list[bool] = []
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(train_dags(max_ops=6), st.data())
+    def draw(g: Graph, data) -> None:
+        profile = three_devices(g, data.draw(st.sampled_from([0.5, 1.0])), data.draw(st.sampled_from([1.0, 100.0])))
+        homes = {v: data.draw(st.sampled_from(DEVICES)) for v in g.inputs}
+        limited = data.draw(st.lists(st.sampled_from(DEVICES), min_size=1, max_size=2, unique=True))
+        budgets = {d: data.draw(st.integers(0, 2 * eager_peak(g) + 50)) for d in limited}
+        try:
+            plan = park_remat(Problem(g, profile, budgets, list(DEVICES), homes))
+        except BudgetError:
+            found.append(False)
+            return
+        simulate(g, plan, profile)
+        assert_prediction_matches(g, plan, profile, budgets)
+        assert plan.predicted.makespan_s == pytest.approx(oracle_makespan(g, plan, profile))
+        found.append(True)
+
+    draw()
+    assert sum(found) >= 0.2 * len(found), f"{sum(found)} plans in {len(found)} draws"
