@@ -208,8 +208,12 @@ def _done(
 
 def _within_gap(best: Plan | None, floor: float, alpha: float, gap: float) -> bool:
     """The plan's objective is within the relative `gap` of the lower bound on every plan (at it, for a gap of 0)."""
-    value = objective(best, alpha) if best is not None else None
-    return value is not None and value - floor <= max(gap, 1e-9) * value
+    return best is not None and _relative_gap(objective(best, alpha), floor) <= max(gap, 1e-9)
+
+
+def _relative_gap(value: float, bound: float) -> float:
+    """(objective - bound) / objective, the gap a result reports (0 at or below the bound)."""
+    return max(0.0, value - bound) / value if value > 0 else 0.0
 
 
 def _proven(r: SolveResult | None, plan: Plan | None) -> bool:
@@ -240,7 +244,7 @@ def _labelled(name, best: Plan, found: SolveResult | None, results, floor, stats
     milp = [r.record.bound for r in results if r.method == "milp" and r.record.bound is not None and _one_lane(best)]
     if milp and max(milp) > bound:
         bound, source = min(max(milp), value), "the stage MILP's bound (first computes in graph order)"
-    gap = max(0.0, value - bound) / value if value > 0 else 0.0
+    gap = _relative_gap(value, bound)
     status = "optimal" if gap <= options.mip_gap or _proven(found, best) else "time_limit" if results else "heuristic"
     stats = replace(stats, found_by=found.method if found is not None else None, found=found, bound_source=source)
     record = SolveResult(name, status, value, bound, gap, Times(solve_s=seconds), stats, repaired=best.solver.repaired)

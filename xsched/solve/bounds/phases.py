@@ -181,6 +181,8 @@ class _Model:
         self.t = self.lp.var(("T",), None)
         self.s = self.lp.var(("S",), None)
         self.tracked: dict[str, set[str]] = {d: set() for d in devices}  # device -> values with an r there
+        # (src, dst, lane sum) -> the copies in that sum, (variable, time): `copy_var` adds, `links` writes the rows
+        self.link_terms: dict[tuple[str, str, str], list[tuple[int, float]]] = {}
         self.remade = {  # the makers of values made before the cut and read after it: only they may run again
             p
             for v in graph.values
@@ -255,7 +257,6 @@ class _Model:
         """A graph input read on a device other than its home: copied in before S for a reader before the cut,
         before or after S for any reader, held at S or copied after it for a reader after the cut."""
         lp, cut = self.lp, self.cut
-        self.link_terms: dict[tuple[str, str, str], list[tuple[int, float]]] = {}
         for v in self.g.inputs:
             home = self.homes.get(v)
             for d in self.devices:

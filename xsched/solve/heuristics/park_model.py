@@ -253,9 +253,7 @@ class ParkTimeline(Timeline):
         n = self.nbytes[pk.value]
         # a park moves no compute (the start times stay): only its lanes' finish times change
         if pk.out:
-            self.done["out"] = self.lanes["out"].added(
-                self.start, self.done["out"], (pk.a, pk.a + 1, self.seconds("out", n), pk.q)
-            )
+            self.done["out"] = self.lanes["out"].added(self.start, self.done["out"], self._copy_out(pk))
         if pk.b is not None:
             self.done["in"] = self.lanes["in"].added(
                 self.start, self.done["in"], (pk.p, pk.p, self.seconds("in", n), pk.b)
@@ -273,13 +271,17 @@ class ParkTimeline(Timeline):
         the value, unchanged, from then on, and a second copy out is link time and a store buffer for nothing. Their
         copies leave the out lane, and each is freed right after its last read before its gap, as routing frees a
         park with no copy out, instead of when its copy out would have been done."""
-        n = self.nbytes[first.value]
         for i, pk in enumerate(self.parks):
             if pk.value != first.value or not pk.out or pk.a <= first.a:
                 continue
-            self.lanes["out"].remove((pk.a, pk.a + 1, self.seconds("out", n), pk.q))
+            self.lanes["out"].remove(self._copy_out(pk))
             self.parks[i] = replace(pk, out=False, q=self._freed_after_read(pk))
         self.done["out"] = self.lanes["out"].finishes(self.start)
+
+    def _copy_out(self, pk: Park) -> tuple[int, int, float, int]:
+        """`pk`'s copy out as the out lane holds it (Lane's item): emitted at a, ready at a + 1's start, its seconds,
+        done by q's start (where the value is freed)."""
+        return (pk.a, pk.a + 1, self.seconds("out", self.nbytes[pk.value]), pk.q)
 
     def _freed_after_read(self, pk: Park) -> int:
         """Free `pk`'s value right after its last read before the gap (pk.read) instead of before pk.q: the span
