@@ -14,6 +14,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from xsched.capture.module_frames import compiler_tracing
+from xsched.capture.reuse import fake_state
 
 _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
 
@@ -92,8 +93,7 @@ def block_ops(model: nn.Module, blocks: nn.Module, inputs: tuple, inference: boo
     the last, those made before the next block ran."""
     params = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     with FakeTensorMode(allow_non_fake_inputs=False) as mode:
-        state = {k: mode.from_tensor(t) for k, t in params.items()}
-        args = tuple(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs)
+        state, args = fake_state(mode, params.items(), inputs)
         with torch.no_grad() if inference else torch.enable_grad(), compiler_tracing(), recording(blocks) as seen:
             torch.func.functional_call(model, state, args)
     return seen.calls()

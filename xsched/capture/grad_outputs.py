@@ -12,7 +12,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_map, tree_unflatten
 
 from xsched.capture.blocks import recorded_for_reuse
-from xsched.capture.reuse import TensorMeta, fake_outputs
+from xsched.capture.reuse import TensorMeta, fake_outputs, fake_state
 from xsched.errors import CaptureError
 
 # "all": every differentiable output gets a gradient input (a tangent); "auto": the forward's scalar outputs when
@@ -52,8 +52,8 @@ def loss_outputs(
         fake = lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t  # noqa: E731
 
         def forward() -> Any:
-            state = {k: fake(t) for k, t in [*model.named_parameters(), *model.named_buffers()]}
-            return torch.func.functional_call(model, state, tuple(fake(x) for x in inputs))
+            state, args = fake_state(mode, [*model.named_parameters(), *model.named_buffers()], inputs)
+            return torch.func.functional_call(model, state, args)
 
         try:
             with torch.enable_grad():

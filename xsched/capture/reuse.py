@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import TreeSpec, tree_flatten
 
 from xsched.contracts.graph import Graph
@@ -144,15 +145,21 @@ class ForwardOutputs:
 def fake_outputs(model: nn.Module, inputs: tuple, forward: Callable[[], Any]) -> ForwardOutputs:
     """The outputs of `forward()`, the caller's fake forward of model(*inputs) under the grad mode and autocast in
     effect; within a scope, those of the scope's earlier fake forward of the same key, without running it."""
-    scope = _SCOPE.get()
-    key = ("forward", *capture_key(model, inputs, False, None)) if scope is not None else None
-    if scope is not None and key in scope and scope[key][0] is model:
-        return scope[key][1]
-    leaves, spec = tree_flatten(forward())
-    found = ForwardOutputs(spec, tuple(_meta(x) if isinstance(x, torch.Tensor) else x for x in leaves))
-    if scope is not None:
-        scope[key] = (model, found)
+    found = recall("forward", model, inputs)
+    if found is None:
+        leaves, spec = tree_flatten(forward())
+        found = ForwardOutputs(spec, tuple(_meta(x) if isinstance(x, torch.Tensor) else x for x in leaves))
+        remember("forward", model, inputs, found)
     return found
+
+
+def fake_state(
+    mode: FakeTensorMode, named: Iterable[tuple[str, torch.Tensor]], inputs: tuple
+) -> tuple[dict[str, torch.Tensor], tuple]:
+    """A model's parameters and buffers (`named`) and its call's inputs as `mode`'s fake tensors, for a forward by
+    torch.func.functional_call that computes and allocates nothing (the inputs that are not tensors as they are)."""
+    state = {k: mode.from_tensor(t) for k, t in named}
+    return state, tuple(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs)
 
 
 def _meta(t: torch.Tensor) -> TensorMeta:

@@ -31,7 +31,7 @@ from xsched.capture.blocks import capture_blocks
 from xsched.capture.fxgraph import Slot, TraceInfo, build_graph
 from xsched.capture.grad_outputs import GradOutputs, differentiated
 from xsched.capture.module_frames import ModuleTracker, compiler_tracing, located
-from xsched.capture.reuse import TensorMeta, fake_outputs, reuse_or_capture
+from xsched.capture.reuse import TensorMeta, fake_outputs, fake_state, reuse_or_capture
 from xsched.contracts.graph import Graph
 from xsched.contracts.torch_ops import resolve_ref
 from xsched.errors import CaptureError, XschedError
@@ -234,10 +234,15 @@ def _reject_mutations(mutated: list[bool], params: list[str], inputs: list[str],
 
 def _tensor_leaves(out: Any) -> list[torch.Tensor]:
     leaves = [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
-    for k, t in enumerate(leaves):
-        if t.is_complex():
-            raise CaptureError(f"forward output {k} is complex; complex outputs are not supported")
+    _reject_complex([t.dtype for t in leaves])
     return leaves
+
+
+def _reject_complex(dtypes: list[torch.dtype]) -> None:
+    """A CaptureError naming the first complex forward output, if any."""
+    for k, dtype in enumerate(dtypes):
+        if dtype.is_complex:
+            raise CaptureError(f"forward output {k} is complex; complex outputs are not supported")
 
 
 def _forward_outputs(
@@ -248,16 +253,12 @@ def _forward_outputs(
 
     def forward() -> Any:
         with FakeTensorMode(allow_non_fake_inputs=False) as mode, modules.active():
-            fake = lambda t: mode.from_tensor(t)  # noqa: E731
-            state = {k: fake(p) for k, p in params.items()} | {k: fake(b) for k, b in buffers.items()}
-            args = tuple(fake(x) if isinstance(x, torch.Tensor) else x for x in inputs)
+            state, args = fake_state(mode, [*params.items(), *buffers.items()], inputs)
             with located(modules):
                 return torch.func.functional_call(model, state, args)
 
     outs = fake_outputs(model, inputs, forward).tensors
-    for k, t in enumerate(outs):
-        if t.dtype.is_complex:
-            raise CaptureError(f"forward output {k} is complex; complex outputs are not supported")
+    _reject_complex([t.dtype for t in outs])
     return outs
 
 

@@ -10,7 +10,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import TreeSpec
 
-from xsched.capture.reuse import TensorMeta, fake_outputs
+from xsched.capture.reuse import TensorMeta, fake_outputs, fake_state
 
 
 def signature(inputs: tuple) -> tuple:
@@ -28,8 +28,7 @@ def output_spec(model: nn.Module, inputs: tuple) -> tuple[TreeSpec, list[Any], l
 
     def forward() -> Any:
         with FakeTensorMode(allow_non_fake_inputs=False) as mode:
-            state = {k: mode.from_tensor(t) for k, t in [*model.named_parameters(), *model.named_buffers()]}
-            args = tuple(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs)
+            state, args = fake_state(mode, [*model.named_parameters(), *model.named_buffers()], inputs)
             return torch.func.functional_call(model, state, args)
 
     out = fake_outputs(model, inputs, forward)
