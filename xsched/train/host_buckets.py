@@ -96,7 +96,7 @@ class PinnedHome:
     @classmethod
     def sized(cls, buckets: Iterable[Sequence[tuple[str, nn.Parameter]]], decay: Mapping[str, float]) -> PinnedHome:
         """Slabs placed for the host segments of these buckets (each a chunk of `make_bucket`): the weights that
-        `packed` copies (all but a lone one pinned already), and the fp32 gradients."""
+        `packed` copies into them (`slab_room`), and the fp32 gradients."""
         weights: dict[torch.dtype, list[int]] = {}
         grads: list[int] = []
         for chunk in buckets:
@@ -104,8 +104,8 @@ class PinnedHome:
                 if device.type != "cpu":
                     continue
                 numel = sum(p.numel() for _, p in members)
-                lone = len(members) == 1 and members[0][1].is_contiguous() and members[0][1].is_pinned()
-                weights.setdefault(dtype, []).extend([] if lone else [numel])
+                room = slab_room([p for _, p in members])
+                weights.setdefault(dtype, []).extend([room] if room else [])
                 grads.extend([numel] if dtype == torch.float32 else [])
         return cls({d: PinnedSlabs(d, sizes) for d, sizes in weights.items()}, PinnedSlabs(torch.float32, grads))
 
@@ -156,7 +156,7 @@ def packed(
     once, here, in their final home."""
     first = params[0]
     if len(params) == 1 and first.is_contiguous():
-        if slabs is not None and not first.is_pinned():
+        if slabs is not None and slab_room(params):
             with torch.no_grad():
                 first.data = slabs.pin(first.data)
         return first.data.view(-1), [(0, first.numel())]
@@ -175,6 +175,13 @@ def packed(
             spans.append((off, p.numel()))
             off += p.numel()
     return compute, spans
+
+
+def slab_room(params: Sequence[nn.Parameter]) -> int:
+    """The elements `packed` takes from pinned slabs for `params`: none for a lone contiguous parameter pinned
+    already (it keeps its memory), else all of theirs."""
+    first = params[0]
+    return 0 if len(params) == 1 and first.is_contiguous() and first.is_pinned() else sum(p.numel() for p in params)
 
 
 NORM_ROW = 1 << 16  # a row of the norm's 2-D view: enough rows for every thread even in a small bucket
