@@ -5,7 +5,7 @@ solver's prediction with these instead of with the simulator's own output."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Free, Plan
@@ -117,12 +117,10 @@ def assert_prediction_matches(graph: Graph, plan: Plan, profile: Profile, budget
         assert counted.get(d, 0) <= b, f"{d} peaks at {counted.get(d, 0)} over its budget {b}"
 
 
-def resident_after(graph: Graph, plan: Plan) -> list[dict[str, int]]:
-    """Per step, the bytes resident on each device once it has run, counted from a set of residencies (devices
-    holding nothing left out): a compute adds its outputs, a copy its value on the destination, a free removes."""
-    size = {v.id: v.nbytes for v in graph.values}
+def residencies(graph: Graph, plan: Plan) -> Iterator[set[tuple[str, str]]]:
+    """Per step, the (value, device) pairs resident once it has run, from the homes: a compute adds its outputs, a
+    copy its value on the destination, a free removes. One set, updated in place."""
     resident = set(plan.homes.items())
-    out: list[dict[str, int]] = []
     for s in plan.steps:
         if isinstance(s, Compute):
             resident.update((v, s.device) for v in graph.op[s.op].outputs)
@@ -130,6 +128,23 @@ def resident_after(graph: Graph, plan: Plan) -> list[dict[str, int]]:
             resident.add((s.value, s.dst))
         else:
             resident.discard((s.value, s.device))
+        yield resident
+
+
+def resident_at_end(graph: Graph, plan: Plan) -> set[tuple[str, str]]:
+    """The (value, device) pairs still resident after the last step."""
+    end = set(plan.homes.items())
+    for resident in residencies(graph, plan):
+        end = resident
+    return set(end)
+
+
+def resident_after(graph: Graph, plan: Plan) -> list[dict[str, int]]:
+    """Per step, the bytes resident on each device once it has run, counted from the set of residencies (devices
+    holding nothing left out)."""
+    size = {v.id: v.nbytes for v in graph.values}
+    out: list[dict[str, int]] = []
+    for resident in residencies(graph, plan):
         held: dict[str, int] = {}
         for v, d in resident:
             held[d] = held.get(d, 0) + size[v]

@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from oracle import assert_prediction_matches
+from oracle import assert_prediction_matches, resident_at_end
 from oracle import makespan as oracle_makespan
 from test_heuristics import train_dags
 
 from xsched.contracts.graph import Graph, Op, Value
-from xsched.contracts.plan import Compute, Copy
+from xsched.contracts.plan import Copy
 from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
 from xsched.errors import BudgetError
 from xsched.simulate import simulate
@@ -58,19 +58,6 @@ def grad_homed_on_c() -> tuple[Graph, Profile, dict[str, str]]:
     )
     g = Graph("rand", values, ops, ("g_p0", "g_p1"))
     return g, three_devices(g), {"in0": "a", "in1": "b", "p0": "c", "p1": "a"}
-
-
-def resident_at_end(g: Graph, plan) -> set[tuple[str, str]]:
-    """(value, device) pairs still resident after the last step, counted from the plan's homes and steps."""
-    resident = set(plan.homes.items())
-    for s in plan.steps:
-        if isinstance(s, Compute):
-            resident.update((v, s.device) for v in g.op[s.op].outputs)
-        elif isinstance(s, Copy):
-            resident.add((s.value, s.dst))
-        else:
-            resident.discard((s.value, s.device))
-    return resident
 
 
 def test_a_gradient_homed_on_a_third_device_reaches_it() -> None:
