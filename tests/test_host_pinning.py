@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.testing import assert_close
 from torch.utils._python_dispatch import TorchDispatchMode
-from train_support import ROOT, eager_run, teacher_mlp
+from train_support import ROOT, eager_run, steps_beside_adamw, teacher_mlp
 
 from xsched.errors import XschedError
 from xsched.execute import host_pin, steps
@@ -120,18 +120,7 @@ def test_each_weight_is_pinned_once_as_a_view_of_its_bucket_and_trains_like_eage
         [{"params": groups[0], "weight_decay": 0.01}, {"params": groups[1], "weight_decay": 0.0}], lr=1e-2, fused=True
     )
     before = (pins.pinned_bytes(), pins.copied)
-    try:
-        for x in xs:
-            host.begin(True, True, 1e-2)
-            w(x).square().sum().backward()
-            host.end_backward()
-            host.settle()
-            opt.zero_grad()
-            ref(x).square().sum().backward()
-            opt.step()
-    finally:
-        w.listen(None)
-        host.close()
+    steps_beside_adamw(w, host, ref, opt, xs)
     assert pins.pinned_bytes() == before[0]  # the runs pinned nothing: no weight pinned twice, no staging
     assert host.direct == 2 * len(list(model.parameters()))  # gradients copied home into the pinned buffers
     for p, q in zip(model.parameters(), ref.parameters()):

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 from torch.testing import assert_close
-from train_support import teacher_mlp
+from train_support import steps_beside_adamw, teacher_mlp
 
 from xsched.cli import main
 from xsched.contracts.plan import Copy, Plan
@@ -224,18 +224,7 @@ def test_gradients_are_copied_home_straight_into_the_optimizers_buffer() -> None
     host = HostAdamW([(n, named[n]) for n in w.release_order], dict.fromkeys(named, 0.0), lr=1e-2)
     w.listen(host)
     opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.0, fused=True)
-    try:
-        for x in xs:
-            host.begin(True, True, 1e-2)
-            w(x).square().sum().backward()
-            host.end_backward()
-            host.settle()
-            opt.zero_grad()
-            ref(x).square().sum().backward()
-            opt.step()
-    finally:
-        w.listen(None)
-        host.close()
+    steps_beside_adamw(w, host, ref, opt, xs)
     assert host.direct == 2 * len(named)  # every gradient, both steps
     for p, q in zip(model.parameters(), ref.parameters()):
         assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6)

@@ -1,4 +1,5 @@
-"""Helpers for the `xsched train` tests: the plain-PyTorch reference run, and launching the CLI as a subprocess."""
+"""Helpers for the `xsched train` tests: the plain-PyTorch reference run, launching the CLI as a subprocess, and
+steps of a wrapped model under HostAdamW beside torch's AdamW."""
 
 from __future__ import annotations
 
@@ -150,3 +151,20 @@ def assert_same_weights(state: dict[str, torch.Tensor], model: torch.nn.Module, 
 
     for name, p in model.state_dict().items():
         assert_close(state[name], p, **tolerance, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def steps_beside_adamw(w, host, ref: torch.nn.Module, opt: torch.optim.Optimizer, xs: list[torch.Tensor]) -> None:
+    """Per input, one step of the wrapped model `w` with `host` (a HostAdamW it tells) and one of `ref` with torch's
+    `opt`, each on the sum of its squared outputs (lr 1e-2); then `w` stops telling `host`, which is closed."""
+    try:
+        for x in xs:
+            host.begin(True, True, 1e-2)
+            w(x).square().sum().backward()
+            host.end_backward()
+            host.settle()
+            opt.zero_grad()
+            ref(x).square().sum().backward()
+            opt.step()
+    finally:
+        w.listen(None)
+        host.close()
