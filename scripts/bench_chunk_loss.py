@@ -8,6 +8,7 @@ GPU: capture is on fake tensors, costs are the roofline of devices/h100-measured
     python scripts/bench_chunk_loss.py --grad-outputs auto --budgets 25,35 --time-limit 30
     python scripts/bench_chunk_loss.py --grad-outputs auto --held --budgets 25,35 --time-limit 30
     python scripts/bench_chunk_loss.py --scale full --precision bf16 --grad-outputs auto   # issue 31's bf16 bound
+    python scripts/bench_chunk_loss.py --scale full --precision bf16 --grad-outputs auto --weight-grad-sum per_chunk
     python scripts/bench_chunk_loss.py --loss-only --budgets 25,35 --time-limit 30         # the logits chunked too
 """
 
@@ -21,7 +22,7 @@ import torch
 from torch import nn
 
 from xsched import zoo
-from xsched.capture.chunk_loss import chunk_cross_entropy
+from xsched.capture.chunk_loss import WEIGHT_GRAD_SUMS, chunk_cross_entropy
 from xsched.capture.torch import capture
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy
@@ -59,7 +60,7 @@ def graphs(a: argparse.Namespace) -> dict[int, Graph]:
         g = capture(model, z.inputs, grad_outputs=a.grad_outputs)
     if a.held:  # as `wrap` plans it: the caller holds the logits from the autograd boundary to the end
         g = dataclasses.replace(g, held_outputs=tuple(v for v in forward_outputs(g) if g.value[v].shape != ()))
-    return {0: g, **{k: chunk_cross_entropy(g, k) for k in (int(x) for x in a.chunks.split(","))}}
+    return {0: g, **{k: chunk_cross_entropy(g, k, a.weight_grad_sum) for k in (int(x) for x in a.chunks.split(","))}}
 
 
 def label(k: int) -> str:
@@ -68,15 +69,20 @@ def label(k: int) -> str:
 
 def bounds_table(gs: dict[int, Graph]) -> None:
     base = eager_peak(gs[0])
-    print("\n| graph | ops | eager peak GiB (% of original) | lower bound GiB (% of original eager) | set by |")
-    print("|---|---|---|---|---|")
+    print(
+        "\n| graph | ops | eager peak GiB (% of original) | lower bound GiB (% of original eager) | set by "
+        f"| eager step ms (sim:{SPEC}) |"
+    )
+    print("|---|---|---|---|---|---|")
     for k, g in gs.items():
         peak = eager_peak(g)
         b = lower_bounds(g, None, ["cuda:0"], {v: "cuda:0" for v in g.inputs})["cuda:0"]
         op = g.op[b.op].target.split(".")[1] if b.op else "homed inputs"
+        prof = profile_graph(g, [f"sim:{SPEC}"], progress=False)
+        step = simulate(g, eager_plan(g, f"sim:{SPEC}", prof), prof).makespan_s
         print(
             f"| {label(k)} | {len(g.ops)} | {peak / GIB:.2f} ({peak / base:.0%}) | {b.bytes / GIB:.2f} "
-            f"({b.bytes / base:.1%}) | {b.by}: {op} |",
+            f"({b.bytes / base:.1%}) | {b.by}: {op} | {step * 1e3:.1f} |",
             flush=True,
         )
 
@@ -123,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loss-only", action="store_true", help="the model returns its loss alone (no logits output)")
     ap.add_argument("--held", action="store_true", help="the logits held by the caller, as `wrap` plans it")
     ap.add_argument("--chunks", default="4,8,16", help="chunk counts to compare with the original")
+    ap.add_argument("--weight-grad-sum", default="float32", choices=WEIGHT_GRAD_SUMS, help="a bf16 dW's sum")
     ap.add_argument("--budgets", default="", help="GPU budgets in %% of the original eager peak (plans; slow)")
     ap.add_argument("--plan-chunks", default="4,8,16", help="chunk counts planned at each budget")
     ap.add_argument("--time-limit", type=float, default=30.0, help="auto's limit per plan, seconds")
@@ -133,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         f"GPT-2 {a.scale} batch {a.batch}, {a.precision}, grad_outputs {a.grad_outputs}"
         + (", logits held" if a.held else "")
         + (", loss alone" if a.loss_only else "")
+        + (f", weight gradient summed {a.weight_grad_sum}" if a.precision != "fp32" else "")
         + f": captured in {time.perf_counter() - t0:.1f} s"
     )
     bounds_table(gs)

@@ -102,20 +102,27 @@ def test_one_chunk_is_eager_too() -> None:
     assert_eager(chunk_cross_entropy(g, 1), z, every=False)
 
 
-def test_bf16_autocast_as_xsched_train_captures_it() -> None:
+@pytest.mark.parametrize("weight_grad_sum", ["float32", "per_chunk"])
+def test_bf16_autocast_as_xsched_train_captures_it(weight_grad_sum: str) -> None:
     """Under `xsched train`'s bf16 autocast (the GPU's rules) the loss runs in float32 between two casts, which are
-    chunked too (two per chunk for the two). Loss and logits are eager's; gradients within two bf16 steps (2**-7)
-    of their scale: the weight's is summed per chunk in bf16, so it is rounded once per chunk."""
+    chunked too (two per chunk for the two). By default the bf16 weight gradient is summed over the chunks in
+    float32 (both factors cast up per chunk, one cast down after the loop), rounded once as eager's single matmul
+    rounds it: loss, logits and every gradient are eager's (bf16 autocast, fp32 weights) to float32's tolerance.
+    Summed per chunk in bf16 instead, one rounding per chunk, the tied weight's gradient is 2**-7.4 of its largest
+    entry away (within 2**-7 of its scale)."""
     z = gpt2()
     with autocast("bf16", ("cuda",)):
         g = capture(z.model, z.inputs, grad_outputs="auto")
-    c = chunk_cross_entropy(g, 4)
+    c = chunk_cross_entropy(g, 4, weight_grad_sum)
+    in_fp32 = weight_grad_sum == "float32"
 
     def casts(graph) -> int:
         return sum(o.phase != "fwd" and o.target == "aten._to_copy.default" for o in graph.ops)
 
-    assert casts(c) == casts(g) - 2 + 2 * 4
-    assert_eager(c, z, every=False, precision="bf16", scale=2**-7)
+    assert casts(c) == casts(g) - 2 + 2 * 4 + (2 * 4 + 1 if in_fp32 else 0)
+    dw = [o for o in c.ops if o.target in ("aten.mm.default", "aten.addmm.default") and o.phase == "bwd"]
+    assert [c.value[o.outputs[0]].dtype for o in dw].count("float32") == (4 if in_fp32 else 0)  # the chunks' dW
+    assert_eager(c, z, every=False, precision="bf16", scale=1e-6 if in_fp32 else 2**-7)
 
 
 def test_planned_below_the_original_bound() -> None:
@@ -142,6 +149,9 @@ def test_bad_chunks_are_one_line_errors() -> None:
         with pytest.raises(GraphError, match="chunks must be an int from 1 to 32") as e:
             chunk_cross_entropy(g, bad)
         assert "\n" not in str(e.value)
+    with pytest.raises(GraphError, match="weight_grad_sum must be one of float32, per_chunk, got 'bf16'") as e:
+        chunk_cross_entropy(g, 4, "bf16")
+    assert "\n" not in str(e.value)
 
 
 class Head(nn.Module):

@@ -16,20 +16,31 @@ from xsched.errors import GraphError, XschedError
 
 _SLICE = "aten.slice.Tensor"
 _SUM = 2  # torch's Reduction enum as nll_loss takes it
+_NARROW = ("bfloat16", "float16")  # a weight gradient of these dtypes may be summed over the chunks in float32
+_F32 = {"dtype": "float32"}
+# How the chunks' weight gradients of a narrow dtype are summed. "float32" (the default: eager's rounding, no more
+# memory at the graph's eager peak or bound): both factors cast up, so the matmuls run in float32, which a GPU does
+# far slower than bf16 (12 ms more per step for GPT-2 124M in the measured H100 model, BENCHMARKS section 20).
+# "per_chunk": in the gradient's own dtype, one rounding per chunk (within 2**-7 of its scale).
+WEIGHT_GRAD_SUMS = ("float32", "per_chunk")
 
 
-def chunk_cross_entropy(graph: Graph, chunks: int) -> Graph:
+def chunk_cross_entropy(graph: Graph, chunks: int, weight_grad_sum: str = "float32") -> Graph:
     """`graph` with its cross-entropy computed in `chunks` row blocks (sizes differ by at most one, the last ones
     shorter), extended through the backward to the logits' matmul, so that no [rows, vocab] tensor other than the
-    logits is made whole (nor the logits, where only the loss reads them: a model returning its loss alone). The graph is returned unchanged when it has no _log_softmax read by nll_loss_forward
-    (directly, or cast to float32 as `xsched train`'s bf16 autocast captures it); a pattern that differs from the
-    captured one (see loss_pattern.LossPattern) is a one-line GraphError naming the op."""
+    logits is made whole (nor the logits, where only the loss reads them: a model returning its loss alone). The
+    graph is returned unchanged when it has no _log_softmax read by nll_loss_forward (directly, or cast to float32
+    as `xsched train`'s bf16 autocast captures it); a pattern that differs from the captured one (see
+    loss_pattern.LossPattern) is a one-line GraphError naming the op. `weight_grad_sum`: how a bf16 or fp16 weight
+    gradient is summed over the chunks (WEIGHT_GRAD_SUMS)."""
+    if weight_grad_sum not in WEIGHT_GRAD_SUMS:
+        raise GraphError(f"weight_grad_sum must be one of {', '.join(WEIGHT_GRAD_SUMS)}, got {weight_grad_sum!r}")
     p = find_cross_entropy(graph)
     if p is None:
         return graph
     if not isinstance(chunks, int) or isinstance(chunks, bool) or not 1 <= chunks <= p.rows:
         raise GraphError(f"chunks must be an int from 1 to {p.rows} (the loss's rows), got {chunks!r}", op=p.ls.id)
-    return _rewrite(graph, p, _bounds(p.rows, chunks))
+    return _rewrite(graph, p, _bounds(p.rows, chunks), weight_grad_sum == "float32")
 
 
 def chunked_as_asked(graph: Graph, chunks: int | None) -> Graph:
@@ -146,11 +157,14 @@ def _forward(b: _Builder, p: LossPattern, bounds: list[tuple[int, int]]) -> list
     return kept
 
 
-def _backward(b: _Builder, p: LossPattern, bounds: list[tuple[int, int]], kept: list[Any]) -> None:
-    """g' = g1 / TW; per chunk G_c, D_c, R_c (+ the logits' tangent rows), dW accumulated, dH_c; dH = cat."""
+def _backward(b: _Builder, p: LossPattern, bounds: list[tuple[int, int]], kept: list[Any], sum_fp32: bool) -> None:
+    """g' = g1 / TW; per chunk G_c, D_c, R_c (+ the logits' tangent rows), dW accumulated, dH_c; dH = cat. With
+    `sum_fp32`, a narrow dW is accumulated in float32 over several chunks and cast to its dtype after them."""
     (dw,), (dh,) = p.mm_dw.outputs, p.mm_dh.outputs
     g = b.emit("aten.div.Tensor", [p.g1_ref, {"ref": p.nll.outputs[1]}], p.nllb, p.nllb.phase)[0]
     dw_ref, dh_parts = None, []
+    dw_dtype = b.graph.value[dw].dtype
+    in_fp32 = sum_fp32 and len(bounds) > 1 and dw_dtype in _NARROW
     for c, (s, e) in enumerate(bounds):
         a_c, a_loss, tw_c = kept[c]
         args = [g, a_loss, _rows(p.t_ref, s, e), None, _SUM, p.ignore, tw_c]
@@ -160,20 +174,32 @@ def _backward(b: _Builder, p: LossPattern, bounds: list[tuple[int, int]], kept: 
         if p.add is not None:
             pair = [_rows(p.tangent_ref, s, e), r_c] if p.tangent_first else [r_c, _rows(p.tangent_ref, s, e)]
             r_c = b.emit("aten.add.Tensor", pair, p.add, p.add.phase)[0]
-        r_t, h_c = {"ref": r_c["ref"], "view": [["aten.t.default", []]]}, _rows(p.h_ref, s, e)
-        last = c == len(bounds) - 1
-        if dw_ref is None:
-            dw_ref = b.emit("aten.mm.default", [r_t, h_c], p.mm_dw, p.mm_dw.phase, [dw] if last else [])[0]
-        else:
-            dw_ref = b.emit("aten.addmm.default", [dw_ref, r_t, h_c], p.mm_dw, p.mm_dw.phase, [dw] if last else [])[0]
+        keep = [dw] if c == len(bounds) - 1 and not in_fp32 else []
+        dw_ref = _add_dw_rows(b, p, dw_ref, r_c, _rows(p.h_ref, s, e), in_fp32, keep)
         dh_parts.append(b.emit("aten.mm.default", [r_c, p.w_ref], p.mm_dh, p.mm_dh.phase)[0])
+    if in_fp32:  # the sum rounded to dW's dtype once, as eager's one matmul rounds it
+        b.emit("aten._to_copy.default", [dw_ref], p.mm_dw, p.mm_dw.phase, [dw], dtype={"dtype": dw_dtype})
     if len(dh_parts) == 1:  # one chunk: its dH is the whole one; copy into the kept id
         b.emit("aten.clone.default", [dh_parts[0]], p.mm_dh, p.mm_dh.phase, [dh])
     else:
         b.emit("aten.cat.default", [dh_parts, 0], p.mm_dh, p.mm_dh.phase, [dh])
 
 
-def _rewrite(graph: Graph, p: LossPattern, bounds: list[tuple[int, int]]) -> Graph:
+def _add_dw_rows(
+    b: _Builder, p: LossPattern, dw_ref: Ref | None, r_c: Ref, h_c: Ref, in_fp32: bool, keep: Sequence[str]
+) -> Ref:
+    """dW so far (None before the first chunk) plus R_c^T H_c, into the `keep` ids. `in_fp32`: both factors are cast
+    to float32 first; their products are exact there (a bf16 or fp16 product fits float32's mantissa), so the
+    chunks are summed in float32 as eager's single matmul accumulates, to be rounded once after the loop."""
+    if in_fp32:
+        r_c, h_c = (b.emit("aten._to_copy.default", [x], p.mm_dw, p.mm_dw.phase, dtype=_F32)[0] for x in (r_c, h_c))
+    r_t = {"ref": r_c["ref"], "view": [["aten.t.default", []]]}
+    if dw_ref is None:
+        return b.emit("aten.mm.default", [r_t, h_c], p.mm_dw, p.mm_dw.phase, keep)[0]
+    return b.emit("aten.addmm.default", [dw_ref, r_t, h_c], p.mm_dw, p.mm_dw.phase, keep)[0]
+
+
+def _rewrite(graph: Graph, p: LossPattern, bounds: list[tuple[int, int]], sum_fp32: bool) -> Graph:
     """The graph with the pattern's ops replaced: the forward block where the log_softmax was, the backward block
     where the first of the two mm was (every reader of dW and dH comes after it)."""
     b = _Builder(graph)
@@ -189,7 +215,7 @@ def _rewrite(graph: Graph, p: LossPattern, bounds: list[tuple[int, int]]) -> Gra
             ops += b.ops[start:]
         elif i == first_mm:
             start = len(b.ops)
-            _backward(b, p, bounds, kept)
+            _backward(b, p, bounds, kept, sum_fp32)
             ops += b.ops[start:]
         if o.id not in removed:
             ops.append(o)
