@@ -7,12 +7,13 @@ ZeRO-Offload and torchao's CPUOffloadOptimizer where they import, and xsched alo
 python scripts/bench_gpu_param_offload.py --deadline 470 --json param_offload.json --out param_offload.md  # H100
 python scripts/bench_gpu_param_offload.py --cpu --steps 3                  # reduced: cpu:0 computes, cpu:1 stores
 
-Each row runs in a process of its own (its peak RSS is the row's host memory, its GPU memory its own); the GPT-2
-rows train the same initial weights on the same batches with the same AdamW (lr 1e-3, weight decay 0.01 on 2+-D
-weights), and every loss is compared with the reference's. xsched rows add the per-step breakdown (medians over the
-steps after the warm-up): compute, copies in and out (GPU time), the compute lane's idle time, the host time spent
-issuing the GPU work, the optimizer's time and the waits for it. `--deadline` shortens the row limits (and skips
-rows) so the whole run ends within it, keeping `reserve_s` for a late row (the Llama's); `--json` is rewritten after every row.
+Each row runs in a process of its own (scripts/bench_rows_runner.py; its peak RSS is the row's host memory, its GPU
+memory its own); the GPT-2 rows train the same initial weights on the same batches with the same AdamW (lr 1e-3,
+weight decay 0.01 on 2+-D weights), and every loss is compared with the reference's. xsched rows add the per-step
+breakdown (medians over the steps after the warm-up): compute, copies in and out (GPU time), the compute lane's idle
+time, the host time spent issuing the GPU work, the optimizer's time and the waits for it. `--deadline` shortens the
+row limits (and skips rows) so the whole run ends within it, keeping `reserve_s` for a late row (the Llama's);
+`--json` is rewritten after every row.
 """
 
 from __future__ import annotations
@@ -21,15 +22,10 @@ import argparse
 import contextlib
 import json
 import os
-import platform
-import resource
 import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,8 +38,8 @@ from bench_param_offload_rows import (
     row_xsched_fast,
     table,
 )
+from bench_rows_runner import publish, run_child, run_rows
 
-ROOT = Path(__file__).resolve().parents[1]
 ROWS = ("reference", "xsched", "fsdp2", "reference_bf16", "xsched_fast", "llama", "deepspeed", "torchao")
 LR, WEIGHT_DECAY = 1e-3, 0.01
 GPU = {  # GPT-2 XL's shape (1.56B parameters: 5.8 GiB, 23 GiB with gradients and AdamW's two states)
@@ -73,7 +69,6 @@ CPU = {  # the reduced mode: GPT-2 small, 8 layers; cpu:0 at the lowest budget t
     "llama_budget": "2MiB",
     "llama_split": None,
 }
-MIN_ROW_S = 25.0  # a row given less than this before the deadline is skipped
 
 
 # ---- the rows (each in a child process) ----
@@ -231,45 +226,7 @@ def row_torchao(setup: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def run_child(row: str, setup: dict[str, Any], result: Path, rows: dict[str, Callable] | None = None) -> int:
-    """Run row `row` (`rows[row]`, else this script's row_<row>) and write its result, or its error, as JSON."""
-    if setup["cpu"]:
-        torch.set_num_threads(1)
-    try:
-        out = (rows[row] if rows else _ROWS[row])(setup)
-    except Exception as e:  # the row's error is its result; the other rows go on
-        traceback.print_exc()
-        out = {"error": f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"}
-    out["host_peak"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-    result.write_text(json.dumps(out))
-    return 0
-
-
 # ---- the parent: run the rows, compare, print the table ----
-def run_row(row: str, setup: dict[str, Any], timeout: float, script: str = __file__) -> dict[str, Any]:
-    """Row `row` in a child process of `script` (its --child/--setup/--result arguments): its result, or why not."""
-    with tempfile.TemporaryDirectory() as tmp:
-        result = Path(tmp) / "result.json"
-        cmd = [sys.executable, script, "--child", row, "--setup", json.dumps(setup), "--result", str(result)]
-        env = dict(os.environ)  # the children import this checkout's xsched, as the parent does
-        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-        try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-        except subprocess.TimeoutExpired:
-            return {"error": f"timed out after {timeout:.0f} s"}
-        if result.exists():
-            out = json.loads(result.read_text())
-            if "error" in out:
-                log(f"{row} failed:\n{p.stderr[-3000:]}")
-            return out
-        tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"error": f"exit status {p.returncode}: {tail}"}
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
 def gib(b: float | None) -> str:
     return "-" if b is None else f"{b / 2**30:.2f} GiB" if b >= 2**28 else f"{b / 2**20:.1f} MiB"
 
@@ -308,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--result", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
-        return run_child(a.child, json.loads(a.setup), Path(a.result))
+        return run_child(a.child, json.loads(a.setup), Path(a.result), _ROWS)
     if not a.cpu and not torch.cuda.is_available():
         print("no CUDA GPU: run with --cpu for the reduced mode", file=sys.stderr)
         return 2
@@ -321,74 +278,10 @@ def main(argv: list[str] | None = None) -> int:
         setup["deadline"] = time.time() + a.deadline - 3  # the report's own seconds
     if a.json:
         setup["json_out"] = a.json
-    results = run_rows(a.rows.split(","), setup, a.row_timeout)
+    results = run_rows(a.rows.split(","), setup, a.row_timeout, __file__)
     title = f"Parameters, gradients and AdamW on the host: GPT-2 {setup['scale']}"
     where = f"{setup['device']} budget {setup['budget']} for xsched, store {setup['store']}"
     return publish(title, where, __file__, argv, a, t0, results, table(results, a.loss_rtol, a.steps))
-
-
-def run_rows(
-    rows: list[str], setup: dict[str, Any], timeout: float, script: str = __file__, before: Callable | None = None
-) -> dict[str, dict[str, Any]]:
-    """Each row in a child process of `script`, in order, sharing one temporary cache directory; `before(row, setup,
-    results)` may prepare `setup` for a row or return why it cannot run (its result, `{"skipped": why}`). With
-    setup["deadline"] (a time.time()), each row's limit ends by then, less what is reserved for later rows
-    (`row_limit`), and a row with under MIN_ROW_S left is skipped; with setup["json_out"], every result so far is written there after each row."""
-    results: dict[str, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory() as cache:
-        setup["cache_dir"] = cache
-        for k, row in enumerate(rows):
-            limit = row_limit(setup, rows[k + 1 :], timeout, time.time())
-            if limit < MIN_ROW_S:
-                results[row] = {"skipped": f"skipped: {max(limit, 0):.0f} s left before --deadline"}
-            elif before is not None and (why := before(row, setup, results)) is not None:
-                results[row] = {"skipped": why}
-            else:
-                log(f"{row}: running (limit {limit:.0f} s)")
-                results[row] = run_row(row, setup, limit, script)
-                log(f"{row}: {'done' if 'losses' in results[row] else results[row]}")
-            if setup.get("json_out"):
-                Path(setup["json_out"]).write_text(json.dumps({"setup": setup, "rows": results}, indent=1) + "\n")
-    return results
-
-
-def row_limit(setup: dict[str, Any], later: list[str], timeout: float, at: float) -> float:
-    """A row's seconds: `timeout`, and under setup["deadline"] what is left of it less the seconds reserved
-    (setup["reserve_s"]) for the rows still to run after it, so a late row is not starved by earlier overruns."""
-    if setup.get("deadline") is None:
-        return timeout
-    reserved = sum(setup.get("reserve_s", {}).get(r, 0.0) for r in later)
-    return min(timeout, setup["deadline"] - at - reserved)
-
-
-def publish(
-    title: str,
-    where: str,
-    script: str,
-    argv: list[str] | None,
-    a: argparse.Namespace,
-    t0: float,
-    results: dict[str, dict[str, Any]],
-    table_lines: list[str],
-) -> int:
-    """Print the report (its command, device, torch, Python and time, then the table), write it to `a.out` if
-    given; exit status 1 if a row failed."""
-    device = "CPU (reduced mode)" if a.cpu else torch.cuda.get_device_name(0)
-    cmd = " ".join([f"python scripts/{Path(script).name}", *(sys.argv[1:] if argv is None else argv)])
-    lines = [
-        f"# {title}",
-        "",
-        f"Command: `{cmd}`  ",
-        f"Device: {device}; {where}; torch {torch.__version__}, Python {platform.python_version()}; "
-        f"{time.perf_counter() - t0:.0f} s in all",
-        "",
-        *table_lines,
-    ]
-    text = "\n".join(lines) + "\n"
-    print(text, flush=True)
-    if a.out:
-        Path(a.out).write_text(text)
-    return 0 if all("error" not in r for r in results.values()) else 1
 
 
 _ROWS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {

@@ -13,6 +13,7 @@ from xsched.contracts.plan import Compute, Copy, Free, Plan
 from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
 from xsched.contracts.result import SolveResult
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # its report module beside it
 _spec = importlib.util.spec_from_file_location(
     "bench_offload", Path(__file__).resolve().parents[1] / "scripts" / "bench_offload.py"
 )

@@ -36,7 +36,7 @@ def test_the_reduced_mode_runs_every_row(tmp_path) -> None:
 
 def test_row_limits_keep_the_reserve_of_later_rows() -> None:
     sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_gpu_param_offload import row_limit
+    from bench_rows_runner import row_limit
 
     setup = {"deadline": 1000.0, "reserve_s": {"llama": 180.0}}
     assert row_limit(setup, ["xsched", "llama", "torchao"], 600.0, 400.0) == 420.0  # 600 left, 180 kept
