@@ -8,7 +8,7 @@ GPU: capture is on fake tensors, costs are the roofline of devices/h100-measured
     python scripts/bench_chunk_loss.py --grad-outputs auto --budgets 25,35 --time-limit 30
     python scripts/bench_chunk_loss.py --grad-outputs auto --held --budgets 25,35 --time-limit 30
     python scripts/bench_chunk_loss.py --scale full --precision bf16 --grad-outputs auto   # issue 31's bf16 bound
-    python scripts/bench_chunk_loss.py --scale full --precision bf16 --grad-outputs auto --weight-grad-sum per_chunk
+    python scripts/bench_chunk_loss.py --scale full --precision bf16 --grad-outputs auto --weight-grad-sum float32
     python scripts/bench_chunk_loss.py --loss-only --budgets 25,35 --time-limit 30         # the logits chunked too
 """
 
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loss-only", action="store_true", help="the model returns its loss alone (no logits output)")
     ap.add_argument("--held", action="store_true", help="the logits held by the caller, as `wrap` plans it")
     ap.add_argument("--chunks", default="4,8,16", help="chunk counts to compare with the original")
-    ap.add_argument("--weight-grad-sum", default="float32", choices=WEIGHT_GRAD_SUMS, help="a bf16 dW's sum")
+    ap.add_argument("--weight-grad-sum", default="per_chunk", choices=WEIGHT_GRAD_SUMS, help="a bf16 dW's sum")
     ap.add_argument("--budgets", default="", help="GPU budgets in %% of the original eager peak (plans; slow)")
     ap.add_argument("--plan-chunks", default="4,8,16", help="chunk counts planned at each budget")
     ap.add_argument("--time-limit", type=float, default=30.0, help="auto's limit per plan, seconds")

@@ -27,15 +27,13 @@ from bench_gpu_param_offload import (
     backward_with,
     gib,
     groups,
-    publish,
-    run_child,
-    run_rows,
     same_losses,
     steady,
     task_of,
     train_loop,
 )
 from bench_gpu_torch_rows import checkpointed_blocks
+from bench_rows_runner import publish, run_child, run_rows
 
 ROWS = ("eager", "checkpoint", "xsched", "xsched_equal")
 GPU = {"scale": "full:dropout=0.0", "device": "cuda:0", "budget": "60%"}

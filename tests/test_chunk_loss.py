@@ -105,11 +105,11 @@ def test_one_chunk_is_eager_too() -> None:
 @pytest.mark.parametrize("weight_grad_sum", ["float32", "per_chunk"])
 def test_bf16_autocast_as_xsched_train_captures_it(weight_grad_sum: str) -> None:
     """Under `xsched train`'s bf16 autocast (the GPU's rules) the loss runs in float32 between two casts, which are
-    chunked too (two per chunk for the two). By default the bf16 weight gradient is summed over the chunks in
-    float32 (both factors cast up per chunk, one cast down after the loop), rounded once as eager's single matmul
-    rounds it: loss, logits and every gradient are eager's (bf16 autocast, fp32 weights) to float32's tolerance.
-    Summed per chunk in bf16 instead, one rounding per chunk, the tied weight's gradient is 2**-7.4 of its largest
-    entry away (within 2**-7 of its scale)."""
+    chunked too (two per chunk for the two). By default the bf16 weight gradient is summed per chunk in bf16, one
+    rounding per chunk: the tied weight's gradient is 2**-7.4 of its largest entry away (within 2**-7 of its
+    scale). With weight_grad_sum="float32" it is summed over the chunks in float32 (both factors cast up per chunk,
+    one cast down after the loop), rounded once as eager's single matmul rounds it: loss, logits and every gradient
+    are eager's (bf16 autocast, fp32 weights) to float32's tolerance."""
     z = gpt2()
     with autocast("bf16", ("cuda",)):
         g = capture(z.model, z.inputs, grad_outputs="auto")
@@ -149,7 +149,7 @@ def test_bad_chunks_are_one_line_errors() -> None:
         with pytest.raises(GraphError, match="chunks must be an int from 1 to 32") as e:
             chunk_cross_entropy(g, bad)
         assert "\n" not in str(e.value)
-    with pytest.raises(GraphError, match="weight_grad_sum must be one of float32, per_chunk, got 'bf16'") as e:
+    with pytest.raises(GraphError, match="weight_grad_sum must be one of per_chunk, float32, got 'bf16'") as e:
         chunk_cross_entropy(g, 4, "bf16")
     assert "\n" not in str(e.value)
 

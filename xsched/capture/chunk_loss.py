@@ -18,14 +18,15 @@ _SLICE = "aten.slice.Tensor"
 _SUM = 2  # torch's Reduction enum as nll_loss takes it
 _NARROW = ("bfloat16", "float16")  # a weight gradient of these dtypes may be summed over the chunks in float32
 _F32 = {"dtype": "float32"}
-# How the chunks' weight gradients of a narrow dtype are summed. "float32" (the default: eager's rounding, no more
-# memory at the graph's eager peak or bound): both factors cast up, so the matmuls run in float32, which a GPU does
-# far slower than bf16 (12 ms more per step for GPT-2 124M in the measured H100 model, BENCHMARKS section 20).
-# "per_chunk": in the gradient's own dtype, one rounding per chunk (within 2**-7 of its scale).
-WEIGHT_GRAD_SUMS = ("float32", "per_chunk")
+# How the chunks' weight gradients of a narrow dtype are summed. "per_chunk" (the default, as chunked linear-loss
+# kernels do): in the gradient's own dtype, one rounding per chunk (within 2**-7 of its scale), at bf16 speed.
+# "float32": eager's rounding at no more memory at the graph's eager peak or bound, but both factors cast up, so the
+# matmuls run in float32, which a GPU does far slower than bf16 (12 ms, 20%, more per step for GPT-2 124M in the
+# measured H100 model, BENCHMARKS section 20): chunking is asked for to train faster within memory.
+WEIGHT_GRAD_SUMS = ("per_chunk", "float32")
 
 
-def chunk_cross_entropy(graph: Graph, chunks: int, weight_grad_sum: str = "float32") -> Graph:
+def chunk_cross_entropy(graph: Graph, chunks: int, weight_grad_sum: str = "per_chunk") -> Graph:
     """`graph` with its cross-entropy computed in `chunks` row blocks (sizes differ by at most one, the last ones
     shorter), extended through the backward to the logits' matmul, so that no [rows, vocab] tensor other than the
     logits is made whole (nor the logits, where only the loss reads them: a model returning its loss alone). The
