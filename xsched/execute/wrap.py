@@ -27,6 +27,7 @@ from xsched.execute.compiled_replans import MAX_REPLANS, CompiledReplans
 from xsched.execute.executor import Executor
 from xsched.execute.host_pin import move_to_homes, pin_unpinned, pins_host
 from xsched.execute.param_home import ListenerSlot, ParamListener, ParamPoints, check_homes, param_homes
+from xsched.execute.state_hooks import install_state_hooks
 from xsched.execute.wrap_run import Compiled, _apply_c, _PlanFunction, _Run
 from xsched.execute.wrap_signature import describe, output_spec, signature
 from xsched.pipeline import plan_report, solve_plan
@@ -88,12 +89,12 @@ class XschedModule(CompiledReplans, nn.Module):
         if self.stores and plan is None:
             self.devices = _computing_first(self.devices, self.stores)
         self.method, self.time_limit, self.profile = method, time_limit, profile
-        self.profile_dir = profile_dir
-        self.fixed_plan = plan
+        self.profile_dir, self.fixed_plan = profile_dir, plan
         self.param_home = param_home
         if param_home is not None and param_home not in self.devices:
             raise XschedError(f"param_home {param_home!r} is not among the devices {self.devices}", stage="execute")
         self._slot = ListenerSlot()
+        install_state_hooks(model, self._slot)  # saving and loading as of an eager model (xsched.execute.state_hooks)
         self.compiled: dict[tuple, Compiled] = {}
         inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
         self._first = self._compile(("train", signature(inputs)), inputs, inference=False, plan=plan)

@@ -37,6 +37,7 @@ from xsched.train.host_buckets import (
     load_master,
     make_bucket,
     master_state,
+    masters_from_weights,
     sq_norm,
 )
 from xsched.train.host_tasks import TAKE, UPDATE, TaskQueue, read_ranks
@@ -272,6 +273,15 @@ class HostAdamW:
         whether their update is still to be written into the parameters (the delayed update)."""
         self.settle()
         return {"weights": master_state(self._segments(), names), "pending": any(b.pending for b in self.buckets)}
+
+    def busy(self) -> bool:
+        """Whether an update or a write-back is under way or due (what `settle` waits for)."""
+        return not all(b.idle.is_set() and b.readable.is_set() for b in self.buckets)
+
+    def weights_loaded(self, params: Iterable[nn.Parameter]) -> None:
+        """`params` were loaded in place after a settle (execute.state_hooks): their master weights take them."""
+        self._check()
+        masters_from_weights(self._segments(), params)
 
     def load_master(self, names: Mapping[nn.Parameter, str], saved: Mapping[str, Any] | None) -> None:
         self.settle()

@@ -304,6 +304,15 @@ def master_state(segments: Iterable[Segment], names: Mapping[nn.Parameter, str])
     }
 
 
+def masters_from_weights(segments: Iterable[Segment], params: Iterable[nn.Parameter]) -> None:
+    """The master weights kept apart of `params` set to the weights the run reads (which were loaded)."""
+    wanted = {id(p) for p in params}
+    for seg in segments:
+        for p, (off, n) in zip(seg.params, seg.spans):
+            if seg.separate and id(p) in wanted:
+                seg.flat[off : off + n].copy_(seg.compute[off : off + n])
+
+
 def load_master(segments: Iterable[Segment], names: Mapping[nn.Parameter, str], saved: Mapping[str, Any]) -> None:
     """Master weights from a checkpoint; a parameter it has none for starts from its own weights (fp32)."""
     for seg in segments:
