@@ -1,7 +1,8 @@
 """Park with three computing devices. The regression: a gradient homed on a third device (neither the compute
 device nor the store) was parked for good on the store, and routing then copied it home from the compute device,
-where the park had freed it. Now its copy home leaves from the store. Plans are checked by the simulator and against
-independent counts and an event sweep (tests/oracle.py)."""
+where the park had freed it. Now its copy home leaves from the store, or the park sends it straight home where that
+frees the compute device sooner. Plans are checked by the simulator and against independent counts and an event
+sweep (tests/oracle.py)."""
 
 from __future__ import annotations
 
@@ -87,6 +88,45 @@ def test_a_gradient_parked_for_good_goes_home_from_the_store() -> None:
         assert ("g_p0", "c") in resident_at_end(g, plan)
         routes.append([(s.src, s.dst) for s in plan.steps if isinstance(s, Copy) and s.value == "g_p0"])
     assert [("a", "b"), ("b", "c")] in routes, routes
+
+
+def gradient_behind_another_park(direct_link: bool) -> tuple[Graph, Profile]:
+    """Four ops on a, 1 s each: o0 makes w (20 B, an output that may end anywhere), grad_p0 g_p0 (20 B; p0 homed on
+    c), o2 y (30 B), o3 z (0 B). Every link 0.1 s + 10 B/s (a 20 B copy takes 2.1 s), a->c only if `direct_link`."""
+    values = (Value("p0", 20, "param"), Value("w", 20), Value("g_p0", 20, grad_of="p0"), Value("y", 30), Value("z", 0))
+    ops = (
+        Op("o0", "t", (), ("w",)),
+        Op("grad_p0", "t", (), ("g_p0",), phase="bwd"),
+        Op("o2", "t", (), ("y",), phase="bwd"),
+        Op("o3", "t", (), ("z",), phase="bwd"),
+    )
+    g = Graph("hand", values, ops, ("w", "y", "z", "g_p0"))
+    link = LinkCost(0.1, 10.0)
+    pairs = [(x, y) for x in DEVICES for y in DEVICES if x != y and (direct_link or (x, y) != ("a", "c"))]
+    return g, Profile(
+        g.fingerprint,
+        {d: DeviceInfo("cpu") for d in DEVICES},
+        {d: {o.id: OpCost(1.0) for o in g.ops} for d in DEVICES},
+        {f"{x}->{y}": link for x, y in pairs},
+    )
+
+
+@pytest.mark.parametrize("direct_link", [True, False])
+def test_a_gradient_goes_straight_home_where_that_frees_the_device_sooner(direct_link: bool) -> None:
+    """a at 60 B (park's timeline counts p0 too: 40, 60, 90, 90 B by position) must free w and g_p0 before o2; b is
+    the store. By hand, with the a->c link: w's copy to b runs 1-3.1 s, g_p0's straight to c beside it 2-4.1, o2
+    waits for both frees (4.1-5.1), o3 5.1-6.1: 6.1 s. Through the store (no a->c link, or park before this
+    option), g_p0's copy to b queues behind w's (3.1-5.2), o2 5.2-6.2, o3 6.2-7.2, and its copy b->c 5.2-7.3: 7.3 s."""
+    g, profile = gradient_behind_another_park(direct_link)
+    budgets = {"a": 60}
+    plan = park_variant(g, profile, budgets, {"p0": "c"}, "a", "b", "graph", (0, 1, 2, 3), 0, 0.0, 1.0, 0.0)
+    simulate(g, plan, profile)
+    assert_prediction_matches(g, plan, profile, budgets)
+    route = [(s.src, s.dst) for s in plan.steps if isinstance(s, Copy) and s.value == "g_p0"]
+    assert route == ([("a", "c")] if direct_link else [("a", "b"), ("b", "c")])
+    assert ("g_p0", "c") in resident_at_end(g, plan)
+    assert oracle_makespan(g, plan, profile) == pytest.approx(6.1 if direct_link else 7.3)
+    assert plan.predicted.makespan_s == pytest.approx(oracle_makespan(g, plan, profile))
 
 
 def test_auto_returns_a_valid_plan_for_three_computing_devices() -> None:

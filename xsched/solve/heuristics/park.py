@@ -2,7 +2,9 @@
 the memory peak, either runs a value's producer again before its next read or parks the value on a store device
 (copied out after its last use, freed once the copy is done, copied back ahead of its next read), whichever adds
 the least time per byte freed there. The links' capacity is part of the choice: a copy moves at its link's speed
-while the device computes, so parking more than a link can move in the time available costs the stall it causes."""
+while the device computes, so parking more than a link can move in the time available costs the stall it causes.
+An output that must end on a third device (a gradient whose parameter lives there) may leave for good straight to
+it instead of through the store, where that frees the device sooner."""
 
 from __future__ import annotations
 
@@ -122,7 +124,7 @@ def _score_floor(line: ParkTimeline, v: str, price: float | None, cost: Mapping[
     if price is not None:
         link_s = 0.0
         if v not in line.stored_from:
-            link_s += line.seconds("out", n)
+            link_s += line.leave_seconds(v)
         if v not in line.may_leave:
             link_s += line.seconds("in", n)
         floors.append(price * link_s / n)
@@ -145,7 +147,7 @@ def park_steps(graph: Graph, line: ParkTimeline, homes: Mapping[str, str], profi
         if back_at < len(line.ops):
             backs.setdefault(back_at, []).append(Copy(pk.value, line.store, line.device))
         if pk.out:
-            out = Copy(pk.value, line.device, line.store)
+            out = Copy(pk.value, line.device, pk.to or line.store)
             outs.setdefault(pk.a, []).append(out)
             move[id(out)] = ((pk.value, line.device), pk.read, free_at)
         elif pk.b is None:
@@ -172,14 +174,14 @@ def park_steps(graph: Graph, line: ParkTimeline, homes: Mapping[str, str], profi
 def _home_from_store(
     graph: Graph, line: ParkTimeline, parks: list[tuple[Park, int, int]], homes: Mapping[str, str]
 ) -> list[Copy]:
-    """The copies home, from the store at the end, of the values parked for good that must end on a third device:
-    routing would send them from any device that held them, the compute device included, whose copy the park
-    frees at its gap."""
+    """The copies home, from the store at the end, of the values parked for good there that must end on a third
+    device: routing would send them from any device that held them, the compute device included, whose copy the
+    park frees at its gap (one parked straight home needs none)."""
     must_end = required_homes(graph, homes)
     return [
         Copy(pk.value, line.store, must_end[pk.value])
         for pk, _, _ in parks
-        if pk.b is None and must_end.get(pk.value, line.store) != line.store
+        if pk.b is None and pk.to is None and must_end.get(pk.value, line.store) != line.store
     ]
 
 

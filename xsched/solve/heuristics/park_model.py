@@ -1,8 +1,9 @@
 """The timeline `park_remat` decides on: the heuristics' one timeline of a compute device's order, reruns included
-(`timeline.Timeline`), plus a store and its two copy lanes. A lane runs its copies one after another in plan order,
-as the executor's copy streams do (`xsched.lanes`), at the positions' ideal start times (each position's computes,
-reruns included, back to back): a park's cost is the time its copies would keep a compute waiting, its own and what
-it adds to the copies queued behind it."""
+(`timeline.Timeline`), plus a store and its two copy lanes, and a lane to each third device that a value made here
+must end on (a gradient whose parameter lives there may go straight home). A lane runs its copies one after another
+in plan order, as the executor's copy streams do (`xsched.lanes`), at the positions' ideal start times (each
+position's computes, reruns included, back to back): a park's cost is the time its copies would keep a compute
+waiting, its own and what it adds to the copies queued behind it."""
 
 from __future__ import annotations
 
@@ -41,8 +42,8 @@ class Park:
     """Park `value` across a gap of its span `span`: copied out after position a, where the span starts (unless the
     store holds a copy made by then, or an earlier gap's park made later copies out first), freed before position q
     (after its last read before the gap), copied back before position p for its next read at b (None: it stays on
-    the store to the end); resident on the compute device through q - 1 and again from p. `cost`: the seconds its
-    copies keep computes waiting, plus the link's price."""
+    the store to the end, or on its home `to`, copied there instead); resident on the compute device through q - 1
+    and again from p. `cost`: the seconds its copies keep computes waiting, plus the link's price."""
 
     value: str
     span: int
@@ -54,6 +55,8 @@ class Park:
     cost: float
     stall: float
     read: int  # its last read before the gap (its position): what it is freed after
+    # parked for good straight onto its home, a third device (ParkTimeline.direct); None: the store
+    to: str | None = None
 
 
 @dataclass
@@ -137,6 +140,14 @@ class ParkTimeline(Timeline):
         self.may_leave = {
             v for v in graph.outputs if must_end.get(v, store) != device and v in graph.producer and v not in self.held
         }
+        # those that must end on a third device linked from this one (a gradient whose parameter lives there) may
+        # instead go straight home for good, on a lane of its own: one copy, not two via the store
+        self.direct = {
+            v: h for v in self.may_leave if (h := must_end.get(v, store)) != store and profile.link(device, h)
+        }
+        for h in set(self.direct.values()):
+            self.links[_to(h)] = profile.link(device, h)
+            self.lanes[_to(h)] = Lane([])
         # value -> the first position after whose compute the store holds it (-1: homed there): a gap before that
         # has no copy on the store to come back from, even where a later gap of the value was parked already
         self.stored_from: dict[str, int] = {v: -1 for v, d in homes.items() if d == store}
@@ -200,15 +211,14 @@ class ParkTimeline(Timeline):
         n, stall, link_s, q = self.nbytes[v], 0.0, 0.0, free_from
         out = self.stored_from.get(v, len(self.ops)) > s  # no copy made by the span's start: it makes one
         if out:  # queued on the out lane once made; freed once done (the compute at t waits for it, at the latest)
-            secs = self.seconds("out", n)
-            lane, done = self.lanes["out"], self.done["out"]
-            at = lane.slot(s)
-            finish = max(float(self.start[s + 1]), done[at - 1] if at else 0.0) + secs
-            q = max(free_from, int(np.searchsorted(self.start, finish - 1e-15)))
-            if q > t:
-                stall, q = finish - self.start[t], t
-            stall += lane.delay(self.start, done, at, finish)
-            link_s += secs
+            q, stall, link_s = self._leave("out", s, n, free_from, t)
+        if b is None and v in self.direct:  # for good: straight home instead, where that frees the device sooner
+            home = self.direct[v]
+            q_h, stall_h, link_h = self._leave(_to(home), s, n, free_from, t)
+            if (stall_h + price * link_h, q_h) < (stall + price * link_s, q):
+                return Park(
+                    v, k, s, q_h, len(self.ops), None, True, stall_h + price * link_h, stall_h, free_from - 1, home
+                )
         p = len(self.ops)
         if b is not None:  # back on the in lane, from the latest position that lets it be done before b
             secs = self.seconds("in", n)
@@ -216,6 +226,24 @@ class ParkTimeline(Timeline):
             stall += late + self.lanes["in"].delay(self.start, self.done["in"], at, finish)
             link_s += secs
         return Park(v, k, s, q, p, b, out, stall + price * link_s, stall, free_from - 1)
+
+    def _leave(self, way: str, s: int, n: int, free_from: int, t: int) -> tuple[int, float, float]:
+        """A copy of `n` bytes made at position `s` on lane `way`, queued there once made, the value freed once it is
+        done: the position it is freed before (the peak `t` at the latest), the stall it causes (the compute at `t`
+        waiting for it, and the copies it delays behind it) and its link seconds."""
+        secs = self.seconds(way, n)
+        lane, done = self.lanes[way], self.done[way]
+        at = lane.slot(s)
+        finish = max(float(self.start[s + 1]), done[at - 1] if at else 0.0) + secs
+        q, stall = max(free_from, int(np.searchsorted(self.start, finish - 1e-15))), 0.0
+        if q > t:
+            stall, q = finish - self.start[t], t
+        return q, stall + lane.delay(self.start, done, at, finish), secs
+
+    def leave_seconds(self, v: str) -> float:
+        """The link seconds of `v`'s cheapest copy off the device: to the store, or straight home (`direct`)."""
+        n = self.nbytes[v]
+        return min(self.seconds(w, n) for w in ("out", *((_to(self.direct[v]),) if v in self.direct else ())))
 
     def _back(self, t: int, b: int, secs: float) -> tuple[int, float, int, float]:
         """The copy back's position p in (t, b): the latest whose start lets it be done by b's (t + 1 when none
@@ -253,12 +281,13 @@ class ParkTimeline(Timeline):
         n = self.nbytes[pk.value]
         # a park moves no compute (the start times stay): only its lanes' finish times change
         if pk.out:
-            self.done["out"] = self.lanes["out"].added(self.start, self.done["out"], self._copy_out(pk))
+            way = _way(pk)
+            self.done[way] = self.lanes[way].added(self.start, self.done[way], self._copy_out(pk))
         if pk.b is not None:
             self.done["in"] = self.lanes["in"].added(
                 self.start, self.done["in"], (pk.p, pk.p, self.seconds("in", n), pk.b)
             )
-        if pk.out:
+        if pk.out and pk.to is None:
             self.stored_from[pk.value] = min(pk.a, self.stored_from.get(pk.value, pk.a))
             self._reuse_store_copy(pk)
         self.parks.append(pk)
@@ -272,16 +301,16 @@ class ParkTimeline(Timeline):
         copies leave the out lane, and each is freed right after its last read before its gap, as routing frees a
         park with no copy out, instead of when its copy out would have been done."""
         for i, pk in enumerate(self.parks):
-            if pk.value != first.value or not pk.out or pk.a <= first.a:
-                continue
+            if pk.value != first.value or not pk.out or pk.to is not None or pk.a <= first.a:
+                continue  # (one gone straight home keeps its own copy: the store's would go home after it)
             self.lanes["out"].remove(self._copy_out(pk))
             self.parks[i] = replace(pk, out=False, q=self._freed_after_read(pk))
         self.done["out"] = self.lanes["out"].finishes(self.start)
 
     def _copy_out(self, pk: Park) -> tuple[int, int, float, int]:
-        """`pk`'s copy out as the out lane holds it (Lane's item): emitted at a, ready at a + 1's start, its seconds,
+        """`pk`'s copy out as its lane holds it (Lane's item): emitted at a, ready at a + 1's start, its seconds,
         done by q's start (where the value is freed)."""
-        return (pk.a, pk.a + 1, self.seconds("out", self.nbytes[pk.value]), pk.q)
+        return (pk.a, pk.a + 1, self.seconds(_way(pk), self.nbytes[pk.value]), pk.q)
 
     def _freed_after_read(self, pk: Park) -> int:
         """Free `pk`'s value right after its last read before the gap (pk.read) instead of before pk.q: the span
@@ -338,3 +367,13 @@ class ParkTimeline(Timeline):
         self.ended.add(r.value)
         self.end_redo.append(r.producer)
         self.end_reads.update(self.graph.op[r.producer].inputs)
+
+
+def _to(home: str) -> str:
+    """The name of the lane (and link) from the compute device straight to `home`."""
+    return f"to {home}"
+
+
+def _way(pk: Park) -> str:
+    """The lane of `pk`'s copy out: the store's, or its home's."""
+    return "out" if pk.to is None else _to(pk.to)

@@ -268,11 +268,15 @@ def build_model(ix: HIndex, alpha: float = 0.0, late: Callable[[], bool] = lambd
     for d in capped:
         cap = ix.budget[d]
         for t in range(T + 1):
-            base = ix.const[d] + sum(ix.mem[v] * S[v, d, t] for v in s_at.get((d, t), ()))
-            base = base + sum(ix.mem[key[0]] * C[key] for key in c_at.get((d, t), ()))
+            # terms of values of no bytes left out: Pyomo folds them to 0, and a sum of nothing but them is the
+            # constant it refuses as trivially infeasible where the inputs homed on d exceed the budget alone
+            base = ix.const[d] + sum(ix.mem[v] * S[v, d, t] for v in s_at.get((d, t), ()) if ix.mem[v])
+            base = base + sum(ix.mem[key[0]] * C[key] for key in c_at.get((d, t), ()) if ix.mem[key[0]])
             base = base + sum(ix.phantom[f][o][d] * P[f, o, tt] for f, o, tt in p_at.get(t, ()) if ix.phantom[f][o][d])
             if not isinstance(base, (int, float)):
                 m.start_mem.add(base <= cap)
+            elif base > cap:
+                raise BudgetError(f"the inputs homed on {ix.devices[d]} exceed its budget alone", stage="solve")
             prev = None
             for k in ix.r_at.get(t, ()):
                 tick()
