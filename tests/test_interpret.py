@@ -127,6 +127,18 @@ def test_budget_is_checked_only_when_asked_and_names_the_step() -> None:
     assert (e.value.step, e.value.op, e.value.device) == (1, "f1", "cpu")
 
 
+def test_inputs_homed_over_the_budget_fail_before_the_first_step() -> None:
+    """The steps check what they allocate; inputs homed over the budget are caught before any step allocates (a
+    plan whose first steps free or copy would pass otherwise)."""
+    g = chain_graph([16, 32])
+    homed = sum(g.value[v].nbytes for v in g.inputs)
+    steps = [Compute("f0", "cpu"), Compute("f1", "cpu")]
+    PlanInterpreter(g, _plan(g, steps, budgets={"cpu": homed - 1})).run()  # unchecked: no error
+    with pytest.raises(PlanError, match=f"inputs homed on cpu take {homed} B, over its budget of {homed - 1} B") as e:
+        PlanInterpreter(g, _plan(g, steps, budgets={"cpu": homed - 1}), check_budgets=True)
+    assert e.value.device == "cpu" and "\n" not in str(e.value)
+
+
 def test_stage_of_the_pass_is_named() -> None:
     class Run(PlanInterpreter):
         stage = "execute"

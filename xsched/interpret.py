@@ -53,6 +53,12 @@ class PlanInterpreter:
             self.used[d] += self.nbytes[v]
         self.peak = dict(self.used)
         self.peak_step = dict.fromkeys(self.devices, -1)
+        for d, budget in self.budgets.items():  # the steps check what they allocate; the homed inputs come first
+            if self.used.get(d, 0) > budget:
+                raise self.error(
+                    f"the inputs homed on {d} take {self.used[d]} B, over its budget of {budget} B before any step",
+                    device=d,
+                )
 
     # ---- the walk ----
     def run(self) -> Any:
