@@ -120,6 +120,35 @@ def using_clock(clock: Callable[[], float]) -> Iterator[None]:
         _CLOCK.reset(token)
 
 
+# ---- the units of work a run has timed: a member whose one unit cannot be stopped part-way (or is costly to start)
+# asks how long the same kind of unit took earlier in the run before it starts one (park-search: the park greedy's
+# runs, timed by park first). The runner opens the record for its run (`timed_units`); outside one nothing is kept
+_UNITS: ContextVar[dict[str, float] | None] = ContextVar("xsched_units", default=None)
+
+
+@contextmanager
+def timed_units() -> Iterator[None]:
+    """Within the block (one solve) `note_unit` keeps the longest unit of each kind of work timed."""
+    token = _UNITS.set({})
+    try:
+        yield
+    finally:
+        _UNITS.reset(token)
+
+
+def note_unit(kind: str, seconds: float) -> None:
+    """One unit of `kind` took `seconds` (kept where it is the longest of its kind in this solve)."""
+    units = _UNITS.get()
+    if units is not None:
+        units[kind] = max(units.get(kind, 0.0), seconds)
+
+
+def unit_s(kind: str) -> float:
+    """The longest unit of `kind` timed in this solve (0 where none was, or outside a solve)."""
+    units = _UNITS.get()
+    return units.get(kind, 0.0) if units is not None else 0.0
+
+
 R = TypeVar("R")
 
 

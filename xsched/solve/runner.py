@@ -14,7 +14,7 @@ from xsched.contracts.result import MemberOutcome, RunStats, SolveResult, Times
 from xsched.errors import BudgetError, NoIncumbent, SolverError, XschedError
 from xsched.solve.bounds.memory import check_budgets, lower_bounds
 from xsched.solve.objective import better, objective, objective_floor
-from xsched.solve.options import SolverOptions, deadline, now, past_deadline
+from xsched.solve.options import SolverOptions, deadline, now, past_deadline, timed_units
 from xsched.solve.problem import Outcome, Problem, runnable
 from xsched.solve.registry import IMPORT_S, SOLVERS, SolverEntry, run_member
 
@@ -63,6 +63,12 @@ def run(problem: Problem, config: Configuration, options: SolverOptions, given: 
     """The best runnable plan of the configuration's members within `options.time_limit_s`, labelled with its
     status and gap against the lower bound; an Outcome without a plan when none is found (its record's `error` says
     whether no plan is *proven* or only *not found*)."""
+    with timed_units():  # the members' units of work, timed for those after them (options.unit_s)
+        return _run(problem, config, options, given)
+
+
+def _run(problem: Problem, config: Configuration, options: SolverOptions, given: Plan | None) -> Outcome:
+    """`run`'s body: the heuristics in their shares of the limit, then the timed members in what is left."""
     t0 = now()
     limit = options.time_limit_s if options.time_limit_s is not None else NO_LIMIT_S
     grace_end = limit * (1 + GRACE_SHARE) + GRACE_S  # the run returns by then (issue 33)

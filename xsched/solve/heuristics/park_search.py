@@ -10,10 +10,10 @@ from collections.abc import Iterator
 
 from xsched.contracts.plan import Plan
 from xsched.contracts.result import SolveResult, Times
-from xsched.errors import BudgetError
+from xsched.errors import BudgetError, NoIncumbent
 from xsched.solve.heuristics.park import park_pairs, park_variant
 from xsched.solve.objective import better, objective
-from xsched.solve.options import DEFAULTS, SolverOptions, out_of_time
+from xsched.solve.options import DEFAULTS, SolverOptions, note_unit, now, out_of_time, past_deadline, time_left, unit_s
 from xsched.solve.order.order import starting_orders
 from xsched.solve.problem import Outcome, Problem
 
@@ -23,7 +23,10 @@ PATIENCE = 24  # park-search stops after this many draws in a row without a fast
 def park_search(problem: Problem, options: SolverOptions = DEFAULTS, warm: Plan | None = None) -> Outcome:
     """`park-search`: more variants than the heuristic's, within the time limit: the warm start's own order too, the
     greedy aiming below the budget (it stops at a different point, sometimes a faster one), and seeded draws of the
-    greedy with jittered scores, until PATIENCE draws in a row find nothing faster (or the time limit)."""
+    greedy with jittered scores, until PATIENCE draws in a row find nothing faster (or the time limit). Its first
+    run of the greedy is made however late only without a warm start (the caller has no plan otherwise): with one,
+    a run is not started where the time left is shorter than the longest run timed in this solve (`unit_s`), and
+    every run stops at the deadline."""
     t0 = time.perf_counter()
     limit = options.time_limit_s if options.time_limit_s is not None else 3600.0
     graph, profile, budgets, homes = problem.graph, problem.profile, problem.budgets, problem.homes
@@ -31,28 +34,39 @@ def park_search(problem: Problem, options: SolverOptions = DEFAULTS, warm: Plan 
         pairs = park_pairs(graph, profile, problem.devices)
     except BudgetError as e:
         return Outcome(SolveResult("park-search", "failed", message=e.detail, error=e))
+    if warm is not None and (late := _too_late()) is not None:
+        return Outcome(SolveResult("park-search", "no_incumbent", message=late))
     orders = dict(starting_orders(graph, warm))
+    runs = [(c, store, name, order) for c, store in pairs for name, order in orders.items()]
     best: Plan | None = None
     tried = idle = 0
+    stopped = False
     for aim, price, depth, seed in _search_variants(options.seed):
-        if (tried and (out_of_time() or time.perf_counter() - t0 > limit)) or idle >= PATIENCE:
+        if stopped or idle >= PATIENCE:
             break
         before = best
-        for c, store in pairs:
-            for name, order in orders.items():
-                if tried and (out_of_time() or time.perf_counter() - t0 > limit):
-                    break
-                jitter = random.Random(f"{seed}/{c}/{store}/{name}") if seed is not None else None
-                try:
-                    plan = park_variant(
-                        graph, profile, budgets, homes, c, store, name, order, depth, price, aim, t0, jitter
-                    )
-                except BudgetError:
-                    continue
-                finally:
-                    tried += 1
-                if better(plan, best, options.alpha_energy):
-                    best = plan
+        for c, store, name, order in runs:
+            timed = tried > 0 or warm is not None  # the deadline binds every run but a first one without a warm start
+            if stopped := timed and (out_of_time() or time.perf_counter() - t0 > limit):
+                break
+            jitter = random.Random(f"{seed}/{c}/{store}/{name}") if seed is not None else None
+            started = now()
+            try:
+                plan = park_variant(
+                    *(graph, profile, budgets, homes, c, store, name, order, depth, price, aim, t0),
+                    jitter,
+                    past_deadline if timed else None,
+                )
+            except BudgetError:
+                continue
+            except NoIncumbent:  # stopped part-way at the deadline: the best so far is the result
+                stopped = True
+                break
+            finally:
+                tried += 1
+                note_unit("park", now() - started)
+            if better(plan, best, options.alpha_energy):
+                best = plan
         if seed is not None:
             idle = 0 if best is not before else idle + 1
     times = Times(solve_s=time.perf_counter() - t0)
@@ -62,6 +76,15 @@ def park_search(problem: Problem, options: SolverOptions = DEFAULTS, warm: Plan 
         )
     value = objective(best, options.alpha_energy)
     return Outcome(SolveResult("park-search", "heuristic", value, times=times, stats=best.solver.stats), best)
+
+
+def _too_late() -> str | None:
+    """Why no run of the greedy starts now: the time left is shorter than the longest run timed in this solve
+    (park's, before it); None where it is not."""
+    left, unit = time_left(), unit_s("park")
+    if left > unit:
+        return None
+    return f"not started: a run of the park greedy took {unit:.2f} s in this solve, {max(left, 0.0):.2f} s left"
 
 
 # (share of the budget aimed at, link price, rerun depth), most promising first (GPT-2 on the H200 profile at 45%,
