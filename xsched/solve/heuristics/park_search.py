@@ -50,22 +50,19 @@ def park_search(problem: Problem, options: SolverOptions = DEFAULTS, warm: Plan 
             if stopped := timed and (out_of_time() or time.perf_counter() - t0 > limit):
                 break
             jitter = random.Random(f"{seed}/{c}/{store}/{name}") if seed is not None else None
-            started = now()
+            started, tried = now(), tried + 1
             try:
+                stop = past_deadline if timed else None
                 plan = park_variant(
-                    *(graph, profile, budgets, homes, c, store, name, order, depth, price, aim, t0),
-                    jitter,
-                    past_deadline if timed else None,
+                    graph, profile, budgets, homes, c, store, name, order, depth, price, aim, t0, jitter, stop
                 )
             except BudgetError:
-                continue
+                plan = None
             except NoIncumbent:  # stopped part-way at the deadline: the best so far is the result
                 stopped = True
                 break
-            finally:
-                tried += 1
-                note_unit("park", now() - started)
-            if better(plan, best, options.alpha_energy):
+            note_unit("park", now() - started)  # a whole run, fitting or not
+            if plan is not None and better(plan, best, options.alpha_energy):
                 best = plan
         if seed is not None:
             idle = 0 if best is not before else idle + 1
