@@ -1,6 +1,7 @@
 """park-search keeps its deadline (issue 33): with a plan in hand it starts no run of the park greedy that the time
-left cannot cover (the longest run timed earlier in the solve) and stops a run part-way at the deadline. The clock
-is a fake one that the greedy's work advances, so nothing here measures wall time."""
+left cannot cover (the longest run timed earlier in the solve) and stops a run part-way at the deadline; park stops
+its variants after the first there too. The clock is a fake one that the greedy's work advances, so nothing here
+measures wall time."""
 
 from __future__ import annotations
 
@@ -71,3 +72,28 @@ def test_park_search_with_a_warm_start_stops_a_greedy_run_at_its_deadline(monkey
     with using_clock(clock), deadline(3.0):
         alone = park_search(p, SolverOptions(time_limit_s=None), None)
     assert moves[0] >= 3 + 8 and "(1 tried)" in alone.message, (moves, alone.message)
+
+
+def test_park_stops_a_later_variant_part_way_at_its_deadline(monkeypatch) -> None:
+    """The k-th run of the greedy takes k s a move: the first (8 moves) ends at 8 s of a 20 s limit, the second is
+    started (12 s left, more than the 8 s the first took) and would end at 24 s; it is stopped at 20 s, and the
+    first's plan is returned."""
+    p = problem()
+    clock, moves, runs = FakeClock(0.0), [], [0]
+    best_move, computes = park._best_move, park.park_computes
+
+    def counted_run(*a, **k):
+        runs[0] += 1
+        return computes(*a, **k)
+
+    def slower_each_run(*a, **k):
+        moves.append(runs[0])
+        clock.t += runs[0]
+        return best_move(*a, **k)
+
+    monkeypatch.setattr(park, "park_computes", counted_run)
+    monkeypatch.setattr(park, "_best_move", slower_each_run)
+    with using_clock(clock):
+        plan = park.park_remat(p, SolverOptions(time_limit_s=20.0))
+    assert moves.count(1) == 8 and runs[0] == 2 and clock.t == pytest.approx(20.0), (moves, clock.t)
+    assert plan.solver.stats.recomputes + plan.solver.stats.parked > 0
