@@ -1,7 +1,7 @@
-"""park-search keeps its deadline (issue 33): with a plan in hand it starts no run of the park greedy that the time
-left cannot cover (the longest run timed earlier in the solve) and stops a run part-way at the deadline; park stops
-its variants after the first there too. The clock is a fake one that the greedy's work advances, so nothing here
-measures wall time."""
+"""park-search keeps the run's limit (issue 33): with a plan in hand it starts no run of the park greedy where the
+run's time left is shorter than what one takes (the median of those timed earlier in the run), stops its first at
+the run's limit and later ones at its own deadline; park stops its variants after the first at its deadline too.
+The clock is a fake one that the greedy's work advances, so nothing here measures wall time."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from test_time_limit import FakeClock, problem
 
 from xsched.solve.heuristics import park
 from xsched.solve.heuristics.park_search import park_search
-from xsched.solve.options import SolverOptions, deadline, note_unit, timed_units, unit_s, using_clock
+from xsched.solve.options import SolverOptions, deadline, note_unit, one_run, run_left, unit_s, using_clock
 from xsched.solve.runner import GRACE_S, GRACE_SHARE, Configuration, run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -30,14 +30,17 @@ def costing(monkeypatch, clock: FakeClock, name: str, seconds: float) -> list[in
     return calls
 
 
-def test_the_longest_unit_of_each_kind_is_kept_within_a_solve_only() -> None:
-    note_unit("park", 3.0)  # outside a solve: nothing kept
+def test_a_run_keeps_its_end_and_the_median_unit_of_each_kind() -> None:
+    note_unit("park", 3.0)  # outside a run: nothing kept
     assert unit_s("park") == 0.0
-    with timed_units():
-        note_unit("park", 3.0)
-        note_unit("park", 1.0)
-        assert unit_s("park") == 3.0 and unit_s("other") == 0.0
-    assert unit_s("park") == 0.0
+    with using_clock(FakeClock(1.0)):
+        with deadline(2.0):  # outside a run, its end is the innermost deadline's
+            assert run_left() <= 2.0
+        with one_run(10.0), deadline(2.0):
+            for seconds in (3.0, 1.0, 8.0):
+                note_unit("park", seconds)
+            assert unit_s("park") == 3.0 and unit_s("other") == 0.0 and 2.0 < run_left() < 10.0
+        assert unit_s("park") == 0.0
 
 
 def test_the_runner_does_not_start_park_search_with_less_left_than_a_greedy_run(monkeypatch) -> None:
@@ -53,7 +56,7 @@ def test_the_runner_does_not_start_park_search_with_less_left_than_a_greedy_run(
     assert runs[0] == 2 and clock.t == pytest.approx(10.0), (runs, clock.t)
     assert clock.t <= 12.0 * (1 + GRACE_SHARE) + GRACE_S
     assert outcomes["park-search"].status == "no_incumbent"
-    assert "took 5.00 s in this solve, 2.00 s left" in outcomes["park-search"].message
+    assert "takes 5.00 s in this solve, 2.00 s left" in outcomes["park-search"].message
     assert r.plan is not None and r.record.stats.found_by == "park"
 
 
@@ -72,6 +75,18 @@ def test_park_search_with_a_warm_start_stops_a_greedy_run_at_its_deadline(monkey
     with using_clock(clock), deadline(3.0):
         alone = park_search(p, SolverOptions(time_limit_s=None), None)
     assert moves[0] >= 3 + 8 and "(1 tried)" in alone.message, (moves, alone.message)
+
+
+def test_park_searchs_first_run_may_pass_its_own_deadline_but_not_the_runs(monkeypatch) -> None:
+    """Each move of the greedy takes 1 s. Within a run ending at 5 s, park-search's own deadline at 2 s does not cut
+    its first run short (cut short it gives nothing): the run's limit does, at 5 s; no other run is started."""
+    p = problem()
+    warm = park.park_remat(p, SolverOptions(time_limit_s=None))
+    clock = FakeClock(0.0)
+    moves = costing(monkeypatch, clock, "_best_move", 1.0)
+    with using_clock(clock), one_run(5.0), deadline(2.0):
+        r = park_search(p, SolverOptions(time_limit_s=None), warm)
+    assert moves[0] == 5 and clock.t == pytest.approx(5.0) and r.plan is None, (moves, clock.t)
 
 
 def test_park_stops_a_later_variant_part_way_at_its_deadline(monkeypatch) -> None:

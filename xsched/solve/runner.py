@@ -14,7 +14,7 @@ from xsched.contracts.result import MemberOutcome, RunStats, SolveResult, Times
 from xsched.errors import BudgetError, NoIncumbent, SolverError, XschedError
 from xsched.solve.bounds.memory import check_budgets, lower_bounds
 from xsched.solve.objective import better, objective, objective_floor
-from xsched.solve.options import SolverOptions, deadline, now, past_deadline, timed_units
+from xsched.solve.options import SolverOptions, deadline, now, one_run, past_deadline
 from xsched.solve.problem import Outcome, Problem, runnable
 from xsched.solve.registry import IMPORT_S, SOLVERS, SolverEntry, run_member
 
@@ -64,7 +64,8 @@ def run(problem: Problem, config: Configuration, options: SolverOptions, given: 
     """The best runnable plan of the configuration's members within `options.time_limit_s`, labelled with its
     status and gap against the lower bound; an Outcome without a plan when none is found (its record's `error` says
     whether no plan is *proven* or only *not found*)."""
-    with timed_units():  # the members' units of work, timed for those after them (options.unit_s)
+    limit = options.time_limit_s if options.time_limit_s is not None else NO_LIMIT_S
+    with one_run(limit):  # the run's limit and its members' units of work, for those after them (options.unit_s)
         return _run(problem, config, options, given)
 
 

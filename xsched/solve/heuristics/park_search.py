@@ -13,7 +13,17 @@ from xsched.contracts.result import SolveResult, Times
 from xsched.errors import BudgetError, NoIncumbent
 from xsched.solve.heuristics.park import park_pairs, park_variant
 from xsched.solve.objective import better, objective
-from xsched.solve.options import DEFAULTS, SolverOptions, note_unit, now, out_of_time, past_deadline, time_left, unit_s
+from xsched.solve.options import (
+    DEFAULTS,
+    SolverOptions,
+    note_unit,
+    now,
+    out_of_time,
+    past_deadline,
+    past_run_end,
+    run_left,
+    unit_s,
+)
 from xsched.solve.order.order import starting_orders
 from xsched.solve.problem import Outcome, Problem
 
@@ -24,9 +34,10 @@ def park_search(problem: Problem, options: SolverOptions = DEFAULTS, warm: Plan 
     """`park-search`: more variants than the heuristic's, within the time limit: the warm start's own order too, the
     greedy aiming below the budget (it stops at a different point, sometimes a faster one), and seeded draws of the
     greedy with jittered scores, until PATIENCE draws in a row find nothing faster (or the time limit). Its first
-    run of the greedy is made however late only without a warm start (the caller has no plan otherwise): with one,
-    a run is not started where the time left is shorter than the longest run timed in this solve (`unit_s`), and
-    every run stops at the deadline."""
+    run of the greedy, which gives nothing if cut short, may end past its own deadline: without a warm start it is
+    made however late (the caller has no plan otherwise); with one, it is made only where the run's time left covers
+    what a run of the greedy takes in this run (`unit_s`, `run_left`), and stopped at the run's limit. Later runs are
+    started and stopped by its own deadline."""
     t0 = time.perf_counter()
     limit = options.time_limit_s if options.time_limit_s is not None else 3600.0
     graph, profile, budgets, homes = problem.graph, problem.profile, problem.budgets, problem.homes
@@ -46,13 +57,14 @@ def park_search(problem: Problem, options: SolverOptions = DEFAULTS, warm: Plan 
             break
         before = best
         for c, store, name, order in runs:
-            timed = tried > 0 or warm is not None  # the deadline binds every run but a first one without a warm start
-            if stopped := timed and (out_of_time() or time.perf_counter() - t0 > limit):
+            if stopped := tried > 0 and (out_of_time() or time.perf_counter() - t0 > limit):
                 break
             jitter = random.Random(f"{seed}/{c}/{store}/{name}") if seed is not None else None
+            # the first run may end past this member's deadline (cut short it gives nothing): with a warm start it is
+            # stopped at the run's limit, without one not at all (the caller has no plan otherwise)
+            stop = past_deadline if tried else past_run_end if warm is not None else None
             started, tried = now(), tried + 1
             try:
-                stop = past_deadline if timed else None
                 plan = park_variant(
                     graph, profile, budgets, homes, c, store, name, order, depth, price, aim, t0, jitter, stop
                 )
@@ -76,12 +88,12 @@ def park_search(problem: Problem, options: SolverOptions = DEFAULTS, warm: Plan 
 
 
 def _too_late() -> str | None:
-    """Why no run of the greedy starts now: the time left is shorter than the longest run timed in this solve
-    (park's, before it); None where it is not."""
-    left, unit = time_left(), unit_s("park")
+    """Why the first run of the greedy does not start: the run's time left is shorter than what a run takes in this
+    run (the median of park's, before this member); None where it is not."""
+    left, unit = run_left(), unit_s("park")
     if left > unit:
         return None
-    return f"not started: a run of the park greedy took {unit:.2f} s in this solve, {max(left, 0.0):.2f} s left"
+    return f"not started: a run of the park greedy takes {unit:.2f} s in this solve, {max(left, 0.0):.2f} s left"
 
 
 # (share of the budget aimed at, link price, rerun depth), most promising first (GPT-2 on the H200 profile at 45%,
