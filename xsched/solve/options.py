@@ -114,9 +114,11 @@ def using_clock(clock: Callable[[], float]) -> Iterator[None]:
     """The solve stage reads `clock` within the block (a test's fake clock that advances as it is read)."""
     token = _CLOCK.set(clock)
     outer = _DEADLINE.set(_Deadline(math.inf, 0.0))  # a deadline on the old clock means nothing on the new one
+    run = _RUN.set(None)  # nor does a run's end
     try:
         yield
     finally:
+        _RUN.reset(run)
         _DEADLINE.reset(outer)
         _CLOCK.reset(token)
 
