@@ -121,6 +121,33 @@ def test_weights_fetched_twice_under_the_budget_and_exhaustive_search_finds_noth
     assert least_makespan(g, prof, budgets, ["g", "h"], homes, below, depth=10) >= below
 
 
+def test_past_its_deadline_the_phase_bound_solves_its_first_cut_only(monkeypatch) -> None:
+    """At 30 B the cut at f sets the bound (8.7 s, by hand above); the first cut, the loss, gives less. With each LP
+    taking 1 s of a fake clock and 1.5 s to go, the second LP, as long as the first, would end past the deadline:
+    only the loss's is solved, and its bound (still one on every plan) is returned."""
+    from test_time_limit import FakeClock
+
+    from xsched.solve.bounds import phases
+    from xsched.solve.options import deadline, using_clock
+
+    g, prof = weight_graph()
+    homes, budgets = {"x": "h", "w": "h"}, {"g": 30}
+    clock, solved, minimise = FakeClock(0.0), [], phases.LinearProgram.minimise
+
+    def costly(lp, j):
+        clock.t += 1.0
+        solved.append(j)
+        return minimise(lp, j)
+
+    monkeypatch.setattr(phases.LinearProgram, "minimise", costly)
+    full = phases.phase_bound(g, prof, ["g", "h"], homes, budgets)
+    assert full is not None and full[1].op == "f" and full[0] == pytest.approx(8.7, rel=1e-5) and len(solved) > 1
+    solved.clear()
+    with using_clock(clock), deadline(1.5):
+        late = phases.phase_bound(g, prof, ["g", "h"], homes, budgets)
+    assert len(solved) == 1 and late is not None and late[1].op == "loss" and late[0] < full[0], (solved, late)
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(train_dags(max_ops=5), st.data())
 def test_no_heuristic_plan_and_no_searched_plan_beats_the_bound(g, data) -> None:

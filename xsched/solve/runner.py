@@ -14,7 +14,7 @@ from xsched.contracts.result import MemberOutcome, RunStats, SolveResult, Times
 from xsched.errors import BudgetError, NoIncumbent, SolverError, XschedError
 from xsched.solve.bounds.memory import check_budgets, lower_bounds
 from xsched.solve.objective import better, objective, objective_floor
-from xsched.solve.options import SolverOptions, deadline, now, past_deadline
+from xsched.solve.options import SolverOptions, deadline, now, one_run, past_deadline
 from xsched.solve.problem import Outcome, Problem, runnable
 from xsched.solve.registry import IMPORT_S, SOLVERS, SolverEntry, run_member
 
@@ -24,6 +24,7 @@ MIN_MEMBER_S = 0.5  # a timed member is not started with less time left: buildin
 MIN_METHOD_S = 1.0  # a method named on its own gets at least this much, even when the heuristics took the limit
 # time for finding a budget that works after no plan was found: a share of the time left, at least PROBE_MIN_S
 PROBE_SHARE, PROBE_MIN_S, PROBE_MAX_S = 0.2, 0.5, 10.0
+FLOOR_SHARE = 0.1  # the lower bound's share of the limit (0.5-1.5 s on GPT-2 1.56B, most in its first LP)
 GRACE_SHARE, GRACE_S = 0.1, 1.0  # a run returns within limit x (1 + GRACE_SHARE) + GRACE_S (issue 33)
 PROBE_FACTORS = (1.1, 1.25, 1.5, 2.0, 4.0)  # budgets scaled by these until a heuristic fits
 _PROOF_SCOPE = {"milp": ", for plans that first compute the ops in graph order"}
@@ -63,6 +64,13 @@ def run(problem: Problem, config: Configuration, options: SolverOptions, given: 
     """The best runnable plan of the configuration's members within `options.time_limit_s`, labelled with its
     status and gap against the lower bound; an Outcome without a plan when none is found (its record's `error` says
     whether no plan is *proven* or only *not found*)."""
+    limit = options.time_limit_s if options.time_limit_s is not None else NO_LIMIT_S
+    with one_run(limit):  # the run's limit and its members' units of work, for those after them (options.unit_s)
+        return _run(problem, config, options, given)
+
+
+def _run(problem: Problem, config: Configuration, options: SolverOptions, given: Plan | None) -> Outcome:
+    """`run`'s body: the heuristics in their shares of the limit, then the timed members in what is left."""
     t0 = now()
     limit = options.time_limit_s if options.time_limit_s is not None else NO_LIMIT_S
     grace_end = limit * (1 + GRACE_SHARE) + GRACE_S  # the run returns by then (issue 33)
@@ -88,9 +96,10 @@ def run(problem: Problem, config: Configuration, options: SolverOptions, given: 
     # the heuristics share the limit (less a named method's own minimum), each an equal part of what is left, so
     # that a slow one cannot starve those after it; one that ends early leaves its time to the rest
     until = limit - (MIN_METHOD_S if config.method is not None and timed else 0.0)
-    floor, floor_why = objective_floor(
-        problem.graph, problem.profile, problem.devices, problem.homes, alpha, problem.budgets
-    )
+    with deadline(limit * FLOOR_SHARE):  # the phase bound's later cuts are left out past it (bounds.phases)
+        floor, floor_why = objective_floor(
+            problem.graph, problem.profile, problem.devices, problem.homes, alpha, problem.budgets
+        )
     for k, entry in enumerate(heuristics):
         started = now()
         if _within_gap(best, floor, alpha, options.mip_gap):  # no later member could gain more than the gap asked

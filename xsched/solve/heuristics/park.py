@@ -10,20 +10,20 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Free, Plan, Step, required_homes
 from xsched.contracts.profile import Profile
 from xsched.contracts.result import HeuristicStats
-from xsched.errors import BudgetError, PlanError
+from xsched.errors import BudgetError, NoIncumbent, PlanError
 from xsched.solve.autograd_boundary import hold_to_boundary
 from xsched.solve.heuristics.gaps import MAX_DEPTH, MAX_DROPS
 from xsched.solve.heuristics.park_model import EndRerun, Park, ParkTimeline
 from xsched.solve.heuristics.routing import finish, route
 from xsched.solve.heuristics.timeline import op_seconds
 from xsched.solve.objective import best_of
-from xsched.solve.options import DEFAULTS, SolverOptions, keeps_limit, out_of_time
+from xsched.solve.options import DEFAULTS, SolverOptions, keeps_limit, note_unit, now, out_of_time, past_deadline
 from xsched.solve.order.order import starting_orders
 from xsched.solve.problem import Problem, runnable
 
@@ -48,11 +48,12 @@ def park_computes(
     depth: int = 0,
     price: float | None = 0.0,
     jitter: random.Random | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> ParkTimeline:
     """`order` with reruns and parked values: while the peak is over `budget`, apply the drop or park at the peak
     with the least added time per byte freed there (a drop's rerun time; a park's stall and link price; no park
     with price None), each score times 1 + JITTER x a draw from `jitter` where given. BudgetError when nothing
-    lowers the peak."""
+    lowers the peak; NoIncumbent when `stop` says so between two moves (one run takes seconds on a large graph)."""
     out, back = profile.link(device, store), profile.link(store, device)
     if out is None or back is None:
         raise PlanError(f"no copy link between {device} and {store} in the profile", stage="solve", device=store)
@@ -66,6 +67,8 @@ def park_computes(
         t = int(line.mem.argmax())
         if line.mem[t] <= budget:
             return line
+        if stop is not None and stop():
+            raise NoIncumbent(f"parking and recomputing on {device} stopped at the time limit", stage="solve")
         move = _best_move(line, t, budget, depth, price, cost, noise, exact=jitter is None)
         if move is None:
             raise line.peak_error("parking and recomputing", t, budget)
@@ -298,13 +301,20 @@ def park_remat(problem: Problem, options: SolverOptions = DEFAULTS, warm: Plan |
             break
         if (c, store, name) in as_is:  # depth and price only rank moves: none made, the same plan again
             continue
-        try:
-            line = park_line(graph, profile, budgets, homes, c, store, order, depth, price, 1.0)
+        started = now()
+        try:  # a later variant stops at the deadline part-way (the first must give the caller a plan)
+            line = park_line(
+                graph, profile, budgets, homes, c, store, order, depth, price, 1.0, stop=past_deadline if k else None
+            )
             if line.untouched:
                 as_is.add((c, store, name))
             plans.append(line_plan(graph, profile, budgets, homes, line, name, depth, t0))
         except BudgetError as e:
             why.append(f"{c}/{store} {name} order, depth {depth}, price {price}: {e.detail}")
+        except NoIncumbent:
+            why.insert(0, f"stopped at the time limit in variant {k + 1} of {len(variants)}")
+            break
+        note_unit("park", now() - started)  # what park-search expects one of its runs to take
     if not plans:
         raise BudgetError("park: " + "; ".join(why[:3]), stage="solve", device=variants[0][0])
     return best_of(plans, options.alpha_energy)
@@ -329,17 +339,21 @@ def park_pairs(graph: Graph, profile: Profile | None, devices: Sequence[str]) ->
     return pairs
 
 
-def park_variant(graph, profile, budgets, homes, c, store, name, order, depth, price, aim, t0, jitter=None) -> Plan:
-    """One run of the greedy (aiming at `aim` x the budget, its scores jittered by `jitter` if given) made into a
-    plan checked against the budgets."""
-    line = park_line(graph, profile, budgets, homes, c, store, order, depth, price, aim, jitter)
+def park_variant(
+    graph, profile, budgets, homes, c, store, name, order, depth, price, aim, t0, jitter=None, stop=None
+) -> Plan:
+    """One run of the greedy (aiming at `aim` x the budget, its scores jittered by `jitter` if given, stopped by
+    `stop` as park_computes is) made into a plan checked against the budgets."""
+    line = park_line(graph, profile, budgets, homes, c, store, order, depth, price, aim, jitter, stop)
     return line_plan(graph, profile, budgets, homes, line, name, depth, t0)
 
 
-def park_line(graph, profile, budgets, homes, c, store, order, depth, price, aim, jitter=None) -> ParkTimeline:
+def park_line(
+    graph, profile, budgets, homes, c, store, order, depth, price, aim, jitter=None, stop=None
+) -> ParkTimeline:
     """The greedy's timeline on `c` with `store`, aiming at `aim` x the budget (no budget: the order as it is)."""
     limit = int(budgets[c] * aim) if c in budgets else 1 << 62
-    return park_computes(graph, order, c, store, limit, profile, homes, depth, price, jitter)
+    return park_computes(graph, order, c, store, limit, profile, homes, depth, price, jitter, stop)
 
 
 def line_plan(graph, profile, budgets, homes, line: ParkTimeline, name: str, depth: int, t0: float) -> Plan:
