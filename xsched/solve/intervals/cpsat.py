@@ -4,15 +4,20 @@ memory, one no-overlap per (value, device), reads as enforced literals (Moccasin
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from xsched.errors import XschedError
-from xsched.solve.intervals.data import IntervalData
+from xsched.solve.intervals.data import CHECK_EVERY, IntervalData, Late, check
 from xsched.solve.intervals.extract import Placement
 from xsched.solve.intervals.link_time import build_link_time, hint_times
+from xsched.solve.options import now, out_of_time
 
 KEEP = 8  # incumbents kept besides the last: the first (a completed hint) and the latest others
 COMPLETE_SHARE = 0.1  # at most this share of the time to complete a hint (its unhinted literals) before the search
+# of the time left after the build, the share left to the caller for replaying the solutions found (solver.py): on a
+# large graph each replay takes a simulator run (0.3 s on GPT-2 1.56B), and past the limit only the first is kept
+REPLAY_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -60,116 +65,23 @@ def solve_cpsat(
         from ortools.sat.python import cp_model
     except ImportError as e:
         raise XschedError("the CP-SAT backend needs OR-Tools: pip install 'xsched[cpsat]'", stage="solve") from e
-    t0 = time.perf_counter()
-    m = cp_model.CpModel()
-    end = data.end
-    # ---- variable groups
-    a = [m.NewBoolVar(f"a{k}") for k in range(len(data.slots))]  # a[k]: slot k is used (its step runs)
-    stage = [m.NewIntVar(0, len(sl.starts) - 1, f"j{k}") for k, sl in enumerate(data.slots)]
-    # stage[k]: which of its candidate events slot k starts at; s[k], the event, is affine in it
-    s = [sl.starts[0] + data.width * stage[k] for k, sl in enumerate(data.slots)]
-    e = {(k, v): m.NewIntVar(sl.starts[0], end, f"e{k}_{v}") for k, sl in enumerate(data.slots) for v in sl.values}
-    # e[k, v]: the last event value v of slot k stays resident (its memory is held over [s, e])
-    ivs: dict[tuple[int, int], object] = {}  # (slot, value) -> optional interval [s, e + 1)
-    for (k, v), ev in e.items():
-        m.Add(ev >= s[k])
-        size = m.NewIntVar(1, end + 1, f"n{k}_{v}")
-        ivs[(k, v)] = m.NewOptionalIntervalVar(s[k], size, ev + 1, a[k], f"i{k}_{v}")
-    # ---- constraint groups
-    for prev, nxt in _successive(data):  # symmetry: slots of one step kind used in order, earliest first
-        m.AddImplication(a[nxt], a[prev])
-        m.Add(s[nxt] > s[prev]).OnlyEnforceIf(a[nxt])
-    for q, cands in enumerate(data.frontier):  # stage q computes the op at position q on at least one device
-        start = data.slots[cands[0]].starts[0] if cands else None
-        f = [m.NewBoolVar(f"f{q}_{k}") for k in cands]
-        for lit, k in zip(f, cands):
-            m.AddImplication(lit, a[k])
-            m.Add(s[k] == start).OnlyEnforceIf(lit)
-        m.AddBoolOr(f)
-    if timing == "links":  # link_time.py: stage times, copies on their link's time
-        lt, serial, last_stage = build_link_time(m, data, a, stage), {}, {}
-    else:  # serial[k]: copy k feeds a compute of its own stage, which waits for it (its time counts whole)
-        lt, last_stage = None, {}  # last_stage: copy slot -> literal: one of the final copies (nothing after it)
-        serial = {k: m.NewBoolVar(f"serial{k}") for k, sl in enumerate(data.slots) if sl.kind == "copy" and sl.cost > 0}
-    for r in data.reads:  # a step reads each input from a used slot that started before it and still holds it
-        z = [m.NewBoolVar(f"z{r.slot}_{r.value}_{f}") for f in r.feeders]
-        for lit, f in zip(z, r.feeders):
-            m.AddImplication(lit, a[f])
-            m.Add(s[f] < s[r.slot]).OnlyEnforceIf(lit)
-            m.Add(e[(f, r.value)] >= s[r.slot]).OnlyEnforceIf(lit)
-            if lt is not None:  # a copy's readers after it is over, its source held until then
-                lt.read(m, lit, f, r.slot)
-                if r.strict:
-                    lt.hold(m, lit, e[(f, r.value)], r.slot)
-            if f in serial and not r.strict:  # else the copy ran in an earlier stage, beside that stage's computes
-                m.Add(s[f] + data.width + data.offset(r.slot) <= s[r.slot]).OnlyEnforceIf([lit, serial[f].Not()])
-            if r.strict and r.slot in serial:  # a copy's source held through the copy's stage, else it is serial
-                held = [lit, serial[r.slot].Not(), *_before_end(m, data, r.slot, stage, last_stage)]
-                m.Add(e[(f, r.value)] >= s[r.slot] + data.width - 1).OnlyEnforceIf(held)
-        m.AddBoolOr([*z, a[r.slot].Not()])
-    beyond = _links(m, data, a, stage) if lt is None else []
-    for v, devs in data.ends:  # every graph output resident at the end (on its required home when it has one)
-        y = []
-        for d in devs:
-            for k in data.of_value.get((v, d), ()):
-                lit = m.NewBoolVar(f"y{k}_{v}")
-                m.AddImplication(lit, a[k])
-                m.Add(e[(k, v)] == end).OnlyEnforceIf(lit)
-                y.append(lit)
-        m.AddBoolOr(y)
-    _held(m, data, a, s, e)  # a held output: resident from the boundary to the end, never freed in between
-    for (v, _), ks in data.of_value.items():  # one residency of a value on a device at a time
-        if len(ks) > 1:
-            m.AddNoOverlap([ivs[(k, v)] for k in ks])
-    excess: list = []
-    for d, cap in enumerate(data.capacity):  # memory: resident intervals + the running step's workspace
-        if cap is None:
-            continue
-        items = [(ivs[(k, v)], data.mem[v]) for (k, v) in ivs if data.slots[k].device == d and data.mem[v] > 0]
-        for k, w in data.workspace.items():
-            if data.slots[k].device == d and w > 0:
-                items.append((m.NewOptionalFixedSizeIntervalVar(s[k], 1, a[k], f"w{k}"), w))
-        if items:
-            total = sum(w for _, w in items)
-            over = m.NewIntVar(0, total if soft else 0, f"over{d}")  # bytes over the budget (soft phase only)
-            excess.append(over)
-            m.AddCumulative([x for x, _ in items], [w for _, w in items], max(cap, 0) + over)
-    for groups in data.rng_groups:  # a random op runs from one RNG only, so its recomputes replay its draws
-        used = [m.NewBoolVar("") for _ in groups]
-        for lit, ks in zip(used, groups):
-            for k in ks:
-                m.AddImplication(a[k], lit)
-        m.AddAtMostOne(used)
-    if lt is not None:
-        run_time, heavy = lt.final, lt.horizon + 1  # a byte over the budget costs more than any plan's time
-    else:
-        run_time = (  # the timed objective (data.py): computes, links beyond them, serial copies
-            sum(sl.cost * a[k] for k, sl in enumerate(data.slots) if sl.kind == "compute")
-            + sum(beyond)
-            + sum(data.slots[k].cost * lit for k, lit in serial.items())
-        )
-        # a byte over the budget costs more than any plan's time (at most every slot, and each copy again as serial)
-        heavy = sum(sl.cost for sl in data.slots) + sum(sl.cost for sl in data.slots if sl.kind == "copy") + 1
-    m.Minimize(run_time + heavy * sum(excess) if soft and excess else run_time)
-    if hint:
-
-        def placement_hint() -> None:
-            for k, sl in enumerate(data.slots):
-                m.AddHint(a[k], k in hint)
-                if k in hint:
-                    m.AddHint(stage[k], (hint[k][0] - sl.starts[0]) // data.width)
-                    for v, ev in zip(sl.values, hint[k][1]):
-                        m.AddHint(e[(k, v)], ev)
-
-        placement_hint()
-        if lt is not None:  # its times: a large placement's are not found in time without them
-            hint_times(m, lt, hint)
-        if not _complete_hint(m, COMPLETE_SHARE * time_limit_s, workers, seed):
-            m.ClearHints()  # not a plan (over the budgets, say): its times would only mislead the search
-            placement_hint()
+    # lateness is read on the solve stage's clock (a test's fake clock included), durations on the wall clock
+    t0, start = time.perf_counter(), now()
+    late = lambda: out_of_time() or now() - start > time_limit_s  # noqa: E731
+    try:
+        m, (a, stage, e), excess, run_time, lt = _model(data, soft, timing, late)
+        if hint:
+            _hint(
+                m, data, (a, stage, e), lt, hint, COMPLETE_SHARE * (time_limit_s - (now() - start)), workers, seed, late
+            )
+        if late():  # the search would start past the limit (its own, or the run's deadline)
+            raise Late
+    except Late:
+        return Outcome("unknown", None, None, None, time.perf_counter() - t0, 0.0)
     build_s = time.perf_counter() - t0
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(time_limit_s - build_s, 0.05)
+    # the time left after the build, less a share for the caller's replay of the solutions (solver.py)
+    solver.parameters.max_time_in_seconds = max((1 - REPLAY_SHARE) * (time_limit_s - (now() - start)), 0.05)
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = seed
     solver.parameters.log_search_progress = verbose
@@ -199,6 +111,134 @@ def solve_cpsat(
         solve_s,
         tuple(x for x in callback.kept if x[1] != placed),
     )
+
+
+def _model(data: IntervalData, soft: bool, timing: str, late: Callable[[], bool]):
+    """The CP-SAT model of `data` (see solve_cpsat): (model, its slot variables (a, stage, e), the soft phase's
+    excess bytes per device, the objective's run time, the link times or None). Raises Late when `late()` says so,
+    looked at between its constraint groups and within the largest (3.9 s on GPT-2 1.56B's first order)."""
+    from ortools.sat.python import cp_model
+
+    m = cp_model.CpModel()
+    end = data.end
+    # ---- variable groups
+    a = [m.NewBoolVar(f"a{k}") for k in range(len(data.slots))]  # a[k]: slot k is used (its step runs)
+    stage = [m.NewIntVar(0, len(sl.starts) - 1, f"j{k}") for k, sl in enumerate(data.slots)]
+    # stage[k]: which of its candidate events slot k starts at; s[k], the event, is affine in it
+    s = [sl.starts[0] + data.width * stage[k] for k, sl in enumerate(data.slots)]
+    e = {(k, v): m.NewIntVar(sl.starts[0], end, f"e{k}_{v}") for k, sl in enumerate(data.slots) for v in sl.values}
+    # e[k, v]: the last event value v of slot k stays resident (its memory is held over [s, e])
+    ivs: dict[tuple[int, int], object] = {}  # (slot, value) -> optional interval [s, e + 1)
+    for (k, v), ev in e.items():
+        m.Add(ev >= s[k])
+        size = m.NewIntVar(1, end + 1, f"n{k}_{v}")
+        ivs[(k, v)] = m.NewOptionalIntervalVar(s[k], size, ev + 1, a[k], f"i{k}_{v}")
+        check(late, k)
+    # ---- constraint groups
+    for prev, nxt in _successive(data):  # symmetry: slots of one step kind used in order, earliest first
+        m.AddImplication(a[nxt], a[prev])
+        m.Add(s[nxt] > s[prev]).OnlyEnforceIf(a[nxt])
+    for q, cands in enumerate(data.frontier):  # stage q computes the op at position q on at least one device
+        check(late, q)
+        start = data.slots[cands[0]].starts[0] if cands else None
+        f = [m.NewBoolVar(f"f{q}_{k}") for k in cands]
+        for lit, k in zip(f, cands):
+            m.AddImplication(lit, a[k])
+            m.Add(s[k] == start).OnlyEnforceIf(lit)
+        m.AddBoolOr(f)
+    if timing == "links":  # link_time.py: stage times, copies on their link's time
+        lt, serial, last_stage = build_link_time(m, data, a, stage, late), {}, {}
+    else:  # serial[k]: copy k feeds a compute of its own stage, which waits for it (its time counts whole)
+        lt, last_stage = None, {}  # last_stage: copy slot -> literal: one of the final copies (nothing after it)
+        serial = {k: m.NewBoolVar(f"serial{k}") for k, sl in enumerate(data.slots) if sl.kind == "copy" and sl.cost > 0}
+    for n, r in enumerate(data.reads):  # a step reads each input from a used slot that started before it and holds it
+        check(late, n)
+        z = [m.NewBoolVar(f"z{r.slot}_{r.value}_{f}") for f in r.feeders]
+        for lit, f in zip(z, r.feeders):
+            m.AddImplication(lit, a[f])
+            m.Add(s[f] < s[r.slot]).OnlyEnforceIf(lit)
+            m.Add(e[(f, r.value)] >= s[r.slot]).OnlyEnforceIf(lit)
+            if lt is not None:  # a copy's readers after it is over, its source held until then
+                lt.read(m, lit, f, r.slot)
+                if r.strict:
+                    lt.hold(m, lit, e[(f, r.value)], r.slot)
+            if f in serial and not r.strict:  # else the copy ran in an earlier stage, beside that stage's computes
+                m.Add(s[f] + data.width + data.offset(r.slot) <= s[r.slot]).OnlyEnforceIf([lit, serial[f].Not()])
+            if r.strict and r.slot in serial:  # a copy's source held through the copy's stage, else it is serial
+                held = [lit, serial[r.slot].Not(), *_before_end(m, data, r.slot, stage, last_stage)]
+                m.Add(e[(f, r.value)] >= s[r.slot] + data.width - 1).OnlyEnforceIf(held)
+        m.AddBoolOr([*z, a[r.slot].Not()])
+    beyond = _links(m, data, a, stage) if lt is None else []
+    for v, devs in data.ends:  # every graph output resident at the end (on its required home when it has one)
+        y = []
+        for d in devs:
+            for k in data.of_value.get((v, d), ()):
+                lit = m.NewBoolVar(f"y{k}_{v}")
+                m.AddImplication(lit, a[k])
+                m.Add(e[(k, v)] == end).OnlyEnforceIf(lit)
+                y.append(lit)
+        m.AddBoolOr(y)
+    check(late, CHECK_EVERY - 1)
+    _held(m, data, a, s, e)  # a held output: resident from the boundary to the end, never freed in between
+    for (v, _), ks in data.of_value.items():  # one residency of a value on a device at a time
+        if len(ks) > 1:
+            m.AddNoOverlap([ivs[(k, v)] for k in ks])
+    check(late, CHECK_EVERY - 1)
+    excess: list = []
+    for d, cap in enumerate(data.capacity):  # memory: resident intervals + the running step's workspace
+        check(late, CHECK_EVERY - 1)
+        if cap is None:
+            continue
+        items = [(ivs[(k, v)], data.mem[v]) for (k, v) in ivs if data.slots[k].device == d and data.mem[v] > 0]
+        for k, w in data.workspace.items():
+            if data.slots[k].device == d and w > 0:
+                items.append((m.NewOptionalFixedSizeIntervalVar(s[k], 1, a[k], f"w{k}"), w))
+        if items:
+            total = sum(w for _, w in items)
+            over = m.NewIntVar(0, total if soft else 0, f"over{d}")  # bytes over the budget (soft phase only)
+            excess.append(over)
+            m.AddCumulative([x for x, _ in items], [w for _, w in items], max(cap, 0) + over)
+    for groups in data.rng_groups:  # a random op runs from one RNG only, so its recomputes replay its draws
+        used = [m.NewBoolVar("") for _ in groups]
+        for lit, ks in zip(used, groups):
+            for k in ks:
+                m.AddImplication(a[k], lit)
+        m.AddAtMostOne(used)
+    if lt is not None:
+        run_time, heavy = lt.final, lt.horizon + 1  # a byte over the budget costs more than any plan's time
+    else:
+        run_time = (  # the timed objective (data.py): computes, links beyond them, serial copies
+            sum(sl.cost * a[k] for k, sl in enumerate(data.slots) if sl.kind == "compute")
+            + sum(beyond)
+            + sum(data.slots[k].cost * lit for k, lit in serial.items())
+        )
+        # a byte over the budget costs more than any plan's time (at most every slot, and each copy again as serial)
+        heavy = sum(sl.cost for sl in data.slots) + sum(sl.cost for sl in data.slots if sl.kind == "copy") + 1
+    m.Minimize(run_time + heavy * sum(excess) if soft and excess else run_time)
+    return m, (a, stage, e), excess, run_time, lt
+
+
+def _hint(m, data: IntervalData, slot_vars, lt, hint: Placement, limit_s: float, workers: int, seed: int, late) -> None:
+    """Hint placement `hint` (slot -> start, ends) and its link times, completed to every variable where a plan
+    (_complete_hint, within `limit_s`). Raises Late when `late()` says so before the completion or after it."""
+    a, stage, e = slot_vars
+
+    def placement_hint() -> None:
+        for k, sl in enumerate(data.slots):
+            m.AddHint(a[k], k in hint)
+            if k in hint:
+                m.AddHint(stage[k], (hint[k][0] - sl.starts[0]) // data.width)
+                for v, ev in zip(sl.values, hint[k][1]):
+                    m.AddHint(e[(k, v)], ev)
+
+    placement_hint()
+    if lt is not None:  # its times: a large placement's are not found in time without them
+        hint_times(m, lt, hint)
+    if late():  # the completion is a solve of its own (0.9 s on GPT-2 1.56B, whatever its limit)
+        raise Late
+    if not _complete_hint(m, limit_s, workers, seed):
+        m.ClearHints()  # not a plan (over the budgets, say): its times would only mislead the search
+        placement_hint()
 
 
 def _complete_hint(m, limit_s: float, workers: int, seed: int) -> bool:

@@ -12,7 +12,7 @@ import pyomo.environ as pyo
 
 from xsched.errors import NoIncumbent
 from xsched.solve.intervals.cpsat import Outcome
-from xsched.solve.intervals.data import IntervalData
+from xsched.solve.intervals.data import IntervalData, Late
 from xsched.solve.intervals.extract import Placement
 from xsched.solve.milp.backends import new_highs, set_threads
 from xsched.solve.options import SolverOptions, now, out_of_time
@@ -21,13 +21,9 @@ CHECK_EVERY = 500  # memory pairs built between two looks at the clock
 MAX_PAIRS = 15_000  # pairwise memory rows beyond which building alone eats a minute's limit (n100: 15-20 s)
 
 
-class _Late(Exception):
-    """The deadline passed while the model was being built: no time is left to solve it."""
-
-
 def build(data: IntervalData, late: Callable[[], bool] = lambda: False) -> pyo.ConcreteModel:
     """Variables and constraints; see the module docstring. Events are integers 0..end, big-M = end + 1. Raises
-    _Late when `late()` says so between constraint groups and within the memory rows (the largest group)."""
+    Late when `late()` says so between constraint groups and within the memory rows (the largest group)."""
     M, end, slots = data.end + 1, data.end, data.slots
     m = pyo.ConcreteModel(name="xsched_intervals")
     n = range(len(slots))
@@ -109,7 +105,7 @@ def build(data: IntervalData, late: Callable[[], bool] = lambda: False) -> pyo.C
         m.ends.add(sum(m.y[t] for t, (k, w) in enumerate(ends) if w == v and slots[k].device in devs) >= 1)
     _held(m, data, s)
     if late():
-        raise _Late
+        raise Late
     _memory(m, data, s, late)
     m.rng = pyo.ConstraintList()  # a random op runs from one RNG only
     if data.rng_groups:  # K[g, r]: random op g draws from RNG r
@@ -212,7 +208,7 @@ def _memory(m: pyo.ConcreteModel, data: IntervalData, s, late: Callable[[], bool
     held: dict[int, list] = {}
     for t, (i, j) in enumerate(trip):
         if t % CHECK_EVERY == CHECK_EVERY - 1 and late():
-            raise _Late
+            raise Late
         m.mem.add(s(j) >= s(i) + 1 - M * m.p[t] - M * (1 - m.a[j]))
         for w in slots[j].values:
             m.mem.add(m.e[j, w] <= s(i) - 1 + M * m.h[t, w])
@@ -240,7 +236,7 @@ def solve_highs_intervals(
     late = lambda: out_of_time() or now() - start > time_limit_s  # noqa: E731
     try:
         m = build(data, late)
-    except _Late:
+    except Late:
         return Outcome("unknown", None, None, None, time.perf_counter() - t0, 0.0)
     # handing the model to HiGHS takes about as long as building it: not started when that is more than is left
     if 2 * (now() - start) > time_limit_s or out_of_time():

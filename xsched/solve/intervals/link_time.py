@@ -3,10 +3,10 @@ copy waiting for its end, and the final time the objective (the overlap model of
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from xsched.solve.intervals.data import IntervalData
+from xsched.solve.intervals.data import CHECK_EVERY, IntervalData, check, never
 
 # Time of a plan in stage units (events: data.py). Stage j (0..T + 1) issues its copies at T[j] and runs its computes
 # one after another (every device alike, as in the sequential objective) from U[j] >= T[j]; T[j + 1] >= U[j] + the
@@ -61,8 +61,9 @@ class LinkTime:
             m.Add(source_end >= d.end).OnlyEnforceIf([lit, at_end])
 
 
-def build_link_time(m, data: IntervalData, a: list, stage: list) -> LinkTime:
-    """The time variables and constraints of `data`'s model `m` (slots used: a; their stage indices: stage)."""
+def build_link_time(m, data: IntervalData, a: list, stage: list, late: Callable[[], bool] = never) -> LinkTime:
+    """The time variables and constraints of `data`'s model `m` (slots used: a; their stage indices: stage).
+    Raises Late when `late()` says so (looked at within the loops over copies and links)."""
     n = len(data.order) + 2  # stages 0..T + 1; index n is the end
     first = [data.stage(sl.starts[0]) for sl in data.slots]
     stage_of = [first[k] + stage[k] for k in range(len(data.slots))]
@@ -79,7 +80,8 @@ def build_link_time(m, data: IntervalData, a: list, stage: list) -> LinkTime:
     U = [m.NewIntVar(0, horizon, f"U{j}") for j in range(n + 1)]  # U[j]: stage j's computes start
     cap = sum(data.slots[k].cost for k in computes) + 1  # more than every compute slot used
     P = [m.NewIntVar(0, cap, f"P{j}") for j in range(n)]  # P[j]: stage j's computes, one after another
-    for k in copies:  # rho[k] = 2 jd[k] + bd[k]: copy k is over by Z[rho] (2n: the final time)
+    for x, k in enumerate(copies):  # rho[k] = 2 jd[k] + bd[k]: copy k is over by Z[rho] (2n: the final time)
+        check(late, x)
         final = data.slots[k].starts[-1] == data.end  # it may be a final copy, or one over at the final time
         jd, bd = m.NewIntVar(first[k], n, f"jd{k}"), m.NewBoolVar(f"bd{k}")
         rho = lt.done[k] = m.NewIntVar(2 * first[k] + 1, 2 * n if final else 2 * n - 1, f"rho{k}")
@@ -113,17 +115,20 @@ def build_link_time(m, data: IntervalData, a: list, stage: list) -> LinkTime:
     m.AddCumulative([x for x, _ in load], [w for _, w in load], cap)
     cy = {k: m.NewOptionalFixedSizeIntervalVar(c[k], data.slots[k].cost, a[k], f"cy{k}") for k in copies}
     for ln in links:  # each link: its lane's stage split and its copies' boxes on the stage x time plane
+        check(late, CHECK_EVERY - 1)
         g = G[ln]
         for j in range(n):
             m.Add(g[j] >= T[j])
             m.Add(g[j + 1] >= g[j])
         xs, ys, xe, ye = [], [], [], []
         for j in range(n):  # staircase: before G[j] and from G[j + 1] on, in stage j
+            check(late, j)
             x = m.NewFixedSizeIntervalVar(j, 1, f"sx{ln}_{j}")
             xs += [x, x]
             ys.append(m.NewIntervalVar(-1, g[j] + 1, g[j], f"sb{ln}_{j}"))
             ys.append(m.NewIntervalVar(g[j + 1], horizon + 1 - g[j + 1], horizon + 1, f"sa{ln}_{j}"))
         for x in range(2 * n + 1):  # and from Z[x] on, at x (a copy over by Z[x] ends before)
+            check(late, x)
             z = T[x // 2] if x % 2 == 0 else U[x // 2]
             xe.append(m.NewFixedSizeIntervalVar(x, 1, f"zx{ln}_{x}"))
             ye.append(m.NewIntervalVar(z, horizon + 1 - z, horizon + 1, f"za{ln}_{x}"))

@@ -13,10 +13,10 @@ from xsched.contracts.profile import Profile
 from xsched.contracts.result import IntervalStats, SolveResult, Times
 from xsched.errors import BudgetError, NoIncumbent
 from xsched.solve.intervals.cpsat import Outcome, solve_cpsat
-from xsched.solve.intervals.data import IntervalData, build_data
+from xsched.solve.intervals.data import IntervalData, Late, build_data
 from xsched.solve.intervals.extract import hint_from_plan, step_counts, to_plan
 from xsched.solve.objective import better, objective
-from xsched.solve.options import DEFAULTS, SolverOptions
+from xsched.solve.options import DEFAULTS, SolverOptions, now, out_of_time, past_deadline
 from xsched.solve.order.order import first_compute_indices, topological, unbudgeted_plan
 from xsched.solve.problem import Problem
 from xsched.solve.registry import from_plan
@@ -46,8 +46,10 @@ def solve_intervals(
     (for this order and C: not a proof for other orders or more intervals) and NoIncumbent when no plan is found
     in time. Its result's stats (IntervalStats) hold C and the model's own objective and bound (for this order and
     C only)."""
-    t0 = time.perf_counter()
+    # lateness is read on the solve stage's clock (a test's fake clock included), durations on the wall clock
+    t0, start = time.perf_counter(), now()
     limit = options.time_limit_s if options.time_limit_s is not None else 3600.0
+    late = lambda: out_of_time() or now() - start > limit  # noqa: E731
     graph, profile, budgets, devices, homes = (
         problem.graph,
         problem.profile,
@@ -72,13 +74,19 @@ def solve_intervals(
     C, times = C_START, {"build_s": 0.0, "solve_s": 0.0, "extract_s": 0.0}
     last: Outcome | None = None
     prev_objective: int | None = None
-    while True:
-        data = build_data(graph, profile, budgets, devices, homes, order, C, options.alpha_energy, least)
+    out = Outcome("unknown", None, None, None, 0.0, 0.0)  # no model solved yet
+    try:
+        data: IntervalData | None = build_data(
+            graph, profile, budgets, devices, homes, order, C, options.alpha_energy, least, late
+        )
+    except Late:  # no time left to solve the model
+        data = None
+    while data is not None:
         if hint is None:  # the warm start if it runs this order, else every op once in this order (over budget)
             hint = (hint_from_plan(data, warm_start) if warm_start is not None else {}) or hint_from_plan(
                 data, unbudgeted_plan(graph, order, _fastest(profile, devices), homes)
             )
-        left = limit - (time.perf_counter() - t0)
+        left = limit - (now() - start)
         if backend == "cpsat" and best is None and C == C_START and not _fits(warm_start, order, graph):
             # no plan of this order to start from: a short search on the model as it is (often enough), then one
             # with the budgets made soft (bytes over them cost more than any plan's time) from where it stopped
@@ -88,7 +96,7 @@ def solve_intervals(
             if out.placed is None and out.status != "infeasible":
                 soft = solve_cpsat(
                     data,
-                    SOFT_SHARE * (limit - (time.perf_counter() - t0)),
+                    SOFT_SHARE * (limit - (now() - start)),
                     workers or (options.solver_threads or 0),
                     seed,
                     hint,
@@ -102,7 +110,7 @@ def solve_intervals(
                 more = _run(
                     data,
                     backend,
-                    limit - (time.perf_counter() - t0),
+                    limit - (now() - start),
                     out.placed or hint,
                     seed,
                     workers,
@@ -122,6 +130,8 @@ def solve_intervals(
             # one but where a link's copies of one stage run in another order than the plan's): its earlier solutions,
             # the completed hint first, are replayed too, and the simulator's best is kept
             for cost, placed in ((out.objective, out.placed), *reversed(out.incumbents)):  # a tie: the latest
+                if best is not None and (past_deadline() or now() - start > limit):
+                    break  # each replay is a simulator run (0.3 s on GPT-2 1.56B): the deadline keeps the plan kept
                 plan = to_plan(data, placed, SolveResult(f"intervals-{backend}", "feasible"))
                 if better(plan, best, options.alpha_energy):
                     # an earlier solution of the model is not its optimum: reported as feasible
@@ -129,21 +139,18 @@ def solve_intervals(
                     best_data = data
             times["extract_s"] += time.perf_counter() - t1
             hint = out.placed
-        if out.status not in ("optimal", "infeasible") or C >= c_max or time.perf_counter() - t0 > 0.5 * limit:
+        if out.status not in ("optimal", "infeasible") or C >= c_max or now() - start > 0.5 * limit:
             break  # stopped by the time limit, or no C left: more intervals would not get their time
         if out.status == "optimal" and prev_objective is not None and out.objective >= prev_objective:
             break  # C + 1 intervals did not pay: the last two optima are equal
         prev_objective = out.objective if out.status == "optimal" else None
         C += 1
-        hint = (
-            _lift(
-                out.placed,
-                data,
-                build_data(graph, profile, budgets, devices, homes, order, C, options.alpha_energy, least),
-            )
-            if out.placed
-            else None
-        )
+        try:
+            lifted = build_data(graph, profile, budgets, devices, homes, order, C, options.alpha_energy, least, late)
+        except Late:  # no time left for C + 1 intervals: the plan of C stands
+            break
+        hint = _lift(out.placed, data, lifted) if out.placed else None
+        data = lifted
     if best is None and out.status == "infeasible":
         raise BudgetError(
             f"the interval model (this order of {len(order)} ops, up to C = {C} intervals) has no plan "

@@ -23,4 +23,5 @@ def run_cpsat(problem: Problem, options: SolverOptions = DEFAULTS, warm: Plan | 
         return solve_intervals(problem, opts, warm, order=order, c_max=2, seed=options.seed, workers=workers)
 
     big = len(problem.graph.ops) > GIVE_UP_OPS  # a first plan may take all the time there: no time for other orders
-    return searched("order-cpsat", problem, options, warm, score, dict(give_up=1 if big else None))
+    kw = dict(give_up=1, first_whole=True) if big else dict(give_up=None)
+    return searched("order-cpsat", problem, options, warm, score, kw)

@@ -189,6 +189,7 @@ def search_order(
     per_try_s: float | None = None,
     give_up: int | None = None,
     max_orders: int | None = None,
+    first_whole: bool = False,
 ) -> tuple[Plan | None, tuple[int, ...], OrderSearchStats]:
     """The best plan (objective.better) over starting orders then local moves from the best one, within
     `time_limit_s`.
@@ -196,7 +197,9 @@ def search_order(
     Each order is scored by `score(order, seconds)` (the fixed-order solver under a short limit). Returns the best
     plan (None: no order gave one), its order, and a log (orders tried, the best order's origin). give_up: stop
     when that many starting orders gave no plan and none gave one (the caller then spends the time elsewhere);
-    max_orders: stop after scoring that many orders (a deterministic end, whatever the machine's speed)."""
+    max_orders: stop after scoring that many orders (a deterministic end, whatever the machine's speed);
+    first_whole: a starting order scored before any gave a plan gets all the time left, not its share (a large
+    graph's first plan takes more than a share, and the scorer now keeps its limit)."""
     t0 = time.perf_counter()
     starts = starting_orders(graph, warm)
     per = per_try_s or max(time_limit_s / (2 * len(starts) + 4), 0.5)
@@ -208,7 +211,7 @@ def search_order(
         left = time_limit_s - (time.perf_counter() - t0)
         if left <= 0.05 or tried == max_orders:
             break
-        p = _try(score, o, min(per, left))
+        p = _try(score, o, left if first_whole and best is None else min(per, left))
         tried += 1
         if better(p, best, alpha_energy):
             best, best_order, origin = p, o, name
