@@ -121,6 +121,7 @@ def test_two_devices_reach_the_exhaustive_optimum(backend: str, name: str) -> No
     plan = solve_intervals(Problem(g, prof, budgets, ["cpu", "gpu"], homes), exact, backend=backend, workers=1)
     checked(g, plan, prof, budgets)
     assert plan.predicted.time_s == pytest.approx(want)
+    assert plan.solver.status == "optimal"  # the model's optimum proven (this order and C), as the limit expects
     assert any(isinstance(s, Copy) for s in plan.steps)
 
 
