@@ -21,6 +21,7 @@ from xsched.errors import BudgetError
 from xsched.simulate import simulate
 from xsched.solve import SolverOptions, solve
 from xsched.solve.heuristics.park import park_remat, park_variant
+from xsched.solve.heuristics.park_model import ParkTimeline
 from xsched.solve.order.order import starting_orders
 from xsched.solve.problem import Problem
 from xsched.solve.reference import eager_peak
@@ -92,14 +93,15 @@ def test_a_gradient_parked_for_good_goes_home_from_the_store() -> None:
     assert [("a", "b"), ("b", "c")] in routes, routes
 
 
-def gradient_behind_another_park(direct_link: bool) -> tuple[Graph, Profile]:
+def gradient_behind_another_park(direct_link: bool, o2_reads_p0: bool = False) -> tuple[Graph, Profile]:
     """Four ops on a, 1 s each: o0 makes w (20 B, an output that may end anywhere), grad_p0 g_p0 (20 B; p0 homed on
-    c), o2 y (30 B), o3 z (0 B). Every link 0.1 s + 10 B/s (a 20 B copy takes 2.1 s), a->c only if `direct_link`."""
+    c), o2 y (30 B; reading p0 if `o2_reads_p0`), o3 z (0 B). Every link 0.1 s + 10 B/s (a 20 B copy takes 2.1 s),
+    a->c only if `direct_link`."""
     values = (Value("p0", 20, "param"), Value("w", 20), Value("g_p0", 20, grad_of="p0"), Value("y", 30), Value("z", 0))
     ops = (
         Op("o0", "t", (), ("w",)),
         Op("grad_p0", "t", (), ("g_p0",), phase="bwd"),
-        Op("o2", "t", (), ("y",), phase="bwd"),
+        Op("o2", "t", ("p0",) if o2_reads_p0 else (), ("y",), phase="bwd"),
         Op("o3", "t", (), ("z",), phase="bwd"),
     )
     g = Graph("hand", values, ops, ("w", "y", "z", "g_p0"))
@@ -129,6 +131,25 @@ def test_a_gradient_goes_straight_home_where_that_frees_the_device_sooner(direct
     assert ("g_p0", "c") in resident_at_end(g, plan)
     assert oracle_makespan(g, plan, profile) == pytest.approx(6.1 if direct_link else 7.3)
     assert plan.predicted.makespan_s == pytest.approx(oracle_makespan(g, plan, profile))
+
+
+@pytest.mark.parametrize(
+    ("home", "reads", "counts"),
+    [("c", False, [20, 40, 70, 70]), ("b", False, [20, 40, 70, 70]), ("c", True, [20, 40, 90, 70])],
+)
+def test_an_input_homed_elsewhere_is_counted_from_its_first_read(home: str, reads: bool, counts: list[int]) -> None:
+    """Park's timeline on a (store b) by position, counted by hand: p0 (20 B) homed on c or b and never read takes
+    no room; read by o2 from c, it is there at o2 alone (routing copies it in right before, frees it after). A plan
+    20 B under the timeline's peak is valid by the simulator and the independent counts."""
+    g, profile = gradient_behind_another_park(True, o2_reads_p0=reads)
+    link = profile.link("a", "b")
+    line = ParkTimeline(g, (0, 1, 2, 3), "a", profile, "b", link, link, {"p0": home})
+    assert line.mem.tolist() == counts
+    assert line.spans["p0"] == ([[2, 2]] if reads else [])
+    budgets = {"a": max(counts) - 20}
+    plan = park_variant(g, profile, budgets, {"p0": home}, "a", "b", "graph", (0, 1, 2, 3), 0, 0.0, 1.0, 0.0)
+    simulate(g, plan, profile)
+    assert_prediction_matches(g, plan, profile, budgets)
 
 
 def test_an_input_homed_elsewhere_and_never_read_takes_no_room() -> None:
