@@ -74,3 +74,29 @@ def test_a_value_read_at_the_last_position_cannot_leave() -> None:
         park_variant(g, profile, {"a": 60}, {}, "a", "b", "graph", (0, 1, 2), 0, 0.0, 1.0, 0.0)
     with pytest.raises(BudgetError, match="cannot lower the peak at o2"):
         park_remat(Problem(g, profile, {"a": 60, "b": 60}, list(DEVICES), {}))
+
+
+def test_a_gradient_goes_straight_home_before_a_peak_at_the_end() -> None:
+    """The same order with w the gradient of p0 (homed on c, never read on a), every op backward, b the store and a
+    link a->c twice as fast (0.1 s + 20 B/s): w leaves for good straight home, its copy 1-2.1 s, o2 waits for its
+    free (2.1-3.1 s): 3.1 s, a's peak x + y (60 B), w on c at the end. Main found no plan (100 B at o2, p0 counted)."""
+    devices = ("a", "b", "c")
+    values = (Value("p0", 20, "param"), Value("w", 20, grad_of="p0"), Value("x", 30), Value("y", 30))
+    ops = (
+        Op("o0", "t", (), ("w",), phase="bwd"),
+        Op("o1", "t", ("w",), ("x",), phase="bwd"),
+        Op("o2", "t", ("x",), ("y",), phase="bwd"),
+    )
+    g = Graph("hand", values, ops, ("w", "y"))
+    slow, fast = LinkCost(0.1, 10.0), LinkCost(0.1, 20.0)
+    links = {f"{x}->{y}": fast if (x, y) == ("a", "c") else slow for x in devices for y in devices if x != y}
+    costs = {d: {o.id: OpCost(1.0) for o in g.ops} for d in devices}
+    profile = Profile(g.fingerprint, {d: DeviceInfo("cpu") for d in devices}, costs, links)
+    budgets = {"a": 60}
+    plan = park_variant(g, profile, budgets, {"p0": "c"}, "a", "b", "graph", (0, 1, 2), 0, 0.0, 1.0, 0.0)
+    simulate(g, plan, profile)
+    assert_prediction_matches(g, plan, profile, budgets)
+    assert [s for s in plan.steps if isinstance(s, Copy)] == [Copy("w", "a", "c")]
+    assert ("w", "c") in resident_at_end(g, plan) and ("w", "a") not in resident_at_end(g, plan)
+    assert oracle_makespan(g, plan, profile) == pytest.approx(3.1)
+    assert oracle_peaks(g, plan, profile)["a"] == 60
