@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from oracle import assert_prediction_matches, resident_at_end
 from oracle import makespan as oracle_makespan
+from oracle import peaks as oracle_peaks
 from test_heuristics import train_dags
 
 from xsched.contracts.graph import Graph, Op, Value
@@ -20,6 +21,7 @@ from xsched.errors import BudgetError
 from xsched.simulate import simulate
 from xsched.solve import SolverOptions, solve
 from xsched.solve.heuristics.park import park_remat, park_variant
+from xsched.solve.heuristics.park_model import ParkTimeline
 from xsched.solve.order.order import starting_orders
 from xsched.solve.problem import Problem
 from xsched.solve.reference import eager_peak
@@ -74,9 +76,10 @@ def test_a_gradient_homed_on_a_third_device_reaches_it() -> None:
 
 def test_a_gradient_parked_for_good_goes_home_from_the_store() -> None:
     """The repro's variants on a with b as the store, in every starting order: each plan that fits is valid, and
-    one parks g_p0 on b for good (a to b, then b to c: the rule the bug broke)."""
+    one parks g_p0 on b for good (a to b, then b to c: the rule the bug broke). The budget is the repro's 156 B less
+    p0's 13 B, which the timeline no longer counts on a (homed on c, never read there): the same squeeze."""
     g, profile, homes = grad_homed_on_c()
-    budgets = {"a": 156}
+    budgets = {"a": 143}
     routes: list[list[tuple[str, str]]] = []
     for name, order in starting_orders(g).items():
         try:
@@ -90,14 +93,15 @@ def test_a_gradient_parked_for_good_goes_home_from_the_store() -> None:
     assert [("a", "b"), ("b", "c")] in routes, routes
 
 
-def gradient_behind_another_park(direct_link: bool) -> tuple[Graph, Profile]:
+def gradient_behind_another_park(direct_link: bool, o2_reads_p0: bool = False) -> tuple[Graph, Profile]:
     """Four ops on a, 1 s each: o0 makes w (20 B, an output that may end anywhere), grad_p0 g_p0 (20 B; p0 homed on
-    c), o2 y (30 B), o3 z (0 B). Every link 0.1 s + 10 B/s (a 20 B copy takes 2.1 s), a->c only if `direct_link`."""
+    c), o2 y (30 B; reading p0 if `o2_reads_p0`), o3 z (0 B). Every link 0.1 s + 10 B/s (a 20 B copy takes 2.1 s),
+    a->c only if `direct_link`."""
     values = (Value("p0", 20, "param"), Value("w", 20), Value("g_p0", 20, grad_of="p0"), Value("y", 30), Value("z", 0))
     ops = (
         Op("o0", "t", (), ("w",)),
         Op("grad_p0", "t", (), ("g_p0",), phase="bwd"),
-        Op("o2", "t", (), ("y",), phase="bwd"),
+        Op("o2", "t", ("p0",) if o2_reads_p0 else (), ("y",), phase="bwd"),
         Op("o3", "t", (), ("z",), phase="bwd"),
     )
     g = Graph("hand", values, ops, ("w", "y", "z", "g_p0"))
@@ -113,12 +117,12 @@ def gradient_behind_another_park(direct_link: bool) -> tuple[Graph, Profile]:
 
 @pytest.mark.parametrize("direct_link", [True, False])
 def test_a_gradient_goes_straight_home_where_that_frees_the_device_sooner(direct_link: bool) -> None:
-    """a at 60 B (park's timeline counts p0 too: 40, 60, 90, 90 B by position) must free w and g_p0 before o2; b is
-    the store. By hand, with the a->c link: w's copy to b runs 1-3.1 s, g_p0's straight to c beside it 2-4.1, o2
+    """a at 40 B (by position: 20, 40, 70, 70 B; p0, homed on c and never read, is not there) must free w and g_p0
+    before o2; b is the store. By hand, with the a->c link: w's copy to b runs 1-3.1 s, g_p0's straight to c beside it 2-4.1, o2
     waits for both frees (4.1-5.1), o3 5.1-6.1: 6.1 s. Through the store (no a->c link, or park before this
     option), g_p0's copy to b queues behind w's (3.1-5.2), o2 5.2-6.2, o3 6.2-7.2, and its copy b->c 5.2-7.3: 7.3 s."""
     g, profile = gradient_behind_another_park(direct_link)
-    budgets = {"a": 60}
+    budgets = {"a": 40}
     plan = park_variant(g, profile, budgets, {"p0": "c"}, "a", "b", "graph", (0, 1, 2, 3), 0, 0.0, 1.0, 0.0)
     simulate(g, plan, profile)
     assert_prediction_matches(g, plan, profile, budgets)
@@ -127,6 +131,43 @@ def test_a_gradient_goes_straight_home_where_that_frees_the_device_sooner(direct
     assert ("g_p0", "c") in resident_at_end(g, plan)
     assert oracle_makespan(g, plan, profile) == pytest.approx(6.1 if direct_link else 7.3)
     assert plan.predicted.makespan_s == pytest.approx(oracle_makespan(g, plan, profile))
+
+
+@pytest.mark.parametrize(
+    ("home", "reads", "counts"),
+    [("c", False, [20, 40, 70, 70]), ("b", False, [20, 40, 70, 70]), ("c", True, [20, 40, 90, 70])],
+)
+def test_an_input_homed_elsewhere_is_counted_from_its_first_read(home: str, reads: bool, counts: list[int]) -> None:
+    """Park's timeline on a (store b) by position, counted by hand: p0 (20 B) homed on c or b and never read takes
+    no room; read by o2 from c, it is there at o2 alone (routing copies it in right before, frees it after). A plan
+    20 B under the timeline's peak is valid by the simulator and the independent counts."""
+    g, profile = gradient_behind_another_park(True, o2_reads_p0=reads)
+    link = profile.link("a", "b")
+    line = ParkTimeline(g, (0, 1, 2, 3), "a", profile, "b", link, link, {"p0": home})
+    assert line.mem.tolist() == counts
+    assert line.spans["p0"] == ([[2, 2]] if reads else [])
+    budgets = {"a": max(counts) - 20}
+    plan = park_variant(g, profile, budgets, {"p0": home}, "a", "b", "graph", (0, 1, 2, 3), 0, 0.0, 1.0, 0.0)
+    simulate(g, plan, profile)
+    assert_prediction_matches(g, plan, profile, budgets)
+
+
+def test_an_input_homed_elsewhere_and_never_read_takes_no_room() -> None:
+    """The case above at 60 B: p0 (20 B, homed on c) is never read on a, so a holds 20, 40, 70, 70 B by position and
+    one park lowers o2's 70 B (main's timeline counted p0 from the start, 90 B, and parked both). By hand: w's copy
+    to b runs 1-3.1 s (cheaper than g_p0's straight home, made a second later), o2 waits for its free (3.1-4.1),
+    o3 4.1-5.1; g_p0 goes home a->c at the end, its copy 2-4.1 s beside the computes: 5.1 s, a's peak g_p0 + y at
+    o2 (50 B)."""
+    g, profile = gradient_behind_another_park(True)
+    budgets = {"a": 60}
+    plan = park_variant(g, profile, budgets, {"p0": "c"}, "a", "b", "graph", (0, 1, 2, 3), 0, 0.0, 1.0, 0.0)
+    simulate(g, plan, profile)
+    assert_prediction_matches(g, plan, profile, budgets)
+    copies = [(s.value, s.src, s.dst) for s in plan.steps if isinstance(s, Copy)]
+    assert copies == [("w", "a", "b"), ("g_p0", "a", "c")]
+    assert {("w", "b"), ("g_p0", "c")} <= resident_at_end(g, plan)
+    assert oracle_makespan(g, plan, profile) == pytest.approx(5.1)
+    assert oracle_peaks(g, plan, profile)["a"] == 50
 
 
 def test_auto_returns_a_valid_plan_for_three_computing_devices() -> None:

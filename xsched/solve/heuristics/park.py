@@ -90,10 +90,13 @@ def _best_move(line: ParkTimeline, t: int, budget: int, depth: int, price, cost,
     (unjittered): each jittered score draws from the seeded stream, whose later draws must stay as they were. On
     GPT-2 with 48 layers and its weights on the host this skips most of the ~1000 values over each peak."""
     best = None
+    # a span over t runs past it, except at the last position, where an output may have left for good before it (a
+    # park with no way back: drops and end reruns find nothing there, having no later read and adding at the end)
+    end = t == len(line.ops) - 1
     for rank, v in enumerate(line.spans):
         if line.nbytes[v] == 0:
             continue
-        over = [k for k, (s, e) in enumerate(line.spans[v]) if s < t < e]
+        over = [k for k, (s, e) in enumerate(line.spans[v]) if s < t < e or (end and s < t == e)]
         if not over or (exact and best is not None and _score_floor(line, v, price, cost) >= best[0][0]):
             continue
         for k in over:

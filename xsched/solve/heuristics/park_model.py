@@ -155,8 +155,29 @@ class ParkTimeline(Timeline):
         self.ended: set[str] = set()  # outputs made again at the end, or parked for good
         self.end_redo: list[str] = []  # their producers, run after the last position
         self.end_reads: set[str] = set()  # the inputs those reruns read at the end: never parked for good
+        self.copied_in = self._inputs_from_first_read(homes)
         self.refresh()
         self.fetch = self._fetch_store_inputs()
+
+    def _inputs_from_first_read(self, homes: Mapping[str, str]) -> set[str]:
+        """Graph inputs homed off the compute device are not held here from the start (Timeline's default): one never
+        read here is never copied here at all, and one homed on a third device is resident only from its first read
+        (routing copies it in right before its reader) to its last (an output: to the end, where routing keeps it).
+        Those on the store get their spans from `_fetch_store_inputs`; the third device's: the inputs returned."""
+        n, third = len(self.ops), set()
+        for v in self.graph.inputs:
+            if homes.get(v, self.device) == self.device:
+                continue  # (an input with no home: left as Timeline counts it, held from the start)
+            s, e = self.spans[v][0]
+            self.mem[s : e + 1] -= self.nbytes[v]
+            if not self.uses[v]:
+                self.spans[v] = []
+            elif homes[v] != self.store:
+                first, last = self.uses[v][0], (n - 1 if v in self.graph.outputs else self.uses[v][-1])
+                self.spans[v] = [[first, last]]
+                self.mem[first : last + 1] += self.nbytes[v]
+                third.add(v)
+        return third
 
     def _fetch_store_inputs(self) -> dict[str, int]:
         """Inputs homed on the store (weights kept on the host) are resident here only from their first fetch,
@@ -171,8 +192,7 @@ class ParkTimeline(Timeline):
             # a fetch moves no compute: only its lane's finish times change
             self.done["in"] = self.lanes["in"].added(self.start, self.done["in"], (p, p, secs, first))
             self.spans[v] = [[p, last]]
-            self.mem[:p] -= self.nbytes[v]
-            self.mem[last + 1 :] -= self.nbytes[v]
+            self.mem[p : last + 1] += self.nbytes[v]  # (_inputs_from_first_read took out its bytes)
             fetch[v] = p
         return fetch
 
@@ -343,8 +363,9 @@ class ParkTimeline(Timeline):
         for u in dict.fromkeys(producer.inputs):
             if u in self.homed_here or self.held_at(u, n - 1):
                 continue
-            if u in self.fixed or u in self.ended:  # parked for good, or a weight fetched only for its reads
-                return None
+            if (u in self.fixed and u not in self.copied_in) or u in self.ended:
+                return None  # parked for good, or a weight fetched only for its reads (one copied in from a third
+                # device is held on to the end instead: routing frees it after its last read, the rerun's)
             j = max(range(len(self.spans[u])), key=lambda i: self.spans[u][i][1])
             held_to = self.spans[u][j][1]
             if held_to < n - 1:
