@@ -81,6 +81,12 @@ def time_left() -> float:
     return _DEADLINE.get().end - now()
 
 
+def late_after(start: float, seconds: float) -> Callable[[], bool]:
+    """A build's lateness: the innermost deadline is out of time (`out_of_time`), or `seconds` have passed since
+    `start` on the solve stage's clock (its own limit)."""
+    return lambda: out_of_time() or now() - start > seconds
+
+
 def past_deadline() -> bool:
     """The deadline has passed (nothing predicted: what the runner labels a stopped member by)."""
     return time_left() <= 0.0

@@ -29,7 +29,7 @@ from xsched.solve.hier.hextract import event_ends, event_steps, extract, finish_
 from xsched.solve.hier.highs import run_highs
 from xsched.solve.hier.hindex import HIndex, Unit, index
 from xsched.solve.hier.menu import fastest, leanest
-from xsched.solve.options import SolverOptions, now, out_of_time, time_left
+from xsched.solve.options import SolverOptions, late_after, now, time_left
 
 CHECK_EVERY = 200  # steps of the model's loops (a constraint or a few each) between two looks at the clock
 # handing the built model to HiGHS (Pyomo's standard form) takes about this many times its build (1.35 on
@@ -57,7 +57,7 @@ def solve_hilp(
     t0, clock = time.perf_counter(), now()
     limit = options.time_limit_s if options.time_limit_s is not None else 3600.0
     # lateness on the solve stage's clock: the runner's deadline for hier, or this model's own limit
-    late = lambda: out_of_time() or now() - clock > limit  # noqa: E731
+    late = late_after(clock, limit)
     ix = index(graph, profile, units, budgets, devices, homes, fwd_out)
     events, start = _start(ix, units, late)  # first: its schedule is a plan of its own when the model gets none
     out, why = None, "the time limit came while it was being built"

@@ -8,10 +8,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from xsched.errors import XschedError
-from xsched.solve.intervals.data import CHECK_EVERY, IntervalData, Late, check
+from xsched.solve.intervals.data import IntervalData, Late, check, raise_if_late
 from xsched.solve.intervals.extract import Placement
 from xsched.solve.intervals.link_time import build_link_time, hint_times
-from xsched.solve.options import now, out_of_time
+from xsched.solve.options import late_after, now
 
 KEEP = 8  # incumbents kept besides the last: the first (a completed hint) and the latest others
 COMPLETE_SHARE = 0.1  # at most this share of the time to complete a hint (its unhinted literals) before the search
@@ -67,15 +67,14 @@ def solve_cpsat(
         raise XschedError("the CP-SAT backend needs OR-Tools: pip install 'xsched[cpsat]'", stage="solve") from e
     # lateness is read on the solve stage's clock (a test's fake clock included), durations on the wall clock
     t0, start = time.perf_counter(), now()
-    late = lambda: out_of_time() or now() - start > time_limit_s  # noqa: E731
+    late = late_after(start, time_limit_s)
     try:
         m, (a, stage, e), excess, run_time, lt = _model(data, soft, timing, late)
         if hint:
             _hint(
                 m, data, (a, stage, e), lt, hint, COMPLETE_SHARE * (time_limit_s - (now() - start)), workers, seed, late
             )
-        if late():  # the search would start past the limit (its own, or the run's deadline)
-            raise Late
+        raise_if_late(late)  # the search would start past the limit (its own, or the run's deadline)
     except Late:
         return Outcome("unknown", None, None, None, time.perf_counter() - t0, 0.0)
     build_s = time.perf_counter() - t0
@@ -178,15 +177,15 @@ def _model(data: IntervalData, soft: bool, timing: str, late: Callable[[], bool]
                 m.Add(e[(k, v)] == end).OnlyEnforceIf(lit)
                 y.append(lit)
         m.AddBoolOr(y)
-    check(late, CHECK_EVERY - 1)
+    raise_if_late(late)
     _held(m, data, a, s, e)  # a held output: resident from the boundary to the end, never freed in between
     for (v, _), ks in data.of_value.items():  # one residency of a value on a device at a time
         if len(ks) > 1:
             m.AddNoOverlap([ivs[(k, v)] for k in ks])
-    check(late, CHECK_EVERY - 1)
+    raise_if_late(late)
     excess: list = []
     for d, cap in enumerate(data.capacity):  # memory: resident intervals + the running step's workspace
-        check(late, CHECK_EVERY - 1)
+        raise_if_late(late)
         if cap is None:
             continue
         items = [(ivs[(k, v)], data.mem[v]) for (k, v) in ivs if data.slots[k].device == d and data.mem[v] > 0]
@@ -234,8 +233,7 @@ def _hint(m, data: IntervalData, slot_vars, lt, hint: Placement, limit_s: float,
     placement_hint()
     if lt is not None:  # its times: a large placement's are not found in time without them
         hint_times(m, lt, hint)
-    if late():  # the completion is a solve of its own (0.9 s on GPT-2 1.56B, whatever its limit)
-        raise Late
+    raise_if_late(late)  # the completion is a solve of its own (0.9 s on GPT-2 1.56B, whatever its limit)
     if not _complete_hint(m, limit_s, workers, seed):
         m.ClearHints()  # not a plan (over the budgets, say): its times would only mislead the search
         placement_hint()

@@ -43,10 +43,17 @@ def never() -> bool:
     return False
 
 
-def check(late: Callable[[], bool], count: int) -> None:
-    """Raise Late when `late()` says so, looked at every CHECK_EVERY counts of a build's loop (the clock costs)."""
-    if count % CHECK_EVERY == CHECK_EVERY - 1 and late():
+def raise_if_late(late: Callable[[], bool]) -> None:
+    """Raise Late when `late()` says so (between a build's groups)."""
+    if late():
         raise Late
+
+
+def check(late: Callable[[], bool], count: int, every: int | None = None) -> None:
+    """raise_if_late every `every` counts of a build's loop (the clock costs; default CHECK_EVERY, read here)."""
+    n = CHECK_EVERY if every is None else every
+    if count % n == n - 1:
+        raise_if_late(late)
 
 
 TIME_SCALE = 10**7  # the objective is integral: times scaled so that every op once at its slowest is about this

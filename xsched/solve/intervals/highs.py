@@ -12,16 +12,16 @@ import pyomo.environ as pyo
 
 from xsched.errors import NoIncumbent
 from xsched.solve.intervals.cpsat import Outcome
-from xsched.solve.intervals.data import IntervalData, Late
+from xsched.solve.intervals.data import IntervalData, Late, check, never, raise_if_late
 from xsched.solve.intervals.extract import Placement
 from xsched.solve.milp.backends import new_highs, set_threads
-from xsched.solve.options import SolverOptions, now, out_of_time
+from xsched.solve.options import SolverOptions, late_after, now, out_of_time
 
 CHECK_EVERY = 500  # memory pairs built between two looks at the clock
 MAX_PAIRS = 15_000  # pairwise memory rows beyond which building alone eats a minute's limit (n100: 15-20 s)
 
 
-def build(data: IntervalData, late: Callable[[], bool] = lambda: False) -> pyo.ConcreteModel:
+def build(data: IntervalData, late: Callable[[], bool] = never) -> pyo.ConcreteModel:
     """Variables and constraints; see the module docstring. Events are integers 0..end, big-M = end + 1. Raises
     Late when `late()` says so between constraint groups and within the memory rows (the largest group)."""
     M, end, slots = data.end + 1, data.end, data.slots
@@ -104,8 +104,7 @@ def build(data: IntervalData, late: Callable[[], bool] = lambda: False) -> pyo.C
     for v, devs in data.ends:
         m.ends.add(sum(m.y[t] for t, (k, w) in enumerate(ends) if w == v and slots[k].device in devs) >= 1)
     _held(m, data, s)
-    if late():
-        raise Late
+    raise_if_late(late)
     _memory(m, data, s, late)
     m.rng = pyo.ConstraintList()  # a random op runs from one RNG only
     if data.rng_groups:  # K[g, r]: random op g draws from RNG r
@@ -209,8 +208,7 @@ def _memory(m: pyo.ConcreteModel, data: IntervalData, s, late: Callable[[], bool
     # o_mem[t, w]: value w of slot j counts in the memory at slot i's start
     held: dict[int, list] = {}
     for t, (i, j) in enumerate(trip):
-        if t % CHECK_EVERY == CHECK_EVERY - 1 and late():
-            raise Late
+        check(late, t, CHECK_EVERY)
         if t not in before:
             m.mem.add(s(j) >= s(i) + 1 - M * m.p[t] - M * (1 - m.a[j]))
         p = 1 if t in before else m.p[t]
@@ -250,7 +248,7 @@ def solve_highs_intervals(
 
     # lateness is read on the solve stage's clock (a test's fake clock included), durations on the wall clock
     t0, start = time.perf_counter(), now()
-    late = lambda: out_of_time() or now() - start > time_limit_s  # noqa: E731
+    late = late_after(start, time_limit_s)
     try:
         m = build(data, late)
     except Late:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from xsched.solve.intervals.data import CHECK_EVERY, IntervalData, check, never
+from xsched.solve.intervals.data import IntervalData, check, never, raise_if_late
 
 # Time of a plan in stage units (events: data.py). Stage j (0..T + 1) issues its copies at T[j] and runs its computes
 # one after another (every device alike, as in the sequential objective) from U[j] >= T[j]; T[j + 1] >= U[j] + the
@@ -115,7 +115,7 @@ def build_link_time(m, data: IntervalData, a: list, stage: list, late: Callable[
     m.AddCumulative([x for x, _ in load], [w for _, w in load], cap)
     cy = {k: m.NewOptionalFixedSizeIntervalVar(c[k], data.slots[k].cost, a[k], f"cy{k}") for k in copies}
     for ln in links:  # each link: its lane's stage split and its copies' boxes on the stage x time plane
-        check(late, CHECK_EVERY - 1)
+        raise_if_late(late)
         g = G[ln]
         for j in range(n):
             m.Add(g[j] >= T[j])

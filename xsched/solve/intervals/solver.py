@@ -16,7 +16,7 @@ from xsched.solve.intervals.cpsat import Outcome, solve_cpsat
 from xsched.solve.intervals.data import IntervalData, Late, build_data
 from xsched.solve.intervals.extract import hint_from_plan, step_counts, to_plan
 from xsched.solve.objective import better, objective
-from xsched.solve.options import DEFAULTS, SolverOptions, now, out_of_time, past_deadline
+from xsched.solve.options import DEFAULTS, SolverOptions, late_after, now, past_deadline
 from xsched.solve.order.order import first_compute_indices, topological, unbudgeted_plan
 from xsched.solve.problem import Problem
 from xsched.solve.registry import from_plan
@@ -49,7 +49,7 @@ def solve_intervals(
     # lateness is read on the solve stage's clock (a test's fake clock included), durations on the wall clock
     t0, start = time.perf_counter(), now()
     limit = options.time_limit_s if options.time_limit_s is not None else 3600.0
-    late = lambda: out_of_time() or now() - start > limit  # noqa: E731
+    late = late_after(start, limit)
     graph, profile, budgets, devices, homes = (
         problem.graph,
         problem.profile,
