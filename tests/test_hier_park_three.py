@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import executor_support
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from oracle import assert_prediction_matches, resident_at_end
 from oracle import makespan as oracle_makespan
-from test_heuristics import train_dags
 from test_offload import fwd_bwd
+from test_park_three import sweep_three_devices, three_devices
 
 from xsched.contracts.graph import Graph, Op, Value
 from xsched.contracts.plan import Copy
@@ -26,53 +24,31 @@ from xsched.solve.problem import Problem
 from xsched.solve.reference import eager_peak
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-COMPUTING = ("a", "b", "c")
-DEVICES = (*COMPUTING, "s")  # s runs no op: the store
+
+DEVICES = ("a", "b", "c", "s")  # s runs no op: the store
 # deterministic stops: heuristic leaves, H-ILPs to a node limit, no refinement, one process
 SETTINGS = HierSettings(max_leaf=2, max_group=2, leaf_s=0, region_s=10, refine=False, workers=1)
 OPTIONS = SolverOptions(time_limit_s=30, node_limit=50, hier_processes=1, hier_refine=False)
 
 
 def three_and_a_store(g: Graph, b_s: float = 0.5, bandwidth: float = 1.0) -> Profile:
-    """a runs every op in 1 s, b in `b_s`, c in 2 s, s none; every pair linked both ways (0.1 s, `bandwidth` B/s)."""
-    seconds = {"a": 1.0, "b": b_s, "c": 2.0}
-    compute = {d: {o.id: OpCost(s) for o in g.ops} for d, s in seconds.items()} | {"s": {}}
-    link = LinkCost(0.1, bandwidth)
-    return Profile(
-        g.fingerprint,
-        {d: DeviceInfo("cpu") for d in DEVICES},
-        compute,
-        {f"{x}->{y}": link for x in DEVICES for y in DEVICES if x != y},
-    )
+    """test_park_three's three devices (a 1 s an op, b `b_s`, c 2 s) and the store s, every pair linked."""
+    return three_devices(g, b_s, bandwidth, store="s")
 
 
 def test_every_three_device_hier_plan_with_a_store_is_valid_or_none_is_found() -> None:
     """Random training graphs: each hier plan valid (simulator, independent counts, event sweep) with every output
-    where it must end, or BudgetError / NoIncumbent; at least a fifth of the draws give a plan (a sweep that never
-    planned would pass vacuously; few of these small graphs park: the chains below do)."""
-    found: list[bool] = []
+    where it must end, or BudgetError / NoIncumbent; at least a fifth of the draws give a plan (few of these small
+    graphs park: the chains below do)."""
 
-    @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-    @given(train_dags(max_ops=6), st.data())
-    def draw(g: Graph, data) -> None:
-        profile = three_and_a_store(g, data.draw(st.sampled_from([0.5, 1.0])), data.draw(st.sampled_from([1, 100])))
-        homes = {v: data.draw(st.sampled_from(DEVICES)) for v in g.inputs}
-        limited = data.draw(st.lists(st.sampled_from(COMPUTING), min_size=1, max_size=2, unique=True))
-        budgets = {d: data.draw(st.integers(0, 2 * eager_peak(g) + 50)) for d in limited}
-        try:
-            plan = solve_hier(Problem(g, profile, budgets, list(DEVICES), homes), OPTIONS, settings=SETTINGS)
-        except (BudgetError, NoIncumbent):
-            found.append(False)
-            return
-        simulate(g, plan, profile)
-        assert_prediction_matches(g, plan, profile, budgets)
-        assert plan.predicted.makespan_s == pytest.approx(oracle_makespan(g, plan, profile))
+    def gradients_home(g: Graph, plan, homes: dict[str, str]) -> None:
         end = resident_at_end(g, plan)
         assert all((f"g_{p}", homes[p]) in end for p in g.inputs if f"g_{p}" in g.value)
-        found.append(True)
 
-    draw()
-    assert sum(found) >= 0.2 * len(found), f"{sum(found)} plans in {len(found)} draws"
+    def hier(problem: Problem):  # noqa: ANN202
+        return solve_hier(problem, OPTIONS, settings=SETTINGS)
+
+    sweep_three_devices(hier, 30, store="s", no_plan=(BudgetError, NoIncumbent), also=gradients_home)
 
 
 @pytest.mark.parametrize("home, limited", [("a", "ab"), ("c", "ab"), ("s", "b")])

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.testing import assert_close
 from torch.utils._python_dispatch import TorchDispatchMode
-from train_support import ROOT, eager_run, steps_beside_adamw, teacher_mlp
+from train_support import ROOT, adamw, eager_run, steps_beside_adamw, teacher_mlp, weight_decays
 
 from xsched.errors import XschedError
 from xsched.execute import host_pin, steps
@@ -90,8 +90,9 @@ def _wrapped(model: nn.Module, x: torch.Tensor) -> wrap.XschedModule:
 def _host(w: wrap.XschedModule, model: nn.Module, pin: bool) -> HostAdamW:
     """HostAdamW in release order, weights decayed and biases not (so buckets hold lone and packed segments)."""
     named = dict(model.named_parameters())
-    decay = {n: 0.01 if p.dim() >= 2 else 0.0 for n, p in named.items()}
-    return HostAdamW([(n, named[n]) for n in w.release_order], decay, lr=1e-2, bucket_bytes=5000, pin=pin)
+    return HostAdamW(
+        [(n, named[n]) for n in w.release_order], weight_decays(model), lr=1e-2, bucket_bytes=5000, pin=pin
+    )
 
 
 def test_each_weight_is_pinned_once_as_a_view_of_its_bucket_and_trains_like_eager(pins) -> None:
@@ -115,10 +116,7 @@ def test_each_weight_is_pinned_once_as_a_view_of_its_bucket_and_trains_like_eage
         for p, (off, _) in zip(seg.params, seg.spans):
             assert p.is_pinned() and p.data_ptr() == base + off * p.element_size()
     w.listen(host)
-    groups = [[p for p in ref.parameters() if p.dim() >= 2], [p for p in ref.parameters() if p.dim() < 2]]
-    opt = torch.optim.AdamW(
-        [{"params": groups[0], "weight_decay": 0.01}, {"params": groups[1], "weight_decay": 0.0}], lr=1e-2, fused=True
-    )
+    opt = adamw(ref, lr=1e-2, fused=True)
     before = (pins.pinned_bytes(), pins.copied)
     steps_beside_adamw(w, host, ref, opt, xs)
     assert pins.pinned_bytes() == before[0]  # the runs pinned nothing: no weight pinned twice, no staging

@@ -6,6 +6,8 @@ sweep (tests/oracle.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -15,7 +17,7 @@ from oracle import peaks as oracle_peaks
 from test_heuristics import train_dags
 
 from xsched.contracts.graph import Graph, Op, Value
-from xsched.contracts.plan import Copy
+from xsched.contracts.plan import Copy, Plan
 from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
 from xsched.errors import BudgetError
 from xsched.simulate import simulate
@@ -30,16 +32,55 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 DEVICES = ("a", "b", "c")
 
 
-def three_devices(g: Graph, b_s: float = 0.5, bandwidth: float = 1.0) -> Profile:
-    """a runs every op in 1 s, b in `b_s`, c in 2 s; every pair linked both ways (0.1 s latency, `bandwidth` B/s)."""
+def three_devices(g: Graph, b_s: float = 0.5, bandwidth: float = 1.0, store: str | None = None) -> Profile:
+    """a runs every op in 1 s, b in `b_s`, c in 2 s, `store` (if given) none; every pair linked both ways (0.1 s
+    latency, `bandwidth` B/s)."""
     seconds = {"a": 1.0, "b": b_s, "c": 2.0}
+    devices = (*DEVICES, *([store] if store else []))
     link = LinkCost(0.1, bandwidth)
     return Profile(
         g.fingerprint,
-        {d: DeviceInfo("cpu") for d in DEVICES},
-        {d: {o.id: OpCost(s) for o in g.ops} for d, s in seconds.items()},
-        {f"{x}->{y}": link for x in DEVICES for y in DEVICES if x != y},
+        {d: DeviceInfo("cpu") for d in devices},
+        {d: {o.id: OpCost(s) for o in g.ops} for d, s in seconds.items()} | ({store: {}} if store else {}),
+        {f"{x}->{y}": link for x in devices for y in devices if x != y},
     )
+
+
+def sweep_three_devices(
+    plan_of: Callable[[Problem], Plan],
+    examples: int,
+    store: str | None = None,
+    no_plan: tuple[type[Exception], ...] = (BudgetError,),
+    also: Callable[[Graph, Plan, dict[str, str]], None] | None = None,
+) -> None:
+    """Random training graphs on a, b, c (and `store`), random homes among them, budgets on one or two of a, b, c:
+    each plan of `plan_of` valid (simulator, independent counts, event sweep; then `also`) or one of `no_plan`
+    raised; at least a fifth of the draws give a plan (a sweep that never planned would pass vacuously)."""
+    devices = (*DEVICES, *([store] if store else []))
+    found: list[bool] = []
+
+    @settings(max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(train_dags(max_ops=6), st.data())
+    def draw(g: Graph, data) -> None:
+        b_s, bandwidth = data.draw(st.sampled_from([0.5, 1.0])), data.draw(st.sampled_from([1.0, 100.0]))
+        profile = three_devices(g, b_s, bandwidth, store)
+        homes = {v: data.draw(st.sampled_from(devices)) for v in g.inputs}
+        limited = data.draw(st.lists(st.sampled_from(DEVICES), min_size=1, max_size=2, unique=True))
+        budgets = {d: data.draw(st.integers(0, 2 * eager_peak(g) + 50)) for d in limited}
+        try:
+            plan = plan_of(Problem(g, profile, budgets, list(devices), homes))
+        except no_plan:
+            found.append(False)
+            return
+        simulate(g, plan, profile)
+        assert_prediction_matches(g, plan, profile, budgets)
+        assert plan.predicted.makespan_s == pytest.approx(oracle_makespan(g, plan, profile))
+        if also is not None:
+            also(g, plan, homes)
+        found.append(True)
+
+    draw()
+    assert sum(found) >= 0.2 * len(found), f"{sum(found)} plans in {len(found)} draws"
 
 
 def grad_homed_on_c() -> tuple[Graph, Profile, dict[str, str]]:
@@ -181,26 +222,5 @@ def test_auto_returns_a_valid_plan_for_three_computing_devices() -> None:
 
 def test_every_three_device_park_plan_is_valid_or_none_is_found() -> None:
     """Random training graphs on three computing devices, random homes, budgets on one or two of them: each plan
-    valid (simulator, independent counts, event sweep) or a BudgetError; at least a fifth of the draws give a plan
-    (a park that never found one would pass vacuously)."""
-    found: list[bool] = []
-
-    @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-    @given(train_dags(max_ops=6), st.data())
-    def draw(g: Graph, data) -> None:
-        profile = three_devices(g, data.draw(st.sampled_from([0.5, 1.0])), data.draw(st.sampled_from([1.0, 100.0])))
-        homes = {v: data.draw(st.sampled_from(DEVICES)) for v in g.inputs}
-        limited = data.draw(st.lists(st.sampled_from(DEVICES), min_size=1, max_size=2, unique=True))
-        budgets = {d: data.draw(st.integers(0, 2 * eager_peak(g) + 50)) for d in limited}
-        try:
-            plan = park_remat(Problem(g, profile, budgets, list(DEVICES), homes))
-        except BudgetError:
-            found.append(False)
-            return
-        simulate(g, plan, profile)
-        assert_prediction_matches(g, plan, profile, budgets)
-        assert plan.predicted.makespan_s == pytest.approx(oracle_makespan(g, plan, profile))
-        found.append(True)
-
-    draw()
-    assert sum(found) >= 0.2 * len(found), f"{sum(found)} plans in {len(found)} draws"
+    valid (simulator, independent counts, event sweep) or a BudgetError; at least a fifth of the draws give a plan."""
+    sweep_three_devices(park_remat, 40)

@@ -11,6 +11,7 @@ from test_host_pinning import pins  # noqa: F401  (the fixture: pinning faked an
 from torch import nn
 from torch.testing import assert_close
 from torch.utils._python_dispatch import TorchDispatchMode
+from train_support import adamw, weight_decays
 
 from xsched import zoo
 from xsched.errors import XschedError
@@ -48,17 +49,9 @@ def _gpt2() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     return z.model, tuple(z.inputs)
 
 
-def _decay(model: nn.Module) -> dict[str, float]:
-    return {n: 0.01 if p.dim() >= 2 else 0.0 for n, p in model.named_parameters()}
-
-
 def _eager_adamw(model: nn.Module) -> torch.optim.AdamW:
-    """torch's fused AdamW with the decay `_decay` gives: what HostAdamW runs, per parameter."""
-    params = list(model.parameters())
-    groups = [[p for p in params if p.dim() >= 2], [p for p in params if p.dim() < 2]]
-    return torch.optim.AdamW(
-        [{"params": groups[0], "weight_decay": 0.01}, {"params": groups[1], "weight_decay": 0.0}], lr=LR, fused=True
-    )
+    """torch's fused AdamW with the decays `weight_decays` gives: what HostAdamW runs, per parameter."""
+    return adamw(model, lr=LR, fused=True)
 
 
 def _on_host(model: nn.Module, inputs: tuple, *, pin: bool = False, delayed: bool = False):  # noqa: ANN202
@@ -67,7 +60,7 @@ def _on_host(model: nn.Module, inputs: tuple, *, pin: bool = False, delayed: boo
     w = wrap(model, inputs, {"cpu:0": "100%"}, store="cpu:1", method="offload", profile="model", param_home="cpu:1")
     named = dict(model.named_parameters())
     host = HostAdamW(
-        [(n, named[n]) for n in w.release_order], _decay(model), LR, bucket_bytes=5000, pin=pin, delayed=delayed
+        [(n, named[n]) for n in w.release_order], weight_decays(model), LR, bucket_bytes=5000, pin=pin, delayed=delayed
     )
     w.listen(host)
     assert {len(seg.params) > 1 for b in host.buckets for seg in b.segments} == {True, False}

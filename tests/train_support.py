@@ -70,14 +70,23 @@ def step_losses(evs: list[dict]) -> dict[int, float]:
     return {e["step"]: e["loss"] for e in evs if e["event"] == "step"}
 
 
-def adamw(model: torch.nn.Module, lr: float = 1e-3, weight_decay: float = 0.01) -> torch.optim.AdamW:
-    """AdamW as `xsched train` sets it up: weight decay on the weights (2+ dimensions), none on biases and norms."""
+def weight_decays(model: torch.nn.Module, weight_decay: float = 0.01) -> dict[str, float]:
+    """Each parameter's weight decay as `xsched train` sets it: on the weights (2+ dimensions), none on biases and
+    norms (HostAdamW takes it by name)."""
+    return {n: weight_decay if p.dim() >= 2 else 0.0 for n, p in model.named_parameters()}
+
+
+def adamw(
+    model: torch.nn.Module, lr: float = 1e-3, weight_decay: float = 0.01, fused: bool | None = None
+) -> torch.optim.AdamW:
+    """AdamW as `xsched train` sets it up: weight decay on the weights (2+ dimensions), none on biases and norms;
+    `fused`: torch's fused step (what HostAdamW runs per bucket)."""
     params = list(model.parameters())
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=lr)
+    return torch.optim.AdamW(groups, lr=lr, fused=fused)
 
 
 def eager_run(path: Path, batch: int, world: int, steps: int, lr: float = 1e-3) -> tuple[list[float], torch.nn.Module]:
