@@ -8,15 +8,18 @@ still resident at the end (they outlive the step: the caller reads them) are not
 the caller's `in_arena` leaves out (the executor keeps out what it cannot place: ops without an `out=` variant,
 random ops, views). Offsets come from greedy-by-size (largest first, at the lowest offset clear of the placed
 residencies that overlap it in time, as TFLite's and ExecuTorch's memory planners do; two other orders are tried
-too, GREEDY_ORDERS), then optionally from CP-SAT
-(`AddNoOverlap2D` over fixed time intervals and free offsets, minimising the arena, greedy as the hint).
+too, GREEDY_ORDERS), improved by an iterated greedy within a fixed amount of work (xsched.allocator.arena_search: the
+same offsets on every run), then optionally by CP-SAT (`AddNoOverlap2D` over fixed time intervals and free offsets,
+minimising the arena, the search's offsets as the hint, the most bytes live at one step as its bound).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from xsched.allocator.arena_search import SEARCH_WORK, improve, most_live, overlapping, place
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Free, Plan
 
@@ -98,11 +101,14 @@ def plan_addresses(
     alignment: int = ALIGNMENT,
     time_limit_s: float = 0.0,
     to_the_end: bool = False,
+    search_work: int = SEARCH_WORK,
 ) -> Addresses:
     """Offsets for the plan's arena residencies: those made during the step and freed in it, that `in_arena` keeps
     (default all). `sizes`: a value's bytes in its slot where they differ from its graph bytes (a strided layout
-    spans more). With `time_limit_s` > 0, CP-SAT improves on greedy for that long. `to_the_end`: values still resident
-    at the end may be placed too (their slots live to the end of the step: the caller reads them before the next)."""
+    spans more). Greedy's best, improved by the iterated greedy (arena_search) within `search_work` (0: greedy alone).
+    With `time_limit_s` > 0 the search runs for half of it (no work bound) and CP-SAT improves on it for the rest.
+    `to_the_end`: values still resident at the end may be placed too (their slots live to the end of the step: the
+    caller reads them before the next)."""
     steps = len(plan.steps)
     every = residencies(graph, plan)
     arena: list[Residency] = []
@@ -116,12 +122,18 @@ def plan_addresses(
         else:
             outside.append(r)
     size = {r.key: aligned((sizes or {}).get(r.value, r.nbytes), alignment) for r in arena}
-    offsets = best_greedy(arena, size)
-    method = "greedy"
+    runs = greedy_runs(arena, size)
+    greedy = _smallest_per_device(arena, size, runs.values())
+    offsets, method = greedy, "greedy"
+    if arena and (search_work > 0 or time_limit_s > 0):
+        deadline = time.perf_counter() + time_limit_s / 2 if time_limit_s > 0 else None
+        offsets = searched_offsets(arena, size, search_work if deadline is None else 1 << 62, deadline, runs)
+        method = "search" if _tops(arena, size, offsets) != _tops(arena, size, greedy) else method
     if time_limit_s > 0 and arena:
-        offsets, method = cpsat_offsets(arena, size, offsets, alignment, time_limit_s)
+        offsets, solved = cpsat_offsets(arena, size, offsets, alignment, time_limit_s / 2)
+        method = solved if solved != "greedy" else method
     devices = plan.devices
-    top = {d: max((offsets[r.key] + size[r.key] for r in arena if r.device == d), default=0) for d in devices}
+    top = {d: _tops(arena, size, offsets).get(d, 0) for d in devices}
     return Addresses(
         offsets=offsets,
         sizes=size,
@@ -144,10 +156,22 @@ GREEDY_ORDERS = {
 
 def best_greedy(arena: list[Residency], size: Mapping[tuple[str, str, int], int]) -> dict[tuple[str, str, int], int]:
     """Per device, the smallest arena of greedy over GREEDY_ORDERS, each placing first fit and best fit."""
+    return _smallest_per_device(arena, size, greedy_runs(arena, size).values())
+
+
+def greedy_runs(
+    arena: list[Residency], size: Mapping[tuple[str, str, int], int]
+) -> dict[tuple[str, bool], dict[tuple[str, str, int], int]]:
+    """(order, best fit) -> greedy's offsets, for every order of GREEDY_ORDERS, first fit and best fit."""
+    devices = _per_device(arena, size)
+    return {(o, t): _greedy(devices, size, o, t) for o in GREEDY_ORDERS for t in (False, True)}
+
+
+def _smallest_per_device(arena, size, runs) -> dict[tuple[str, str, int], int]:
+    """Per device, the offsets of the run (offsets of every residency) with the smallest arena there."""
     tops: dict[str, int] = {}
     best: dict[tuple[str, str, int], int] = {}
-    for order, tightest in ((o, t) for o in GREEDY_ORDERS for t in (False, True)):
-        offsets = greedy_offsets(arena, size, order, tightest)
+    for offsets in runs:
         for dev in {r.device for r in arena}:
             rs = [r for r in arena if r.device == dev]
             top = max(offsets[r.key] + size[r.key] for r in rs)
@@ -157,31 +181,73 @@ def best_greedy(arena: list[Residency], size: Mapping[tuple[str, str, int], int]
     return best
 
 
+def searched_offsets(
+    arena: list[Residency],
+    size: Mapping[tuple[str, str, int], int],
+    work: int = SEARCH_WORK,
+    deadline: float | None = None,
+    runs: Mapping[tuple[str, bool], Mapping[tuple[str, str, int], int]] | None = None,
+) -> dict[tuple[str, str, int], int]:
+    """Greedy's best per device (best_greedy; `runs`: greedy_runs' when already made), then where that is above the
+    most bytes live at one step, the iterated greedy of xsched.allocator.arena_search from the order whose best fit
+    gave the smallest arena, where it finds a smaller one (same `work`, same offsets)."""
+    runs = runs if runs is not None else greedy_runs(arena, size)
+    offsets = _smallest_per_device(arena, size, runs.values())
+    for d in _per_device(arena, size):
+        top = max(offsets[r.key] + size[r.key] for r in d.rs)
+        if top <= most_live(d.spans):  # greedy met the bound: nothing to search
+            continue
+        name = min(GREEDY_ORDERS, key=lambda o: max(runs[o, True][r.key] + size[r.key] for r in d.rs))
+        found, found_top = improve(d.spans, d.order(name), d.near, work=work, deadline=deadline)
+        if found_top < top:
+            offsets.update({r.key: o for r, o in zip(d.rs, found)})
+    return offsets
+
+
 def greedy_offsets(
     arena: list[Residency], size: Mapping[tuple[str, str, int], int], order: str = "size", tightest: bool = False
 ) -> dict[tuple[str, str, int], int]:
     """In `order` (GREEDY_ORDERS; default largest first, ties earliest), each at the lowest offset clear of every
     placed residency of its device that overlaps it in time (first fit), or with `tightest` in the smallest gap between
     them that holds it (best fit; above them all when none does)."""
-    placed: dict[str, list[tuple[Residency, int]]] = {}
+    return _greedy(_per_device(arena, size), size, order, tightest)
+
+
+class _Device:
+    """One device's arena residencies with what every placement reads: their spans and who overlaps whom."""
+
+    def __init__(self, rs: list[Residency], size: Mapping[tuple[str, str, int], int]):
+        self.rs = rs
+        self.spans = [(r.start, r.end, size[r.key]) for r in rs]
+        self.near = overlapping(self.spans)
+
+    def order(self, name: str) -> list[int]:
+        """Indices of the residencies in the GREEDY_ORDERS order `name`."""
+        key = GREEDY_ORDERS[name]
+        return sorted(range(len(self.rs)), key=lambda k: key(self.rs[k], self.spans[k][2]))
+
+
+def _per_device(arena: list[Residency], size: Mapping[tuple[str, str, int], int]) -> list[_Device]:
+    devices: dict[str, list[Residency]] = {}
+    for r in arena:
+        devices.setdefault(r.device, []).append(r)
+    return [_Device(rs, size) for _, rs in sorted(devices.items())]
+
+
+def _greedy(devices: list[_Device], size, order: str, tightest: bool) -> dict[tuple[str, str, int], int]:
     offsets: dict[tuple[str, str, int], int] = {}
-    key = GREEDY_ORDERS[order]
-    for r in sorted(arena, key=lambda r: key(r, size[r.key])):
-        n = size[r.key]
-        taken = sorted((o, o + size[q.key]) for q, o in placed.get(r.device, ()) if q.overlaps(r))
-        gaps: list[tuple[int, int]] = []  # (gap bytes, its offset) of every gap that holds r, below the top
-        at = 0
-        for lo, hi in taken:
-            if lo >= at + n:
-                gaps.append((lo - at, at))
-                if not tightest:
-                    break
-            at = max(at, hi)
-        if gaps:
-            at = min(gaps)[1] if tightest else gaps[0][1]
-        offsets[r.key] = at
-        placed.setdefault(r.device, []).append((r, at))
+    for d in devices:
+        placed = place(d.order(order), [n for _, _, n in d.spans], d.near, tightest)
+        offsets.update({r.key: o for r, o in zip(d.rs, placed)})
     return offsets
+
+
+def _tops(arena: list[Residency], size: Mapping[tuple[str, str, int], int], offsets) -> dict[str, int]:
+    """Per device: the arena the offsets need (the highest slot's end)."""
+    top: dict[str, int] = {}
+    for r in arena:
+        top[r.device] = max(top.get(r.device, 0), offsets[r.key] + size[r.key])
+    return top
 
 
 def _most_live(rs: list[Residency], size: Mapping[tuple[str, str, int], int], devices, steps: int) -> dict[str, int]:
@@ -219,8 +285,10 @@ def cpsat_offsets(
         rs = [r for r in arena if r.device == dev]
         units = {r.key: size[r.key] // alignment for r in rs}
         top_greedy = max(greedy[r.key] // alignment + units[r.key] for r in rs)
+        floor = _most_live(rs, units, [dev], max(r.end for r in rs) + 1)[dev]
         m = cp_model.CpModel()
-        top = m.NewIntVar(0, top_greedy, "top")  # the arena's size, in alignment units
+        # the arena's size, in alignment units: at least the most live at one step (the bound CP-SAT may then prove)
+        top = m.NewIntVar(min(floor, top_greedy), top_greedy, "top")
         xs, xi, ti = {}, [], []
         for r in rs:
             # offset of each residency (its byte interval) and its fixed time interval [start, end]
