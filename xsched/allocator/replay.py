@@ -2,7 +2,8 @@
 
 A GPU runs out on what the caching allocator reserves (its segments), not on the plan's peak (bytes of values).
 `replay_reserved` walks a plan (xsched.interpret) and allocates as the executor does (xsched.execute.executor):
-homed inputs first, a compute's outputs then its workspace (freed at once) on the device's compute stream, a copy
+homed inputs first (and cuBLAS's workspace, see cublas_workspace), a compute's outputs then its workspace (scratch
+the op allocates inside, freed when it returns: the profile measures it after a first call) on the compute stream, a copy
 from the host on its copy lane's side stream, or on the compute stream with `copy_pool="compute"` (the executor's
 option of the same name; steps._mover). With `expandable`, the executor's `expandable_segments` option: the setting
 takes effect after the homed inputs (the model is on the GPU before the executor is made), for the step's
@@ -13,6 +14,8 @@ if the host runs a step ahead (`host_ahead`): a run lies between the two.
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
@@ -29,6 +32,33 @@ from xsched.lanes import lane_of
 # stream waiting for every kernel queued on the compute stream before writing (which may delay prefetches)
 COPY_POOLS = ("side", "compute")
 DEFAULT_COPY_POOL = "side"
+
+
+# aten operators that run on cuBLAS (or cuBLASLt, which shares its workspace by default)
+CUBLAS_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "_addmm_activation"})
+KiB = 1024
+
+
+def cublas_workspace(plan: Plan, graph: Graph, profile: Profile | None, device: str) -> int:
+    """Bytes of cuBLAS's workspace on `device`'s compute stream: PyTorch allocates one per (cuBLAS handle, stream)
+    through the caching allocator at the stream's first matmul and keeps it, so it is there before a step (the first
+    run or a warm-up made it) in every mode alike (aten/src/ATen/cuda/CublasHandlePool.cpp). Its size is what
+    CUBLAS_WORKSPACE_CONFIG asks (":SIZE:COUNT", KiB, summed), else 4096 KiB x 8 on compute capability 9.0 and
+    4096 KiB x 2 + 16 KiB x 8 elsewhere. Counted only where the profile measured the device (its capability is
+    known) and the plan runs a cuBLAS op there; 0 otherwise."""
+    info = profile.devices.get(device) if profile is not None else None
+    capability = (info.extra.get("fingerprint_parts") or {}).get("capability") if info is not None else None
+    if capability is None or info.kind != "cuda":
+        return 0
+    targets = {
+        tuple(graph.op[s.op].target.split(".")) for s in plan.steps if isinstance(s, Compute) and s.device == device
+    }
+    if not any(t[0] == "aten" and len(t) > 1 and t[1] in CUBLAS_OPS for t in targets):
+        return 0
+    asked = re.findall(r":(\d+):(\d+)", os.environ.get("CUBLAS_WORKSPACE_CONFIG", ""))
+    if asked:
+        return sum(int(size) * int(count) for size, count in asked) * KiB
+    return 4096 * 8 * KiB if capability == "9.0" else (4096 * 2 + 16 * 8) * KiB
 
 
 @dataclass(frozen=True)
@@ -108,6 +138,9 @@ class _Replay(PlanInterpreter):
         for v in graph.inputs:  # homed inputs are there before the step, allocated on the compute stream
             if (m := self.models.get(plan.homes[v])) is not None:
                 m.alloc(v, self.nbytes[v])
+        for d, m in self.models.items():  # and cuBLAS's workspace, kept since the first matmul
+            if n := cublas_workspace(plan, graph, profile, d):
+                m.alloc("cublas-workspace@", n)
         self.expandable = expandable
         for m in self.models.values():  # the setting, from the step's first allocation on
             m.expandable = expandable
