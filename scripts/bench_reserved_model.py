@@ -75,8 +75,8 @@ def arena_cell(graph: Graph, plan: Plan, profile: Profile | None) -> str:
 
 
 def explain_row(graph: Graph, plan: Plan, profile: Profile, spec: str) -> str:
-    """What `xsched plan --explain` says with planned addresses (whole steps, greedy's offsets as the run places
-    them, the default settings outside the arena), the seconds it takes, and the arena CP-SAT finds in 10 s."""
+    """What `xsched plan --explain` says with planned addresses (whole steps, the offsets the run places them at
+    (greedy and the seeded search), the default settings outside the arena), the seconds it takes, and the arena CP-SAT finds in 10 s."""
     t = time.perf_counter()
     e = expected_reserved(graph, plan, profile)[GPU]
     took = time.perf_counter() - t
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     profile = Profile.load(DATA / f"gpt2-full_n_layer6.{a.profile}.profile.json.gz")
     if a.explain:
         print(
-            "| plan | reserved / plan peak | arena MiB (greedy) | outside it, MiB | seconds | arena MiB, CP-SAT 10 s |"
+            "| plan | reserved / plan peak | arena MiB (as run) | outside it, MiB | seconds | arena MiB, CP-SAT 10 s |"
         )
         print("|---|---|---|---|---|---|")
         for spec in a.plans.split(","):

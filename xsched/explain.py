@@ -238,7 +238,8 @@ class ExpectedReserved:
     """One accelerator's reserved memory as the allocator model expects it for the plan, each a Range: PyTorch's
     default settings, expandable segments (the executor's `expandable_segments`), and planned addresses in whole-step
     runs (`xsched run --planned-addresses`: the executor's `planned_addresses="whole"`, the default settings for what
-    runs outside the arena). `arena_bytes`: that arena, placed by greedy as the executor places it."""
+    runs outside the arena). `arena_bytes`: that arena, placed as the executor places it (greedy, then the seeded
+    search of xsched.allocator.arena_search)."""
 
     default: Range
     expandable: Range
@@ -266,7 +267,7 @@ def expected_reserved(
     graph: Graph, plan: Plan, profile: Profile | None = None, devices: Collection[str] | None = None
 ) -> dict[str, ExpectedReserved]:
     """Per modelled device with a peak (`devices`, default every plan device but the host): its ExpectedReserved.
-    The arena comes from the executor's own selection (ArenaPlan) with greedy's offsets, as the run places them."""
+    The arena comes from the executor's own selection (ArenaPlan) and offsets, as the run places them."""
     default = reserved_range(graph, plan, profile, devices=devices)
     if not any(low.plan_peak for low, _ in default.values()):  # no accelerator: no arena to size
         return {}
@@ -302,7 +303,7 @@ def reserved_text(graph: Graph, plan: Plan, profile: Profile | None = None) -> s
         )
         + ". Expandable segments: the executor's expandable_segments option (PyTorch's expandable_segments:True, one "
         "growing segment per pool and stream). Planned addresses: the step's values at planned offsets in one "
-        "arena per device, at greedy's offsets as the run places them (`xsched run --planned-addresses`). A GPU runs out on "
+        "arena per device, at the offsets the run places them at (`xsched run --planned-addresses`). A GPU runs out on "
         "reserved memory, not on the plan's peak."
     )
 

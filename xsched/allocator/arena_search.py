@@ -17,9 +17,10 @@ from collections.abc import Sequence
 
 Span = tuple[int, int, int]  # (first step, last step, bytes) of one residency
 
-# pairs of residencies looked at over the whole search (each placement looks at the residencies live with it): 58
-# rounds on the 541 residencies of GPT-2 (6 layers) at 55% on the GPU alone, 0.2-0.4 s on the development machine
-SEARCH_WORK = 2_000_000
+# pairs of residencies looked at over the whole search (each placement looks at the residencies live with it): 29
+# rounds on the 541 residencies of GPT-2 (6 layers) at 55% on the GPU alone (whole steps), 49 on its 463 that `wrap`
+# places; 0.2-0.5 s on the shared development machine (twice that did not find smaller arenas there)
+SEARCH_WORK = 1_000_000
 SEED = 0
 EXACT_UP_TO = 6  # residencies (720 orders) for which every order is placed
 

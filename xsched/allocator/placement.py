@@ -118,7 +118,8 @@ def slot_bytes(v: Value) -> int:
 class ArenaPlan:
     """Which residencies of `plan` run in the arena (the rules in the module's docstring) and their addresses. Needs
     op schemas, not devices: it sizes plans of graphs captured elsewhere (scripts/bench_reserved_model.py, `--explain`).
-    `time_limit_s` > 0: CP-SAT improves on greedy's offsets for that long (the executor uses greedy's)."""
+    `time_limit_s` > 0: the search and CP-SAT improve on the offsets for that long (the executor's have none: greedy
+    and the seeded search within its fixed work, xsched.allocator.arena_search)."""
 
     def __init__(
         self,
