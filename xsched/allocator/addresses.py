@@ -51,8 +51,9 @@ class Addresses:
     """The offsets of a plan's arena residencies and what each device then holds. `offsets`: (value, device, start
     step) -> byte offset in that device's arena; `arena_bytes`: each device's arena; `lower_bound`: the most
     (aligned) arena bytes live at one step, which no assignment can beat; `outside_peak`: the most bytes live at one
-    step outside the arena and the homed inputs; `homed`: the homed inputs' bytes; `method`: "greedy", or CP-SAT's
-    "optimal" / "feasible" when it improved on (or proved) greedy."""
+    step outside the arena and the homed inputs; `homed`: the homed inputs' bytes; `method`: "greedy", "search" where
+    the iterated greedy (arena_search) found a smaller arena, or CP-SAT's "optimal" / "feasible" when it ran and found
+    a solution (proven optimal or not)."""
 
     offsets: Mapping[tuple[str, str, int], int]
     sizes: Mapping[tuple[str, str, int], int]
