@@ -7,9 +7,12 @@ there over the profile's links, check_budgets says so, proven. Main raised a Pla
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from oracle import assert_prediction_matches, resident_at_end
 from oracle import makespan as oracle_makespan
-from test_park_three import DEVICES, gradient_behind_another_park
+from test_heuristics import train_dags
+from test_park_three import DEVICES, gradient_behind_another_park, three_devices
 
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Plan
@@ -18,10 +21,13 @@ from xsched.errors import BudgetError
 from xsched.simulate import simulate
 from xsched.solve import SolverOptions, solve
 from xsched.solve.bounds.memory import check_budgets
+from xsched.solve.bounds.reach import check_reach
 from xsched.solve.heuristics.eager import eager
 from xsched.solve.heuristics.park import park_remat, park_variant
 from xsched.solve.heuristics.routing import route
 from xsched.solve.problem import Problem
+from xsched.solve.reference import eager_peak
+from xsched.solve.registry import SOLVERS, run_member
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 HOMES = {"p0": "c"}  # g_p0 must end on c
@@ -139,3 +145,45 @@ def test_an_input_that_cannot_reach_the_op_reading_it_is_proven_infeasible() -> 
     with pytest.raises(BudgetError, match="op o2 runs only on a, and no copy link .* brings its input p0"):
         check_budgets(g, profile, {}, DEVICES, {"p0": "c"})
     check_budgets(g, no_link_to_c(g, ALL - {("c", "a")}), {}, DEVICES, {"p0": "c"})  # through b: possible
+
+
+def test_with_links_missing_every_heuristic_plan_is_valid_and_none_beats_a_proof() -> None:
+    """Random training graphs on a, b, c (c running no op in some draws), each link dropped at random, random homes,
+    a budget on a in some draws: check_reach's proof is never contradicted by a heuristic's plan (the simulator
+    would accept it), every plan is valid (simulator, independent counts, event sweep), no heuristic raises
+    anything but BudgetError (main's PlanError ended `auto`); some draws are proven, a fifth plan."""
+    heuristics = [e for e in SOLVERS.values() if e.kind == "heuristic"]
+    proven: list[bool] = []
+    planned: list[bool] = []
+
+    @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(train_dags(max_ops=5), st.data())
+    def draw(g: Graph, data) -> None:
+        full = three_devices(g)
+        kept = {x: full.copy[x] for x in sorted(full.copy) if data.draw(st.booleans())}
+        compute = dict(full.compute) | ({} if data.draw(st.booleans()) else {"c": {}})
+        profile = Profile(g.fingerprint, full.devices, compute, kept)
+        homes = {v: data.draw(st.sampled_from(DEVICES)) for v in g.inputs}
+        budgets = {"a": data.draw(st.integers(0, 2 * eager_peak(g)))} if data.draw(st.booleans()) else {}
+        try:
+            check_reach(g, profile, DEVICES, homes)
+            no_plan = False
+        except BudgetError:
+            no_plan = True
+        problem = Problem(g, profile, budgets, DEVICES, homes)
+        found = False
+        for entry in heuristics:
+            r = run_member(entry, problem, SolverOptions(), None)
+            if r.plan is None:
+                assert isinstance(r.error, BudgetError), (entry.name, r.error)
+                continue
+            assert not no_plan, f"{entry.name} planned what check_reach proved impossible"
+            simulate(g, r.plan, profile)
+            assert_prediction_matches(g, r.plan, profile, budgets)
+            assert r.plan.predicted.makespan_s == pytest.approx(oracle_makespan(g, r.plan, profile))
+            found = True
+        proven.append(no_plan)
+        planned.append(found)
+
+    draw()
+    assert any(proven) and sum(planned) >= 0.2 * len(planned), (sum(proven), sum(planned), len(planned))
