@@ -86,19 +86,25 @@ def homed_over_budget() -> tuple[Graph, Profile]:
     return g, three_and_a_store(g)
 
 
-def test_inputs_homed_over_a_budget_are_refused_as_proven() -> None:
-    """Homes alone over a's budget: a proven BudgetError naming a, before any level is solved (the simulator checks
-    budgets where steps allocate, so a plan that never allocates on a would have passed it)."""
+# at 5 B the homes alone fit, but g_p0 (1 B) must end on a too (p0 lives there): check_budgets' bound, not theirs
+@pytest.mark.parametrize("budget", [0, 5])
+def test_inputs_homed_over_a_budget_are_refused_as_proven(budget: int) -> None:
+    """Homes and the outputs that must end beside them (6 B) over a's budget: a proven BudgetError from
+    check_budgets' lower bound naming a, before any level is solved (the simulator checks budgets where steps
+    allocate, so a plan that never allocates on a would have passed it)."""
     g, profile = homed_over_budget()
-    problem = Problem(g, profile, {"a": 0}, list(DEVICES), {"in0": "a", "p0": "a"})
-    with pytest.raises(BudgetError, match=r"proven: the inputs homed on a take 5 B, over its budget of 0 B"):
+    problem = Problem(g, profile, {"a": budget}, list(DEVICES), {"in0": "a", "p0": "a"})
+    why = "5 B of graph inputs homed on a \\+ 1 B of outputs that must end there"
+    pattern = rf"hier: no plan, proven: budget {budget} B on a is below the lower bound 6 B: {why}\."
+    with pytest.raises(BudgetError, match=pattern) as e:
         solve_hier(problem, OPTIONS, settings=SETTINGS)
+    assert e.value.device == "a"
 
 
 def test_the_h_ilp_refuses_homes_over_a_budget_with_an_error_of_its_own(monkeypatch) -> None:
     """Past that check (as a block's H-ILP at a grid budget is), the H-ILP says no plan instead of letting Pyomo
     raise on its constant memory row."""
-    monkeypatch.setattr(hier_solver, "_homes_fit", lambda problem: None)
+    monkeypatch.setattr(hier_solver, "check_budgets", lambda *args: None)
     g, profile = homed_over_budget()
     problem = Problem(g, profile, {"a": 0}, list(DEVICES), {"in0": "a", "p0": "a"})
     with pytest.raises(NoIncumbent, match="the inputs homed on a exceed its budget alone"):

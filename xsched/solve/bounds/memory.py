@@ -11,6 +11,7 @@ from xsched.contracts.plan import ends_on_one_device, required_homes
 from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError, ProfileError
 from xsched.solve.bounds.crossing import crossing_bound
+from xsched.solve.bounds.reach import check_reach
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,8 @@ def check_budgets(
     devices: Sequence[str],
     homes: Mapping[str, str],
 ) -> None:
-    """Raise BudgetError when no plan can meet the budgets (necessary conditions only).
+    """Raise BudgetError when no plan can meet the budgets (necessary conditions only), or when no plan exists at
+    all over the profile's copy links (`reach.check_reach`).
 
     The message names the device, the bound in human units and the op that sets it; when no
     device can run some op, it lists for each device the smallest budget that op needs there.
@@ -175,6 +177,7 @@ def check_budgets(
             raise ProfileError(
                 f"op cannot run on any of {', '.join(devices)} (no cost in the profile)", stage="solve", op=op.id
             )
+    check_reach(graph, profile, devices, homes)  # an op whose inputs cannot meet, an output that cannot get home
     bounds = lower_bounds(graph, profile, devices, homes)
     for d, b in bounds.items():
         if d in budgets and b.bytes > budgets[d]:

@@ -86,14 +86,16 @@ def checkpoint_plan(
     budgets: Mapping[str, int] | None = None,
     homes: Mapping[str, str] | None = None,
     name: str = "checkpoint",
+    via: Sequence[str] = (),
 ) -> Plan:
-    """One-device plan keeping only `keep` (plus what is never dropped) and recomputing the rest on demand."""
+    """One-device plan keeping only `keep` (plus what is never dropped) and recomputing the rest on demand; `via`:
+    the devices a copy may pass through (route)."""
     t0 = time.perf_counter()
     homes = homes if homes is not None else {v: device for v in graph.inputs}
     computes = checkpoint_computes(graph, keep, device)
     recomputes = len(computes) - len(graph.ops)
     stats = HeuristicStats(device=device, kept=len(keep), recomputes=recomputes)
-    return route_and_finish(graph, computes, name, budgets or {}, homes, profile, t0, stats)
+    return route_and_finish(graph, computes, name, budgets or {}, homes, profile, t0, stats, via)
 
 
 def sqrt_keep(graph: Graph, spacing: int | None = None) -> set[str]:
@@ -255,7 +257,7 @@ def checkpoint_search(problem: Problem, options: SolverOptions = DEFAULTS, warm:
     """Budget-driven checkpointing: the best fitting plan (objective.better) over Chen-style keep sets (spacings
     and byte thresholds) and budget-driven eviction, on each device that can run every op."""
     graph, profile, budgets, homes = problem.graph, problem.profile, problem.budgets, problem.homes
-    alpha = options.alpha_energy
+    alpha, via = options.alpha_energy, problem.devices
     keeps = candidate_keeps(graph)
 
     def on(d: str) -> Plan:
@@ -268,7 +270,7 @@ def checkpoint_search(problem: Problem, options: SolverOptions = DEFAULTS, warm:
 
         def consider(rank: int, label: str, computes: list[Compute]) -> int:
             nonlocal lowest
-            plan = finish(graph, route(graph, computes, homes, profile), "checkpoint", {}, homes, profile, t0)
+            plan = finish(graph, route(graph, computes, homes, profile, via=via), "checkpoint", {}, homes, profile, t0)
             peaks = plan.predicted.peak_bytes
             if all(peaks.get(e, 0) <= b for e, b in budgets.items()):
                 fits.append((rank, plan, label, computes))
@@ -314,7 +316,7 @@ def checkpoint_search(problem: Problem, options: SolverOptions = DEFAULTS, warm:
         stats = HeuristicStats(
             device=d, variant=label, recomputes=len(computes) - len(graph.ops), candidates=len(candidates)
         )
-        return route_and_finish(graph, computes, "checkpoint", budgets, homes, profile, t0, stats)
+        return route_and_finish(graph, computes, "checkpoint", budgets, homes, profile, t0, stats, via)
 
     return best_single_device(on, graph, profile, problem.devices, "checkpoint", alpha)
 

@@ -20,6 +20,8 @@ def eager(problem: Problem, options: SolverOptions = DEFAULTS, warm: Plan | None
         t0 = time.perf_counter()
         computes = (Compute(o.id, d) for o in graph.ops)
         stats = HeuristicStats(device=d)
-        return route_and_finish(graph, computes, "eager", problem.budgets, problem.homes, profile, t0, stats)
+        return route_and_finish(
+            graph, computes, "eager", problem.budgets, problem.homes, profile, t0, stats, via=problem.devices
+        )
 
     return best_single_device(on, graph, profile, problem.devices, "eager", options.alpha_energy)

@@ -22,4 +22,6 @@ def fastest(problem: Problem, options: SolverOptions = DEFAULTS, warm: Plan | No
             raise BudgetError(f"op cannot run on any of {', '.join(devices)}", stage="solve", op=op.id)
         assignment[op.id] = min(times)[2]  # the op's own time, not a plan: no objective to rank by
     computes = [Compute(o.id, assignment[o.id]) for o in graph.ops]
-    return route_and_finish(graph, computes, "fastest", problem.budgets, problem.homes, profile, t0)
+    return route_and_finish(
+        graph, computes, "fastest", problem.budgets, problem.homes, profile, t0, via=problem.devices
+    )

@@ -19,7 +19,7 @@ compiled region fuses into it). When that misses the budget, a second cut also l
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Plan
@@ -134,9 +134,15 @@ def schedule(graph: Graph, saved: set[str], device: str) -> list[Compute]:
 
 
 def fused_cut_plan(
-    graph: Graph, profile: object, budgets: Mapping[str, int], device: str, homes: Mapping[str, str]
+    graph: Graph,
+    profile: object,
+    budgets: Mapping[str, int],
+    device: str,
+    homes: Mapping[str, str],
+    via: Sequence[str] = (),
 ) -> Plan:
-    """The min-cut plan on `device`; over its budget, the memory cut (any op recomputable, each value at its bytes)."""
+    """The min-cut plan on `device`; over its budget, the memory cut (any op recomputable, each value at its bytes).
+    `via`: the devices a copy may pass through (route)."""
     t0 = time.perf_counter()
     errors: list[BudgetError] = []
     variants = [
@@ -149,7 +155,7 @@ def fused_cut_plan(
     ]
     for variant, cost, ban in variants:
         saved, value = min_cut(graph, cost, ban)
-        steps = route(graph, schedule(graph, saved, device), homes, profile)  # type: ignore[arg-type]
+        steps = route(graph, schedule(graph, saved, device), homes, profile, via=via)  # type: ignore[arg-type]
         try:
             stats = HeuristicStats(device=device, variant=variant)
             return finish(graph, steps, "fused-cut", budgets, homes, profile, t0, stats=stats)  # type: ignore[arg-type]
@@ -164,4 +170,4 @@ def run(problem: Problem, options: SolverOptions, warm: Plan | None) -> Plan:
     if len(computing) != 1:
         raise BudgetError("fused-cut plans one computing device", stage="solve")
     graph, profile, budgets, homes = problem.graph, problem.profile, problem.budgets, problem.homes
-    return fused_cut_plan(graph, profile, budgets, computing[0], homes)
+    return fused_cut_plan(graph, profile, budgets, computing[0], homes, problem.devices)

@@ -74,7 +74,7 @@ def gap_remat(problem: Problem, options: SolverOptions = DEFAULTS, warm: Plan | 
     graph, profile, budgets, homes = problem.graph, problem.profile, problem.budgets, problem.homes
     orders, alpha = starting_orders(graph), options.alpha_energy
     return best_single_device(
-        lambda d: fastest_plan(graph, profile, budgets, homes, d, orders, alpha),
+        lambda d: fastest_plan(graph, profile, budgets, homes, d, orders, alpha, problem.devices),
         graph,
         profile,
         problem.devices,
@@ -91,9 +91,10 @@ def fastest_plan(
     device: str,
     orders: Mapping[str, Sequence[int]],
     alpha_energy: float = 0.0,
+    via: Sequence[str] = (),
 ) -> Plan:
     """The best gaps plan (objective.better) on `device` over the named orders, each with reruns one level deep and MAX_DEPTH
-    levels deep; BudgetError saying why each failed when none fits."""
+    levels deep (copies through `via` where no link is direct: route); BudgetError saying why each failed when none fits."""
     t0 = time.perf_counter()
     plans, why = [], []
     depths = (0, MAX_DEPTH) if device in budgets else (0,)  # no budget on the device: each order as it is
@@ -107,7 +108,7 @@ def fastest_plan(
             else:
                 computes = [Compute(graph.ops[i].id, device) for i in order]
             stats = HeuristicStats(device=device, order=name, depth=depth, recomputes=len(computes) - len(graph.ops))
-            plans.append(route_and_finish(graph, computes, "gaps", budgets, homes, profile, t0, stats))
+            plans.append(route_and_finish(graph, computes, "gaps", budgets, homes, profile, t0, stats, via))
         except BudgetError as e:
             why.append(f"{name} order, depth {depth}: {e.detail}")
     if not plans:
@@ -122,11 +123,12 @@ def order_scorer(
     device: str,
     homes: Mapping[str, str],
     alpha_energy: float = 0.0,
+    via: Sequence[str] = (),
 ) -> Callable[[tuple[int, ...], float], Plan]:
     """`search_order`'s scorer from gap rematerialization: an order's fastest gaps plan on `device` (BudgetError:
     none fits). Milliseconds to a few seconds an order, so the search tries hundreds where CP-SAT tries a few."""
 
     def score(order: tuple[int, ...], seconds: float) -> Plan:  # no time limit of its own to pass `seconds` to
-        return fastest_plan(graph, profile, budgets, homes, device, {"searched": order}, alpha_energy)
+        return fastest_plan(graph, profile, budgets, homes, device, {"searched": order}, alpha_energy, via)
 
     return score

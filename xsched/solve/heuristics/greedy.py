@@ -74,4 +74,4 @@ def greedy_fill(problem: Problem, options: SolverOptions = DEFAULTS, warm: Plan 
                         used[e] -= nbytes[v]
     computes = [Compute(o.id, assignment[o.id]) for o in graph.ops]
     stats = HeuristicStats(devices_used=tuple(sorted(set(assignment.values()))))
-    return route_and_finish(graph, computes, "greedy", budgets, homes, profile, t0, stats)
+    return route_and_finish(graph, computes, "greedy", budgets, homes, profile, t0, stats, via=devices)

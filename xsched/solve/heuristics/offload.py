@@ -66,7 +66,7 @@ def _parked_plan(graph, computes, parked, store, homes, profile, prefetch, defer
     """The routed plan, simulated, budgets not checked. With `defer`, the frees that follow a copy out wait
     until after the next compute on the device, which then need not wait for the copy (more memory, less time).
     Without `lanes`, its prediction has peaks and the serial time but no makespan."""
-    steps = route(graph, with_parking(computes, parked, store, prefetch, homes), homes, profile)
+    steps = route(graph, with_parking(computes, parked, store, prefetch, homes), homes, profile, via=(store,))
     if defer:
         steps = deferred_frees(steps, {v for _, _, v in parked})
     return finish(graph, steps, "offload", {}, homes, profile, 0.0, lanes=lanes)
@@ -140,7 +140,7 @@ def offload_search(problem: Problem, options: SolverOptions = DEFAULTS, warm: Pl
         for store in (s for d, s in pairs if d == c):
             try:
                 found = _best_fit(graph, orders, store, budgets, homes, profile, alpha)
-            except PlanError as e:  # e.g. no copy link between the two devices in the profile
+            except (PlanError, BudgetError) as e:  # no copy link between the two (PlanError) or none on home
                 failures.append(f"compute on {c}, park on {store}: {e.detail}")
                 continue
             if isinstance(found, str):

@@ -170,7 +170,8 @@ def park_steps(graph: Graph, line: ParkTimeline, homes: Mapping[str, str], profi
         plan += outs.get(t, [])
     plan += [Compute(p, line.device) for p in line.end_redo]
     plan += _home_from_store(graph, line, parks, homes)
-    steps = route(graph, plan, homes, profile)
+    # an output whose home this device has no link to goes through the store (park_model allows it only if linked)
+    steps = route(graph, plan, homes, profile, via=(line.store,))
     for_good = {pk.value for pk, _, _ in parks if pk.b is None}
     steps = _frees_moved(graph, steps, _group_starts(steps, main, set(move)), move, direct, for_good)
     # a forward output made again at the end keeps its first residency to the boundary, where wrap returns it

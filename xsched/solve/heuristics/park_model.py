@@ -136,15 +136,22 @@ class ParkTimeline(Timeline):
         # one that must end on a third device is copied there from the store at the end: park.park_steps)
         self.homed_here = {v for v, d in homes.items() if d == device}
         must_end = required_homes(graph, homes)
-        # (never one the caller holds: it stays on the device it is on at the boundary)
+        # (never one the caller holds: it stays on the device it is on at the boundary; nor one that must end on a
+        # third device linked neither from the store nor from this one)
         self.may_leave = {
-            v for v in graph.outputs if must_end.get(v, store) != device and v in graph.producer and v not in self.held
+            v
+            for v in graph.outputs
+            if (h := must_end.get(v, store)) != device
+            and v in graph.producer
+            and v not in self.held
+            and (h == store or profile.link(store, h) or profile.link(device, h))
         }
         # those that must end on a third device linked from this one (a gradient whose parameter lives there) may
         # instead go straight home for good, on a lane of its own: one copy, not two via the store
         self.direct = {
             v: h for v in self.may_leave if (h := must_end.get(v, store)) != store and profile.link(device, h)
         }
+        self.direct_only = {v for v, h in self.direct.items() if not profile.link(store, h)}  # no way on from the store
         for h in set(self.direct.values()):
             self.links[_to(h)] = profile.link(device, h)
             self.lanes[_to(h)] = Lane([])
@@ -235,7 +242,7 @@ class ParkTimeline(Timeline):
         if b is None and v in self.direct:  # for good: straight home instead, where that frees the device sooner
             home = self.direct[v]
             q_h, stall_h, link_h = self._leave(_to(home), s, n, free_from, t)
-            if (stall_h + price * link_h, q_h) < (stall + price * link_s, q):
+            if v in self.direct_only or (stall_h + price * link_h, q_h) < (stall + price * link_s, q):
                 return Park(
                     v, k, s, q_h, len(self.ops), None, True, stall_h + price * link_h, stall_h, free_from - 1, home
                 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -25,14 +26,17 @@ def route(
     profile: Profile | None = None,
     *,
     early_home_copies: bool = False,
+    via: Sequence[str] = (),
 ) -> tuple[Step, ...]:
     """Steps running `computes` in order, with the copies their inputs need and frees after last uses.
     Copies among `computes` are kept where they are (a caller's own transfers, e.g. offloading).
 
     An input not resident on the op's device is copied there right before the op, from the resident
-    device with the cheapest link. Outputs that must end on a param's or buffer's home are copied
-    there at the end (or right after they are produced with `early_home_copies`, which frees the
-    producing device sooner at the price of holding them longer at home).
+    device with the cheapest link; where no device holding it has a link there, through the cheapest chain
+    of links over the devices of `via` (`_copy_chain`). Outputs that must end on a param's or buffer's home
+    are copied there at the end (or right after they are produced with `early_home_copies`, which frees the
+    producing device sooner at the price of holding them longer at home). BudgetError (not found) when no
+    chain reaches a device: these computes cannot run on this machine, another plan may.
     """
     where: dict[str, list[str]] = {v: [d] for v, d in homes.items()}
     must_end_on = required_homes(graph, homes)
@@ -41,8 +45,9 @@ def route(
     def copy_to(v: str, dst: str, op: str | None) -> None:
         if v not in where:
             raise PlanError("value is read before any step produces it", stage="solve", op=op, value=v, device=dst)
-        steps.append(Copy(v, _cheapest_source(v, where[v], dst, graph, profile, op), dst))
-        where[v].append(dst)
+        for src, to in _copy_chain(v, where[v], dst, graph, profile, via, op):
+            steps.append(Copy(v, src, to))
+            where[v].append(to)
 
     for c in computes:
         if isinstance(c, Copy):
@@ -66,17 +71,42 @@ def route(
     return place_frees(graph, steps, homes)
 
 
-def _cheapest_source(
-    v: str, held: Sequence[str], dst: str, graph: Graph, profile: Profile | None, op: str | None
-) -> str:
+def _copy_chain(
+    v: str, held: Sequence[str], dst: str, graph: Graph, profile: Profile | None, via: Sequence[str], op: str | None
+) -> list[tuple[str, str]]:
+    """The copies (src, dst) that bring `v` to `dst`: one from the device in `held` with the cheapest link there;
+    where none has a link, the chain of links through devices of `via` that takes the least time (a direct copy is
+    kept even where a chain would be faster: it holds no relay's memory and one link's time). BudgetError naming
+    the value and the devices when no chain exists."""
     if profile is None:
-        return held[0]
-    times = [(t, d) for d in held if (t := profile.copy_time(v, graph.value[v].nbytes, d, dst)) is not None]
-    if not times:
-        raise PlanError(
-            f"no copy link from {', '.join(held)} to {dst} in the profile", stage="solve", op=op, value=v, device=dst
-        )
-    return min(times)[1]
+        return [(held[0], dst)]
+    nbytes = graph.value[v].nbytes
+    times = [(t, d) for d in held if (t := profile.copy_time(v, nbytes, d, dst)) is not None]
+    if times:
+        return [(min(times)[1], dst)]
+    # Dijkstra from every holder at once over the relays; ties go to fewer hops, then the first device named
+    order = {d: k for k, d in enumerate((*held, *via))}
+    heap = [(0.0, 0, order[d], d, (d,)) for d in held]
+    done: set[str] = set()
+    while heap:
+        t, hops, _, d, path = heapq.heappop(heap)
+        if d == dst:
+            return list(zip(path, path[1:], strict=False))
+        if d in done:
+            continue
+        done.add(d)
+        for e in (*via, dst):
+            if e not in done and (ct := profile.copy_time(v, nbytes, d, e)) is not None:
+                heapq.heappush(heap, (t + ct, hops + 1, order.get(e, len(order)), e, (*path, e)))
+    relays = [d for d in dict.fromkeys(via) if d not in held and d != dst]
+    raise BudgetError(
+        f"not found: no copy link brings {v} from {', '.join(held)} to {dst} in the profile, nor a chain of links "
+        + (f"through {', '.join(relays)}" if relays else "(no other device to relay it)"),
+        stage="solve",
+        op=op,
+        value=v,
+        device=dst,
+    )
 
 
 def insert_copies(
@@ -142,16 +172,18 @@ def route_and_finish(
     profile: Profile | None,
     started: float,
     stats: HeuristicStats | None = None,
+    via: Sequence[str] = (),
 ) -> Plan:
-    """finish(route(...)); when that is over budget, retry with home copies right after production."""
+    """finish(route(...)); when that is over budget, retry with home copies right after production. `via`: the
+    devices a copy may pass through where no link is direct (route)."""
     computes = list(computes)
     try:
-        steps = route(graph, computes, homes, profile)
+        steps = route(graph, computes, homes, profile, via=via)
         return finish(graph, steps, name, budgets, homes, profile, started, stats=stats)
     except BudgetError:
         if not required_homes(graph, homes):
             raise
-        early = route(graph, computes, homes, profile, early_home_copies=True)
+        early = route(graph, computes, homes, profile, early_home_copies=True, via=via)
         return finish(graph, early, name, budgets, homes, profile, started, stats=stats)
 
 

@@ -15,6 +15,8 @@ def sqrt_checkpoint(problem: Problem, options: SolverOptions = DEFAULTS, warm: P
     keep = sqrt_keep(graph)
 
     def on(d: str) -> Plan:
-        return checkpoint_plan(graph, keep, d, profile, budgets=problem.budgets, homes=problem.homes, name="sqrt")
+        return checkpoint_plan(
+            graph, keep, d, profile, budgets=problem.budgets, homes=problem.homes, name="sqrt", via=problem.devices
+        )
 
     return best_single_device(on, graph, profile, problem.devices, "sqrt", options.alpha_energy)

@@ -15,6 +15,7 @@ from xsched.contracts.profile import Profile
 from xsched.contracts.result import HierStats, SolveResult, Times
 from xsched.errors import BudgetError, NoIncumbent, XschedError
 from xsched.solve.autograd_boundary import forward_outputs
+from xsched.solve.bounds.memory import check_budgets
 from xsched.solve.hier.blocks import BlockPool, SolvedBlocks
 from xsched.solve.hier.hextract import direct_plan
 from xsched.solve.hier.hierarchy import MAX_GROUP, MAX_LEAF, MAX_TOP, build_hierarchy
@@ -88,7 +89,7 @@ def solve_hier(
     t0 = time.perf_counter()
     graph, budgets, homes = problem.graph, problem.budgets, problem.homes
     profile = with_stores(problem.profile)  # what parks, for the blocks' park options and their pricing
-    _homes_fit(problem)
+    _budgets_can_be_met(problem)
     st = settings or HierSettings()
     workers = st.workers if st.workers is not None else options.hier_processes
     limit = options.time_limit_s if options.time_limit_s is not None else 3600.0
@@ -167,18 +168,14 @@ def solve_hier(
 run = from_plan(solve_hier, proofs=False)
 
 
-def _homes_fit(problem: Problem) -> None:
-    """BudgetError, proven, where the inputs homed on a device exceed its budget before any step runs (the
-    simulator checks budgets at the steps that allocate, so a plan would pass it unseen)."""
-    size = {v.id: v.nbytes for v in problem.graph.values}
-    for d, budget in problem.budgets.items():
-        homed = sum(size[v] for v, h in problem.homes.items() if h == d)
-        if homed > budget:
-            raise BudgetError(
-                f"hier: no plan, proven: the inputs homed on {d} take {homed} B, over its budget of {budget} B",
-                stage="solve",
-                device=d,
-            )
+def _budgets_can_be_met(problem: Problem) -> None:
+    """check_budgets before any level is solved, its BudgetError saying *proven* (the runner checks before its
+    members; hier alone must too: the simulator checks budgets at the steps that allocate, so a plan would pass
+    inputs homed over a budget unseen, and a block's H-ILP would hold a constant memory row)."""
+    try:
+        check_budgets(problem.graph, problem.profile, problem.budgets, problem.devices, problem.homes)
+    except BudgetError as e:
+        raise BudgetError(f"hier: no plan, proven: {e.detail}", stage="solve", device=e.device, op=e.op) from e
 
 
 def _refinable(graph: Graph, devices: tuple[str, ...]) -> bool:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import numpy as np
 import pyomo.environ as pyo
 
-from xsched.errors import NoIncumbent
+from xsched.errors import BudgetError, NoIncumbent
 from xsched.solve.intervals.cpsat import Outcome
 from xsched.solve.intervals.data import IntervalData, Late, check, never, raise_if_late
 from xsched.solve.intervals.extract import Placement
@@ -102,7 +102,16 @@ def build(data: IntervalData, late: Callable[[], bool] = never) -> pyo.ConcreteM
         m.ends.add(m.y[t] <= a[k])
         m.ends.add(e[k, v] >= end * m.y[t])
     for v, devs in data.ends:
-        m.ends.add(sum(m.y[t] for t, (k, w) in enumerate(ends) if w == v and slots[k].device in devs) >= 1)
+        y = [m.y[t] for t, (k, w) in enumerate(ends) if w == v and slots[k].device in devs]
+        if not y:  # made only where no direct link reaches its home (a chain is not modelled): CP-SAT's empty clause
+            where = ", ".join(data.devices[d] for d in devs)
+            raise BudgetError(
+                f"the interval model (this order) cannot end {data.graph.values[v].id} on {where}: it copies over "
+                "direct links only",
+                stage="solve",
+                value=data.graph.values[v].id,
+            )
+        m.ends.add(sum(y) >= 1)
     _held(m, data, s)
     raise_if_late(late)
     _memory(m, data, s, late)

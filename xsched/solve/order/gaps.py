@@ -16,6 +16,8 @@ GAPS_TRY_S = 0.01  # the gaps scorer has no time limit of its own: a short one p
 def run_gaps(problem: Problem, options: SolverOptions = DEFAULTS, warm: Plan | None = None) -> Outcome:
     """The best gaps plan over the starting orders and local moves from the best, within the time limit."""
     graph, alpha = problem.graph, options.alpha_energy
-    score = order_scorer(graph, problem.profile, problem.budgets, problem.computing[0], problem.homes, alpha)
+    score = order_scorer(
+        graph, problem.profile, problem.budgets, problem.computing[0], problem.homes, alpha, problem.devices
+    )
     tries = len(starting_orders(graph, warm))
     return searched("order-gaps", problem, options, warm, score, dict(per_try_s=GAPS_TRY_S, give_up=tries))
