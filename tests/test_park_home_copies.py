@@ -25,8 +25,8 @@ HOMES = {"p0": "b", "p1": "b"}
 def late_park_before_the_last_gradient() -> tuple[Graph, Profile]:
     """Six ops on a, 1 s each, in their one order but for o4. Forward: o0 makes x (40 B), o1 reads x and makes s (5
     B), o2 reads s and makes h (40 B). Backward: o3 reads h and makes g1 (200 B, the gradient of p1), o4 makes u (5
-    B), o5 reads x, u and g1 and makes g0 (10 B, the gradient of p0). p0 and p1 live on b, the store (which runs no op), and are never read on a. Both links 0.1 s +
-    100 B/s."""
+    B), o5 reads x, u and g1 and makes g0 (10 B, the gradient of p0). p0 and p1 live on b, the store (which runs no
+    op), and are never read on a. Both links 0.1 s + 100 B/s."""
     values = (
         Value("p0", 10, "param"),
         Value("p1", 10, "param"),
@@ -80,3 +80,18 @@ def test_gradients_go_home_while_the_backward_runs() -> None:
     best = park_remat(Problem(g, profile, budgets, list(DEVICES), HOMES))
     assert_prediction_matches(g, best, profile, budgets)
     assert oracle_makespan(g, best, profile) == pytest.approx(6.3)
+
+
+def test_copies_home_stay_at_the_end_where_early_ones_would_overfill_the_home() -> None:
+    """The same with b at 240 B. Issued early, g1 lands on b (4-6.1 s) before the plan frees x there after its copy
+    back: p0, p1, x and g1 make 260 B on b. At the end, x is freed first: b holds at most p0, p1, g1 and g0 (230 B),
+    and the plan is main's, 6.8 s by the count above."""
+    g, profile = late_park_before_the_last_gradient()
+    budgets = {"a": 255, "b": 240}
+    plan = park_variant(g, profile, budgets, HOMES, "a", "b", "graph", tuple(range(6)), 0, 0.0, 1.0, 0.0)
+    simulate(g, plan, profile)
+    assert_prediction_matches(g, plan, profile, budgets)
+    copies = [s for s in plan.steps if isinstance(s, Copy)]
+    assert copies == [Copy("x", "a", "b"), Copy("x", "b", "a"), Copy("g1", "a", "b"), Copy("g0", "a", "b")]
+    assert oracle_peaks(g, plan, profile)["b"] == 230
+    assert oracle_makespan(g, plan, profile) == pytest.approx(6.8)

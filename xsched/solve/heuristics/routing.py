@@ -69,9 +69,10 @@ def route(
 def home_copies_early(graph: Graph, steps: Sequence[Step], device: str, homes: Mapping[str, str]) -> tuple[Step, ...]:
     """`steps` with each copy of an output from `device` to the device it must end on (a gradient to its parameter's
     home) moved up to right after the step that last made the value on `device` before it (in the backward); frees
-    stay where they are. route emits these copies at the end, and a copy lane runs in plan order behind every free before it on the
-    destination (xsched.lanes): queued there, they all wait for the plan's last copy back and its store free, and
-    run in a tail after the last compute; issued as each value is made, they overlap the computes after it."""
+    stay where they are. route emits these copies at the end, and a copy lane runs in plan order behind every free
+    before it on the destination (xsched.lanes): queued there, they all wait for the plan's last copy back and its
+    store free, and run in a tail after the last compute; issued as each value is made, they overlap the computes
+    after it."""
     must_end = required_homes(graph, homes)
     # never into the forward: wrap runs the steps before the boundary's step in its forward (a buffer's update is
     # made there), so a copy goes after that step at the earliest
