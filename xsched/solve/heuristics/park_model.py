@@ -158,6 +158,12 @@ class ParkTimeline(Timeline):
         self.copied_in = self._inputs_from_first_read(homes)
         self.refresh()
         self.fetch = self._fetch_store_inputs()
+        # output held here to the end that must end on the store -> its copy there, issued once it is made
+        # (routing.home_copies_early), on the out lane: each park's stall counts the lane's time they take
+        self.home_out = {v: self._home_item(v) for v in sorted(self.may_leave) if must_end.get(v) == self.store}
+        for item in self.home_out.values():
+            self.lanes["out"].add(item)
+        self.refresh()
 
     def _inputs_from_first_read(self, homes: Mapping[str, str]) -> set[str]:
         """Graph inputs homed off the compute device are not held here from the start (Timeline's default): one never
@@ -203,9 +209,19 @@ class ParkTimeline(Timeline):
 
     def refresh(self) -> None:
         """The positions' start times (reruns included) and the lanes' finish times, after a move."""
+        for v, item in getattr(self, "home_out", {}).items():
+            if item != (moved := self._home_item(v)):
+                self.lanes["out"].remove(item)
+                self.home_out[v] = moved
+                self.lanes["out"].add(moved)
         dur = [self.op_s[op.id] + sum(self.op_s[p] for p in set(self.redo.get(t, ()))) for t, op in enumerate(self.ops)]
         self.start = np.concatenate(([0.0], np.cumsum(dur)))
         self.done = {way: lane.finishes(self.start) for way, lane in self.lanes.items()}
+
+    def _home_item(self, v: str) -> tuple[int, int, float, int]:
+        """`v`'s copy home as the out lane holds it: after its last making, due by the end."""
+        a = self.spans[v][-1][0] if self.spans[v] else len(self.ops) - 1
+        return (a, a + 1, self.seconds("out", self.nbytes[v]), len(self.ops))
 
     def seconds(self, way: str, n: int) -> float:
         link = self.links[way]
@@ -230,7 +246,9 @@ class ParkTimeline(Timeline):
             return None
         n, stall, link_s, q = self.nbytes[v], 0.0, 0.0, free_from
         out = self.stored_from.get(v, len(self.ops)) > s  # no copy made by the span's start: it makes one
-        if out:  # queued on the out lane once made; freed once done (the compute at t waits for it, at the latest)
+        if out and v in self.home_out:  # its copy home, queued already, is the one: freed once that is done
+            q, stall, link_s = self._home_done(v, free_from, t)
+        elif out:  # queued on the out lane once made; freed once done (the compute at t waits for it, at the latest)
             q, stall, link_s = self._leave("out", s, n, free_from, t)
         if b is None and v in self.direct:  # for good: straight home instead, where that frees the device sooner
             home = self.direct[v]
@@ -259,6 +277,14 @@ class ParkTimeline(Timeline):
         if q > t:
             stall, q = finish - self.start[t], t
         return q, stall + lane.delay(self.start, done, at, finish), secs
+
+    def _home_done(self, v: str, free_from: int, t: int) -> tuple[int, float, float]:
+        """_leave for a value whose copy home is on the out lane already: moving the lane nothing, freed once done."""
+        item, lane = self.home_out[v], self.lanes["out"]
+        at = bisect.bisect_left(lane.emits, item[0])
+        finish = self.done["out"][lane.items.index(item, at)]
+        q = max(free_from, int(np.searchsorted(self.start, finish - 1e-15)))
+        return (t, finish - self.start[t], item[2]) if q > t else (q, 0.0, item[2])
 
     def leave_seconds(self, v: str) -> float:
         """The link seconds of `v`'s cheapest copy off the device: to the store, or straight home (`direct`)."""
@@ -299,6 +325,9 @@ class ParkTimeline(Timeline):
         self.spans[pk.value][pk.span : pk.span + 1] = kept
         self.mem[pk.q : pk.p] -= self.nbytes[pk.value]
         n = self.nbytes[pk.value]
+        if pk.out and pk.value in self.home_out:  # its copy out replaces the copy home (routing adds none then)
+            self.lanes["out"].remove(self.home_out.pop(pk.value))
+            self.done["out"] = self.lanes["out"].finishes(self.start)
         # a park moves no compute (the start times stay): only its lanes' finish times change
         if pk.out:
             way = _way(pk)
@@ -385,6 +414,8 @@ class ParkTimeline(Timeline):
         for u, j in r.extend:
             self.spans[u][j][1] = len(self.ops) - 1
         self.mem[r.lo :] += r.delta
+        if r.value in self.home_out:  # made again at the end, and copied home after that
+            self.lanes["out"].remove(self.home_out.pop(r.value))
         self.ended.add(r.value)
         self.end_redo.append(r.producer)
         self.end_reads.update(self.graph.op[r.producer].inputs)
