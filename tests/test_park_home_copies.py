@@ -15,6 +15,7 @@ from xsched.contracts.plan import Compute, Copy
 from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
 from xsched.simulate import simulate
 from xsched.solve.heuristics.park import park_remat, park_variant
+from xsched.solve.heuristics.park_model import ParkTimeline
 from xsched.solve.problem import Problem
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -95,3 +96,50 @@ def test_copies_home_stay_at_the_end_where_early_ones_would_overfill_the_home() 
     assert copies == [Copy("x", "a", "b"), Copy("x", "b", "a"), Copy("g1", "a", "b"), Copy("g0", "a", "b")]
     assert oracle_peaks(g, plan, profile)["b"] == 230
     assert oracle_makespan(g, plan, profile) == pytest.approx(6.8)
+
+
+def test_the_timeline_queues_the_copies_home_and_a_park_leaves_with_its_own() -> None:
+    """Park's timeline on seven ops, 1 s each (o0 forward, the rest backward): o0 makes x (10 B); o1 reads x and makes
+    g1 (200 B, p1's gradient); o2 reads x and makes y (40 B); o3, o4, o5 make z, z2, z3 (5 B) in a chain; o6 reads
+    y, g1 and z3 and makes g0 (10 B, p0's gradient). The copies home wait on the out lane in making order: g1's (2.1
+    s) emitted after o1, g0's (0.2 s) after o6, both due by the end. Parking y across o3-o5 at o3: its copy out,
+    ready when o2 ends (3 s), runs behind g1's (2-4.1 s), 4.1-4.6 s, so o3 (from 3 s) waits 1.6 s for y's free
+    (main counted 0.5 s: an empty lane); y comes back 5-5.5 s, in time for o6. Parking g1 across o2-o5 leaves with
+    its copy home: the lane holds one copy of g1, due where g1 is freed."""
+    values = (
+        Value("p0", 10, "param"),
+        Value("p1", 10, "param"),
+        Value("x", 10),
+        Value("g1", 200, grad_of="p1"),
+        Value("y", 40),
+        Value("z", 5),
+        Value("z2", 5),
+        Value("z3", 5),
+        Value("g0", 10, grad_of="p0"),
+    )
+    ops = (
+        Op("o0", "t", (), ("x",)),
+        Op("o1", "t", ("x",), ("g1",), phase="bwd"),
+        Op("o2", "t", ("x",), ("y",), phase="bwd"),
+        Op("o3", "t", (), ("z",), phase="bwd"),
+        Op("o4", "t", ("z",), ("z2",), phase="bwd"),
+        Op("o5", "t", ("z2",), ("z3",), phase="bwd"),
+        Op("o6", "t", ("y", "g1", "z3"), ("g0",), phase="bwd"),
+    )
+    g = Graph("hand", values, ops, ("g1", "g0"))
+    link = LinkCost(0.1, 100.0)
+    profile = Profile(
+        g.fingerprint,
+        {d: DeviceInfo("cpu") for d in DEVICES},
+        {"a": {o.id: OpCost(1.0) for o in g.ops}, "b": {}},
+        {"a->b": link, "b->a": link},
+    )
+    line = ParkTimeline(g, range(7), "a", profile, "b", link, link, HOMES)
+    assert line.lanes["out"].items == [(1, 2, pytest.approx(2.1), 7), (6, 7, pytest.approx(0.2), 7)]
+    pk = line.park("y", 0, 3, 0.0)
+    assert (pk.out, pk.q, pk.p, pk.b) == (True, 3, 5, 6)
+    assert pk.stall == pytest.approx(1.6)
+    pk = line.park("g1", 0, 3, 0.0)
+    line.apply_park(pk)
+    assert "g1" not in line.home_out
+    assert line.lanes["out"].items == [(1, 2, pytest.approx(2.1), pk.q), (6, 7, pytest.approx(0.2), 7)]
