@@ -373,7 +373,9 @@ def line_plan(graph, profile, budgets, homes, line: ParkTimeline, name: str, dep
     stats = HeuristicStats(device=line.device, order=name, depth=depth, recomputes=recomputes, parked=parked)
     try:
         plan = finish(graph, steps, "park", budgets, homes, profile, t0, stats=stats)
-    except BudgetError:
+    except BudgetError as e:
+        if e.device == line.device:  # the early copies hold nothing longer here: at the end, the same peak
+            raise
         late = park_steps(graph, line, homes, profile, early_homes=False)
         plan = finish(graph, late, "park", budgets, homes, profile, t0, stats=stats)
     # wrap's boundary rule, which the timeline does not model: repaired here or refused, so the fastest variant
