@@ -106,6 +106,7 @@ class ParkTimeline(Timeline):
         self.end_redo: list[str] = []  # their producers, run after the last position
         self.end_reads: set[str] = set()  # the inputs those reruns read at the end: never parked for good
         self.copied_in = self._inputs_from_first_read(homes)
+        self.home_out: dict[str, tuple[int, int, float, int]] = {}  # (filled below, once the fetches are queued)
         self.refresh()
         self.fetch = self._fetch_store_inputs()
         # output held here to the end that must end on the store -> its copy there, issued once it is made
@@ -159,7 +160,7 @@ class ParkTimeline(Timeline):
 
     def refresh(self) -> None:
         """The positions' start times (reruns included) and the lanes' finish times, after a move."""
-        for v, item in getattr(self, "home_out", {}).items():
+        for v, item in self.home_out.items():
             if item != (moved := self._home_item(v)):
                 self.lanes["out"].remove(item)
                 self.home_out[v] = moved
