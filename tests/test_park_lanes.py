@@ -16,7 +16,8 @@ from xsched.contracts.profile import LinkCost, Profile
 from xsched.errors import BudgetError
 from xsched.solve.heuristics import park as park_mod
 from xsched.solve.heuristics.park import park_pairs, park_remat, park_variant
-from xsched.solve.heuristics.park_model import Lane, ParkTimeline
+from xsched.solve.heuristics.park_lane import Lane
+from xsched.solve.heuristics.park_model import ParkTimeline
 from xsched.solve.objective import best_of
 from xsched.solve.order.order import starting_orders
 from xsched.solve.problem import Problem

@@ -20,7 +20,7 @@ from xsched.errors import BudgetError, NoIncumbent, PlanError
 from xsched.solve.autograd_boundary import hold_to_boundary
 from xsched.solve.heuristics.gaps import MAX_DEPTH, MAX_DROPS
 from xsched.solve.heuristics.park_model import EndRerun, Park, ParkTimeline
-from xsched.solve.heuristics.routing import finish, route
+from xsched.solve.heuristics.routing import finish, home_copies_early, route
 from xsched.solve.heuristics.timeline import op_seconds
 from xsched.solve.objective import best_of
 from xsched.solve.options import DEFAULTS, SolverOptions, keeps_limit, note_unit, now, out_of_time, past_deadline
@@ -137,7 +137,9 @@ def _score_floor(line: ParkTimeline, v: str, price: float | None, cost: Mapping[
     return min(floors, default=float("inf"))
 
 
-def park_steps(graph: Graph, line: ParkTimeline, homes: Mapping[str, str], profile: Profile) -> tuple[Step, ...]:
+def park_steps(
+    graph: Graph, line: ParkTimeline, homes: Mapping[str, str], profile: Profile, early_homes: bool = True
+) -> tuple[Step, ...]:
     """The timeline as plan steps: per position its copies back and first fetches, its reruns, its compute and the
     copies out after it (the end's reruns last), routed (the copies the computes still need, frees after last
     reads); then each parked value's free moved from right after its copy out to the first step of the position
@@ -175,7 +177,10 @@ def park_steps(graph: Graph, line: ParkTimeline, homes: Mapping[str, str], profi
     for_good = {pk.value for pk, _, _ in parks if pk.b is None}
     steps = _frees_moved(graph, steps, _group_starts(steps, main, set(move)), move, direct, for_good)
     # a forward output made again at the end keeps its first residency to the boundary, where wrap returns it
-    return tuple(hold_to_boundary(graph, steps))
+    steps = tuple(hold_to_boundary(graph, steps))
+    # the copies home that routing left at the end, issued as their values are made (their frees stay: the timeline
+    # holds them here to the end)
+    return home_copies_early(graph, steps, line.device, homes) if early_homes else steps
 
 
 def _home_from_store(
@@ -361,11 +366,19 @@ def park_line(
 
 
 def line_plan(graph, profile, budgets, homes, line: ParkTimeline, name: str, depth: int, t0: float) -> Plan:
-    """The greedy's timeline as a plan checked against the budgets."""
+    """The greedy's timeline as a plan checked against the budgets; its copies home issued early (park_steps), or
+    at the end where holding them on their homes that much longer is over a home's budget."""
     steps = park_steps(graph, line, homes, profile)
     parked = sum(isinstance(s, Copy) and s.src == line.device for s in steps)
     recomputes = sum(isinstance(s, Compute) for s in steps) - len(graph.ops)
     stats = HeuristicStats(device=line.device, order=name, depth=depth, recomputes=recomputes, parked=parked)
+    try:
+        plan = finish(graph, steps, "park", budgets, homes, profile, t0, stats=stats)
+    except BudgetError as e:
+        if e.device == line.device:  # the early copies hold nothing longer here: at the end, the same peak
+            raise
+        late = park_steps(graph, line, homes, profile, early_homes=False)
+        plan = finish(graph, late, "park", budgets, homes, profile, t0, stats=stats)
     # wrap's boundary rule, which the timeline does not model: repaired here or refused, so the fastest variant
     # that wrap can run wins (a variant breaking it would sink the whole method in the caller's check)
-    return runnable(graph, finish(graph, steps, "park", budgets, homes, profile, t0, stats=stats), profile, budgets)
+    return runnable(graph, plan, profile, budgets)

@@ -3,19 +3,21 @@
 must end on (a gradient whose parameter lives there may go straight home). A lane runs its copies one after another
 in plan order, as the executor's copy streams do (`xsched.lanes`), at the positions' ideal start times (each
 position's computes, reruns included, back to back): a park's cost is the time its copies would keep a compute
-waiting, its own and what it adds to the copies queued behind it."""
+waiting, its own and what it adds to the copies queued behind it. The out lane also carries the copies home of the
+outputs that must end on the store, each issued once its value is made (`park.park_steps`)."""
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import required_homes
 from xsched.contracts.profile import LinkCost, Profile
+from xsched.solve.heuristics.park_lane import Lane
 from xsched.solve.heuristics.timeline import Timeline, op_seconds
 
 
@@ -57,58 +59,6 @@ class Park:
     read: int  # its last read before the gap (its position): what it is freed after
     # parked for good straight onto its home, a third device (ParkTimeline.direct); None: the store
     to: str | None = None
-
-
-@dataclass
-class Lane:
-    """A copy lane's copies in plan order: (emit position, position whose start it is ready at, seconds, position
-    whose start it must be done by), sorted by emit position, equal ones in the order they were added."""
-
-    items: list[tuple[int, int, float, int]]
-    emits: list[int] = field(default_factory=list)  # the items' emit positions, kept beside them for bisect
-
-    def add(self, item: tuple[int, int, float, int]) -> int:
-        """Insert `item` at its slot; its index."""
-        at = self.slot(item[0])
-        self.items.insert(at, item)
-        self.emits.insert(at, item[0])
-        return at
-
-    def remove(self, item: tuple[int, int, float, int]) -> None:
-        """Take out the first copy equal to `item`."""
-        at = self.items.index(item)
-        del self.items[at]
-        del self.emits[at]
-
-    def finishes(self, start: np.ndarray, begin: int = 0, prev: float = 0.0) -> list[float]:
-        """When each copy from index `begin` on is done, the one before it done at `prev`."""
-        out = []
-        for _, ready, secs, _ in self.items[begin:]:
-            prev = max(float(start[ready]), prev) + secs
-            out.append(prev)
-        return out
-
-    def added(self, start: np.ndarray, done: list[float], item: tuple[int, int, float, int]) -> list[float]:
-        """Insert `item` and return the finish times given `done` before it: those ahead of its slot are unchanged,
-        so only the copies from it on are timed again (adding one copy at a time stays linear, not quadratic)."""
-        at = self.add(item)
-        return done[:at] + self.finishes(start, at, done[at - 1] if at else 0.0)
-
-    def slot(self, emit: int) -> int:
-        """Where a copy emitted at `emit` goes: after every copy emitted at or before it."""
-        return bisect.bisect_right(self.emits, emit)
-
-    def delay(self, start: np.ndarray, done: Sequence[float], at: int, first_done: float) -> float:
-        """The lateness a copy inserted at index `at`, done at `first_done`, adds to the copies after it."""
-        extra, prev = 0.0, first_done
-        for j in range(at, len(self.items)):
-            _, ready, secs, due = self.items[j]
-            moved = max(float(start[ready]), prev) + secs
-            if moved <= done[j] + 1e-15:
-                break  # the queue behind is as before
-            extra += max(0.0, moved - start[due]) - max(0.0, done[j] - start[due])
-            prev = moved
-        return extra
 
 
 class ParkTimeline(Timeline):
@@ -163,8 +113,15 @@ class ParkTimeline(Timeline):
         self.end_redo: list[str] = []  # their producers, run after the last position
         self.end_reads: set[str] = set()  # the inputs those reruns read at the end: never parked for good
         self.copied_in = self._inputs_from_first_read(homes)
+        self.home_out: dict[str, tuple[int, int, float, int]] = {}  # (filled below, once the fetches are queued)
         self.refresh()
         self.fetch = self._fetch_store_inputs()
+        # output held here to the end that must end on the store -> its copy there, issued once it is made
+        # (routing.home_copies_early), on the out lane: each park's stall counts the lane's time they take
+        self.home_out = {v: self._home_item(v) for v in sorted(self.may_leave) if must_end.get(v) == self.store}
+        for item in self.home_out.values():
+            self.lanes["out"].add(item)
+        self.refresh()
 
     def _inputs_from_first_read(self, homes: Mapping[str, str]) -> set[str]:
         """Graph inputs homed off the compute device are not held here from the start (Timeline's default): one never
@@ -210,9 +167,19 @@ class ParkTimeline(Timeline):
 
     def refresh(self) -> None:
         """The positions' start times (reruns included) and the lanes' finish times, after a move."""
+        for v, item in self.home_out.items():
+            if item != (moved := self._home_item(v)):
+                self.lanes["out"].remove(item)
+                self.home_out[v] = moved
+                self.lanes["out"].add(moved)
         dur = [self.op_s[op.id] + sum(self.op_s[p] for p in set(self.redo.get(t, ()))) for t, op in enumerate(self.ops)]
         self.start = np.concatenate(([0.0], np.cumsum(dur)))
         self.done = {way: lane.finishes(self.start) for way, lane in self.lanes.items()}
+
+    def _home_item(self, v: str) -> tuple[int, int, float, int]:
+        """`v`'s copy home as the out lane holds it: after its last making, due by the end."""
+        a = self.spans[v][-1][0] if self.spans[v] else len(self.ops) - 1
+        return (a, a + 1, self.seconds("out", self.nbytes[v]), len(self.ops))
 
     def seconds(self, way: str, n: int) -> float:
         link = self.links[way]
@@ -237,7 +204,9 @@ class ParkTimeline(Timeline):
             return None
         n, stall, link_s, q = self.nbytes[v], 0.0, 0.0, free_from
         out = self.stored_from.get(v, len(self.ops)) > s  # no copy made by the span's start: it makes one
-        if out:  # queued on the out lane once made; freed once done (the compute at t waits for it, at the latest)
+        if out and v in self.home_out:  # its copy home, queued already, is the one: freed once that is done
+            q, stall, link_s = self._home_done(v, free_from, t)
+        elif out:  # queued on the out lane once made; freed once done (the compute at t waits for it, at the latest)
             q, stall, link_s = self._leave("out", s, n, free_from, t)
         if b is None and v in self.direct:  # for good: straight home instead, where that frees the device sooner
             home = self.direct[v]
@@ -266,6 +235,14 @@ class ParkTimeline(Timeline):
         if q > t:
             stall, q = finish - self.start[t], t
         return q, stall + lane.delay(self.start, done, at, finish), secs
+
+    def _home_done(self, v: str, free_from: int, t: int) -> tuple[int, float, float]:
+        """_leave for a value whose copy home is on the out lane already: moving the lane nothing, freed once done."""
+        item, lane = self.home_out[v], self.lanes["out"]
+        at = bisect.bisect_left(lane.emits, item[0])
+        finish = self.done["out"][lane.items.index(item, at)]
+        q = max(free_from, int(np.searchsorted(self.start, finish - 1e-15)))
+        return (t, finish - self.start[t], item[2]) if q > t else (q, 0.0, item[2])
 
     def leave_seconds(self, v: str) -> float:
         """The link seconds of `v`'s cheapest copy off the device: to the store, or straight home (`direct`)."""
@@ -306,6 +283,9 @@ class ParkTimeline(Timeline):
         self.spans[pk.value][pk.span : pk.span + 1] = kept
         self.mem[pk.q : pk.p] -= self.nbytes[pk.value]
         n = self.nbytes[pk.value]
+        if pk.out and pk.value in self.home_out:  # its copy out replaces the copy home (routing adds none then)
+            self.lanes["out"].remove(self.home_out.pop(pk.value))
+            self.done["out"] = self.lanes["out"].finishes(self.start)
         # a park moves no compute (the start times stay): only its lanes' finish times change
         if pk.out:
             way = _way(pk)
@@ -392,6 +372,8 @@ class ParkTimeline(Timeline):
         for u, j in r.extend:
             self.spans[u][j][1] = len(self.ops) - 1
         self.mem[r.lo :] += r.delta
+        if r.value in self.home_out:  # made again at the end, and copied home after that
+            self.lanes["out"].remove(self.home_out.pop(r.value))
         self.ended.add(r.value)
         self.end_redo.append(r.producer)
         self.end_reads.update(self.graph.op[r.producer].inputs)

@@ -71,6 +71,38 @@ def route(
     return place_frees(graph, steps, homes)
 
 
+def home_copies_early(graph: Graph, steps: Sequence[Step], device: str, homes: Mapping[str, str]) -> tuple[Step, ...]:
+    """`steps` with each copy of an output from `device` to the device it must end on (a gradient to its parameter's
+    home) moved up to right after the step that last made the value on `device` before it (in the backward); frees
+    stay where they are. route emits these copies at the end, and a copy lane runs in plan order behind every free
+    before it on the destination (xsched.lanes): queued there, they all wait for the plan's last copy back and its
+    store free, and run in a tail after the last compute; issued as each value is made, they overlap the computes
+    after it."""
+    must_end = required_homes(graph, homes)
+    # never into the forward: wrap runs the steps before the boundary's step in its forward (a buffer's update is
+    # made there), so a copy goes after that step at the earliest
+    boundary = autograd_boundary(graph, steps)
+    first = boundary if boundary is not None else -1
+    made: dict[str, int] = {}  # value -> index of the latest step that made it on `device`
+    moved: dict[int, list[Step]] = {}  # index of a making step -> the copies home to issue right after it
+    keep: list[Step | None] = list(steps)
+    for i, s in enumerate(steps):
+        if isinstance(s, Compute) and s.device == device:
+            made.update((v, i) for v in graph.op[s.op].outputs)
+        elif isinstance(s, Copy) and s.dst == device:
+            made[s.value] = i
+        elif isinstance(s, Copy) and s.src == device and must_end.get(s.value) == s.dst and s.value in made:
+            if (at := max(made[s.value], first)) < i - 1:
+                moved.setdefault(at, []).append(s)
+                keep[i] = None
+    out: list[Step] = []
+    for i, s in enumerate(keep):
+        if s is not None:
+            out.append(s)
+        out.extend(moved.get(i, ()))
+    return tuple(out)
+
+
 def _copy_chain(
     v: str, held: Sequence[str], dst: str, graph: Graph, profile: Profile | None, via: Sequence[str], op: str | None
 ) -> list[tuple[str, str]]:
