@@ -121,7 +121,10 @@ def test_two_devices_reach_the_exhaustive_optimum(backend: str, name: str) -> No
     plan = solve_intervals(Problem(g, prof, budgets, ["cpu", "gpu"], homes), exact, backend=backend, workers=1)
     checked(g, plan, prof, budgets)
     assert plan.predicted.time_s == pytest.approx(want)
-    assert plan.solver.status == "optimal"  # the model's optimum proven (this order and C), as the limit expects
+    # the model's optimum proven (this order and C), as the limit expects; on two devices its objective is an upper
+    # estimate of the makespan (test_intervals_estimate), so the plan is only "feasible", with no gap
+    assert plan.solver.stats.model_bound == pytest.approx(plan.solver.stats.model_objective, rel=1e-6)
+    assert plan.solver.status == "feasible" and plan.solver.gap is None
     assert any(isinstance(s, Copy) for s in plan.steps)
 
 
