@@ -87,6 +87,34 @@ def test_every_solution_is_estimated_from_above_on_random_training_graphs(backen
     assert sum(1 for n in seen if n) >= len(seen) // 2  # most draws were solved and checked, not skipped
 
 
+def queued_copy() -> tuple[Graph, Profile, dict[str, int]]:
+    """Found by a random sweep: o0 (cpu only) makes v0_0, which o1 reads on the gpu in the next stage, where in0 is
+    copied to the gpu too (for grad_p0, a stage later) over the same link."""
+    values = (Value("in0", 1, "input"), Value("p0", 27, "param"), Value("p1", 12, "param"), Value("v0_0", 8))
+    values += (Value("v0_1", 46), Value("v1_0", 1), Value("g_p0", 27, grad_of="p0"), Value("g_p1", 12, grad_of="p1"))
+    ops = (
+        Op("o0", "t", (), ("v0_0", "v0_1"), workspace_bytes=2),
+        Op("o1", "t", ("v0_0", "p0"), ("v1_0",), "bwd"),
+        Op("grad_p0", "t", ("in0",), ("g_p0",), "bwd"),
+        Op("grad_p1", "t", ("in0",), ("g_p1",), "bwd"),
+    )
+    g = Graph("queued_copy", values, ops, ("g_p0", "g_p1"))
+    profile = cpu_gpu(g, {"o0": 1.0, "o1": 4.0, "grad_p0": 3.0, "grad_p1": 2.0})
+    return g, profile, {"cpu": eager_peak(g), "gpu": eager_peak(g) // 2}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_copy_read_in_its_stage_runs_first_on_its_link(backend: str) -> None:
+    """The model's optimum (4.81 s: the ops 3.25 s, v0_0's copy read by o1 in its stage 0.58 s whole, that stage's
+    link 0.09 s beyond o1, the copies of g_p0 and g_p1 back 0.27 s and 0.62 s beyond theirs) counts v0_0's copy
+    whole and in0's only beyond o1. Extracted with in0 first on the link (by value), o1 waited for both copies: 5.0 s,
+    above the model. v0_0's copy first, in0's runs beside o1: 4.72 s by the event sweep."""
+    g, profile, budgets = queued_copy()
+    (objective, plan), *_ = each_solution(g, profile, budgets, backend, 10.0)
+    assert objective == pytest.approx(4.81)
+    assert oracle_makespan(g, plan, profile) == pytest.approx(4.72)
+
+
 def two_optima() -> tuple[Graph, Profile, dict[str, int]]:
     """Found by a random sweep: o0 (cpu only) -> v0_0 -> o2; o1 makes v1_0 (an output) and v1_1. The model's optimum
     (3.5 s) copies v0_0 to the gpu for o2 and v1_0 back to the cpu; the makespan of such a plan depends on where the
