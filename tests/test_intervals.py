@@ -101,7 +101,7 @@ def test_best_order_of_random_dags_is_the_exhaustive_optimum(seed: int) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", ["chain3_train", "diamond"])
+@pytest.mark.parametrize("name", ["chain3_train", "diamond", "diamond_train"])
 def test_two_devices_reach_the_exhaustive_optimum(backend: str, name: str) -> None:
     g = GRAPHS[name]
     t = times_of(g)
@@ -115,13 +115,18 @@ def test_two_devices_reach_the_exhaustive_optimum(backend: str, name: str) -> No
     peak = eager_peak(g)
     budgets = {"cpu": peak, "gpu": int(peak * 0.6)}
     want = exhaustive_optimum(g, prof, budgets, ["cpu", "gpu"], homes)
-    # HiGHS proves chain3_train's optimum in about 3 s on a loaded core (at its root node, since a read's feeder
-    # counts in the memory at its reader's start): a limit that a proof, not the clock, ends
+    # HiGHS proves each optimum at its root node in 1-4 s on a loaded core (a read's feeder counts in the memory at
+    # its reader's start; diamond_train's bd, 66 B with its inputs, never on the 60 B gpu): a limit that a proof,
+    # not the clock, ends. C = 2 reaches the optimum; C = 3 would only run on to the limit
     exact = replace(EXACT, time_limit_s=10.0)
-    plan = solve_intervals(Problem(g, prof, budgets, ["cpu", "gpu"], homes), exact, backend=backend, workers=1)
+    problem = Problem(g, prof, budgets, ["cpu", "gpu"], homes)
+    plan = solve_intervals(problem, exact, backend=backend, workers=1, c_max=2)
     checked(g, plan, prof, budgets)
     assert plan.predicted.time_s == pytest.approx(want)
-    assert plan.solver.status == "optimal"  # the model's optimum proven (this order and C), as the limit expects
+    # the model's optimum proven (this order and C), as the limit expects; on two devices its objective is an upper
+    # estimate of the makespan (test_intervals_estimate), so the plan is only "feasible", with no gap
+    assert plan.solver.stats.model_bound == pytest.approx(plan.solver.stats.model_objective, rel=1e-6)
+    assert plan.solver.status == "feasible" and plan.solver.gap is None
     assert any(isinstance(s, Copy) for s in plan.steps)
 
 

@@ -44,7 +44,8 @@ def test_a_copy_beside_compute_beats_the_sequential_optimums_recompute(backend: 
         Problem(g, profile, budgets, list(DEVICES), homes), EXACT, backend=backend, workers=1, c_max=2
     )
     assert_prediction_matches(g, plan, profile, budgets)
-    assert plan.solver.status == "optimal"
+    assert plan.solver.stats.model_bound == pytest.approx(plan.solver.stats.model_objective, rel=1e-6)  # proven
+    assert plan.solver.status == "feasible"  # the model's time is an estimate with a store: no optimum claimed
     assert sum(isinstance(s, Compute) for s in plan.steps) == len(g.ops)  # nothing recomputed
     assert sum(isinstance(s, Copy) for s in plan.steps) == 2  # parked and brought back
     assert plan.predicted.time_s > sequential  # worse in sequence ...

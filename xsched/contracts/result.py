@@ -97,7 +97,8 @@ class MilpStats(Stats):
 @dataclass(frozen=True)
 class IntervalStats(Stats):
     """The retention-interval model's run for one order: C, whether the plan kept the model's order, and the
-    model's own objective and bound (for this order and C only)."""
+    model's own objective and bound (for this order and C only; above one device the objective is an upper estimate
+    of a plan's makespan, so neither bounds the plan's: solve/intervals/data.py)."""
 
     kind: ClassVar[str] = "intervals"
     backend: str = "cpsat"

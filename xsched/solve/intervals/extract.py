@@ -22,13 +22,17 @@ def to_plan(data: IntervalData, placed: Placement, info: SolveResult) -> Plan:
     g, devs = data.graph, data.devices
     keyed = []
     slot_of: dict[int, int] = {}  # id(step) -> its slot (steps are kept by identity through pruning and frees)
+    serial = _read_in_stage(data, placed)
     for sid, (start, _) in placed.items():
         sl = data.slots[sid]
         if sl.kind == "compute":
-            keyed.append(((start, 1, sl.device, sl.op), Compute(g.ops[sl.op].id, devs[sl.device])))
+            keyed.append(((start, 1, False, sl.device, sl.op), Compute(g.ops[sl.op].id, devs[sl.device])))
         else:
             v = sl.values[0]
-            keyed.append(((start, 0, sl.device, v), Copy(g.values[v].id, devs[sl.src], devs[sl.device])))
+            step = Copy(g.values[v].id, devs[sl.src], devs[sl.device])
+            # a copy read in its own stage first on its link: its reader waits for the copies before it there,
+            # and the objective (data.py) counts it whole but the others only beyond the stage's computes
+            keyed.append(((start, 0, sid not in serial, sl.device, v), step))
         slot_of[id(keyed[-1][1])] = sid
     keyed.sort(key=lambda x: x[0])
     homes = dict(data.homes)
@@ -52,6 +56,22 @@ def to_plan(data: IntervalData, placed: Placement, info: SolveResult) -> Plan:
         boundary=autograd_boundary(g, steps),
     )
     return predicted_plan(g, plan, data.profile, "the extracted interval plan")
+
+
+def _read_in_stage(data: IntervalData, placed: Placement) -> set[int]:
+    """The placed copy slots whose value a placed compute of their own stage reads on their device."""
+    vix = {v.id: k for k, v in enumerate(data.graph.values)}
+    reads = {
+        (data.stage(start), vix[v], sl.device)
+        for sid, (start, _) in placed.items()
+        if (sl := data.slots[sid]).kind == "compute"
+        for v in data.graph.ops[sl.op].inputs
+    }
+    return {
+        sid
+        for sid, (start, _) in placed.items()
+        if (sl := data.slots[sid]).kind == "copy" and (data.stage(start), sl.values[0], sl.device) in reads
+    }
 
 
 def _hold_copy_sources(data: IntervalData, steps: Sequence, slot_of: Mapping[int, int], placed: Placement) -> list:

@@ -90,6 +90,7 @@ def build(data: IntervalData, late: Callable[[], bool] = never) -> pyo.ConcreteM
         if r.strict and r.slot in m.serial:  # a copy's source held through the copy's stage, else it is serial
             free = (M + data.width) * (1 - m.z[t] + m.serial[r.slot] + _final(m, data, r.slot))
             m.same_stage.add(m.e[f, r.value] >= s(r.slot) + data.width - 1 - free)
+    _serial_reads(m, data, reads)
     by_read: dict[int, list[int]] = {}
     for t, (r, _) in enumerate(reads):
         by_read.setdefault(id(r), []).append(t)
@@ -177,6 +178,27 @@ def _links(m: pyo.ConcreteModel, data: IntervalData, x) -> None:
             m.link.add(m.beyond[j] >= sum(slots[k].cost * u for (k, _), u in zip(ks, used)) - data.floor[j])
 
 
+def _serial_reads(m: pyo.ConcreteModel, data: IntervalData, reads: list) -> None:
+    """A copy feeding a compute that starts in stage j, and not started in a stage before j, starts in j: serial.
+    Implied by same_stage at integral points; in the LP it keeps half a copy feeding a reader from costing nothing
+    (same_stage's big-M is slack by M / 2 there)."""
+    slots = data.slots
+
+    def lit(k: int, i: int):  # slot k starts at its i-th event
+        return m.a[k] if len(slots[k].starts) == 1 else m.x[k, i]
+
+    m.serial_read = pyo.ConstraintList()  # a feeder copy not in an earlier stage than its reader's is serial
+    for t, (r, f) in enumerate(reads):
+        if f not in m.serial or r.strict:
+            continue
+        stages = [data.stage(e) for e in slots[f].starts]
+        for i, e in enumerate(slots[r.slot].starts):
+            j = data.stage(e)
+            if j in stages:
+                early = sum(lit(f, q) for q, sq in enumerate(stages) if sq < j)
+                m.serial_read.add(m.serial[f] >= m.z[t] + lit(r.slot, i) - 1 - early)
+
+
 def _final(m: pyo.ConcreteModel, data: IntervalData, k: int):
     """1 when copy slot k is one of the final copies (no compute follows: its source needs no holding)."""
     starts = data.slots[k].starts
@@ -226,14 +248,38 @@ def _memory(m: pyo.ConcreteModel, data: IntervalData, s, late: Callable[[], bool
             m.mem.add(m.o_mem[t, w] >= m.a[j] + p + m.h[t, w] - 2)
             held.setdefault(i, []).append(data.mem[w] * m.o_mem[t, w])
     _fed(m, data, trip)
-    total = [sum(data.mem[w] for sl in slots if sl.device == d for w in sl.values) for d in range(len(data.devices))]
+    _too_big(m, data)
+    # an unused slot i starts at 0: its p can be 0 (and its reads unserved), so only the o of its `before` pairs
+    # are forced (h is 1 there), by every value of those j: the row's slack for an unused slot need cover just
+    # that (was every byte of the device: in the LP, a slot used 0.99 had its row slack by a tenth of the budget)
+    forced: dict[int, int] = {}
+    for t in before:
+        i, j = trip[t]
+        forced[i] = forced.get(i, 0) + sum(data.mem[w] for w in slots[j].values)
     for i, sl in enumerate(slots):
         cap = data.capacity[sl.device]
         if cap is None:
             continue
         own = sum(data.mem[w] for w in sl.values) + data.workspace.get(i, 0)
-        big = own + total[sl.device]  # relaxes the row for an unused slot
+        big = max(0, forced.get(i, 0) - max(cap, 0))  # relaxes the row for an unused slot
         m.mem.add(sum(held.get(i, [])) + own * m.a[i] <= max(cap, 0) + big * (1 - m.a[i]))
+
+
+def _too_big(m: pyo.ConcreteModel, data: IntervalData) -> None:
+    """A compute slot needs its inputs (but those homed there, outside the capacity), its outputs and workspace at its
+    start: where they alone exceed the capacity it is never used. Implied by the memory rows at integral points; in
+    the LP a slot used 0.9 passes them (diamond_train's bd on a 60% gpu: 66 B against 60 B, as 0.9 x 66)."""
+    m.too_big = pyo.ConstraintList()  # a compute that cannot fit its own device is not used
+    vix = {v.id: k for k, v in enumerate(data.graph.values)}
+    homed = {(vix[v], data.devices.index(d)) for v, d in data.homes.items() if v in vix}
+    for k, sl in enumerate(data.slots):
+        cap = data.capacity[sl.device]
+        if sl.kind != "compute" or cap is None:
+            continue
+        ins = {vix[v] for v in data.graph.ops[sl.op].inputs if (vix[v], sl.device) not in homed}
+        need = sum(data.mem[v] for v in ins) + sum(data.mem[w] for w in sl.values) + data.workspace.get(k, 0)
+        if need > cap:
+            m.too_big.add(m.a[k] == 0)
 
 
 def _fed(m: pyo.ConcreteModel, data: IntervalData, trip: list[tuple[int, int]]) -> None:

@@ -44,8 +44,9 @@ def solve_intervals(
     Starts at C = 2 and raises C while the last model was solved to optimality or proven infeasible, the last
     raise paid, time remains and C < c_max. Raises BudgetError when the model is infeasible at the last C tried
     (for this order and C: not a proof for other orders or more intervals) and NoIncumbent when no plan is found
-    in time. Its result's stats (IntervalStats) hold C and the model's own objective and bound (for this order and
-    C only)."""
+    in time. Its status is "optimal" (and its gap set) only with one device, where the model's objective is the
+    makespan; elsewhere a proven model gives "feasible". Its result's stats (IntervalStats) hold C and the model's
+    own objective and bound (for this order and C only)."""
     # lateness is read on the solve stage's clock (a test's fake clock included), durations on the wall clock
     t0, start = time.perf_counter(), now()
     limit = options.time_limit_s if options.time_limit_s is not None else 3600.0
@@ -160,10 +161,14 @@ def solve_intervals(
         )
     if best is None or last is None:
         raise NoIncumbent(f"intervals-{backend} found no plan in {time.perf_counter() - t0:.1f} s ({out.status})")
+    # the model's objective is an upper estimate of its plans' makespans (data.py), exact with one device only:
+    # elsewhere its proof and gap say nothing of the plan's makespan against the model's other plans (they stay in
+    # the stats, as the model's own), so a proven model gives a plan that is only "feasible"
+    exact = len(devices) == 1
     gap = None
-    if last.bound is not None and last.objective:
+    if exact and last.bound is not None and last.objective:
         gap = max(0.0, last.objective - last.bound) / last.objective
-    status = "optimal" if last.status == "optimal" else "time_limit"
+    status = "time_limit" if last.status != "optimal" else "optimal" if exact else "feasible"
     stats = IntervalStats(
         backend=backend,
         intervals=best_data.C,
