@@ -17,9 +17,9 @@ from test_park_three import DEVICES, gradient_behind_another_park, three_devices
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Plan
 from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
-from xsched.errors import BudgetError
+from xsched.errors import BudgetError, NoLinkError
 from xsched.simulate import simulate
-from xsched.solve import SolverOptions, solve
+from xsched.solve import SolverOptions, runner, solve
 from xsched.solve.bounds.memory import check_budgets
 from xsched.solve.bounds.reach import check_reach
 from xsched.solve.heuristics.eager import eager
@@ -136,6 +136,25 @@ def test_an_output_no_link_can_bring_home_is_proven_infeasible(method: str) -> N
     assert "\n" not in str(e.value)
     if method == "auto":
         assert "proven infeasible" in str(e.value)
+
+
+def test_the_runner_gives_a_missing_link_its_proof_alone(monkeypatch) -> None:
+    """No link enters c: the runner says the proof and nothing about budgets (no larger budget can add a link, so
+    no probe for one that works is run and no largest failing budget is named); the error says which kind it is."""
+    g, _ = gradient_behind_another_park(False)
+    profile = no_link_to_c(g, NO_WAY_IN)
+    probes: list[object] = []
+    monkeypatch.setattr(runner, "_known_to_work", lambda *a: probes.append(a) or "none found")
+    with pytest.raises(NoLinkError) as e:
+        solve(g, profile, {"a": 1000}, list(DEVICES), "auto", SolverOptions(time_limit_s=5), homes=HOMES)
+    assert str(e.value).startswith("[solve] no plan within the budgets: proven infeasible (g_p0 must end on c, but")
+    assert "budget known" not in str(e.value) and "lower bound" not in str(e.value)
+    assert (e.value.value, e.value.device) == ("g_p0", "c")
+    assert probes == []
+    # a budget below what the graph needs still gets its hint and its probe
+    with pytest.raises(BudgetError, match="largest known not to: a .* [(]lower bound[)]") as low:
+        solve(g, no_link_to_c(g, ALL), {"a": 1}, list(DEVICES), "auto", SolverOptions(time_limit_s=5), homes=HOMES)
+    assert not isinstance(low.value, NoLinkError) and len(probes) == 1
 
 
 def test_an_input_that_cannot_reach_the_op_reading_it_is_proven_infeasible() -> None:

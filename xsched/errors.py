@@ -63,6 +63,11 @@ class BudgetError(XschedError):
         super().__init__(message, stage=str(where.pop("stage", None) or "budget"), **where)  # type: ignore[arg-type]
 
 
+class NoLinkError(BudgetError):
+    """Proven: no copy link or chain of links in the profile brings a value where every plan needs it (an op's
+    input, an output's required home), so no plan exists at any budget (solve/bounds/reach.py)."""
+
+
 class SolverError(XschedError):
     """A solver that cannot run as asked (unknown method, missing package, a model too big for its time limit)."""
 

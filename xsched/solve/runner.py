@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from xsched.budgets import format_bytes
 from xsched.contracts.plan import Plan
 from xsched.contracts.result import MemberOutcome, RunStats, SolveResult, Times
-from xsched.errors import BudgetError, NoIncumbent, SolverError, XschedError
+from xsched.errors import BudgetError, NoIncumbent, NoLinkError, SolverError, XschedError
 from xsched.solve.bounds.memory import check_budgets, lower_bounds
 from xsched.solve.objective import better, objective, objective_floor
 from xsched.solve.options import SolverOptions, deadline, now, one_run, past_deadline
@@ -77,6 +77,8 @@ def _run(problem: Problem, config: Configuration, options: SolverOptions, given:
     alpha = options.alpha_energy
     try:
         check_budgets(problem.graph, problem.profile, problem.budgets, problem.devices, problem.homes)
+    except NoLinkError as e:  # no budget brings the links the profile lacks: no budget to hint at or look for
+        return _no_link(config, e)
     except BudgetError as e:
         return _no_plan(problem, config, f"proven infeasible ({e.detail.split('. Smallest')[0]})", None, limit, e)
     members = [SOLVERS[n] for n in config.members]
@@ -303,6 +305,13 @@ def _no_plan(problem, config, why, exact, seconds, cause: BudgetError | None, mo
     err = BudgetError(msg, stage="solve", device=device, op=cause.op if cause is not None else None)
     status = "infeasible" if cause is not None or exact is not None else "no_incumbent"
     return Outcome(SolveResult(config.name, status, message=msg, error=err))
+
+
+def _no_link(config: Configuration, cause: NoLinkError) -> Outcome:
+    """No plan at any budget (the profile's links cannot bring a value where it is needed): the proof alone."""
+    msg = f"no plan within the budgets: proven infeasible ({cause.detail}); no budget can change that"
+    err = NoLinkError(msg, stage="solve", op=cause.op, value=cause.value, device=cause.device)
+    return Outcome(SolveResult(config.name, "infeasible", message=msg, error=err))
 
 
 def _known_to_work(problem: Problem, seconds: float) -> str:

@@ -8,7 +8,7 @@ from collections.abc import Collection, Mapping, Sequence
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import required_homes
 from xsched.contracts.profile import Profile
-from xsched.errors import BudgetError
+from xsched.errors import NoLinkError
 
 
 def reachable(profile: Profile, starts: Collection[str], devices: Sequence[str]) -> set[str]:
@@ -25,9 +25,9 @@ def reachable(profile: Profile, starts: Collection[str], devices: Sequence[str])
 
 
 def check_reach(graph: Graph, profile: Profile | None, devices: Sequence[str], homes: Mapping[str, str]) -> None:
-    """BudgetError, proven, when no plan can run some op or end some output where it must: every plan runs each op
-    on a device that holds all its inputs, and a value is only where a compute made it or a chain of copies
-    brought it. So where each value can be is found in graph order: an input anywhere its home reaches; an op's
+    """NoLinkError (a BudgetError), proven, when no plan can run some op or end some output where it must: every
+    plan runs each op on a device that holds all its inputs, and a value is only where a compute made it or a chain
+    of copies brought it. So where each value can be is found in graph order: an input anywhere its home reaches; an op's
     outputs anywhere reached from the devices that run it and can hold its inputs; no such device, or a required
     home out of reach, leaves no plan. Budgets play no part. An input without a home may be anywhere."""
     if profile is None:
@@ -42,7 +42,7 @@ def check_reach(graph: Graph, profile: Profile | None, devices: Sequence[str], h
             # an input that reaches none of them, else no one of them gets them all
             v = next((v for v in op.inputs if not where[v].intersection(can)), None)
             brings = f"its input {v}" if v is not None else "all its inputs to any one of them"
-            raise BudgetError(
+            raise NoLinkError(
                 f"op {op.id} runs only on {', '.join(can)}, and no copy link or chain of links among "
                 f"{', '.join(devices)} brings {brings}: no plan can run it",
                 stage="solve",
@@ -54,7 +54,7 @@ def check_reach(graph: Graph, profile: Profile | None, devices: Sequence[str], h
             where[v] = reach
     for v, home in required_homes(graph, homes).items():
         if home not in where[v]:
-            raise BudgetError(
+            raise NoLinkError(
                 f"{v} must end on {home}, but no copy link or chain of links among {', '.join(devices)} brings it "
                 f"there from where it can be made: no plan can end it there",
                 stage="solve",

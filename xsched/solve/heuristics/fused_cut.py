@@ -26,7 +26,7 @@ from xsched.contracts.plan import Compute, Plan
 from xsched.contracts.result import HeuristicStats
 from xsched.errors import BudgetError
 from xsched.profiling.fused import fusible
-from xsched.solve.heuristics.routing import finish, route
+from xsched.solve.heuristics.routing import finish_with_early_homes, route
 from xsched.solve.options import SolverOptions
 from xsched.solve.problem import Problem
 
@@ -158,7 +158,16 @@ def fused_cut_plan(
         steps = route(graph, schedule(graph, saved, device), homes, profile, via=via)  # type: ignore[arg-type]
         try:
             stats = HeuristicStats(device=device, variant=variant)
-            return finish(graph, steps, "fused-cut", budgets, homes, profile, t0, stats=stats)  # type: ignore[arg-type]
+            return finish_with_early_homes(
+                graph,
+                steps,
+                "fused-cut",
+                budgets,
+                homes,
+                profile,
+                t0,
+                stats=stats,  # type: ignore[arg-type]
+            )
         except BudgetError as e:
             errors.append(e)
     raise errors[-1]

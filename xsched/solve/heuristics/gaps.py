@@ -19,7 +19,7 @@ from xsched.solve.heuristics.timeline import Timeline, op_seconds
 from xsched.solve.objective import best_of
 from xsched.solve.options import DEFAULTS, SolverOptions, keeps_limit, out_of_time
 from xsched.solve.order.order import starting_orders
-from xsched.solve.problem import Problem
+from xsched.solve.problem import Problem, runnable
 
 MAX_DEPTH = 4  # levels of inputs made again for one rerun (past it, they are held longer instead)
 RESCAN_MAX_OPS = 2000  # above this many ops, several drops per scan of the values (lazy greedy)
@@ -108,7 +108,10 @@ def fastest_plan(
             else:
                 computes = [Compute(graph.ops[i].id, device) for i in order]
             stats = HeuristicStats(device=device, order=name, depth=depth, recomputes=len(computes) - len(graph.ops))
-            plans.append(route_and_finish(graph, computes, "gaps", budgets, homes, profile, t0, stats, via))
+            plan = route_and_finish(graph, computes, "gaps", budgets, homes, profile, t0, stats, via)
+            # wrap's boundary rule, which the orders do not model: repaired here or refused, so the fastest variant
+            # that wrap can run wins (one that breaks it would sink the method in the caller's check)
+            plans.append(runnable(graph, plan, profile, budgets) if profile is not None else plan)
         except BudgetError as e:
             why.append(f"{name} order, depth {depth}: {e.detail}")
     if not plans:

@@ -15,7 +15,7 @@ from xsched.contracts.profile import Profile
 from xsched.contracts.result import HeuristicStats
 from xsched.errors import BudgetError, PlanError
 from xsched.solve.heuristics.checkpoint import candidate_keeps, checkpoint_computes, compute_time, evict_computes
-from xsched.solve.heuristics.routing import finish, route
+from xsched.solve.heuristics.routing import finish, finish_with_early_homes, route
 from xsched.solve.heuristics.timeline import Liveness
 from xsched.solve.objective import better, objective
 from xsched.solve.options import DEFAULTS, SolverOptions, keeps_limit, out_of_time
@@ -150,7 +150,8 @@ def offload_search(problem: Problem, options: SolverOptions = DEFAULTS, warm: Pl
     if best is None:
         has = ", ".join(f"{d} {format_bytes(b)}" for d, b in budgets.items())
         raise BudgetError("offload: " + "; ".join(failures) + f" (budgets: {has})", stage="solve")
-    return finish(graph, best[0].steps, "offload", budgets, homes, profile, t0, stats=best[1])
+    # the orders were ranked with their copies home at the end (route's); the winner's issued early where better
+    return finish_with_early_homes(graph, best[0].steps, "offload", budgets, homes, profile, t0, stats=best[1])
 
 
 def _best_fit(graph, orders, store, budgets, homes, profile, alpha: float) -> tuple[Plan, HeuristicStats] | str:

@@ -14,7 +14,7 @@ from xsched.contracts.profile import Profile
 from xsched.contracts.result import HeuristicStats, SolveResult, Times
 from xsched.errors import BudgetError, PlanError
 from xsched.simulate import simulate
-from xsched.solve.objective import best_of
+from xsched.solve.objective import best_of, better
 
 # ---------------------------------------------------------------- routing: computes -> steps with copies and frees
 
@@ -101,6 +101,15 @@ def home_copies_early(graph: Graph, steps: Sequence[Step], device: str, homes: M
             out.append(s)
         out.extend(moved.get(i, ()))
     return tuple(out)
+
+
+def home_copies_issued_early(graph: Graph, steps: Sequence[Step], homes: Mapping[str, str]) -> tuple[Step, ...]:
+    """home_copies_early for every device that computes in `steps`: each copy home from a device issued right after
+    the value was last made there."""
+    steps = tuple(steps)
+    for d in dict.fromkeys(s.device for s in steps if isinstance(s, Compute)):
+        steps = home_copies_early(graph, steps, d, homes)
+    return steps
 
 
 def _copy_chain(
@@ -206,17 +215,46 @@ def route_and_finish(
     stats: HeuristicStats | None = None,
     via: Sequence[str] = (),
 ) -> Plan:
-    """finish(route(...)); when that is over budget, retry with home copies right after production. `via`: the
-    devices a copy may pass through where no link is direct (route)."""
+    """finish_with_early_homes(route(...)); when that is over budget, retry with home copies right after
+    production. `via`: the devices a copy may pass through where no link is direct (route)."""
     computes = list(computes)
     try:
         steps = route(graph, computes, homes, profile, via=via)
-        return finish(graph, steps, name, budgets, homes, profile, started, stats=stats)
+        return finish_with_early_homes(graph, steps, name, budgets, homes, profile, started, stats=stats)
     except BudgetError:
         if not required_homes(graph, homes):
             raise
         early = route(graph, computes, homes, profile, early_home_copies=True, via=via)
         return finish(graph, early, name, budgets, homes, profile, started, stats=stats)
+
+
+def finish_with_early_homes(
+    graph: Graph,
+    steps: Sequence[Step],
+    name: str,
+    budgets: Mapping[str, int],
+    homes: Mapping[str, str],
+    profile: Profile | None,
+    started: float,
+    *,
+    stats: HeuristicStats | None = None,
+) -> Plan:
+    """finish(steps), or the same steps with their copies home issued as their values are made
+    (home_copies_issued_early) where that plan fits the budgets and is better (objective.better). route leaves
+    those copies at the end, where each waits for every earlier free on its home (xsched.lanes) and they can run in
+    a tail after the last compute; early, they overlap the computes, but hold their values on their homes longer.
+    One more simulation, only where a copy moves."""
+    plan = finish(graph, steps, name, budgets, homes, profile, started, stats=stats)
+    if profile is None:  # untimed: no makespan to gain
+        return plan
+    early = home_copies_issued_early(graph, plan.steps, homes)
+    if early == plan.steps:
+        return plan
+    try:
+        moved = finish(graph, early, name, budgets, homes, profile, started, stats=stats)
+    except BudgetError:  # the values held longer on their homes overfill one: the copies stay at the end
+        return plan
+    return moved if better(moved, plan) else plan
 
 
 def best_single_device(
