@@ -73,7 +73,7 @@ def test_chain3_trains_objective_is_above_the_makespan_and_below_the_sequential_
 def test_every_solution_is_estimated_from_above_on_random_training_graphs(backend: str) -> None:
     seen: list[int] = []  # per draw: the solutions checked
 
-    @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
+    @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
     @given(train_dags(max_ops=2), st.sampled_from([0.5, 0.8]))
     def draw(g: Graph, share: float) -> None:
         profile = cpu_gpu(g, {o.id: 1.0 + (3 * i) % 4 for i, o in enumerate(g.ops)})

@@ -175,7 +175,9 @@ def test_with_links_missing_every_heuristic_plan_is_valid_and_none_beats_a_proof
     proven: list[bool] = []
     planned: list[bool] = []
 
-    @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    # derandomized: the same 30 draws every run, so the closing count (some proven, a fifth planned) is a fact about
+    # this sweep; random draws had none proven in about 1 run in 60 (hypothesis seed 44)
+    @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
     @given(train_dags(max_ops=5), st.data())
     def draw(g: Graph, data) -> None:
         full = three_devices(g)
