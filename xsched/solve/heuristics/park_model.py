@@ -154,7 +154,7 @@ class ParkTimeline(Timeline):
             secs = self.seconds("in", self.nbytes[v])
             p, _, _, _ = self._back(-1, first, secs)
             # a fetch moves no compute: only its lane's finish times change
-            self.done["in"] = self.lanes["in"].added(self.start, self.done["in"], (p, p, secs, first))
+            self.done["in"] = self.lanes["in"].added(self.start_s, self.done["in"], (p, p, secs, first))
             self.spans[v] = [[p, last]]
             self.mem[p : last + 1] += self.nbytes[v]  # (_inputs_from_first_read took out its bytes)
             fetch[v] = p
@@ -174,7 +174,10 @@ class ParkTimeline(Timeline):
                 self.lanes["out"].add(moved)
         dur = [self.op_s[op.id] + sum(self.op_s[p] for p in set(self.redo.get(t, ()))) for t, op in enumerate(self.ops)]
         self.start = np.concatenate(([0.0], np.cumsum(dur)))
-        self.done = {way: lane.finishes(self.start) for way, lane in self.lanes.items()}
+        # the same times as Python floats, for the lanes' loops, which read them one at a time (an array's items
+        # are slow to index one by one; the values are the same doubles)
+        self.start_s: list[float] = self.start.tolist()
+        self.done = {way: lane.finishes(self.start_s) for way, lane in self.lanes.items()}
 
     def _home_item(self, v: str) -> tuple[int, int, float, int]:
         """`v`'s copy home as the out lane holds it: after its last making, due by the end."""
@@ -185,10 +188,19 @@ class ParkTimeline(Timeline):
         link = self.links[way]
         return link.latency_s + n / link.bytes_per_s
 
+    def parkable(self, v: str) -> bool:
+        """`v` may be parked at all: made by an op, or an input homed off this device or fetched from the store,
+        never one homed here or gone from here for good."""
+        free = v not in self.fixed or v in self.may_leave or v in self.fetch
+        return free and v not in self.homed_here and v not in self.ended
+
+    def ends_again(self, v: str) -> bool:
+        """`v` may be made again at the end (end_rerun): an output with a producer, not gone for good, not held."""
+        return v in self.outputs and v in self.graph.producer and v not in self.ended and v not in self.held
+
     def park(self, v: str, k: int, t: int, price: float) -> Park | None:
         """Parking span `k` of `v` across the gap around the peak `t`, or None when that cannot lower `t`."""
-        parkable = v not in self.fixed or v in self.may_leave or v in self.fetch
-        if v in self.homed_here or v in self.ended or not parkable:
+        if not self.parkable(v):
             return None
         gap = self.gap(v, k, t)
         if gap is None:
@@ -196,7 +208,7 @@ class ParkTimeline(Timeline):
         (a, b), s = gap, self.spans[v][k][0]
         if v in self.held and (b is None or b > self.boundary):
             return None  # off the device at the boundary, where the caller's hold pins it on the store instead
-        if b is None and (v not in self.may_leave or v in self.end_reads or any(x > t for x in self.uses[v])):
+        if b is None and (v not in self.may_leave or v in self.end_reads or (self.uses[v] and self.uses[v][-1] > t)):
             return None  # for good only after its last read of all (an end rerun's included), where it may leave
         # freed after its last read before the gap (an output parked for good: after the autograd boundary too)
         free_from = a + 1 if b is not None else max(a, self.boundary) + 1
@@ -219,7 +231,7 @@ class ParkTimeline(Timeline):
         if b is not None:  # back on the in lane, from the latest position that lets it be done before b
             secs = self.seconds("in", n)
             p, late, at, finish = self._back(t, b, secs)
-            stall += late + self.lanes["in"].delay(self.start, self.done["in"], at, finish)
+            stall += late + self.lanes["in"].delay(self.start_s, self.done["in"], at, finish)
             link_s += secs
         return Park(v, k, s, q, p, b, out, stall + price * link_s, stall, free_from - 1)
 
@@ -234,7 +246,7 @@ class ParkTimeline(Timeline):
         q, stall = max(free_from, int(np.searchsorted(self.start, finish - 1e-15))), 0.0
         if q > t:
             stall, q = finish - self.start[t], t
-        return q, stall + lane.delay(self.start, done, at, finish), secs
+        return q, stall + lane.delay(self.start_s, done, at, finish), secs
 
     def _home_done(self, v: str, free_from: int, t: int) -> tuple[int, float, float]:
         """_leave for a value whose copy home is on the out lane already: moving the lane nothing, freed once done."""
@@ -285,14 +297,14 @@ class ParkTimeline(Timeline):
         n = self.nbytes[pk.value]
         if pk.out and pk.value in self.home_out:  # its copy out replaces the copy home (routing adds none then)
             self.lanes["out"].remove(self.home_out.pop(pk.value))
-            self.done["out"] = self.lanes["out"].finishes(self.start)
+            self.done["out"] = self.lanes["out"].finishes(self.start_s)
         # a park moves no compute (the start times stay): only its lanes' finish times change
         if pk.out:
             way = _way(pk)
-            self.done[way] = self.lanes[way].added(self.start, self.done[way], self._copy_out(pk))
+            self.done[way] = self.lanes[way].added(self.start_s, self.done[way], self._copy_out(pk))
         if pk.b is not None:
             self.done["in"] = self.lanes["in"].added(
-                self.start, self.done["in"], (pk.p, pk.p, self.seconds("in", n), pk.b)
+                self.start_s, self.done["in"], (pk.p, pk.p, self.seconds("in", n), pk.b)
             )
         if pk.out and pk.to is None:
             self.stored_from[pk.value] = min(pk.a, self.stored_from.get(pk.value, pk.a))
@@ -312,7 +324,7 @@ class ParkTimeline(Timeline):
                 continue  # (one gone straight home keeps its own copy: the store's would go home after it)
             self.lanes["out"].remove(self._copy_out(pk))
             self.parks[i] = replace(pk, out=False, q=self._freed_after_read(pk))
-        self.done["out"] = self.lanes["out"].finishes(self.start)
+        self.done["out"] = self.lanes["out"].finishes(self.start_s)
 
     def _copy_out(self, pk: Park) -> tuple[int, int, float, int]:
         """`pk`'s copy out as its lane holds it (Lane's item): emitted at a, ready at a + 1's start, its seconds,
@@ -336,7 +348,7 @@ class ParkTimeline(Timeline):
         its producer again at the end, its other inputs held until then; None when that cannot lower `t` or the end
         would not fit (what the eviction heuristic does to forward outputs, as one more move here)."""
         n = len(self.ops)
-        if v not in self.outputs or v not in self.graph.producer or v in self.ended or v in self.held:
+        if not self.ends_again(v):
             return None  # (a held output freed after the boundary frees nothing)
         s, e = self.spans[v][k]
         if e != n - 1 or any(t <= x for x in self.uses[v] if s < x):
