@@ -33,7 +33,8 @@ class Lane:
         """When each copy from index `begin` on is done, the one before it done at `prev`."""
         out = []
         for _, ready, secs, _ in self.items[begin:]:
-            prev = max(float(start[ready]), prev) + secs
+            r = start[ready]
+            prev = (r if r >= prev else prev) + secs  # max(r, prev): a call is dear in this loop
             out.append(prev)
         return out
 
@@ -52,9 +53,12 @@ class Lane:
         extra, prev = 0.0, first_done
         for j in range(at, len(self.items)):
             _, ready, secs, due = self.items[j]
-            moved = max(float(start[ready]), prev) + secs
-            if moved <= done[j] + 1e-15:
+            r = start[ready]
+            moved = (r if r >= prev else prev) + secs  # (max spelled out: a call is dear in this loop)
+            was = done[j]
+            if moved <= was + 1e-15:
                 break  # the queue behind is as before
-            extra += max(0.0, moved - start[due]) - max(0.0, done[j] - start[due])
+            d = start[due]
+            extra += (moved - d if moved - d > 0.0 else 0.0) - (was - d if was - d > 0.0 else 0.0)
             prev = moved
         return extra

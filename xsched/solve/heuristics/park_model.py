@@ -174,8 +174,8 @@ class ParkTimeline(Timeline):
                 self.lanes["out"].add(moved)
         dur = [self.op_s[op.id] + sum(self.op_s[p] for p in set(self.redo.get(t, ()))) for t, op in enumerate(self.ops)]
         self.start = np.concatenate(([0.0], np.cumsum(dur)))
-        # the same times as Python floats, for the lanes' loops, which read them one at a time (an array's items
-        # are slow to index one by one; the values are the same doubles)
+        # the same times as Python floats, for the loops and bisections that read them one at a time (an array's
+        # items are slow to read one by one; the values are the same doubles, ascending: no op takes negative time)
         self.start_s: list[float] = self.start.tolist()
         self.done = {way: lane.finishes(self.start_s) for way, lane in self.lanes.items()}
 
@@ -242,10 +242,10 @@ class ParkTimeline(Timeline):
         secs = self.seconds(way, n)
         lane, done = self.lanes[way], self.done[way]
         at = lane.slot(s)
-        finish = max(float(self.start[s + 1]), done[at - 1] if at else 0.0) + secs
-        q, stall = max(free_from, int(np.searchsorted(self.start, finish - 1e-15))), 0.0
+        finish = max(self.start_s[s + 1], done[at - 1] if at else 0.0) + secs
+        q, stall = max(free_from, bisect.bisect_left(self.start_s, finish - 1e-15)), 0.0
         if q > t:
-            stall, q = finish - self.start[t], t
+            stall, q = finish - self.start_s[t], t
         return q, stall + lane.delay(self.start_s, done, at, finish), secs
 
     def _home_done(self, v: str, free_from: int, t: int) -> tuple[int, float, float]:
@@ -253,8 +253,8 @@ class ParkTimeline(Timeline):
         item, lane = self.home_out[v], self.lanes["out"]
         at = bisect.bisect_left(lane.emits, item[0])
         finish = self.done["out"][lane.items.index(item, at)]
-        q = max(free_from, int(np.searchsorted(self.start, finish - 1e-15)))
-        return (t, finish - self.start[t], item[2]) if q > t else (q, 0.0, item[2])
+        q = max(free_from, bisect.bisect_left(self.start_s, finish - 1e-15))
+        return (t, finish - self.start_s[t], item[2]) if q > t else (q, 0.0, item[2])
 
     def leave_seconds(self, v: str) -> float:
         """The link seconds of `v`'s cheapest copy off the device: to the store, or straight home (`direct`)."""
@@ -265,28 +265,29 @@ class ParkTimeline(Timeline):
         """The copy back's position p in (t, b): the latest whose start lets it be done by b's (t + 1 when none
         does), its lateness, its index on the in lane, and when it is done."""
         ready, at = self._in_ready()
-        due = float(self.start[b])
+        due = self.start_s[b]
         lo, hi = t + 1, b - 1
-        if hi < lo or float(ready[lo]) + secs > due:  # none in time: as early as it may, and late
-            f = float(ready[lo]) + secs
-            return lo, max(0.0, f - due), int(at[lo]), f
+        if hi < lo or ready[lo] + secs > due:  # none in time: as early as it may, and late
+            f = ready[lo] + secs
+            return lo, max(0.0, f - due), at[lo], f
         # ready + secs grows with p: the largest p still in time, found on `ready` and checked in the exact sums
-        p = min(hi, max(lo, int(np.searchsorted(ready, due - secs, side="right")) - 1))
-        while p < hi and float(ready[p + 1]) + secs <= due:
+        p = min(hi, max(lo, bisect.bisect_right(ready, due - secs) - 1))
+        while p < hi and ready[p + 1] + secs <= due:
             p += 1
-        while p > lo and float(ready[p]) + secs > due:
+        while p > lo and ready[p] + secs > due:
             p -= 1
-        return p, 0.0, int(at[p]), float(ready[p]) + secs
+        return p, 0.0, at[p], ready[p] + secs
 
-    def _in_ready(self) -> tuple[np.ndarray, np.ndarray]:
+    def _in_ready(self) -> tuple[list[float], list[int]]:
         """For each position p: when a copy back emitted there could start (its start, or when the in lane's copies
         emitted at or before p are done), and its index on the in lane; kept until the lane or the starts change
-        (every candidate park of one greedy step asks it)."""
+        (every candidate park of one greedy step asks it). As Python lists: each candidate reads a few items, and
+        bisects them (both ascending: the starts and the lane's finish times only grow)."""
         done, start = self.done["in"], self.start
         if self._ready is None or self._ready[0] is not done or self._ready[1] is not start:
             at = np.searchsorted(np.asarray(self.lanes["in"].emits, dtype=np.int64), np.arange(len(start)), "right")
             before = np.concatenate(([0.0], np.asarray(done, dtype=np.float64)))[at]
-            self._ready = (done, start, np.maximum(start, before), at)
+            self._ready = (done, start, np.maximum(start, before).tolist(), at.tolist())
         return self._ready[2], self._ready[3]
 
     def apply_park(self, pk: Park) -> None:
