@@ -117,8 +117,8 @@ def _best_move(line: ParkTimeline, t: int, budget: int, depth: int, price, cost,
             over = [k for k, (s, e) in enumerate(spans) if s < t and e >= te]
             if not over:
                 continue
-        drop_f, park_f, end_f = kinds = floors.of(v)
-        if not any(tried(f) for f in kinds):
+        drop_f, park_f, end_f, least = floors.of(v)
+        if not tried(least):  # (no kind of move is tried where the least floor is not)
             continue
         for k in over:
             if tried(drop_f) and (d := line.drop(v, k, t, budget, depth)) is not None:

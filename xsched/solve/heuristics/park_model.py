@@ -172,7 +172,9 @@ class ParkTimeline(Timeline):
                 self.lanes["out"].remove(item)
                 self.home_out[v] = moved
                 self.lanes["out"].add(moved)
-        dur = [self.op_s[op.id] + sum(self.op_s[p] for p in set(self.redo.get(t, ()))) for t, op in enumerate(self.ops)]
+        dur = [self.op_s[op.id] for op in self.ops]
+        for t, redo in self.redo.items():  # (a position with no rerun adds nothing: the sum is 0 there)
+            dur[t] = dur[t] + sum(self.op_s[p] for p in set(redo))
         self.start = np.concatenate(([0.0], np.cumsum(dur)))
         # the same times as Python floats, for the loops and bisections that read them one at a time (an array's
         # items are slow to read one by one; the values are the same doubles, ascending: no op takes negative time)
