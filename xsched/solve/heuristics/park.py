@@ -19,6 +19,7 @@ from xsched.contracts.result import HeuristicStats
 from xsched.errors import BudgetError, NoIncumbent, PlanError
 from xsched.solve.autograd_boundary import hold_to_boundary
 from xsched.solve.heuristics.gaps import MAX_DEPTH, MAX_DROPS
+from xsched.solve.heuristics.park_floor import Floors
 from xsched.solve.heuristics.park_model import EndRerun, Park, ParkTimeline
 from xsched.solve.heuristics.routing import finish, home_copies_early, route
 from xsched.solve.heuristics.timeline import op_seconds
@@ -60,6 +61,8 @@ def park_computes(
     line = ParkTimeline(graph, order, device, profile, store, out, back, homes)
     cost = op_seconds(graph, device, profile)
 
+    floors = Floors(line, price, cost)
+
     def noise() -> float:
         return 1.0 + JITTER * jitter.random() if jitter is not None else 1.0
 
@@ -69,7 +72,7 @@ def park_computes(
             return line
         if stop is not None and stop():
             raise NoIncumbent(f"parking and recomputing on {device} stopped at the time limit", stage="solve")
-        move = _best_move(line, t, budget, depth, price, cost, noise, exact=jitter is None)
+        move = _best_move(line, t, budget, depth, price, cost, noise, exact=jitter is None, floors=floors)
         if move is None:
             raise line.peak_error("parking and recomputing", t, budget)
         if isinstance(move, Park):
@@ -83,58 +86,56 @@ def park_computes(
     raise BudgetError(f"parking and recomputing gave up on {device}", stage="solve", device=device)
 
 
-def _best_move(line: ParkTimeline, t: int, budget: int, depth: int, price, cost, noise, exact: bool):
+def _best_move(line: ParkTimeline, t: int, budget: int, depth: int, price, cost, noise, exact: bool, floors=None):
     """The move at the peak `t` with the least (score, rank): each span over `t`, in rank order, scored as a drop,
     a park (price None: none) and an end rerun. Ties go to the lower rank, so a value whose scores cannot go below
-    the best so far (`_score_floor`) is not scored at all, and a best of 0 ends the scan. Both only when `exact`
-    (unjittered): each jittered score draws from the seeded stream, whose later draws must stay as they were. On
-    GPT-2 with 48 layers and its weights on the host this skips most of the ~1000 values over each peak."""
+    the best so far (`Floors`) is not scored at all, nor a kind of move whose scores cannot, and a best of 0 ends
+    the scan. Those only when `exact` (unjittered): each jittered score draws from the seeded stream, whose later
+    draws must stay as they were. On GPT-2 with 48 layers and its weights on the host this skips most of the ~1000
+    values over each peak. `floors`: the run's cache of them (one made here if None)."""
+    floors = floors if floors is not None else Floors(line, price, cost)
     best = None
+
+    def tried(floor: float | None) -> bool:
+        """A kind of move applies to the value (None: its method would return None before any draw) and, when
+        `exact`, its floor is under the best score so far: a candidate at or above it loses to the best, by a
+        higher score, or an equal one at the best's rank or a later one, where the earlier keeps the tie."""
+        return floor is not None and not (exact and best is not None and floor >= best[0][0])
+
     # a span over t runs past it, except at the last position, where an output may have left for good before it (a
-    # park with no way back: drops and end reruns find nothing there, having no later read and adding at the end)
-    end = t == len(line.ops) - 1
-    for rank, v in enumerate(line.spans):
+    # park with no way back: drops and end reruns find nothing there, having no later read and adding at the end):
+    # it starts before t and ends at `te` or later
+    te = t if t == len(line.ops) - 1 else t + 1
+    for rank, (v, spans) in enumerate(line.spans.items()):
         if line.nbytes[v] == 0:
             continue
-        over = [k for k, (s, e) in enumerate(line.spans[v]) if s < t < e or (end and s < t == e)]
-        if not over or (exact and best is not None and _score_floor(line, v, price, cost) >= best[0][0]):
+        if len(spans) == 1:  # most values: no list to build
+            if spans[0][0] >= t or spans[0][1] < te:
+                continue
+            over: Sequence[int] = (0,)
+        else:
+            over = [k for k, (s, e) in enumerate(spans) if s < t and e >= te]
+            if not over:
+                continue
+        drop_f, park_f, end_f, least = floors.of(v)
+        if not tried(least):  # (no kind of move is tried where the least floor is not)
             continue
         for k in over:
-            if v not in line.fixed and (d := line.drop(v, k, t, budget, depth)) is not None:
+            if tried(drop_f) and (d := line.drop(v, k, t, budget, depth)) is not None:
                 key = (sum(cost[p] for p in d.reruns) / d.freed(t) * noise(), 0.0, rank)
                 if best is None or key < best[0]:
                     best = (key, d)
-            if price is not None and (pk := line.park(v, k, t, price)) is not None:
+            if tried(park_f) and (pk := line.park(v, k, t, price)) is not None:
                 key = (pk.cost / line.nbytes[v] * noise(), 0.0, rank)
                 if best is None or key < best[0]:
                     best = (key, pk)
-            if (er := line.end_rerun(v, k, t, budget)) is not None:
+            if tried(end_f) and (er := line.end_rerun(v, k, t, budget)) is not None:
                 key = (cost[er.producer] / er.freed(t) * noise(), 0.0, rank)
                 if best is None or key < best[0]:
                     best = (key, er)
             if exact and best is not None and best[0][0] <= 0.0:
                 return best[1]
     return best[1] if best is not None else None
-
-
-def _score_floor(line: ParkTimeline, v: str, price: float | None, cost: Mapping[str, float]) -> float:
-    """No unjittered score of a move on `v` is below this: a drop or an end rerun runs at least v's producer again
-    and frees at most v's bytes (what it holds longer only adds); a park costs at least its link price, for the copy
-    out unless the store holds v from some position on and the copy back unless v may stay there for good. Computed
-    as the moves compute their scores, term for term, so rounding keeps the floor below them."""
-    n = line.nbytes[v]
-    floors = []
-    producer = line.graph.producer.get(v)
-    if producer is not None:
-        floors.append(cost[producer] / n)
-    if price is not None:
-        link_s = 0.0
-        if v not in line.stored_from:
-            link_s += line.leave_seconds(v)
-        if v not in line.may_leave:
-            link_s += line.seconds("in", n)
-        floors.append(price * link_s / n)
-    return min(floors, default=float("inf"))
 
 
 def park_steps(

@@ -7,8 +7,6 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
 
 @dataclass
 class Lane:
@@ -31,15 +29,16 @@ class Lane:
         del self.items[at]
         del self.emits[at]
 
-    def finishes(self, start: np.ndarray, begin: int = 0, prev: float = 0.0) -> list[float]:
+    def finishes(self, start: Sequence[float], begin: int = 0, prev: float = 0.0) -> list[float]:
         """When each copy from index `begin` on is done, the one before it done at `prev`."""
         out = []
         for _, ready, secs, _ in self.items[begin:]:
-            prev = max(float(start[ready]), prev) + secs
+            r = start[ready]
+            prev = (r if r >= prev else prev) + secs  # max(r, prev): a call is dear in this loop
             out.append(prev)
         return out
 
-    def added(self, start: np.ndarray, done: list[float], item: tuple[int, int, float, int]) -> list[float]:
+    def added(self, start: Sequence[float], done: list[float], item: tuple[int, int, float, int]) -> list[float]:
         """Insert `item` and return the finish times given `done` before it: those ahead of its slot are unchanged,
         so only the copies from it on are timed again (adding one copy at a time stays linear, not quadratic)."""
         at = self.add(item)
@@ -49,14 +48,17 @@ class Lane:
         """Where a copy emitted at `emit` goes: after every copy emitted at or before it."""
         return bisect.bisect_right(self.emits, emit)
 
-    def delay(self, start: np.ndarray, done: Sequence[float], at: int, first_done: float) -> float:
+    def delay(self, start: Sequence[float], done: Sequence[float], at: int, first_done: float) -> float:
         """The lateness a copy inserted at index `at`, done at `first_done`, adds to the copies after it."""
         extra, prev = 0.0, first_done
         for j in range(at, len(self.items)):
             _, ready, secs, due = self.items[j]
-            moved = max(float(start[ready]), prev) + secs
-            if moved <= done[j] + 1e-15:
+            r = start[ready]
+            moved = (r if r >= prev else prev) + secs  # (max spelled out: a call is dear in this loop)
+            was = done[j]
+            if moved <= was + 1e-15:
                 break  # the queue behind is as before
-            extra += max(0.0, moved - start[due]) - max(0.0, done[j] - start[due])
+            d = start[due]
+            extra += (moved - d if moved - d > 0.0 else 0.0) - (was - d if was - d > 0.0 else 0.0)
             prev = moved
         return extra

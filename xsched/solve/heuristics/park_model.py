@@ -154,7 +154,7 @@ class ParkTimeline(Timeline):
             secs = self.seconds("in", self.nbytes[v])
             p, _, _, _ = self._back(-1, first, secs)
             # a fetch moves no compute: only its lane's finish times change
-            self.done["in"] = self.lanes["in"].added(self.start, self.done["in"], (p, p, secs, first))
+            self.done["in"] = self.lanes["in"].added(self.start_s, self.done["in"], (p, p, secs, first))
             self.spans[v] = [[p, last]]
             self.mem[p : last + 1] += self.nbytes[v]  # (_inputs_from_first_read took out its bytes)
             fetch[v] = p
@@ -172,9 +172,14 @@ class ParkTimeline(Timeline):
                 self.lanes["out"].remove(item)
                 self.home_out[v] = moved
                 self.lanes["out"].add(moved)
-        dur = [self.op_s[op.id] + sum(self.op_s[p] for p in set(self.redo.get(t, ()))) for t, op in enumerate(self.ops)]
+        dur = [self.op_s[op.id] for op in self.ops]
+        for t, redo in self.redo.items():  # (a position with no rerun adds nothing: the sum is 0 there)
+            dur[t] = dur[t] + sum(self.op_s[p] for p in set(redo))
         self.start = np.concatenate(([0.0], np.cumsum(dur)))
-        self.done = {way: lane.finishes(self.start) for way, lane in self.lanes.items()}
+        # the same times as Python floats, for the loops and bisections that read them one at a time (an array's
+        # items are slow to read one by one; the values are the same doubles, ascending: no op takes negative time)
+        self.start_s: list[float] = self.start.tolist()
+        self.done = {way: lane.finishes(self.start_s) for way, lane in self.lanes.items()}
 
     def _home_item(self, v: str) -> tuple[int, int, float, int]:
         """`v`'s copy home as the out lane holds it: after its last making, due by the end."""
@@ -185,10 +190,19 @@ class ParkTimeline(Timeline):
         link = self.links[way]
         return link.latency_s + n / link.bytes_per_s
 
+    def parkable(self, v: str) -> bool:
+        """`v` may be parked at all: made by an op, or an input homed off this device or fetched from the store,
+        never one homed here or gone from here for good."""
+        free = v not in self.fixed or v in self.may_leave or v in self.fetch
+        return free and v not in self.homed_here and v not in self.ended
+
+    def ends_again(self, v: str) -> bool:
+        """`v` may be made again at the end (end_rerun): an output with a producer, not gone for good, not held."""
+        return v in self.outputs and v in self.graph.producer and v not in self.ended and v not in self.held
+
     def park(self, v: str, k: int, t: int, price: float) -> Park | None:
         """Parking span `k` of `v` across the gap around the peak `t`, or None when that cannot lower `t`."""
-        parkable = v not in self.fixed or v in self.may_leave or v in self.fetch
-        if v in self.homed_here or v in self.ended or not parkable:
+        if not self.parkable(v):
             return None
         gap = self.gap(v, k, t)
         if gap is None:
@@ -196,7 +210,7 @@ class ParkTimeline(Timeline):
         (a, b), s = gap, self.spans[v][k][0]
         if v in self.held and (b is None or b > self.boundary):
             return None  # off the device at the boundary, where the caller's hold pins it on the store instead
-        if b is None and (v not in self.may_leave or v in self.end_reads or any(x > t for x in self.uses[v])):
+        if b is None and (v not in self.may_leave or v in self.end_reads or (self.uses[v] and self.uses[v][-1] > t)):
             return None  # for good only after its last read of all (an end rerun's included), where it may leave
         # freed after its last read before the gap (an output parked for good: after the autograd boundary too)
         free_from = a + 1 if b is not None else max(a, self.boundary) + 1
@@ -219,7 +233,7 @@ class ParkTimeline(Timeline):
         if b is not None:  # back on the in lane, from the latest position that lets it be done before b
             secs = self.seconds("in", n)
             p, late, at, finish = self._back(t, b, secs)
-            stall += late + self.lanes["in"].delay(self.start, self.done["in"], at, finish)
+            stall += late + self.lanes["in"].delay(self.start_s, self.done["in"], at, finish)
             link_s += secs
         return Park(v, k, s, q, p, b, out, stall + price * link_s, stall, free_from - 1)
 
@@ -230,19 +244,19 @@ class ParkTimeline(Timeline):
         secs = self.seconds(way, n)
         lane, done = self.lanes[way], self.done[way]
         at = lane.slot(s)
-        finish = max(float(self.start[s + 1]), done[at - 1] if at else 0.0) + secs
-        q, stall = max(free_from, int(np.searchsorted(self.start, finish - 1e-15))), 0.0
+        finish = max(self.start_s[s + 1], done[at - 1] if at else 0.0) + secs
+        q, stall = max(free_from, bisect.bisect_left(self.start_s, finish - 1e-15)), 0.0
         if q > t:
-            stall, q = finish - self.start[t], t
-        return q, stall + lane.delay(self.start, done, at, finish), secs
+            stall, q = finish - self.start_s[t], t
+        return q, stall + lane.delay(self.start_s, done, at, finish), secs
 
     def _home_done(self, v: str, free_from: int, t: int) -> tuple[int, float, float]:
         """_leave for a value whose copy home is on the out lane already: moving the lane nothing, freed once done."""
         item, lane = self.home_out[v], self.lanes["out"]
         at = bisect.bisect_left(lane.emits, item[0])
         finish = self.done["out"][lane.items.index(item, at)]
-        q = max(free_from, int(np.searchsorted(self.start, finish - 1e-15)))
-        return (t, finish - self.start[t], item[2]) if q > t else (q, 0.0, item[2])
+        q = max(free_from, bisect.bisect_left(self.start_s, finish - 1e-15))
+        return (t, finish - self.start_s[t], item[2]) if q > t else (q, 0.0, item[2])
 
     def leave_seconds(self, v: str) -> float:
         """The link seconds of `v`'s cheapest copy off the device: to the store, or straight home (`direct`)."""
@@ -253,28 +267,29 @@ class ParkTimeline(Timeline):
         """The copy back's position p in (t, b): the latest whose start lets it be done by b's (t + 1 when none
         does), its lateness, its index on the in lane, and when it is done."""
         ready, at = self._in_ready()
-        due = float(self.start[b])
+        due = self.start_s[b]
         lo, hi = t + 1, b - 1
-        if hi < lo or float(ready[lo]) + secs > due:  # none in time: as early as it may, and late
-            f = float(ready[lo]) + secs
-            return lo, max(0.0, f - due), int(at[lo]), f
+        if hi < lo or ready[lo] + secs > due:  # none in time: as early as it may, and late
+            f = ready[lo] + secs
+            return lo, max(0.0, f - due), at[lo], f
         # ready + secs grows with p: the largest p still in time, found on `ready` and checked in the exact sums
-        p = min(hi, max(lo, int(np.searchsorted(ready, due - secs, side="right")) - 1))
-        while p < hi and float(ready[p + 1]) + secs <= due:
+        p = min(hi, max(lo, bisect.bisect_right(ready, due - secs) - 1))
+        while p < hi and ready[p + 1] + secs <= due:
             p += 1
-        while p > lo and float(ready[p]) + secs > due:
+        while p > lo and ready[p] + secs > due:
             p -= 1
-        return p, 0.0, int(at[p]), float(ready[p]) + secs
+        return p, 0.0, at[p], ready[p] + secs
 
-    def _in_ready(self) -> tuple[np.ndarray, np.ndarray]:
+    def _in_ready(self) -> tuple[list[float], list[int]]:
         """For each position p: when a copy back emitted there could start (its start, or when the in lane's copies
         emitted at or before p are done), and its index on the in lane; kept until the lane or the starts change
-        (every candidate park of one greedy step asks it)."""
+        (every candidate park of one greedy step asks it). As Python lists: each candidate reads a few items, and
+        bisects them (both ascending: the starts and the lane's finish times only grow)."""
         done, start = self.done["in"], self.start
         if self._ready is None or self._ready[0] is not done or self._ready[1] is not start:
             at = np.searchsorted(np.asarray(self.lanes["in"].emits, dtype=np.int64), np.arange(len(start)), "right")
             before = np.concatenate(([0.0], np.asarray(done, dtype=np.float64)))[at]
-            self._ready = (done, start, np.maximum(start, before), at)
+            self._ready = (done, start, np.maximum(start, before).tolist(), at.tolist())
         return self._ready[2], self._ready[3]
 
     def apply_park(self, pk: Park) -> None:
@@ -285,14 +300,14 @@ class ParkTimeline(Timeline):
         n = self.nbytes[pk.value]
         if pk.out and pk.value in self.home_out:  # its copy out replaces the copy home (routing adds none then)
             self.lanes["out"].remove(self.home_out.pop(pk.value))
-            self.done["out"] = self.lanes["out"].finishes(self.start)
+            self.done["out"] = self.lanes["out"].finishes(self.start_s)
         # a park moves no compute (the start times stay): only its lanes' finish times change
         if pk.out:
             way = _way(pk)
-            self.done[way] = self.lanes[way].added(self.start, self.done[way], self._copy_out(pk))
+            self.done[way] = self.lanes[way].added(self.start_s, self.done[way], self._copy_out(pk))
         if pk.b is not None:
             self.done["in"] = self.lanes["in"].added(
-                self.start, self.done["in"], (pk.p, pk.p, self.seconds("in", n), pk.b)
+                self.start_s, self.done["in"], (pk.p, pk.p, self.seconds("in", n), pk.b)
             )
         if pk.out and pk.to is None:
             self.stored_from[pk.value] = min(pk.a, self.stored_from.get(pk.value, pk.a))
@@ -312,7 +327,7 @@ class ParkTimeline(Timeline):
                 continue  # (one gone straight home keeps its own copy: the store's would go home after it)
             self.lanes["out"].remove(self._copy_out(pk))
             self.parks[i] = replace(pk, out=False, q=self._freed_after_read(pk))
-        self.done["out"] = self.lanes["out"].finishes(self.start)
+        self.done["out"] = self.lanes["out"].finishes(self.start_s)
 
     def _copy_out(self, pk: Park) -> tuple[int, int, float, int]:
         """`pk`'s copy out as its lane holds it (Lane's item): emitted at a, ready at a + 1's start, its seconds,
@@ -336,7 +351,7 @@ class ParkTimeline(Timeline):
         its producer again at the end, its other inputs held until then; None when that cannot lower `t` or the end
         would not fit (what the eviction heuristic does to forward outputs, as one more move here)."""
         n = len(self.ops)
-        if v not in self.outputs or v not in self.graph.producer or v in self.ended or v in self.held:
+        if not self.ends_again(v):
             return None  # (a held output freed after the boundary frees nothing)
         s, e = self.spans[v][k]
         if e != n - 1 or any(t <= x for x in self.uses[v] if s < x):

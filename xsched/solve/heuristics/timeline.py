@@ -6,6 +6,7 @@ and park's `park_model.ParkTimeline`), `Resident` (the same order seen online: e
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -110,11 +111,19 @@ class Timeline(Liveness):
         one; its next read after `t` in the span, None if none), or None when `v` is read at `t` or nothing is
         before it."""
         s, e = self.spans[v][k]
-        points = [s, *(x for x in self.uses[v] if s < x <= e)]
-        if t in points:
+        if t == s:
             return None
-        a = max((x for x in points if x < t), default=None)
-        return None if a is None else (a, min((x for x in points if x > t), default=None))
+        # the reads in the span after its start, uses[v][lo:hi] (ascending, each once), found by bisection: every
+        # candidate of every move asks this, and a value may be read at many positions
+        uses = self.uses[v]
+        lo, hi = bisect.bisect_right(uses, s), bisect.bisect_right(uses, e)
+        j = bisect.bisect_left(uses, t, lo, hi)  # the first read in the span at or after t
+        if j < hi and uses[j] == t:
+            return None
+        a = uses[j - 1] if j > lo else (s if s < t else None)
+        if a is None:
+            return None
+        return a, (uses[j] if j < hi else None)  # (a is not None: s < t, so s is no read after t)
 
     def change(self, changes: Sequence[tuple[int, int, int]], last: int) -> tuple[int, np.ndarray]:
         """(lo, delta): the change in bytes at positions lo..`last` from (first, last, bytes) changes."""
@@ -144,6 +153,10 @@ class Timeline(Liveness):
         extend: list[tuple[str, int, int, int]] = []
         reruns: list[str] = []
         self._rerun(v, b, t, depth, changes, extend, reruns, {v})
+        # lowers' first test, summed before any array is built: most candidates fail it (the inputs held longer
+        # over t outweigh v; on GPT-2, 99% of them)
+        if sum(n for first, last, n in changes if first <= t <= last) >= 0:
+            return None
         lo, delta = self.change(changes, b)
         if not self.lowers(t, lo, delta, budget):
             return None
