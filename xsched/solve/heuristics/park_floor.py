@@ -6,19 +6,19 @@ from collections.abc import Mapping
 
 from xsched.solve.heuristics.park_model import ParkTimeline
 
-Kinds = tuple[
-    float | None, float | None, float | None, float | None
-]  # drop, park, end rerun, the least (None: no move)
+# floors of a drop, a park, an end rerun and the least of them (None: that kind of move never applies)
+Kinds = tuple[float | None, float | None, float | None, float | None]
 
 
 class Floors:
     """Per value, a floor under each kind of move's unjittered score (drop, park, end rerun; None where the kind
-    never applies to it: its method returns None before scoring anything) and the least of them, kept for the run of the greedy and
-    computed again only when what it depends on changes (the store holding a copy of the value, the value gone for
-    good; the rest is fixed once the timeline is made). A drop or an end rerun runs at least v's producer again and frees at most v's bytes (what it holds longer
-    only adds); a park costs at least its link price, for the copy out unless the store holds v from some position
-    on and the copy back unless v may stay there for good. Computed as the moves compute their scores, term for
-    term, so rounding keeps each floor at or below them."""
+    never applies to it: its method returns None before scoring anything) and the least of them. Kept for the run
+    of the greedy, computed again only when what it depends on changes (the store holding a copy of the value, the
+    value gone for good); the rest is fixed once the timeline is made. A drop or an end rerun runs at least v's
+    producer again and frees at most v's bytes (what it holds longer only adds); a park costs at least its link
+    price, for the copy out unless the store holds v from some position on, and the copy back unless v may stay
+    there for good. Computed as the moves compute their scores, term for term, so rounding keeps each floor at or
+    below them."""
 
     def __init__(self, line: ParkTimeline, price: float | None, cost: Mapping[str, float]) -> None:
         self.line, self.price, self.cost = line, price, cost
