@@ -75,6 +75,7 @@ def _run(problem: Problem, config: Configuration, options: SolverOptions, given:
     limit = options.time_limit_s if options.time_limit_s is not None else NO_LIMIT_S
     grace_end = limit * (1 + GRACE_SHARE) + GRACE_S  # the run returns by then (issue 33)
     alpha = options.alpha_energy
+    one = len(problem.devices) == 1  # an exact model's "optimal" holds for every plan only there (_proven)
     try:
         check_budgets(problem.graph, problem.profile, problem.budgets, problem.devices, problem.homes)
     except NoLinkError as e:  # no budget brings the links the profile lacks: no budget to hint at or look for
@@ -123,7 +124,7 @@ def _run(problem: Problem, config: Configuration, options: SolverOptions, given:
         left = limit - (now() - t0)
         if entry.name == config.method:  # a method named on its own runs, even after a heuristic at the floor
             left = max(left, MIN_METHOD_S)
-        elif left < MIN_MEMBER_S or _done(best, found, results, floor, alpha, options.mip_gap):
+        elif left < MIN_MEMBER_S or _done(best, found, results, floor, alpha, options.mip_gap, one):
             break
         elif left < MIN_MEMBER_S + (loading := _import_s(entry)):  # a later member may need no import
             why = f"not started: loading {', '.join(entry.imports)} (about {loading:g} s) leaves too little of {left:.2f} s"
@@ -153,7 +154,7 @@ def _run(problem: Problem, config: Configuration, options: SolverOptions, given:
             why = f"not found within the time limit ({limit:g} s; {tried})"
         proof = proofs[0] if proofs else None  # the probe for a budget that works takes what is left of the grace
         return _no_plan(problem, config, why, proof, limit - seconds, None, grace_end - seconds)
-    return _labelled(config.name, best, found, results, (floor, floor_why), stats, options, seconds)
+    return _labelled(config.name, best, found, results, (floor, floor_why), stats, options, seconds, one)
 
 
 def _given(problem: Problem, given: Plan, options: SolverOptions) -> Outcome:
@@ -206,15 +207,13 @@ def _checked(problem: Problem, r: Outcome, options: SolverOptions) -> Outcome:
     return Outcome(replace(plan.solver, objective=objective(plan, options.alpha_energy)), plan)
 
 
-def _done(
-    best: Plan | None, found: SolveResult | None, results: list[Outcome], floor: float, alpha: float, gap: float
-) -> bool:
+def _done(best: Plan | None, found, results: list[Outcome], floor: float, alpha: float, gap: float, one: bool) -> bool:
     """Nothing left to gain: the best plan is within the relative `gap` (options.mip_gap, `--gap`) of the lower bound
     on every plan, the gap the result then reports as optimal, or the last member found it and proved it optimal (an
-    exact model, in its formulation)."""
+    exact model, in its formulation, on a problem of one device: `one`)."""
     if _within_gap(best, floor, alpha, gap):
         return True
-    return bool(results) and results[-1].record is found and _proven(found, best)
+    return bool(results) and results[-1].record is found and _proven(found, one)
 
 
 def _within_gap(best: Plan | None, floor: float, alpha: float, gap: float) -> bool:
@@ -227,15 +226,17 @@ def _relative_gap(value: float, bound: float) -> float:
     return max(0.0, value - bound) / value if value > 0 else 0.0
 
 
-def _proven(r: SolveResult | None, plan: Plan | None) -> bool:
-    """An exact model proved its plan optimal for the objective: its own objective is the makespan there."""
-    exact = r is not None and r.method in SOLVERS and SOLVERS[r.method].kind == "exact"
-    return exact and r.status == "optimal" and plan is not None and _one_lane(plan)
+def _proven(r: SolveResult | None, one_device: bool) -> bool:
+    """An exact model proved its plan optimal on a problem of one device (`one_device`), the only problem where its
+    objective is the makespan of every plan it could return. With a second device (computing or a store, budgeted or
+    not) the stage objective over-estimates plans that overlap across its stages, so a one-device plan it proves
+    optimal may be beaten by one it over-counted: there only the floor on every plan proves a plan optimal."""
+    return _exact(r) and r.status == "optimal" and one_device
 
 
-def _one_lane(plan: Plan) -> bool:
-    """Every step runs on one device's compute lane: the makespan is the sequential time."""
-    return len(plan.devices) == 1
+def _exact(r: SolveResult | None) -> bool:
+    """The record is an exact model's (the registry's kind), whose "feasible" is a finished model, not a stop."""
+    return r is not None and r.method in SOLVERS and SOLVERS[r.method].kind == "exact"
 
 
 def _outcome(name: str, r: Outcome | None, seconds: float) -> MemberOutcome:
@@ -245,18 +246,21 @@ def _outcome(name: str, r: Outcome | None, seconds: float) -> MemberOutcome:
     return MemberOutcome(name, r.status, round(seconds, 3), obj, r.message[:200] if r.plan is None else "")
 
 
-def _labelled(name, best: Plan, found: SolveResult | None, results, floor, stats: RunStats, options, seconds):
+def _labelled(name, best: Plan, found: SolveResult | None, results, floor, stats: RunStats, options, seconds, one):
     """`best` as the run's result: its gap against the larger of the lower bound on every plan (`floor`: value, what
-    sets it) and the stage MILP's bound (valid for its formulation, capped at the plan's objective)."""
+    sets it) and, on a problem of one device (`one`), the stage MILP's bound (valid for its formulation, capped at
+    the plan's objective). Not optimal: "feasible" where an exact model finished, else "time_limit" or "heuristic"."""
     value = objective(best, options.alpha_energy)
     bound, source = floor
-    # the stage MILP's bound is on its own objective, the makespan only where one device runs (and copies) nothing
-    # in parallel; and it holds for plans that first compute the ops in graph order
-    milp = [r.record.bound for r in results if r.method == "milp" and r.record.bound is not None and _one_lane(best)]
+    # the stage MILP's bound is on its own objective, the makespan of its every plan only on a problem of one device
+    # (no copies, nothing in parallel); and it holds for plans that first compute the ops in graph order
+    milp = [r.record.bound for r in results if r.method == "milp" and r.record.bound is not None and one]
     if milp and max(milp) > bound:
         bound, source = min(max(milp), value), "the stage MILP's bound (first computes in graph order)"
     gap = _relative_gap(value, bound)
-    status = "optimal" if gap <= options.mip_gap or _proven(found, best) else "time_limit" if results else "heuristic"
+    status = "optimal" if gap <= options.mip_gap or _proven(found, one) else "time_limit" if results else "heuristic"
+    if status == "time_limit" and _exact(found) and found.status in ("optimal", "feasible"):  # a finished model
+        status = "feasible"
     stats = replace(stats, found_by=found.method if found is not None else None, found=found, bound_source=source)
     record = SolveResult(name, status, value, bound, gap, Times(solve_s=seconds), stats, repaired=best.solver.repaired)
     return Outcome(record, best)
