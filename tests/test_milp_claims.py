@@ -1,12 +1,16 @@
-"""The stage MILP's "optimal" (its own and the runner's) holds for every plan: on a problem of one device, or at the
-lower bound on every plan. Beside a second device its objective over-estimates plans that overlap across stages, so
-a one-device plan it proves optimal can be beaten by a two-device plan (a hand plan's oracle makespan here)."""
+"""The stage MILP's "optimal" (its own and the runner's) holds for every plan: on a problem of one device whose graph
+order is its only order, or at the lower bound on every plan. Beside a second device its objective over-estimates
+plans that overlap across stages, so a one-device plan it proves optimal can be beaten by a two-device plan (a hand
+plan's oracle makespan here); with a second order, by a plan whose first computes leave graph order (the exhaustive
+optimum here)."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from oracle import makespan as oracle_makespan
-from test_milp import profile_for
+from test_milp import GRAPHS, exhaustive_optimum, profile_for
 
 from xsched.contracts.graph import Graph, Op, Value
 from xsched.contracts.plan import Compute, Copy, Plan
@@ -17,6 +21,7 @@ from xsched.solve.api import solve_result
 from xsched.solve.milp.milp import solve_milp
 from xsched.solve.objective import objective_floor
 from xsched.solve.options import SolverOptions
+from xsched.solve.order.order import single_order, topological
 from xsched.solve.problem import Outcome, Problem
 from xsched.solve.registry import SolverEntry
 
@@ -109,3 +114,67 @@ def test_the_runner_takes_an_exact_models_optimal_only_on_one_device(registry) -
     assert two.status == "feasible" and two.bound <= hand and two.gap > 0
     one = solve_result(g, prof, {}, ["a"], "auto", OPTIONS, HOMES).record
     assert one.status == "optimal" and one.objective == pytest.approx(2.1)
+
+
+def two_branches() -> Graph:
+    """a1 (x -> A, 100 B) read by u1 and a2, b1 (x -> B, 100 B) by b2, and a join: in graph order a1, u1, b1, a2, b2,
+    j, so under 120 B graph order computes b1 between A's readers and must remake one of A and B."""
+    vals = (Value("x", 4, "input"), *(Value(v, 100 if v in "AB" else 4) for v in "AuBabc"))
+    pairs = (("a1", "x", "A"), ("u1", "A", "u"), ("b1", "x", "B"), ("a2", "A", "a"), ("b2", "B", "b"))
+    ops = tuple(Op(i, "t", (a,), (b,)) for i, a, b in pairs) + (Op("j", "t", ("a", "b", "u"), ("c",)),)
+    return Graph("two-branches", vals, ops, ("c",))
+
+
+def test_a_one_device_optimum_in_graph_order_is_not_claimed_beside_another_order(registry) -> None:
+    """Graph order (a1 u1 b1 a2 b2 j) pays a remake that the order a1 u1 a2 b1 b2 j does not: the model proves 8 s
+    (its frontier makes b1's first compute stage 2's, a compute pruning then drops: a 7 s plan), the exhaustive search
+    finds 6 s. `proven` said optimal, gap 0, bound 8 s; auto with the MILP alone, optimal with bound 7 s."""
+    g = two_branches()
+    prof = profile_for(g, {"cpu": {o.id: 1.0 for o in g.ops}})
+    budgets, homes = {"cpu": 120}, {"x": "cpu"}
+    want = exhaustive_optimum(g, prof, budgets, ["cpu"], homes)
+    assert want == pytest.approx(6.0)
+    plan = solve_milp(Problem(g, prof, budgets, ("cpu",), homes), OPTIONS)
+    info, floor = plan.solver, objective_floor(g, prof, ("cpu",), homes)[0]
+    assert oracle_makespan(g, plan, prof) > want + 0.5 and floor <= want
+    assert info.stats.model_status == "optimal" and info.stats.model_objective == pytest.approx(8.0)  # its own
+    assert info.status == "feasible" and info.bound == pytest.approx(floor) and info.gap > 0
+    milp = registry["milp"]
+    registry.clear()
+    registry["milp"] = milp
+    r = solve_result(g, prof, budgets, ["cpu"], "auto", OPTIONS, homes).record
+    assert r.found_by == "milp" and r.status == "feasible" and r.bound <= want + 1e-9 and r.gap > 0
+
+
+def test_auto_still_stops_after_the_models_one_device_proof(registry) -> None:
+    """The proof over graph-order plans ends the run on one device (no time for a member after it) without being
+    claimed: the member after the MILP is not started."""
+    g = two_branches()
+    prof = profile_for(g, {"cpu": {o.id: 1.0 for o in g.ops}})
+    started: list[str] = []
+
+    def later(problem: Problem, options: SolverOptions, warm: Plan | None) -> Outcome:
+        started.append("later")
+        return Outcome(SolveResult("later", "no_incumbent"), None)
+
+    milp = registry["milp"]
+    registry.clear()
+    registry["milp"] = milp
+    registry["later"] = SolverEntry("later", later, kind="search")
+    r = solve_result(g, prof, {"cpu": 120}, ["cpu"], "auto", OPTIONS, {"x": "cpu"}).record
+    assert r.found_by == "milp" and r.status == "feasible" and not started
+
+
+def orders(g: Graph) -> int:
+    """How many topological orders the graph's ops have (counted over every permutation: small graphs only)."""
+    return sum(topological(g, order) for order in itertools.permutations(range(len(g.ops))))
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(GRAPHS) if len(GRAPHS[n].ops) <= 8])
+def test_single_order_says_whether_graph_order_is_the_only_order(name: str) -> None:
+    g = GRAPHS[name]
+    assert single_order(g) == (orders(g) == 1)
+
+
+def test_the_two_branches_have_more_than_one_order() -> None:
+    assert not single_order(two_branches()) and orders(two_branches()) > 1

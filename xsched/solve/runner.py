@@ -10,11 +10,12 @@ from dataclasses import dataclass, replace
 
 from xsched.budgets import format_bytes
 from xsched.contracts.plan import Plan
-from xsched.contracts.result import MemberOutcome, RunStats, SolveResult, Times
+from xsched.contracts.result import MemberOutcome, MilpStats, RunStats, SolveResult, Times
 from xsched.errors import BudgetError, NoIncumbent, NoLinkError, SolverError, XschedError
 from xsched.solve.bounds.memory import check_budgets, lower_bounds
 from xsched.solve.objective import better, objective, objective_floor
 from xsched.solve.options import SolverOptions, deadline, now, one_run, past_deadline
+from xsched.solve.order.order import single_order
 from xsched.solve.problem import Outcome, Problem, runnable
 from xsched.solve.registry import IMPORT_S, SOLVERS, SolverEntry, run_member
 
@@ -75,7 +76,12 @@ def _run(problem: Problem, config: Configuration, options: SolverOptions, given:
     limit = options.time_limit_s if options.time_limit_s is not None else NO_LIMIT_S
     grace_end = limit * (1 + GRACE_SHARE) + GRACE_S  # the run returns by then (issue 33)
     alpha = options.alpha_energy
-    one = len(problem.devices) == 1  # an exact model's "optimal" holds for every plan only there (_proven)
+    # two questions kept apart: where an exact model's optimum ends the run (`one`: one device, where its objective
+    # is the makespan; a plan with another first-compute order may still beat it, but what is left of the time is
+    # not worth spending on that chance), and where its "optimal" is claimed (`every`: graph order also the only
+    # order, so its proof covers every plan; elsewhere only the floor makes a plan optimal)
+    one = len(problem.devices) == 1
+    every = one and single_order(problem.graph)
     try:
         check_budgets(problem.graph, problem.profile, problem.budgets, problem.devices, problem.homes)
     except NoLinkError as e:  # no budget brings the links the profile lacks: no budget to hint at or look for
@@ -154,7 +160,7 @@ def _run(problem: Problem, config: Configuration, options: SolverOptions, given:
             why = f"not found within the time limit ({limit:g} s; {tried})"
         proof = proofs[0] if proofs else None  # the probe for a budget that works takes what is left of the grace
         return _no_plan(problem, config, why, proof, limit - seconds, None, grace_end - seconds)
-    return _labelled(config.name, best, found, results, (floor, floor_why), stats, options, seconds, one)
+    return _labelled(config.name, best, found, results, (floor, floor_why), stats, options, seconds, every)
 
 
 def _given(problem: Problem, given: Plan, options: SolverOptions) -> Outcome:
@@ -208,9 +214,10 @@ def _checked(problem: Problem, r: Outcome, options: SolverOptions) -> Outcome:
 
 
 def _done(best: Plan | None, found, results: list[Outcome], floor: float, alpha: float, gap: float, one: bool) -> bool:
-    """Nothing left to gain: the best plan is within the relative `gap` (options.mip_gap, `--gap`) of the lower bound
-    on every plan, the gap the result then reports as optimal, or the last member found it and proved it optimal (an
-    exact model, in its formulation, on a problem of one device: `one`)."""
+    """Nothing left worth the time: the best plan is within the relative `gap` (options.mip_gap, `--gap`) of the
+    lower bound on every plan, the gap the result then reports as optimal, or the last member found it and proved it
+    optimal (an exact model, in its formulation, on a problem of one device: `one`). A stop, not a claim: `_labelled`
+    claims the proof only where it covers every plan."""
     if _within_gap(best, floor, alpha, gap):
         return True
     return bool(results) and results[-1].record is found and _proven(found, one)
@@ -226,12 +233,18 @@ def _relative_gap(value: float, bound: float) -> float:
     return max(0.0, value - bound) / value if value > 0 else 0.0
 
 
-def _proven(r: SolveResult | None, one_device: bool) -> bool:
-    """An exact model proved its plan optimal on a problem of one device (`one_device`), the only problem where its
-    objective is the makespan of every plan it could return. With a second device (computing or a store, budgeted or
-    not) the stage objective over-estimates plans that overlap across its stages, so a one-device plan it proves
-    optimal may be beaten by one it over-counted: there only the floor on every plan proves a plan optimal."""
-    return _exact(r) and r.status == "optimal" and one_device
+def _proven(r: SolveResult | None, covered: bool) -> bool:
+    """An exact model proved its plan optimal where its proof covers the plans asked about (`covered`: for a claim,
+    one device and graph order the only order; for a stop, one device). With a second device (computing or a store,
+    budgeted or not) the stage objective over-estimates plans that overlap across its stages, and with a second
+    topological order a plan whose first computes leave graph order is outside the stage model: either may beat
+    the plan it proves optimal, so there only the floor on every plan proves a plan optimal."""
+    return _exact(r) and covered and (r.status == "optimal" or _model_status(r) == "optimal")
+
+
+def _model_status(r: SolveResult) -> str | None:
+    """The model's own status where the result's says less (the stage MILP's, kept in its stats)."""
+    return r.stats.model_status if isinstance(r.stats, MilpStats) else None
 
 
 def _exact(r: SolveResult | None) -> bool:
@@ -246,19 +259,21 @@ def _outcome(name: str, r: Outcome | None, seconds: float) -> MemberOutcome:
     return MemberOutcome(name, r.status, round(seconds, 3), obj, r.message[:200] if r.plan is None else "")
 
 
-def _labelled(name, best: Plan, found: SolveResult | None, results, floor, stats: RunStats, options, seconds, one):
+def _labelled(name, best: Plan, found: SolveResult | None, results, floor, stats: RunStats, options, seconds, every):
     """`best` as the run's result: its gap against the larger of the lower bound on every plan (`floor`: value, what
-    sets it) and, on a problem of one device (`one`), the stage MILP's bound (valid for its formulation, capped at
-    the plan's objective). Not optimal: "feasible" where an exact model finished, else "time_limit" or "heuristic"."""
+    sets it) and, where the stage MILP's bound holds for every plan (`every`: one device, graph order the only
+    order), that bound (capped at the plan's objective). Not optimal: "feasible" where an exact model finished, else
+    "time_limit" or "heuristic"."""
     value = objective(best, options.alpha_energy)
     bound, source = floor
     # the stage MILP's bound is on its own objective, the makespan of its every plan only on a problem of one device
-    # (no copies, nothing in parallel); and it holds for plans that first compute the ops in graph order
-    milp = [r.record.bound for r in results if r.method == "milp" and r.record.bound is not None and one]
+    # (no copies, nothing in parallel); and it holds for plans that first compute the ops in graph order, every plan
+    # only where that is the graph's one order (elsewhere the MILP's record already carries the floor as its bound)
+    milp = [r.record.bound for r in results if r.method == "milp" and r.record.bound is not None and every]
     if milp and max(milp) > bound:
-        bound, source = min(max(milp), value), "the stage MILP's bound (first computes in graph order)"
+        bound, source = min(max(milp), value), "the stage MILP's bound (graph order the only order)"
     gap = _relative_gap(value, bound)
-    status = "optimal" if gap <= options.mip_gap or _proven(found, one) else "time_limit" if results else "heuristic"
+    status = "optimal" if gap <= options.mip_gap or _proven(found, every) else "time_limit" if results else "heuristic"
     if status == "time_limit" and _exact(found) and found.status in ("optimal", "feasible"):  # a finished model
         status = "feasible"
     stats = replace(stats, found_by=found.method if found is not None else None, found=found, bound_source=source)
