@@ -76,12 +76,9 @@ def _run(problem: Problem, config: Configuration, options: SolverOptions, given:
     limit = options.time_limit_s if options.time_limit_s is not None else NO_LIMIT_S
     grace_end = limit * (1 + GRACE_SHARE) + GRACE_S  # the run returns by then (issue 33)
     alpha = options.alpha_energy
-    # two questions kept apart: where an exact model's optimum ends the run (`one`: one device, where its objective
-    # is the makespan; a plan with another first-compute order may still beat it, but what is left of the time is
-    # not worth spending on that chance), and where its "optimal" is claimed (`every`: graph order also the only
-    # order, so its proof covers every plan; elsewhere only the floor makes a plan optimal)
-    one = len(problem.devices) == 1
-    every = one and single_order(problem.graph)
+    # where an exact model's "optimal" is claimed: its proof covers every plan only on one device whose graph order
+    # is the only order (where the run stops after it is a separate, looser question: _done)
+    every = len(problem.devices) == 1 and single_order(problem.graph)
     try:
         check_budgets(problem.graph, problem.profile, problem.budgets, problem.devices, problem.homes)
     except NoLinkError as e:  # no budget brings the links the profile lacks: no budget to hint at or look for
@@ -130,7 +127,7 @@ def _run(problem: Problem, config: Configuration, options: SolverOptions, given:
         left = limit - (now() - t0)
         if entry.name == config.method:  # a method named on its own runs, even after a heuristic at the floor
             left = max(left, MIN_METHOD_S)
-        elif left < MIN_MEMBER_S or _done(best, found, results, floor, alpha, options.mip_gap, one):
+        elif left < MIN_MEMBER_S or _done(best, found, results, floor, alpha, options.mip_gap):
             break
         elif left < MIN_MEMBER_S + (loading := _import_s(entry)):  # a later member may need no import
             why = f"not started: loading {', '.join(entry.imports)} (about {loading:g} s) leaves too little of {left:.2f} s"
@@ -213,14 +210,23 @@ def _checked(problem: Problem, r: Outcome, options: SolverOptions) -> Outcome:
     return Outcome(replace(plan.solver, objective=objective(plan, options.alpha_energy)), plan)
 
 
-def _done(best: Plan | None, found, results: list[Outcome], floor: float, alpha: float, gap: float, one: bool) -> bool:
+def _done(best: Plan | None, found, results: list[Outcome], floor: float, alpha: float, gap: float) -> bool:
     """Nothing left worth the time: the best plan is within the relative `gap` (options.mip_gap, `--gap`) of the
-    lower bound on every plan, the gap the result then reports as optimal, or the last member found it and proved it
-    optimal (an exact model, in its formulation, on a problem of one device: `one`). A stop, not a claim: `_labelled`
-    claims the proof only where it covers every plan."""
+    lower bound on every plan, the gap the result then reports as optimal, or the last member found it and its model
+    proved it optimal in its formulation with the plan on one device (`_stops`)."""
     if _within_gap(best, floor, alpha, gap):
         return True
-    return bool(results) and results[-1].record is found and _proven(found, one)
+    return bool(results) and results[-1].record is found and _stops(found, best)
+
+
+def _stops(r: SolveResult | None, plan: Plan | None) -> bool:
+    """Where the run stops after an exact model (as before the claim was made sound, so auto's time is unchanged):
+    its model proved the plan optimal (its own status, which the MILP keeps in its stats) and the plan runs on one
+    device. A stop, not a claim: a plan outside the model (first computes out of graph order, or overlapping on a
+    second device) may still beat it, and a later member might find that plan; stopping trades that chance for the
+    time left (main's stop, kept so auto and the suite take no longer). The claim (`_proven`) is the stricter rule."""
+    proved = r is not None and (r.status == "optimal" or _model_status(r) == "optimal")
+    return _exact(r) and proved and plan is not None and len(plan.devices) == 1
 
 
 def _within_gap(best: Plan | None, floor: float, alpha: float, gap: float) -> bool:
@@ -233,13 +239,13 @@ def _relative_gap(value: float, bound: float) -> float:
     return max(0.0, value - bound) / value if value > 0 else 0.0
 
 
-def _proven(r: SolveResult | None, covered: bool) -> bool:
-    """An exact model proved its plan optimal where its proof covers the plans asked about (`covered`: for a claim,
-    one device and graph order the only order; for a stop, one device). With a second device (computing or a store,
-    budgeted or not) the stage objective over-estimates plans that overlap across its stages, and with a second
-    topological order a plan whose first computes leave graph order is outside the stage model: either may beat
-    the plan it proves optimal, so there only the floor on every plan proves a plan optimal."""
-    return _exact(r) and covered and (r.status == "optimal" or _model_status(r) == "optimal")
+def _proven(r: SolveResult | None, every: bool) -> bool:
+    """An exact model proved its plan optimal where its proof covers every plan (`every`: one device, graph order
+    the only order). With a second device (computing or a store, budgeted or not) the stage objective
+    over-estimates plans that overlap across its stages, and with a second topological order a plan whose first
+    computes leave graph order is outside the stage model: either may beat the plan it proves optimal, so there
+    only the floor on every plan proves a plan optimal."""
+    return _exact(r) and r.status == "optimal" and every
 
 
 def _model_status(r: SolveResult) -> str | None:
