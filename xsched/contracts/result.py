@@ -91,6 +91,7 @@ class MilpStats(Stats):
     warm_start: str | None = None
     warm_start_mapped: bool = False  # False: the start's first computes are not in graph order
     stopped_at_floor: bool = False  # an incumbent ran every op once at its fastest
+    model_status: str | None = None  # the model's own ("optimal": proven in its formulation; the result may say less)
 
 
 @stats_kind

@@ -10,11 +10,12 @@ from dataclasses import dataclass, replace
 
 from xsched.budgets import format_bytes
 from xsched.contracts.plan import Plan
-from xsched.contracts.result import MemberOutcome, RunStats, SolveResult, Times
+from xsched.contracts.result import MemberOutcome, MilpStats, RunStats, SolveResult, Times
 from xsched.errors import BudgetError, NoIncumbent, NoLinkError, SolverError, XschedError
 from xsched.solve.bounds.memory import check_budgets, lower_bounds
 from xsched.solve.objective import better, objective, objective_floor
 from xsched.solve.options import SolverOptions, deadline, now, one_run, past_deadline
+from xsched.solve.order.order import single_order
 from xsched.solve.problem import Outcome, Problem, runnable
 from xsched.solve.registry import IMPORT_S, SOLVERS, SolverEntry, run_member
 
@@ -75,6 +76,9 @@ def _run(problem: Problem, config: Configuration, options: SolverOptions, given:
     limit = options.time_limit_s if options.time_limit_s is not None else NO_LIMIT_S
     grace_end = limit * (1 + GRACE_SHARE) + GRACE_S  # the run returns by then (issue 33)
     alpha = options.alpha_energy
+    # where an exact model's "optimal" is claimed: its proof covers every plan only on one device whose graph order
+    # is the only order (where the run stops after it is a separate, looser question: _done)
+    every = len(problem.devices) == 1 and single_order(problem.graph)
     try:
         check_budgets(problem.graph, problem.profile, problem.budgets, problem.devices, problem.homes)
     except NoLinkError as e:  # no budget brings the links the profile lacks: no budget to hint at or look for
@@ -153,7 +157,7 @@ def _run(problem: Problem, config: Configuration, options: SolverOptions, given:
             why = f"not found within the time limit ({limit:g} s; {tried})"
         proof = proofs[0] if proofs else None  # the probe for a budget that works takes what is left of the grace
         return _no_plan(problem, config, why, proof, limit - seconds, None, grace_end - seconds)
-    return _labelled(config.name, best, found, results, (floor, floor_why), stats, options, seconds)
+    return _labelled(config.name, best, found, results, (floor, floor_why), stats, options, seconds, every)
 
 
 def _given(problem: Problem, given: Plan, options: SolverOptions) -> Outcome:
@@ -206,15 +210,23 @@ def _checked(problem: Problem, r: Outcome, options: SolverOptions) -> Outcome:
     return Outcome(replace(plan.solver, objective=objective(plan, options.alpha_energy)), plan)
 
 
-def _done(
-    best: Plan | None, found: SolveResult | None, results: list[Outcome], floor: float, alpha: float, gap: float
-) -> bool:
-    """Nothing left to gain: the best plan is within the relative `gap` (options.mip_gap, `--gap`) of the lower bound
-    on every plan, the gap the result then reports as optimal, or the last member found it and proved it optimal (an
-    exact model, in its formulation)."""
+def _done(best: Plan | None, found, results: list[Outcome], floor: float, alpha: float, gap: float) -> bool:
+    """Nothing left worth the time: the best plan is within the relative `gap` (options.mip_gap, `--gap`) of the
+    lower bound on every plan, the gap the result then reports as optimal, or the last member found it and its model
+    proved it optimal in its formulation with the plan on one device (`_stops`)."""
     if _within_gap(best, floor, alpha, gap):
         return True
-    return bool(results) and results[-1].record is found and _proven(found, best)
+    return bool(results) and results[-1].record is found and _stops(found, best)
+
+
+def _stops(r: SolveResult | None, plan: Plan | None) -> bool:
+    """Where the run stops after an exact model (as before the claim was made sound, so auto's time is unchanged):
+    its model proved the plan optimal (its own status, which the MILP keeps in its stats) and the plan runs on one
+    device. A stop, not a claim: a plan outside the model (first computes out of graph order, or overlapping on a
+    second device) may still beat it, and a later member might find that plan; stopping trades that chance for the
+    time left (main's stop, kept so auto and the suite take no longer). The claim (`_proven`) is the stricter rule."""
+    proved = r is not None and (r.status == "optimal" or _model_status(r) == "optimal")
+    return _exact(r) and proved and plan is not None and len(plan.devices) == 1
 
 
 def _within_gap(best: Plan | None, floor: float, alpha: float, gap: float) -> bool:
@@ -227,15 +239,23 @@ def _relative_gap(value: float, bound: float) -> float:
     return max(0.0, value - bound) / value if value > 0 else 0.0
 
 
-def _proven(r: SolveResult | None, plan: Plan | None) -> bool:
-    """An exact model proved its plan optimal for the objective: its own objective is the makespan there."""
-    exact = r is not None and r.method in SOLVERS and SOLVERS[r.method].kind == "exact"
-    return exact and r.status == "optimal" and plan is not None and _one_lane(plan)
+def _proven(r: SolveResult | None, every: bool) -> bool:
+    """An exact model proved its plan optimal where its proof covers every plan (`every`: one device, graph order
+    the only order). With a second device (computing or a store, budgeted or not) the stage objective
+    over-estimates plans that overlap across its stages, and with a second topological order a plan whose first
+    computes leave graph order is outside the stage model: either may beat the plan it proves optimal, so there
+    only the floor on every plan proves a plan optimal."""
+    return _exact(r) and r.status == "optimal" and every
 
 
-def _one_lane(plan: Plan) -> bool:
-    """Every step runs on one device's compute lane: the makespan is the sequential time."""
-    return len(plan.devices) == 1
+def _model_status(r: SolveResult) -> str | None:
+    """The model's own status where the result's says less (the stage MILP's, kept in its stats)."""
+    return r.stats.model_status if isinstance(r.stats, MilpStats) else None
+
+
+def _exact(r: SolveResult | None) -> bool:
+    """The record is an exact model's (the registry's kind), whose "feasible" is a finished model, not a stop."""
+    return r is not None and r.method in SOLVERS and SOLVERS[r.method].kind == "exact"
 
 
 def _outcome(name: str, r: Outcome | None, seconds: float) -> MemberOutcome:
@@ -245,18 +265,23 @@ def _outcome(name: str, r: Outcome | None, seconds: float) -> MemberOutcome:
     return MemberOutcome(name, r.status, round(seconds, 3), obj, r.message[:200] if r.plan is None else "")
 
 
-def _labelled(name, best: Plan, found: SolveResult | None, results, floor, stats: RunStats, options, seconds):
+def _labelled(name, best: Plan, found: SolveResult | None, results, floor, stats: RunStats, options, seconds, every):
     """`best` as the run's result: its gap against the larger of the lower bound on every plan (`floor`: value, what
-    sets it) and the stage MILP's bound (valid for its formulation, capped at the plan's objective)."""
+    sets it) and, where the stage MILP's bound holds for every plan (`every`: one device, graph order the only
+    order), that bound (capped at the plan's objective). Not optimal: "feasible" where an exact model finished, else
+    "time_limit" or "heuristic"."""
     value = objective(best, options.alpha_energy)
     bound, source = floor
-    # the stage MILP's bound is on its own objective, the makespan only where one device runs (and copies) nothing
-    # in parallel; and it holds for plans that first compute the ops in graph order
-    milp = [r.record.bound for r in results if r.method == "milp" and r.record.bound is not None and _one_lane(best)]
+    # the stage MILP's bound is on its own objective, the makespan of its every plan only on a problem of one device
+    # (no copies, nothing in parallel); and it holds for plans that first compute the ops in graph order, every plan
+    # only where that is the graph's one order (elsewhere the MILP's record already carries the floor as its bound)
+    milp = [r.record.bound for r in results if r.method == "milp" and r.record.bound is not None and every]
     if milp and max(milp) > bound:
-        bound, source = min(max(milp), value), "the stage MILP's bound (first computes in graph order)"
+        bound, source = min(max(milp), value), "the stage MILP's bound (graph order the only order)"
     gap = _relative_gap(value, bound)
-    status = "optimal" if gap <= options.mip_gap or _proven(found, best) else "time_limit" if results else "heuristic"
+    status = "optimal" if gap <= options.mip_gap or _proven(found, every) else "time_limit" if results else "heuristic"
+    if status == "time_limit" and _exact(found) and found.status in ("optimal", "feasible"):  # a finished model
+        status = "feasible"
     stats = replace(stats, found_by=found.method if found is not None else None, found=found, bound_source=source)
     record = SolveResult(name, status, value, bound, gap, Times(solve_s=seconds), stats, repaired=best.solver.repaired)
     return Outcome(record, best)

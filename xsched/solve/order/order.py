@@ -33,6 +33,13 @@ def topological(graph: Graph, order: Sequence[int]) -> bool:
     )
 
 
+def single_order(graph: Graph) -> bool:
+    """Graph order is the graph's only topological order (each op reads an output of the op before it), so every
+    plan's first computes follow it."""
+    ops = graph.ops
+    return all(any(graph.producer.get(v) == ops[i - 1].id for v in ops[i].inputs) for i in range(1, len(ops)))
+
+
 def eager_peak_of(graph: Graph, order: Sequence[int]) -> int:
     """Peak bytes of running `order` once with every value freed after its last read (graph inputs kept)."""
     size = {v.id: v.nbytes for v in graph.values}
