@@ -7,9 +7,13 @@ of tests/oracle.py, the makespan against a hand count."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from oracle import assert_prediction_matches, resident_at_end
 from oracle import makespan as oracle_makespan
 from oracle import peaks as oracle_peaks
+from test_heuristics import train_dags
+from test_park_three import DEVICES, three_devices
 from test_route_home_copies import HOMES, gradient_before_the_homes_own_work
 
 import xsched.solve.hier.solver as hier_solver
@@ -17,11 +21,15 @@ from xsched.contracts.graph import Graph, Op, Value
 from xsched.contracts.plan import Compute, Copy
 from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
 from xsched.contracts.result import SolveResult
-from xsched.errors import XschedError
+from xsched.errors import BudgetError, NoIncumbent, XschedError
+from xsched.simulate import simulate
+from xsched.solve.bounds.reach import check_reach
 from xsched.solve.hier import HierSettings, solve_hier
 from xsched.solve.hier.hextract import finish_plan
 from xsched.solve.options import SolverOptions
 from xsched.solve.problem import Problem
+from xsched.solve.reference import eager_peak
+from xsched.solve.registry import SOLVERS, run_member
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -109,3 +117,39 @@ def test_a_block_brings_a_weight_through_a_relay(hilp: bool, monkeypatch) -> Non
     assert copies == [Copy("p1", "c", "b"), Copy("p1", "b", "a"), Copy("g1", "a", "b"), Copy("g1", "b", "c")]
     assert {("g1", "c"), ("d", "a")} <= resident_at_end(g, plan)
     assert oracle_makespan(g, plan, profile) == pytest.approx(3.4)
+
+
+def test_with_links_missing_hiers_plans_are_valid_and_none_beats_a_proof() -> None:
+    """test_park_route's sweep for hier: random training graphs on a, b, c, each link dropped at random, random homes,
+    a budget on a in some draws. No plan where check_reach proves none, every plan valid (simulator, independent
+    counts, event sweep), no error but BudgetError or NoIncumbent; some draws plan (25 derandomized draws: 16 here,
+    4 on main, whose blocks routed over direct links only)."""
+    planned: list[bool] = []
+
+    @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(train_dags(max_ops=5), st.data())
+    def draw(g: Graph, data) -> None:
+        full = three_devices(g)
+        kept = {x: full.copy[x] for x in sorted(full.copy) if data.draw(st.booleans())}
+        compute = dict(full.compute) | ({} if data.draw(st.booleans()) else {"c": {}})
+        profile = Profile(g.fingerprint, full.devices, compute, kept)
+        homes = {v: data.draw(st.sampled_from(DEVICES)) for v in g.inputs}
+        budgets = {"a": data.draw(st.integers(0, 2 * eager_peak(g)))} if data.draw(st.booleans()) else {}
+        try:
+            check_reach(g, profile, DEVICES, homes)
+            no_plan = False
+        except BudgetError:
+            no_plan = True
+        options = SolverOptions(time_limit_s=5, hier_processes=1)
+        r = run_member(SOLVERS["hier"], Problem(g, profile, budgets, DEVICES, homes), options, None)
+        planned.append(r.plan is not None)
+        if r.plan is None:
+            assert isinstance(r.error, BudgetError | NoIncumbent), r.error
+            return
+        assert not no_plan, "hier planned what check_reach proved impossible"
+        simulate(g, r.plan, profile)
+        assert_prediction_matches(g, r.plan, profile, budgets)
+        assert r.plan.predicted.makespan_s == pytest.approx(oracle_makespan(g, r.plan, profile))
+
+    draw()
+    assert any(planned)
