@@ -33,7 +33,7 @@ def route(
 
     An input not resident on the op's device is copied there right before the op, from the resident
     device with the cheapest link; where no device holding it has a link there, through the cheapest chain
-    of links over the devices of `via` (`_copy_chain`). Outputs that must end on a param's or buffer's home
+    of links over the devices of `via` (`copy_chain`). Outputs that must end on a param's or buffer's home
     are copied there at the end (or right after they are produced with `early_home_copies`, which frees the
     producing device sooner at the price of holding them longer at home). BudgetError (not found) when no
     chain reaches a device: these computes cannot run on this machine, another plan may.
@@ -45,7 +45,7 @@ def route(
     def copy_to(v: str, dst: str, op: str | None) -> None:
         if v not in where:
             raise PlanError("value is read before any step produces it", stage="solve", op=op, value=v, device=dst)
-        for src, to in _copy_chain(v, where[v], dst, graph, profile, via, op):
+        for src, to in copy_chain(v, where[v], dst, graph, profile, via, op):
             steps.append(Copy(v, src, to))
             where[v].append(to)
 
@@ -112,7 +112,7 @@ def home_copies_issued_early(graph: Graph, steps: Sequence[Step], homes: Mapping
     return steps
 
 
-def _copy_chain(
+def copy_chain(
     v: str, held: Sequence[str], dst: str, graph: Graph, profile: Profile | None, via: Sequence[str], op: str | None
 ) -> list[tuple[str, str]]:
     """The copies (src, dst) that bring `v` to `dst`: one from the device in `held` with the cheapest link there;
@@ -245,13 +245,27 @@ def finish_with_early_homes(
     a tail after the last compute; early, they overlap the computes, but hold their values on their homes longer.
     One more simulation, only where a copy moves."""
     plan = finish(graph, steps, name, budgets, homes, profile, started, stats=stats)
+    again = lambda moved: finish(graph, moved, name, budgets, homes, profile, started, stats=stats)  # noqa: E731
+    return with_early_homes(graph, plan, homes, profile, again)
+
+
+def with_early_homes(
+    graph: Graph,
+    plan: Plan,
+    homes: Mapping[str, str],
+    profile: Profile | None,
+    check: Callable[[Sequence[Step]], Plan],
+) -> Plan:
+    """`plan`, or `check(steps)` of its steps with their copies home issued early (home_copies_issued_early) where
+    that fits (`check` raises BudgetError where not) and is better (objective.better): finish_with_early_homes for
+    any maker of checked plans (hier's flattened plans too)."""
     if profile is None:  # untimed: no makespan to gain
         return plan
     early = home_copies_issued_early(graph, plan.steps, homes)
     if early == plan.steps:
         return plan
     try:
-        moved = finish(graph, early, name, budgets, homes, profile, started, stats=stats)
+        moved = check(early)
     except BudgetError:  # the values held longer on their homes overfill one: the copies stay at the end
         return plan
     return moved if better(moved, plan) else plan

@@ -4,6 +4,7 @@ placed after last reads within the model's assumptions, checked by the simulator
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 import pyomo.environ as pyo
@@ -14,6 +15,7 @@ from xsched.contracts.result import SolveResult
 from xsched.errors import XschedError
 from xsched.simulate import predicted_plan
 from xsched.solve.autograd_boundary import hold_to_boundary
+from xsched.solve.heuristics.routing import copy_chain, finish, with_early_homes
 from xsched.solve.hier.hindex import HIndex
 from xsched.solve.hier.menu import Part
 from xsched.solve.hier.park import kept_frees, with_kept_frees
@@ -70,7 +72,7 @@ def plan_steps(ix: HIndex, r_on: set, c_on: set) -> list[Step]:
         copies.setdefault(t, []).append((v, s_, d))
     steps: list[Step] = []
     for t in range(ix.T + 1):
-        moved = [Copy(ix.values[v], ix.devices[s_], ix.devices[d]) for v, s_, d in sorted(copies.get(t, ()))]
+        moved = [Copy(ix.values[v], ix.devices[s_], ix.devices[d]) for v, s_, d in _chain_order(copies.get(t, ()))]
         steps += moved
         rank = {k: i for i, k in enumerate(ix.r_at.get(t, ()))}
         for k, o in sorted(runs.get(t, ()), key=lambda r: (rank[r[0]], r[1])):
@@ -80,6 +82,17 @@ def plan_steps(ix: HIndex, r_on: set, c_on: set) -> list[Step]:
         # run while it moves
         steps += [Free(c.value, c.src) for c in moved if c.dst in ix.profile.stores]
     return steps
+
+
+def _chain_order(copies: Sequence[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """A stage's copies (value, src, dst) sorted, but a copy from where another of the stage brings its value after
+    that one (a chain of links: direct_plan's relays)."""
+    left, out = sorted(copies), []
+    while left:
+        ready = [c for c in left if not any(o[0] == c[0] and o[2] == c[1] for o in left)] or left
+        out += ready
+        left = [c for c in left if c not in ready]
+    return out
 
 
 def finish_plan(
@@ -93,7 +106,14 @@ def finish_plan(
 ) -> Plan:
     """Steps pruned, frees placed (a parked value's where its block's schedule has it, when that plan is valid
     within the budgets; else after its last read too), simulated under the budgets (an error here is a bug of the
-    memory model)."""
+    memory model); then its copies home issued as their values are made where that fits and is faster, as the
+    heuristics' (routing.with_early_homes): placed at the end, they queue behind the home's last free."""
+    plan = _placed(graph, profile, steps, budgets, homes, ends, info)
+    again = lambda moved: replace(finish(graph, moved, "hier", budgets, homes, profile, 0.0), solver=info)  # noqa: E731
+    return with_early_homes(graph, plan, homes, profile, again)
+
+
+def _placed(graph, profile, steps, budgets, homes, ends, info) -> Plan:
     steps = prune(graph, steps, ends)
     placed = place_frees(graph, steps, homes)
     kept = with_kept_frees(graph, steps, placed, profile)
@@ -131,18 +151,11 @@ def direct_plan(ix: HIndex, choice: Sequence[int], budgets: Mapping[str, int] | 
     def bring(v: int, d: int, t: int) -> None:
         if (v, d) in resident:
             return
-        srcs = [s for s in ix.dev_range if (v, s) in resident and ix.profile.link(ix.devices[s], ix.devices[d])]
-        if not srcs:
-            raise XschedError(
-                f"no copy link brings {ix.values[v]} to {ix.devices[d]}",
-                stage="solve",
-                value=ix.values[v],
-                device=ix.devices[d],
-            )
-        nbytes = int(round(ix.mem[v] * ix.mu))
-        src = min(srcs, key=lambda s: ix.profile.copy_time(ix.values[v], nbytes, ix.devices[s], ix.devices[d]))
-        c_on.add((v, src, d, t))
-        resident.add((v, d))
+        held = [ix.devices[s] for s in ix.dev_range if (v, s) in resident]
+        # the heuristics' routing: the cheapest direct link, else a chain through the other devices, else not found
+        for src, dst in copy_chain(ix.values[v], held, ix.devices[d], ix.graph, ix.profile, ix.devices, None):
+            c_on.add((v, ix.devices.index(src), ix.devices.index(dst), t))
+            resident.add((v, ix.devices.index(dst)))
 
     for t, (u, _) in enumerate(ix.units):
         o = choice[u]

@@ -15,7 +15,7 @@ from xsched.errors import BudgetError, XschedError
 from xsched.solve.autograd_boundary import hold_to_boundary
 from xsched.solve.heuristics.checkpoint import candidate_keeps, checkpoint_computes, evict_computes
 from xsched.solve.heuristics.gaps import gap_computes
-from xsched.solve.heuristics.routing import finish, route
+from xsched.solve.heuristics.routing import finish_with_early_homes, route
 from xsched.solve.hier.menu import Option, pareto, partial, summarize
 from xsched.solve.hier.park import park_plans
 from xsched.solve.hier.region import Region, deferring_graph, plain, region_homes
@@ -59,7 +59,7 @@ def leaf_options(task: LeafTask) -> list[Option]:
         homes = region_homes(region, task.graph_homes, h)
         if not all(prof.can_run(o.id, h) for o in sub.ops):
             continue
-        plans = heuristic_plans(base, prof, h, homes, task.fractions)
+        plans = heuristic_plans(base, prof, h, homes, task.fractions, task.devices)
         made += [(p, h, p.solver.method) for p in plans]
         if region.b_ops and plans:  # values kept for its backward part may wait on a store instead
             peaks = [p.predicted.peak_bytes.get(h, 0) for p in plans]
@@ -115,7 +115,11 @@ def deferring(
         try:
             out.append(
                 summarize(
-                    region, finish(g, steps, "defer", {}, homes, prof, time.perf_counter()), prof, h, f"defer+{label}"
+                    region,
+                    finish_with_early_homes(g, steps, "defer", {}, homes, prof, time.perf_counter()),
+                    prof,
+                    h,
+                    f"defer+{label}",
                 )
             )
         except XschedError:
@@ -168,10 +172,17 @@ def cones(
 
 
 def heuristic_plans(
-    region: Region, prof: Profile, device: str, homes: Mapping[str, str], fractions: Sequence[float] = DRIVEN_FRACTIONS
+    region: Region,
+    prof: Profile,
+    device: str,
+    homes: Mapping[str, str],
+    fractions: Sequence[float] = DRIVEN_FRACTIONS,
+    via: Sequence[str] = (),
 ) -> list[Plan]:
     """Checkpointing on `device` with every keep set (graph order alone for a block without a backward part), then
-    gap rematerialization and eviction at `fractions` of the way from the leanest to the fastest of those peaks."""
+    gap rematerialization and eviction at `fractions` of the way from the leanest to the fastest of those peaks.
+    Routed as the heuristics are: through a chain of links over `via` where none is direct, copies home issued early
+    where that is faster (routing.finish_with_early_homes)."""
     sub = region.graph
     keeps = candidate_keeps(sub) if region.b_ops else [set()]
     plans: list[Plan] = []
@@ -180,13 +191,13 @@ def heuristic_plans(
     def add(make: Callable[[], list[Compute]]) -> None:
         try:
             computes = make()
-        except BudgetError:
+            if (key := tuple(computes)) in seen:
+                return
+            seen.add(key)
+            steps = hold_to_boundary(sub, route(sub, computes, homes, prof, via=via))
+        except BudgetError:  # over its budget, or a value no chain of links brings where it is read (not found)
             return
-        if (key := tuple(computes)) in seen:
-            return
-        seen.add(key)
-        steps = hold_to_boundary(sub, route(sub, computes, homes, prof))
-        plan = finish(sub, steps, "checkpoint", {}, homes, prof, time.perf_counter())
+        plan = finish_with_early_homes(sub, steps, "checkpoint", {}, homes, prof, time.perf_counter())
         try:
             plans.append(validated(sub, plan, prof, {}))
         except XschedError:
