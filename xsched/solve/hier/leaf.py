@@ -77,8 +77,8 @@ def leaf_options(task: LeafTask) -> list[Option]:
         made += mixed
         found += [summarize(region, p, prof, h, label) for p, h, label in mixed]
     if not made:
-        raise XschedError(
-            f"no schedule of block {sub.name} on any of {list(task.devices)}",
+        raise BudgetError(  # not found, not a proof: the block may need several devices, or its budget search missed
+            f"not found: no schedule of block {sub.name} on any of {list(task.devices)}",
             stage="solve",
             op=sub.ops[0].id if sub.ops else None,
         )

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 from xsched.contracts.plan import Plan
 from xsched.contracts.profile import Profile
-from xsched.errors import XschedError
+from xsched.errors import BudgetError, XschedError
 from xsched.solve.hier.hextract import direct_plan
 from xsched.solve.hier.hilp import Unit, solve_hilp
 from xsched.solve.hier.hindex import index
@@ -68,8 +68,8 @@ def region_options(task: RegionTask) -> list[Option]:
                 continue  # no plan at this budget (or none in time): the others still count
             made.append((plan, h, f"hilp@{b}"))
     if not made:
-        raise XschedError(
-            f"no schedule of block {sub.name} from its children's options",
+        raise BudgetError(  # not found, not a proof: its children's options are a sample of their plans
+            f"not found: no schedule of block {sub.name} from its children's options",
             stage="solve",
             op=sub.ops[0].id if sub.ops else None,
         )
