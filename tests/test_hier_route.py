@@ -13,7 +13,8 @@ from oracle import assert_prediction_matches, resident_at_end
 from oracle import makespan as oracle_makespan
 from oracle import peaks as oracle_peaks
 from test_heuristics import train_dags
-from test_park_three import DEVICES, three_devices
+from test_park_route import links_dropped
+from test_park_three import DEVICES
 from test_route_home_copies import HOMES, gradient_before_the_homes_own_work
 
 import xsched.solve.hier.solver as hier_solver
@@ -23,12 +24,10 @@ from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
 from xsched.contracts.result import SolveResult
 from xsched.errors import BudgetError, NoIncumbent, XschedError
 from xsched.simulate import simulate
-from xsched.solve.bounds.reach import check_reach
 from xsched.solve.hier import HierSettings, solve_hier
 from xsched.solve.hier.hextract import finish_plan
 from xsched.solve.options import SolverOptions
 from xsched.solve.problem import Problem
-from xsched.solve.reference import eager_peak
 from xsched.solve.registry import SOLVERS, run_member
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -129,17 +128,7 @@ def test_with_links_missing_hiers_plans_are_valid_and_none_beats_a_proof() -> No
     @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
     @given(train_dags(max_ops=5), st.data())
     def draw(g: Graph, data) -> None:
-        full = three_devices(g)
-        kept = {x: full.copy[x] for x in sorted(full.copy) if data.draw(st.booleans())}
-        compute = dict(full.compute) | ({} if data.draw(st.booleans()) else {"c": {}})
-        profile = Profile(g.fingerprint, full.devices, compute, kept)
-        homes = {v: data.draw(st.sampled_from(DEVICES)) for v in g.inputs}
-        budgets = {"a": data.draw(st.integers(0, 2 * eager_peak(g)))} if data.draw(st.booleans()) else {}
-        try:
-            check_reach(g, profile, DEVICES, homes)
-            no_plan = False
-        except BudgetError:
-            no_plan = True
+        profile, homes, budgets, no_plan = links_dropped(g, data)
         options = SolverOptions(time_limit_s=5, hier_processes=1)
         r = run_member(SOLVERS["hier"], Problem(g, profile, budgets, DEVICES, homes), options, None)
         planned.append(r.plan is not None)

@@ -166,6 +166,23 @@ def test_an_input_that_cannot_reach_the_op_reading_it_is_proven_infeasible() -> 
     check_budgets(g, no_link_to_c(g, ALL - {("c", "a")}), {}, DEVICES, {"p0": "c"})  # through b: possible
 
 
+def links_dropped(g: Graph, data) -> tuple[Profile, dict[str, str], dict[str, int], bool]:
+    """One draw of the links sweeps (here and test_hier_route): `three_devices`' profile with each link dropped at
+    random and c running no op in some draws, random homes, a budget on a in some; and whether check_reach proves
+    that no plan exists."""
+    full = three_devices(g)
+    kept = {x: full.copy[x] for x in sorted(full.copy) if data.draw(st.booleans())}
+    compute = dict(full.compute) | ({} if data.draw(st.booleans()) else {"c": {}})
+    profile = Profile(g.fingerprint, full.devices, compute, kept)
+    homes = {v: data.draw(st.sampled_from(DEVICES)) for v in g.inputs}
+    budgets = {"a": data.draw(st.integers(0, 2 * eager_peak(g)))} if data.draw(st.booleans()) else {}
+    try:
+        check_reach(g, profile, DEVICES, homes)
+    except BudgetError:
+        return profile, homes, budgets, True
+    return profile, homes, budgets, False
+
+
 def test_with_links_missing_every_heuristic_plan_is_valid_and_none_beats_a_proof() -> None:
     """Random training graphs on a, b, c (c running no op in some draws), each link dropped at random, random homes,
     a budget on a in some draws: check_reach's proof is never contradicted by a heuristic's plan (the simulator
@@ -180,17 +197,7 @@ def test_with_links_missing_every_heuristic_plan_is_valid_and_none_beats_a_proof
     @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
     @given(train_dags(max_ops=5), st.data())
     def draw(g: Graph, data) -> None:
-        full = three_devices(g)
-        kept = {x: full.copy[x] for x in sorted(full.copy) if data.draw(st.booleans())}
-        compute = dict(full.compute) | ({} if data.draw(st.booleans()) else {"c": {}})
-        profile = Profile(g.fingerprint, full.devices, compute, kept)
-        homes = {v: data.draw(st.sampled_from(DEVICES)) for v in g.inputs}
-        budgets = {"a": data.draw(st.integers(0, 2 * eager_peak(g)))} if data.draw(st.booleans()) else {}
-        try:
-            check_reach(g, profile, DEVICES, homes)
-            no_plan = False
-        except BudgetError:
-            no_plan = True
+        profile, homes, budgets, no_plan = links_dropped(g, data)
         problem = Problem(g, profile, budgets, DEVICES, homes)
         found = False
         for entry in heuristics:
