@@ -15,7 +15,7 @@ from xsched.errors import BudgetError, NoIncumbent, NoLinkError, SolverError, Xs
 from xsched.solve.bounds.memory import check_budgets, lower_bounds
 from xsched.solve.objective import better, objective, objective_floor
 from xsched.solve.options import SolverOptions, deadline, now, one_run, past_deadline
-from xsched.solve.order.order import single_order
+from xsched.solve.order.order import stage_proof_covers_every_plan
 from xsched.solve.problem import Outcome, Problem, runnable
 from xsched.solve.registry import IMPORT_S, SOLVERS, SolverEntry, run_member
 
@@ -78,7 +78,7 @@ def _run(problem: Problem, config: Configuration, options: SolverOptions, given:
     alpha = options.alpha_energy
     # where an exact model's "optimal" is claimed: its proof covers every plan only on one device whose graph order
     # is the only order (where the run stops after it is a separate, looser question: _done)
-    every = len(problem.devices) == 1 and single_order(problem.graph)
+    every = stage_proof_covers_every_plan(problem)
     try:
         check_budgets(problem.graph, problem.profile, problem.budgets, problem.devices, problem.homes)
     except NoLinkError as e:  # no budget brings the links the profile lacks: no budget to hint at or look for

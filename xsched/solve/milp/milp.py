@@ -18,7 +18,7 @@ from xsched.solve.milp.extract import Solution, best_plan, extract, plan_to_solu
 from xsched.solve.milp.stages import Stages, index_stages
 from xsched.solve.objective import objective, objective_floor
 from xsched.solve.options import DEFAULTS, SolverOptions
-from xsched.solve.order.order import single_order
+from xsched.solve.order.order import stage_proof_covers_every_plan
 from xsched.solve.problem import Problem
 from xsched.solve.registry import from_plan
 
@@ -101,14 +101,15 @@ run = from_plan(solve_milp, proofs=True)
 
 
 def _covers_every_plan(problem: Problem, plan: Plan) -> bool:
-    """The model's bound holds for every plan: one device (above it the stage objective counts each stage to its end,
-    computes of two devices or a copy longer than its stage's computes, over-estimating plans that overlap across
-    stages) and graph order the only order (else the frontier makes op t's first compute stage t's, and a plan with
+    """The model's bound holds for every plan: where its proof does (order.stage_proof_covers_every_plan: one device,
+    whose stage objective counts each stage to its end, computes of two devices or a copy longer than its stage's
+    computes; graph order the only order, else the frontier makes op t's first compute stage t's, and a plan with
     another first-compute order is outside the model: the 7 s plan of a model optimum of 8 s that pruning made by
-    dropping a forced compute; tests/test_milp_claims.py). A bound above the plan shows the plan outside the model."""
+    dropping a forced compute; tests/test_milp_claims.py), and the plan is inside the model (a bound above the plan
+    shows it is not)."""
     bound, value = plan.solver.bound, plan.solver.objective
     within = bound is None or value is None or bound <= value + 1e-6 * max(abs(value), 1.0)
-    return len(problem.devices) == 1 and single_order(problem.graph) and within
+    return stage_proof_covers_every_plan(problem) and within
 
 
 def _against_floor(plan: Plan, floor: float) -> Plan:

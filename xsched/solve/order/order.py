@@ -40,6 +40,13 @@ def single_order(graph: Graph) -> bool:
     return all(any(graph.producer.get(v) == ops[i - 1].id for v in ops[i].inputs) for i in range(1, len(ops)))
 
 
+def stage_proof_covers_every_plan(problem: Problem) -> bool:
+    """Where an exact model's proof of optimality holds for every plan, not only for those it can express: one device
+    (above it the stage objective counts each stage to its end, over-estimating plans that overlap across stages) and
+    graph order the only order (else a plan whose first computes leave graph order is outside the stage model)."""
+    return len(problem.devices) == 1 and single_order(problem.graph)
+
+
 def eager_peak_of(graph: Graph, order: Sequence[int]) -> int:
     """Peak bytes of running `order` once with every value freed after its last read (graph inputs kept)."""
     size = {v.id: v.nbytes for v in graph.values}
