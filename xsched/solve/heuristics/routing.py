@@ -244,9 +244,11 @@ def finish_with_early_homes(
     those copies at the end, where each waits for every earlier free on its home (xsched.lanes) and they can run in
     a tail after the last compute; early, they overlap the computes, but hold their values on their homes longer.
     One more simulation, only where a copy moves."""
-    plan = finish(graph, steps, name, budgets, homes, profile, started, stats=stats)
-    again = lambda moved: finish(graph, moved, name, budgets, homes, profile, started, stats=stats)  # noqa: E731
-    return with_early_homes(graph, plan, homes, profile, again)
+
+    def again(moved: Sequence[Step]) -> Plan:
+        return finish(graph, moved, name, budgets, homes, profile, started, stats=stats)
+
+    return with_early_homes(graph, again(steps), homes, profile, again)
 
 
 def with_early_homes(

@@ -108,9 +108,11 @@ def finish_plan(
     within the budgets; else after its last read too), simulated under the budgets (an error here is a bug of the
     memory model); then its copies home issued as their values are made where that fits and is faster, as the
     heuristics' (routing.with_early_homes): placed at the end, they queue behind the home's last free."""
-    plan = _placed(graph, profile, steps, budgets, homes, ends, info)
-    again = lambda moved: replace(finish(graph, moved, "hier", budgets, homes, profile, 0.0), solver=info)  # noqa: E731
-    return with_early_homes(graph, plan, homes, profile, again)
+
+    def again(moved: Sequence[Step]) -> Plan:
+        return replace(finish(graph, moved, "hier", budgets, homes, profile, 0.0), solver=info)
+
+    return with_early_homes(graph, _placed(graph, profile, steps, budgets, homes, ends, info), homes, profile, again)
 
 
 def _placed(graph, profile, steps, budgets, homes, ends, info) -> Plan:
