@@ -138,12 +138,10 @@ def _best_move(line: ParkTimeline, t: int, budget: int, depth: int, price, cost,
     return best[1] if best is not None else None
 
 
-def park_steps(
-    graph: Graph, line: ParkTimeline, homes: Mapping[str, str], profile: Profile, early_homes: bool = True
-) -> tuple[Step, ...]:
+def park_steps(graph: Graph, line: ParkTimeline, homes: Mapping[str, str], profile: Profile) -> tuple[Step, ...]:
     """The timeline as plan steps: per position its copies back and first fetches, its reruns, its compute and the
     copies out after it (the end's reruns last), routed (the copies the computes still need, frees after last
-    reads); then each parked value's free moved from right after its copy out to the first step of the position
+    reads; the copies home at the end, where line_plan issues them early); then each parked value's free moved from right after its copy out to the first step of the position
     where the timeline has it off the device, so the computes in between need not wait for the copy (a value
     parked for good, which placing frees keeps to the end, gets its free there)."""
     parks = _kept_parks(line)
@@ -178,10 +176,7 @@ def park_steps(
     for_good = {pk.value for pk, _, _ in parks if pk.b is None}
     steps = _frees_moved(graph, steps, _group_starts(steps, main, set(move)), move, direct, for_good)
     # a forward output made again at the end keeps its first residency to the boundary, where wrap returns it
-    steps = tuple(hold_to_boundary(graph, steps))
-    # the copies home that routing left at the end, issued as their values are made (their frees stay: the timeline
-    # holds them here to the end)
-    return home_copies_early(graph, steps, line.device, homes) if early_homes else steps
+    return tuple(hold_to_boundary(graph, steps))
 
 
 def _home_from_store(
@@ -367,9 +362,12 @@ def park_line(
 
 
 def line_plan(graph, profile, budgets, homes, line: ParkTimeline, name: str, depth: int, t0: float) -> Plan:
-    """The greedy's timeline as a plan checked against the budgets; its copies home issued early (park_steps), or
-    at the end where holding them on their homes that much longer is over a home's budget."""
-    steps = park_steps(graph, line, homes, profile)
+    """The greedy's timeline as a plan checked against the budgets; its copies home issued early, or at the end
+    (as park_steps leaves them) where holding them on their homes that much longer is over a home's budget."""
+    late = park_steps(graph, line, homes, profile)
+    # the copies home that routing left at the end, issued as their values are made (their frees stay: the timeline
+    # holds them here to the end)
+    steps = home_copies_early(graph, late, line.device, homes)
     parked = sum(isinstance(s, Copy) and s.src == line.device for s in steps)
     recomputes = sum(isinstance(s, Compute) for s in steps) - len(graph.ops)
     stats = HeuristicStats(device=line.device, order=name, depth=depth, recomputes=recomputes, parked=parked)
@@ -378,7 +376,6 @@ def line_plan(graph, profile, budgets, homes, line: ParkTimeline, name: str, dep
     except BudgetError as e:
         if e.device == line.device:  # the early copies hold nothing longer here: at the end, the same peak
             raise
-        late = park_steps(graph, line, homes, profile, early_homes=False)
         plan = finish(graph, late, "park", budgets, homes, profile, t0, stats=stats)
     # wrap's boundary rule, which the timeline does not model: repaired here or refused, so the fastest variant
     # that wrap can run wins (a variant breaking it would sink the whole method in the caller's check)
