@@ -120,7 +120,7 @@ def assert_bitwise(got, out: torch.Tensor, grads: dict[str, torch.Tensor]) -> No
 
 
 @pytest.mark.parametrize("how", ["reference", "executor", "arena"])
-def test_a_cuda_typed_graph_runs_on_the_cpu_as_eager_run(how) -> None:
+def test_a_cuda_typed_graph_runs_on_the_cpu_bit_for_bit_as_eager(how) -> None:
     m, x = block()
     graph = capture(m, (x,), device_type="cuda")
     plan = solve(graph, unit_profile(graph, ("cpu:0",)), {}, ("cpu:0",), "eager")
@@ -274,3 +274,25 @@ def test_on_a_gpu_the_table_is_the_kernels_and_both_typings_run(dtype) -> None:
             torch.testing.assert_close(
                 got.grads[n], g, rtol=2e-2, atol=2e-2, msg=lambda s, n=n, d=device_type: f"{d} {n}: {s}"
             )
+
+
+BF16_LN = """
+import torch
+from torch import nn
+
+def factory(batch=4):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.LayerNorm(16), nn.Linear(16, 4)).to(torch.bfloat16), torch.randn(batch, 16).bfloat16()
+"""
+
+
+def test_xsched_capture_types_for_the_device_asked(tmp_path) -> None:
+    """`xsched capture --device-type cuda` writes the CUDA-typed graph; without it, the model's own (the CPU's)."""
+    from xsched.cli import main
+
+    (tmp_path / "m.py").write_text(BF16_LN)
+    for flag, want in (([], "bfloat16"), (["--device-type", "cuda"], "float32")):
+        out = tmp_path / f"g{len(flag)}.json"
+        assert main(["capture", f"{tmp_path}/m.py:factory", *flag, "-o", str(out)]) == 0
+        graph = Graph.load(out)
+        assert [graph.value[v].dtype for v in stats(graph)] == [want, want]
