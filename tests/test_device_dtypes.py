@@ -187,6 +187,19 @@ def test_the_adapter_casts_what_a_cuda_kernel_makes_and_reads() -> None:
     assert set(DEVICE_TYPED) == {LN, LN_BWD}
 
 
+def test_profiling_a_cuda_typed_graph_on_the_cpu_measures_every_op() -> None:
+    """Profiling calls ops without the graph (run_op): the layer norm backward still gets its statistics as the
+    CPU's kernel reads them (bf16), so no op is left out of the CPU's costs."""
+    from xsched.devices.base import Policy
+    from xsched.profiling.measure import profile_graph
+
+    m, x = block()
+    graph = capture(m, (x,), device_type="cuda")
+    quick = Policy().quick()
+    profile = profile_graph(graph, ["cpu"], progress=False, policy=quick, rounds=1, copy_sizes=(1 << 10,))
+    assert set(profile.compute["cpu"]) == {o.id for o in graph.ops} and not profile.extra.get("unsupported")
+
+
 def test_ops_run_unwrapped_where_the_kernel_agrees_with_the_graph() -> None:
     """A CUDA-typed graph's layer norms run as they are on CUDA and wrapped on the CPU; a CPU-typed graph's the
     other way round; every other op is never wrapped."""
