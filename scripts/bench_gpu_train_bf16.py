@@ -107,6 +107,7 @@ def _profile_capped(setup: dict[str, Any], cache: str) -> str:
     """Measure the profile within --profile-s and store it where `xsched train` looks for it: the graph captured
     as train captures it (bf16 autocast, the same name). Returns the profile mode for TrainConfig."""
     from xsched.capture.torch import capture
+    from xsched.contracts.device_dtypes import target_device_type
     from xsched.execute.back_to_back import profile_calibrated
     from xsched.pipeline import profile_path
     from xsched.profiling.store import save_profile
@@ -115,7 +116,13 @@ def _profile_capped(setup: dict[str, Any], cache: str) -> str:
 
     task = task_of(setup)
     with autocast("bf16", ("cuda",)):
-        graph = capture(task.model, task.example_batch[0], name="gpt2", grad_outputs=grad_outputs(task))
+        graph = capture(
+            task.model,
+            task.example_batch[0],
+            name="gpt2",
+            grad_outputs=grad_outputs(task),
+            device_type=target_device_type([setup["device"]]),  # typed for the device, as train types it
+        )
     path = profile_path(graph, [setup["device"]], cache)
     if not path.exists():
         measured = profile_calibrated(graph, [setup["device"]], max_total_s=setup["profile_s"], progress=False)

@@ -56,10 +56,12 @@ def load_graph(
     inference: bool = False,
     shapes: Mapping[str, Sequence[int]] | None = None,
     grad_outputs: str | Sequence[int] = "all",
+    device_type: str | None = None,
 ) -> Graph:
     """A graph from a graph JSON, an external bench graph (networkx node-link), an ONNX model (its inference
     graph; `shapes` bind its symbolic input dimensions), or a model spec (captured; `grad_outputs`: the forward
-    outputs its backward differentiates, see xsched.capture.grad_outputs)."""
+    outputs its backward differentiates, see xsched.capture.grad_outputs; `device_type`: whose kernels compute it,
+    see xsched.contracts.device_dtypes). A graph file is taken as it is: the executor runs it on any device."""
     if spec.endswith(".onnx"):
         from xsched.capture.onnx import capture_onnx
 
@@ -79,7 +81,7 @@ def load_graph(
     from xsched.capture.torch import capture
 
     model, inputs = load_model(spec, batch, scale)
-    return capture(model, inputs, inference=inference, name=spec, grad_outputs=grad_outputs)
+    return capture(model, inputs, inference=inference, name=spec, grad_outputs=grad_outputs, device_type=device_type)
 
 
 Batch = tuple[tuple[Any, ...], Any]  # (model inputs, targets for the loss)

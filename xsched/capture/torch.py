@@ -32,6 +32,7 @@ from xsched.capture.fxgraph import Slot, TraceInfo, build_graph
 from xsched.capture.grad_outputs import GradOutputs, differentiated
 from xsched.capture.module_frames import ModuleTracker, compiler_tracing, located
 from xsched.capture.reuse import TensorMeta, fake_outputs, fake_state, reuse_or_capture
+from xsched.contracts.device_dtypes import typed_for
 from xsched.contracts.graph import Graph
 from xsched.contracts.torch_ops import resolve_ref
 from xsched.errors import CaptureError, XschedError
@@ -55,6 +56,7 @@ def capture(
     name: str | None = None,
     grad_outputs: GradOutputs = "all",
     reuse_blocks: bool = False,
+    device_type: str | None = None,
 ) -> Graph:
     """Trace `model(*example_inputs)` (and its backward unless `inference`) into a Graph.
 
@@ -66,6 +68,9 @@ def capture(
     Outputs: the forward outputs, param (and input) gradients, and updated buffers.
     `reuse_blocks`: where the model's body is a list of enough identical blocks to pay, trace it cut to a few
     blocks and extrapolate (xsched.capture.blocks): the same graph, checked, else the full trace.
+    `device_type`: the kind of device whose kernels compute the graph ("cuda" where a GPU runs it; default the
+    model's, which the trace's fake kernels follow): the outputs whose dtype the device decides (a layer norm's mean
+    and rstd) are typed as it makes them (xsched.contracts.device_dtypes), whatever device the model is on.
     """
     if not isinstance(model, nn.Module):
         raise CaptureError(f"capture needs an nn.Module, got {type(model).__name__}")
@@ -75,9 +80,11 @@ def capture(
         tensors = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
         trace = lambda: capture_blocks(model, tensors, inference, cut, lambda: cut(model))  # noqa: E731
     try:  # within `captured_once()`, a repeat of a capture returns its graph
-        return reuse_or_capture(model, example_inputs, inference, grad_outputs, name or type(model).__name__, trace)
+        graph = reuse_or_capture(model, example_inputs, inference, grad_outputs, name or type(model).__name__, trace)
     except CaptureError as e:  # one line that names the model (and the library model inside a loss wrapper)
         raise CaptureError(f"{model_label(model)}: {e.detail}", op=e.op, value=e.value) from e
+    tensors = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    return typed_for(graph, device_type or _model_device(model, tensors).type)
 
 
 def model_label(model: nn.Module) -> str:

@@ -22,7 +22,13 @@ def cmd_capture(a: argparse.Namespace) -> int:
 
     shapes = parse_shape_flags(a.shape)
     g = load_graph(
-        a.model, batch=a.batch, scale=a.scale, inference=a.inference, shapes=shapes, grad_outputs=a.grad_outputs
+        a.model,
+        batch=a.batch,
+        scale=a.scale,
+        inference=a.inference,
+        shapes=shapes,
+        grad_outputs=a.grad_outputs,
+        device_type=a.device_type,
     )
     if a.chunk_loss is not None:
         from xsched.capture.chunk_loss import chunked_as_asked
@@ -93,6 +99,13 @@ def add(sub: argparse._SubParsersAction) -> None:
         metavar="K",
         help="compute the cross-entropy (log_softmax + nll_loss) and its backward in K row blocks, so no "
         "[tokens, vocab] tensor but the logits is made whole: a lower memory bound for language models",
+    )
+    c.add_argument(
+        "--device-type",
+        choices=("cpu", "cuda"),
+        help="the devices whose kernels run the graph (default the model's): its outputs whose dtype the device "
+        "decides (a bf16 layer norm's mean and rstd are float32 on CUDA) as they make them; `xsched profile` and "
+        "`train` type a captured model by their devices",
     )
     add_shape_flag(c)
     c.add_argument("-o", "--output", required=True)

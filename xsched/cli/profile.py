@@ -37,12 +37,14 @@ def cmd_devices(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     """`xsched profile MODEL|graph.json --devices cpu,cuda:0,sim:h100 [--store cpu] -o profile.json [--reps N]
     [--max-time S]`."""
+    from xsched.contracts.device_dtypes import target_device_type
     from xsched.loaders import load_graph  # capturing and measuring import torch
     from xsched.profiling.measure import profile_graph
 
-    graph = load_graph(args.model, batch=args.batch, scale=args.scale, shapes=parse_shape_flags(args.shape))
     names = split_device_list(str(args.devices))
     stores = [s for text in args.store for s in split_device_list(text)]
+    shapes, typed = parse_shape_flags(args.shape), target_device_type([*names, *stores])  # typed as `train` does
+    graph = load_graph(args.model, batch=args.batch, scale=args.scale, shapes=shapes, device_type=typed)
     base = Policy()
     policy = dataclasses.replace(base, max_reps=args.reps or base.max_reps)
     measure = profile_graph

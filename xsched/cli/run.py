@@ -17,6 +17,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """`xsched run MODEL plan.json [--iters N] [--profile P] [--batch B] [--scale S] [--trace OUT.json]`: run a plan,
     print the report, and with --trace write a Chrome trace of one more run."""
     from xsched.capture.torch import bind_inputs, capture  # running a plan imports torch
+    from xsched.contracts.device_dtypes import target_device_type
     from xsched.execute.run_report import measure
     from xsched.loaders import load_model
 
@@ -24,9 +25,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.model.endswith(".onnx"):
         return _run_onnx(args, plan)
     model, inputs = load_model(args.model, args.batch, args.scale)
-    graph = capture(model, inputs, name=args.model)
+    typed = target_device_type(plan.devices)  # as `xsched profile` and `train` type the graph for these devices
+    graph = capture(model, inputs, name=args.model, device_type=typed)
     if graph.fingerprint != plan.graph:
-        graph = capture(model, inputs, inference=True, name=args.model)
+        graph = capture(model, inputs, inference=True, name=args.model, device_type=typed)
     if graph.fingerprint != plan.graph:
         raise PlanError(
             f"{args.plan} was made for graph {plan.graph}; {args.model} (batch/scale as given) captures as "

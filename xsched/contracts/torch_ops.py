@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from xsched.contracts.device_dtypes import adapted
 from xsched.contracts.graph import Graph, Op, Value
 from xsched.contracts.layout import layout, storage_numel
 from xsched.errors import CaptureError, XschedError
@@ -196,8 +197,11 @@ def is_executable(op: Op) -> bool:
     return True
 
 
-def run_op(op: Op, env: Mapping[str, torch.Tensor], device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
-    """Run `op` on `device` with inputs from `env`; its output tensors, in `op.outputs` order."""
+def run_op(
+    op: Op, env: Mapping[str, torch.Tensor], device: torch.device | str = "cpu", graph: Graph | None = None
+) -> tuple[torch.Tensor, ...]:
+    """Run `op` on `device` with inputs from `env`; its output tensors, in `op.outputs` order, in `graph`'s dtypes
+    where the device's kernel makes others (xsched.contracts.device_dtypes; without a graph, as made)."""
     if not is_executable(op):
         raise XschedError(
             f"op {op.target!r} has no executable call (imported graphs carry costs only; capture a model to run it)",
@@ -210,7 +214,7 @@ def run_op(op: Op, env: Mapping[str, torch.Tensor], device: torch.device | str =
     try:
         args = decode(list(call.get("args", [])), env, device)
         kwargs = {k: decode(v, env, device) for k, v in call.get("kwargs", {}).items()}
-        result = resolve(op.target)(*args, **kwargs)
+        result = adapted(graph, op, resolve(op.target), device.type)(*args, **kwargs)
     except XschedError as e:
         raise XschedError(e.detail, stage="execute", op=op.id, value=e.value, device=str(device)) from e
     except (RuntimeError, TypeError, ValueError, IndexError) as e:

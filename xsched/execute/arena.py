@@ -20,6 +20,7 @@ import torch
 
 from xsched.allocator.addresses import Residency, residencies
 from xsched.allocator.placement import ArenaPlan, out_variant, slot_bytes, value_dtype
+from xsched.contracts.device_dtypes import agrees
 from xsched.contracts.graph import Graph
 from xsched.contracts.layout import layout
 from xsched.contracts.plan import Compute, Copy, Plan
@@ -65,9 +66,11 @@ class Arena:
 def prepare_arena_compute(ex: Any, i: int, s: Compute) -> StepFn:
     """A compute whose outputs the arena holds: its op's `out=` overload writing into their slots; otherwise the
     executor's own compute step."""
-    if i not in ex.arena.planned.compute_steps:
-        return prepare_compute(ex, i, s)
     op, dev, d = ex.graph.op[s.op], ex.dev[s.device], s.device
+    # an op whose kernel here makes another dtype than the graph's (contracts.device_dtypes) runs as made and cast:
+    # its out= overload refuses the graph's dtype; its slots stay unused
+    if i not in ex.arena.planned.compute_steps or not agrees(ex.graph, op, dev.type):
+        return prepare_compute(ex, i, s)
     fn, names = out_variant(op.target)  # type: ignore[misc]
     fn = _direct(fn)
     spec = op.call or {}

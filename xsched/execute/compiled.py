@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from xsched.allocator.placement import aliases
+from xsched.contracts.device_dtypes import adapted
 from xsched.contracts.graph import Graph, Op
 from xsched.contracts.layout import layout
 from xsched.contracts.torch_ops import decode, is_executable, resolve
@@ -115,9 +116,9 @@ def _picker(paths: Sequence[Sequence[int]]) -> Callable[[Any], tuple[Any, ...]]:
     return pick
 
 
-def compile_op(op: Op, device: torch.device, target: str | None = None) -> Kernel:
-    """`store -> outputs of op` on `device`, with the call's JSON decoded once (same semantics as ops.run_op);
-    `target` runs another op (an in-place twin) on the same arguments."""
+def compile_op(op: Op, device: torch.device, target: str | None = None, graph: Graph | None = None) -> Kernel:
+    """`store -> outputs of op` on `device`, with the call's JSON decoded once (same semantics as ops.run_op, with
+    `graph`); `target` runs another op (an in-place twin) on the same arguments."""
     if not is_executable(op):
         raise XschedError(
             f"op {op.target!r} has no executable call (imported graphs carry costs only; capture a model to run it)",
@@ -125,7 +126,7 @@ def compile_op(op: Op, device: torch.device, target: str | None = None) -> Kerne
             op=op.id,
         )
     call = op.call or {}
-    fn = _direct(resolve(target or op.target))
+    fn = adapted(graph, op, _direct(resolve(target or op.target)), device.type)
     args = [getter(a, device) for a in call.get("args", [])]
     kwargs = [(k, getter(v, device)) for k, v in call.get("kwargs", {}).items()]
     pick = _picker(call["outs"])

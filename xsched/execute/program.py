@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from xsched.contracts.device_dtypes import adapted
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Free, Plan
 from xsched.contracts.torch_ops import decode, resolve
@@ -85,13 +86,14 @@ def _compute(src: _Source, ex: PreparedPlan, i: int, s: Compute) -> None:
     op, dev = ex.graph.op[s.op], ex.dev[s.device]
     call = op.call or {}
     if op.id in ex.random:  # through the kernel closure: the generator lock and the replay of recomputations
-        kernel = compile_inplace(op, dev) if i in ex.reuse else compile_op(op, dev)
+        kernel = compile_inplace(op, dev) if i in ex.reuse else compile_op(op, dev, graph=ex.graph)
         run = src.bind(with_rng(op, kernel, dev, record=op.id in ex.recomputed_random), "k")
         src.emit(f"r = {run}(T, L)")
         paths: list[tuple[int, ...]] = [(j,) for j in range(len(op.outputs))]
     else:
         compile_op(op, dev)  # the same checks (an executable call) and errors as the step functions
-        fn = src.bind(_direct(resolve(_INPLACE[op.target] if i in ex.reuse else op.target)), "f")
+        direct = _direct(resolve(_INPLACE[op.target] if i in ex.reuse else op.target))
+        fn = src.bind(adapted(ex.graph, op, direct, dev.type), "f")
         args = [_arg(src, a, dev) for a in call.get("args", [])]
         kwargs = call.get("kwargs", {})
         consts = {k: getter(v, dev)(None) for k, v in kwargs.items() if not _has_ref(v)}

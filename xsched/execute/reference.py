@@ -88,7 +88,7 @@ class ReferenceRun(PlanInterpreter):
         elif is_random(op):
             self.rng[op.id] = (device.type, get_rng(device))
         try:
-            outs = run_op(op, store, device)
+            outs = run_op(op, store, device, self.graph)
         except XschedError as e:
             raise XschedError(e.detail, stage="execute", step=i, op=op.id, value=e.value, device=s.device) from e
         finally:

@@ -29,6 +29,7 @@ import torch
 from torch import fx
 
 from xsched.budgets import format_bytes
+from xsched.contracts.device_dtypes import adapted
 from xsched.contracts.graph import Graph, Op
 from xsched.contracts.plan import Compute, Free, Step
 from xsched.contracts.random_ops import random_ops
@@ -147,7 +148,7 @@ def region_graph(graph: Graph, steps: Sequence[Step], r: Region, device: torch.d
         call = op.call or {}
         args = tuple(_fx_arg(g, env, a, device) for a in call.get("args", []))
         kwargs = {k: _fx_arg(g, env, v, device) for k, v in call.get("kwargs", {}).items()}
-        node = g.call_function(_target(op), args, kwargs)
+        node = g.call_function(adapted(graph, op, _target(op), device.type), args, kwargs)
         for v, path in zip(op.outputs, call["outs"]):
             out = node
             for k in path:

@@ -55,7 +55,7 @@ class RunState:
 def prepare_compute(ex: Any, i: int, s: Compute) -> StepFn:
     op = ex.graph.op[s.op]
     dev = ex.dev[s.device]
-    kernel = compile_inplace(op, dev) if i in ex.reuse else compile_op(op, dev)
+    kernel = compile_inplace(op, dev) if i in ex.reuse else compile_op(op, dev, graph=ex.graph)
     replay = with_rng(op, kernel, dev, record=op.id in ex.recomputed_random) if op.id in ex.random else None
     sized = [(v, ex.nbytes[v], v in ex.watch) for v in op.outputs]
     d = s.device

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -17,6 +18,7 @@ from torch.utils._pytree import TreeSpec
 from xsched.capture.chunk_loss import chunked_as_asked
 from xsched.capture.grad_outputs import GradOutputs
 from xsched.capture.torch import capture
+from xsched.contracts.device_dtypes import target_device_type
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Plan
 from xsched.contracts.profile import Profile
@@ -88,6 +90,7 @@ class XschedModule(CompiledReplans, nn.Module):
         self.stores = list(dict.fromkeys(stores))
         if self.stores and plan is None:
             self.devices = _computing_first(self.devices, self.stores)
+        self.device_type = target_device_type([*self.devices, *self.stores])  # whose kernels the graphs describe
         self.method, self.time_limit, self.profile = method, time_limit, profile
         self.profile_dir, self.fixed_plan = profile_dir, plan
         self.param_home = param_home
@@ -158,15 +161,13 @@ class XschedModule(CompiledReplans, nn.Module):
         """Capture, plan (unless given) and bind; `limits`: a compiled re-plan's budgets, its plan solved within
         lower ones (`replan` of the plan it replaces), the `replans`-th for this key; `fallback`: the measured plan
         that fits, which a re-plan solved within more replaces until its own first run is measured."""
-        name = type(self.module).__name__
-        graph = capture(
-            self.module, inputs, inference=inference, name=name, grad_outputs=self.grad_outputs, reuse_blocks=True
-        )
+        traced = partial(capture, self.module, inputs, name=type(self.module).__name__, device_type=self.device_type)
+        graph = traced(inference=inference, grad_outputs=self.grad_outputs, reuse_blocks=True)
         graph = graph if inference else chunked_as_asked(graph, self.chunk_loss)
         graph = held_by_caller(graph) if self.hold_outputs and not inference else graph
         if plan is not None and plan.graph != graph.fingerprint and self.grad_outputs == "auto" and not inference:
             # a plan made for the graph of every output (capture's and `xsched capture`'s default) runs as made
-            every = chunked_as_asked(capture(self.module, inputs, name=name, grad_outputs="all"), self.chunk_loss)
+            every = chunked_as_asked(traced(grad_outputs="all"), self.chunk_loss)
             graph = every if every.fingerprint == plan.graph else graph
             graph = held_by_caller(graph) if self.hold_outputs else graph
         homes = param_homes(graph, self.param_home) if self.param_home is not None else None

@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from xsched.contracts.device_dtypes import target_device_type
 from xsched.contracts.graph import Graph
 from xsched.loaders import TrainingTask
 from xsched.train import dist
@@ -83,8 +84,10 @@ def plan_and_wrap(
 
     inputs = task.example_batch[0]
     grads = grad_outputs(task)
+    typed = target_device_type([*devices, *stores])  # wrap types its graphs by the same devices: the plans fit
     # a body of many identical blocks is traced cut to a few and extrapolated: the same graph, checked
-    graph = capture(task.model, inputs, name=graph_name(config.model), grad_outputs=grads, reuse_blocks=True)
+    name = graph_name(config.model)
+    graph = capture(task.model, inputs, name=name, grad_outputs=grads, reuse_blocks=True, device_type=typed)
     graph = chunked_as_asked(graph, config.chunk_loss)
     chosen = plan_for(graph, budgets)
     if config.optimizer_split is not None and home is not None:
@@ -105,7 +108,7 @@ def plan_and_wrap(
     )
     if evaluates:
         wrapped.eval()
-        inference = capture(task.model, inputs, inference=True, name=graph.name, reuse_blocks=True)
+        inference = capture(task.model, inputs, inference=True, name=graph.name, reuse_blocks=True, device_type=typed)
         wrapped.use_plan(plan_for(inference, chosen.plan.budgets).plan, inputs)
         wrapped.train()
     return graph, chosen, wrapped
