@@ -48,10 +48,12 @@ def plan_and_wrap(
     world: dist.World,
     rep: Reporter,
     evaluates: bool,
+    lap: Callable[[str], None] | None = None,
 ) -> tuple[Graph, CachedPlan, Any]:
     """Capture under the run's autocast (so the casts are in the graph and the plan runs the low-precision ops),
     plan (rank 0 first: the others find its cached plans) and wrap; an evaluating run also gets an inference plan
-    within the training plan's bytes (a "%" budget is of the training graph's eager peak)."""
+    within the training plan's bytes (a "%" budget is of the training graph's eager peak). `lap(stage)` is called as
+    each stage ends (loss outputs, capture, plan, split, wrap, eval plan: SetupLaps)."""
     from xsched.capture.chunk_loss import chunked_as_asked
     from xsched.capture.torch import capture
     from xsched.execute.param_home import param_homes
@@ -81,14 +83,22 @@ def plan_and_wrap(
             ),
         )
 
+    def ended(stage: str) -> None:
+        if lap is not None:
+            lap(stage)
+
     inputs = task.example_batch[0]
     grads = grad_outputs(task)
+    ended("loss outputs")
     # a body of many identical blocks is traced cut to a few and extrapolated: the same graph, checked
     graph = capture(task.model, inputs, name=graph_name(config.model), grad_outputs=grads, reuse_blocks=True)
     graph = chunked_as_asked(graph, config.chunk_loss)
+    ended("capture")
     chosen = plan_for(graph, budgets)
+    ended("plan")
     if config.optimizer_split is not None and home is not None:
         chosen, budgets = _split(config, graph, chosen, budgets, devices, stores, home, plan_for, rep)
+        ended("split")
     wrapped = wrap(
         task.model,
         inputs,
@@ -103,11 +113,13 @@ def plan_and_wrap(
         planned_addresses=config.planned_addresses,
         chunk_loss=config.chunk_loss,
     )
+    ended("wrap")
     if evaluates:
         wrapped.eval()
         inference = capture(task.model, inputs, inference=True, name=graph.name, reuse_blocks=True)
         wrapped.use_plan(plan_for(inference, chosen.plan.budgets).plan, inputs)
         wrapped.train()
+        ended("eval plan")
     return graph, chosen, wrapped
 
 
