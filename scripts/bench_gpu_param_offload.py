@@ -6,14 +6,18 @@ ZeRO-Offload and torchao's CPUOffloadOptimizer where they import, and xsched alo
 
 python scripts/bench_gpu_param_offload.py --deadline 470 --json param_offload.json --out param_offload.md  # H100
 python scripts/bench_gpu_param_offload.py --cpu --steps 3                  # reduced: cpu:0 computes, cpu:1 stores
+python scripts/bench_gpu_param_offload.py --rows xsched --budget 8GiB --json po8.json --trace traces  # issue 30
 
 Each row runs in a process of its own (scripts/bench_rows_runner.py; its peak RSS is the row's host memory, its GPU
 memory its own); the GPT-2 rows train the same initial weights on the same batches with the same AdamW (lr 1e-3,
 weight decay 0.01 on 2+-D weights), and every loss is compared with the reference's. xsched rows add the per-step
 breakdown (medians over the steps after the warm-up): compute, copies in and out (GPU time), the compute lane's idle
-time, the host time spent issuing the GPU work, the optimizer's time and the waits for it. `--deadline` shortens the
-row limits (and skips rows) so the whole run ends within it, keeping `reserve_s` for a late row (the Llama's);
-`--json` is rewritten after every row.
+time, the host time spent issuing the GPU work, the optimizer's time and the waits for it, and beside them what the
+plan predicts per step (scripts/plan_traffic.py), the setup's stages, and the CUDA allocators' counts (retries,
+cudaMalloc and cudaHostAlloc calls); `--trace` keeps each xsched row's last step as a Chrome trace with its plan
+(each task's host and GPU spans, named by its plan steps). `--deadline` shortens the row limits (and skips rows)
+so the whole run ends within it, keeping `reserve_s` for a late row (the Llama's); `--json` is rewritten after
+every row.
 """
 
 from __future__ import annotations
@@ -260,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--split-by", choices=("order", "time"), default="order", help="xsched_fast's --optimizer-split-by")
     ap.add_argument("--out", help="also write the markdown table here")
     ap.add_argument("--json", help="write every row's figures here as JSON, after each row")
+    ap.add_argument("--trace", help="xsched rows: write the last step's Chrome trace and the plan into this folder")
     ap.add_argument("--child", choices=ROWS, help=argparse.SUPPRESS)
     ap.add_argument("--setup", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
@@ -278,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
         setup["deadline"] = time.time() + a.deadline - 3  # the report's own seconds
     if a.json:
         setup["json_out"] = a.json
+    if a.trace:
+        setup["trace_dir"] = str(Path(a.trace).resolve())
     results = run_rows(a.rows.split(","), setup, a.row_timeout, __file__)
     title = f"Parameters, gradients and AdamW on the host: GPT-2 {setup['scale']}"
     where = f"{setup['device']} budget {setup['budget']} for xsched, store {setup['store']}"

@@ -5,11 +5,14 @@ on a Llama of 3.2B parameters (tokens/s and the share of the GPU's bf16 dense ra
 
 from __future__ import annotations
 
+import shutil
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
+from plan_traffic import PREDICTED
 
 BF16_DENSE_FLOPS = 790e12  # H100 SXM's measured bf16 dense matmul rate (the issue's figure)
 BREAKDOWN = (  # (key in the step's breakdown, column)
@@ -30,6 +33,22 @@ def breakdown(records: list[Any]) -> dict[str, float]:
     rows = rows[2:] if len(rows) >= 4 else rows
     keys = [k for k, v in (rows[0].items() if rows else ()) if isinstance(v, float)]
     return {k: statistics.median(r[k] for r in rows) for k in keys}
+
+
+class Started:
+    """A reporter that keeps what the run reports at its start (its graph, plan and costs), nothing else."""
+
+    def __init__(self) -> None:
+        self.info: dict[str, Any] = {}
+
+    def start(self, info: Any) -> None:
+        self.info = dict(info)
+
+    def step(self, record: Any) -> None: ...
+    def checkpoint(self, step: int, path: Any) -> None: ...
+    def notice(self, text: str) -> None: ...
+    def end(self, result: Any) -> None: ...
+    def close(self) -> None: ...
 
 
 def offload_config(setup: dict[str, Any], model: str, scale: str, budget: str, **options: Any) -> Any:
@@ -60,16 +79,26 @@ def xsched_run(
     """`xsched train` of zoo `model` at `scale` with the parameters on the store, `budget` on the device; the
     result and the row's common fields. `reporter`: what train reports to (default Quiet)."""
     from bench_gpu_param_offload import gib
+    from plan_traffic import plan_traffic
 
     from xsched.contracts.plan import Plan
     from xsched.train import train
-    from xsched.train.records import Quiet
+    from xsched.train.progress import Tee
+    from xsched.train.records import Quiet, setup_text
 
     device = setup["device"]
+    kept = None
+    if setup.get("trace_dir"):  # the last step's lanes (host and GPU spans per task) and the plan they ran
+        kept = Path(setup["trace_dir"]) / f"{model}-{budget}-{options.get('precision', 'fp32')}"
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        options = {**options, "trace": f"{kept}.trace.json"}
     config = offload_config(setup, model, scale, budget, **options)
     t0 = time.perf_counter()
-    r = train(config, reporter if reporter is not None else Quiet())
+    started = Started()
+    r = train(config, Tee(reporter if reporter is not None else Quiet(), started))
     plan = Plan.load(r.plan_path)
+    if kept is not None:
+        shutil.copyfile(r.plan_path, f"{kept}.plan.json")
     o = r.optimizer
     cuda = not setup["cpu"]
     steps = len(r.records)
@@ -81,12 +110,29 @@ def xsched_run(
         "gpu_peak": max(x.peak_bytes[device] for x in r.records) if cuda else None,
         "setup_s": r.setup_s,
         "breakdown": breakdown(list(r.records)),
+        "setup_stages": dict(r.setup_stages),
+        "predicted": plan_traffic(started.info["graph"], plan, started.info["profile"], device),
         "note": f"plan {plan.solver.found_by} at {budget} on {device} (predicted peak "
-        f"{gib(plan.predicted.peak_bytes[device])}), setup {r.setup_s:.0f} s, "
+        f"{gib(plan.predicted.peak_bytes[device])}), setup {r.setup_s:.0f} s ({setup_text(r.setup_stages)}), "
         f"{(o.waited_s if o else 0) / max(steps, 1):.3f} s/step waited for the optimizer, "
         f"{time.perf_counter() - t0:.0f} s in all",
     }
+    if cuda:
+        out["allocators"] = allocator_counts(torch.device(device))
     return r, out
+
+
+# what settles whether a run's copies synchronised in an allocator (issue 30: copies in at a fifth of the link rate)
+DEVICE_COUNTS = ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_sync_all_streams")
+HOST_COUNTS = ("num_host_alloc", "num_host_free", "host_alloc_time.total", "host_free_time.total")
+
+
+def allocator_counts(dev: torch.device) -> dict[str, Any]:
+    """The GPU caching allocator's retries (each frees the cache and synchronises) and its cudaMalloc/cudaFree calls,
+    and the pinned host allocator's cudaHostAlloc/free calls and their time (us), over the whole run."""
+    gpu = torch.cuda.memory_stats(dev)
+    host = torch.cuda.host_memory_stats() if hasattr(torch.cuda, "host_memory_stats") else {}
+    return {**{k: gpu.get(k) for k in DEVICE_COUNTS}, **{k: host.get(k) for k in HOST_COUNTS}}
 
 
 def row_xsched(setup: dict[str, Any]) -> dict[str, Any]:
@@ -175,9 +221,22 @@ def breakdown_cells(r: dict[str, Any]) -> list[str]:
     return [f"{b[k] * 1e3:.0f} ms" if k in b else "-" for k, _ in BREAKDOWN]
 
 
+def predicted_cells(r: dict[str, Any]) -> list[str]:
+    """The plan's prediction per step (plan_traffic): times in ms, bytes as gib() writes them; "-" for a row
+    without a plan."""
+    from bench_gpu_param_offload import gib
+
+    p = r.get("predicted") or {}
+    return ["-" if k not in p else gib(p[k]) if k.startswith("bytes") else f"{p[k] * 1e3:.1f} ms" for k, _ in PREDICTED]
+
+
 HEADER = (
     "| row | step time | vs reference | GPU peak | host memory (peak RSS) | loss = reference | optimizer time "
-    "| hidden behind the run | " + " | ".join(c for _, c in BREAKDOWN) + " | tokens/s | bf16 rate share | note |"
+    "| hidden behind the run | "
+    + " | ".join(c for _, c in BREAKDOWN)
+    + " | tokens/s | bf16 rate share | "
+    + " | ".join(c for _, c in PREDICTED)
+    + " | note |"
 )
 BF16_RTOL = 2e-2  # bf16: about 3 significant digits
 
@@ -212,9 +271,10 @@ def table(results: dict[str, dict[str, Any]], rtol: float, steps: int) -> list[s
         tps = f"{r['tokens_per_s']:.0f}" if r.get("tokens_per_s") else "-"
         mfu = f"{r['mfu']:.1%}" if r.get("mfu") else "-"
         cells = " | ".join(breakdown_cells(r))
+        plan = " | ".join(predicted_cells(r))
         lines.append(
             f"| {row} | {step * 1e3:.1f} ms | {vs} | {gib(r.get('gpu_peak'))} | {gib(r.get('host_peak'))} | {same} "
-            f"| {'-' if opt is None else f'{opt:.2f} s'} | {hidden} | {cells} | {tps} | {mfu} "
+            f"| {'-' if opt is None else f'{opt:.2f} s'} | {hidden} | {cells} | {tps} | {mfu} | {plan} "
             f"| {r.get('note', '')} |"
         )
     lines.append("")
@@ -228,6 +288,10 @@ def table(results: dict[str, dict[str, Any]], rtol: float, steps: int) -> list[s
         "(xsched rows, median per step): compute, copies in and out (GPU time from CUDA events; host time on the "
         "CPU), the compute lanes' idle time inside the runs, the host time spent issuing the compute, the "
         "optimizer's busy time, and the time the reads and the loop waited for it. bf16 rate share: (6·N + "
-        "12·layers·width·seq)·tokens FLOPs per second over 790 TFLOP/s."
+        "12·layers·width·seq)·tokens FLOPs per second over 790 TFLOP/s. Predicted (xsched rows): what the plan the row "
+        "trained predicts per step on the costs it was planned on (the simulator's makespan; the compute device's "
+        "compute, the idle rest of the makespan, and the copies into and out of it: their bytes and modelled time), "
+        "beside the measured columns; the JSON adds forward/backward and the copies' counts, and setup_stages (the "
+        "seconds of each stage of the setup)."
     )
     return lines

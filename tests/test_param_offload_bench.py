@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from train_support import ROOT, child_env
 
 
@@ -18,6 +19,7 @@ def test_the_reduced_mode_runs_every_row(tmp_path) -> None:
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_gpu_param_offload.py"), "--cpu", "--steps", "3"]
     cmd += ["--scale", "small:n_layer=2,n_embd=128,n_head=2,seq=16", "--budget", "3MiB"]
     cmd += ["--rows", "reference,xsched,reference_bf16,xsched_fast,llama,torchao", "--json", str(tmp_path / "b.json")]
+    cmd += ["--trace", str(tmp_path / "traces")]
     p = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True, env=child_env(), timeout=400)
     assert p.returncode == 0, p.stderr[-3000:]
     rows = {line.split(" | ")[0].strip("| "): line for line in out.read_text().splitlines() if line.startswith("| ")}
@@ -32,6 +34,32 @@ def test_the_reduced_mode_runs_every_row(tmp_path) -> None:
     assert "CPUOffloadOptimizer needs a CUDA GPU" in rows["torchao"]
     saved = json.loads((tmp_path / "b.json").read_text())["rows"]
     assert set(saved) == set(rows) - {"row"} and saved["xsched"]["breakdown"]["compute_s"] > 0
+    for row in ("xsched", "xsched_fast", "llama"):  # the plan's prediction beside the measured columns
+        cells = rows[row].split(" | ")
+        assert all(c.endswith(" ms") for c in cells[18:23]) and all(c.endswith("iB") for c in cells[23:25]), cells
+        assert {"model", "capture", "plan", "wrap", "optimizer", "pin"} <= set(saved[row]["setup_stages"])
+        assert sum(saved[row]["setup_stages"].values()) <= saved[row]["setup_s"]
+    predicted_are_the_plans(saved["xsched"]["predicted"])
+    kept = sorted(p.name for p in (tmp_path / "traces").iterdir())  # --trace: each xsched row's last step and plan
+    assert len(kept) == 6 and all(n.endswith((".trace.json", ".plan.json")) for n in kept), kept
+    trace = json.loads((tmp_path / "traces" / "gpt2-3MiB-fp32.trace.json").read_text())
+    assert any(e["name"].startswith("steps ") for e in trace["traceEvents"])
+
+
+def predicted_are_the_plans(p: dict) -> None:
+    """The fp32 row's plan, every weight and buffer homed on cpu:1 (the store): each weight is copied in at least
+    once (its first read; 2-layer GPT-2 small at width 128: 1.67 MiB of fp32 weights, counted from the model) and
+    each gradient goes home; the step is the compute and the compute device's idle time, and the forward and the
+    backward. (plan_traffic's counts against a hand count: tests/test_plan_traffic.py.)"""
+    from xsched import zoo
+
+    model = zoo.build_module("gpt2", "small:n_layer=2,n_embd=128,n_head=2,seq=16", device="meta")
+    weights = sum(t.numel() * t.element_size() for t in model.parameters())
+    assert p["bytes_in"] >= weights and p["bytes_out"] >= weights
+    assert p["copies_in"] >= len(list(model.parameters())) and p["copies_out"] >= len(list(model.parameters()))
+    assert p["step_s"] == pytest.approx(p["compute_s"] + p["compute_idle_s"])
+    assert p["step_s"] == pytest.approx(p["forward_s"] + p["backward_s"])
+    assert 0 < p["copy_in_s"] and 0 < p["copy_out_s"] and 0 < p["compute_s"] <= p["step_s"]
 
 
 def test_row_limits_keep_the_reserve_of_later_rows() -> None:

@@ -212,7 +212,7 @@ class Executor:
                 stage="execute",
                 step=start,
             )
-        t0 = time.perf_counter()
+        t0, kept = time.perf_counter(), len(st.keep)
         with torch.no_grad():
             if trace or not self.overlap or self._one_device(start, stop):
                 self._run_inline(st, start, stop, trace)
@@ -222,6 +222,8 @@ class Executor:
         if self.clock is not None:
             forward = self.plan.boundary is None or stop <= self.plan.boundary
             self.clock.run("forward" if forward else "backward", t0, time.perf_counter())
+            if len(st.keep) > kept:  # sources staged through pinned memory in this run
+                self.clock.staged(len(st.keep) - kept, sum(t.nbytes for t in st.keep[kept:]))
 
     def _one_device(self, start: int, stop: int) -> bool:
         """True when steps [start, stop) are computes and frees on one device: nothing to overlap."""

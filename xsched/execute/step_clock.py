@@ -21,6 +21,7 @@ class _Spans:
     cuda: list[tuple[str, str, Any, Any, float]] = field(default_factory=list)  # (lane, label, ev0, ev1, host t0)
     runs: list[tuple[str, float, float]] = field(default_factory=list)  # executor runs: (forward|backward, t0, t1)
     waits: list[tuple[str, float, float]] = field(default_factory=list)  # the lanes' and loop's waits for updates
+    staged: list[tuple[int, int]] = field(default_factory=list)  # per run: host sources pinned by a copy, their bytes
 
 
 class StepClock:
@@ -28,8 +29,9 @@ class StepClock:
     (compute, copy_in, copy_out, free); `start()` opens a step, `read()` closes it and returns its breakdown in
     seconds: wall, forward/backward (the executor's runs), per kind the busy time (GPU time on a CUDA stream) and
     the host time spent issuing it, the compute lanes' idle time inside the runs (waiting for copies or for
-    Python), the optimizer's busy time per bucket, the time reads and the loop waited for it, and what is outside
-    the runs (autograd, the loss, the loop's Python)."""
+    Python), the optimizer's busy time per bucket, the time reads and the loop waited for it, what is outside
+    the runs (autograd, the loss, the loop's Python), and the copies' host sources staged through pinned memory
+    (a count and bytes, not seconds)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -92,6 +94,12 @@ class StepClock:
         with self._lock:
             self._s.runs.append((label, t0, t1))
 
+    def staged(self, copies: int, nbytes: int) -> None:
+        """A run's copies to a GPU staged `copies` host sources that were not pinned (`nbytes` in all) through new
+        pinned buffers (xsched.execute.steps.pinned): host work and a slower copy each, every step."""
+        with self._lock:
+            self._s.staged.append((copies, nbytes))
+
     def waited(self, what: str, t0: float, t1: float) -> None:
         with self._lock:
             self._s.waits.append((what, t0, t1))
@@ -131,6 +139,8 @@ class StepClock:
         out["optimizer_buckets_s"] = [buckets[k] for k in sorted(buckets, key=_bucket_index)]
         for what in ("read", "step"):
             out[f"optimizer_wait_{what}_s"] = float(sum(b - a for x, a, b in s.waits if x == what))
+        out["staged_copies"] = float(sum(n for n, _ in s.staged))  # floats, as every scalar a bench takes medians of
+        out["staged_bytes"] = float(sum(b for _, b in s.staged))
         return out
 
     def trace(self, name: str = "step") -> dict[str, Any]:

@@ -168,7 +168,16 @@ def _loop(config: TrainConfig, s: Session, world: dist.World, rep: Reporter, sta
     if config.trace is not None and s.clock is not None and records:
         write_trace(s.clock.trace(f"{config.model}: step {records[-1].step}"), config.trace)
     result = TrainResult(
-        start, tuple(records), s.chosen.path, s.chosen.reused, last, world.size, t1 - t0, setup_s, s.updater.overlap
+        start,
+        tuple(records),
+        s.chosen.path,
+        s.chosen.reused,
+        last,
+        world.size,
+        t1 - t0,
+        setup_s,
+        s.updater.overlap,
+        dict(s.setup),
     )
     rep.end(result)
     return result

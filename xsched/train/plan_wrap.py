@@ -49,10 +49,12 @@ def plan_and_wrap(
     world: dist.World,
     rep: Reporter,
     evaluates: bool,
+    lap: Callable[[str], None] | None = None,
 ) -> tuple[Graph, CachedPlan, Any]:
     """Capture under the run's autocast (so the casts are in the graph and the plan runs the low-precision ops),
     plan (rank 0 first: the others find its cached plans) and wrap; an evaluating run also gets an inference plan
-    within the training plan's bytes (a "%" budget is of the training graph's eager peak)."""
+    within the training plan's bytes (a "%" budget is of the training graph's eager peak). `lap(stage)` is called as
+    each stage ends (loss outputs, capture, plan, split, wrap, eval plan: SetupLaps)."""
     from xsched.capture.chunk_loss import chunked_as_asked
     from xsched.capture.torch import capture
     from xsched.execute.param_home import param_homes
@@ -82,16 +84,24 @@ def plan_and_wrap(
             ),
         )
 
+    def ended(stage: str) -> None:
+        if lap is not None:
+            lap(stage)
+
     inputs = task.example_batch[0]
     grads = grad_outputs(task)
+    ended("loss outputs")
     typed = target_device_type([*devices, *stores])  # wrap types its graphs by the same devices: the plans fit
     # a body of many identical blocks is traced cut to a few and extrapolated: the same graph, checked
     name = graph_name(config.model)
     graph = capture(task.model, inputs, name=name, grad_outputs=grads, reuse_blocks=True, device_type=typed)
     graph = chunked_as_asked(graph, config.chunk_loss)
+    ended("capture")
     chosen = plan_for(graph, budgets)
+    ended("plan")
     if config.optimizer_split is not None and home is not None:
         chosen, budgets = _split(config, graph, chosen, budgets, devices, stores, home, plan_for, rep)
+        ended("split")
     wrapped = wrap(
         task.model,
         inputs,
@@ -106,11 +116,13 @@ def plan_and_wrap(
         planned_addresses=config.planned_addresses,
         chunk_loss=config.chunk_loss,
     )
+    ended("wrap")
     if evaluates:
         wrapped.eval()
         inference = capture(task.model, inputs, inference=True, name=graph.name, reuse_blocks=True, device_type=typed)
         wrapped.use_plan(plan_for(inference, chosen.plan.budgets).plan, inputs)
         wrapped.train()
+        ended("eval plan")
     return graph, chosen, wrapped
 
 

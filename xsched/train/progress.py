@@ -17,7 +17,7 @@ from xsched.budgets import format_bytes
 from xsched.errors import XschedError
 from xsched.files import atomic_write
 from xsched.pipeline import plan_report
-from xsched.train.records import Reporter, StepRecord, TrainResult
+from xsched.train.records import Reporter, StepRecord, TrainResult, setup_text
 
 
 def _energy(records: tuple[StepRecord, ...]) -> float | None:
@@ -116,9 +116,10 @@ class Bar:
         energy = _energy(records)
         spent = "" if energy is None else f", {energy:.4g} J {records[-1].energy_source}"
         val = "" if result.final_val_loss is None else f", validation loss {result.final_val_loss:.6g}"
+        stages = setup_text(result.setup_stages)
         print(
             f"trained steps {result.start_step}..{records[-1].step} in {result.time_s:.2f} s (setup "
-            f"{result.setup_s:.2f} s): final loss {records[-1].loss:.6g}{val}{spent}",
+            f"{result.setup_s:.2f} s{': ' + stages if stages else ''}): final loss {records[-1].loss:.6g}{val}{spent}",
             file=self.out,
         )
         if result.optimizer is not None:
@@ -196,6 +197,7 @@ class JsonLines:
             world=result.world,
             time_s=result.time_s,
             setup_s=result.setup_s,
+            setup_stages=dict(result.setup_stages),
             final_loss=records[-1].loss if records else None,
             final_val_loss=result.final_val_loss,
             energy_j=_energy(records),

@@ -4,8 +4,9 @@ shows them as they happen (rank 0 only; xsched.train.progress has a bar, JSON li
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -47,6 +48,7 @@ class TrainResult:
     time_s: float = 0.0  # the steps' wall time (evaluations included)
     setup_s: float = 0.0  # loading, capturing, planning (or finding the cached plan), resuming
     optimizer: OverlapStats | None = None  # the host optimizer's time and the share hidden behind the backward
+    setup_stages: Mapping[str, float] = field(default_factory=dict)  # seconds of each stage of setup_s (SetupLaps)
 
     @property
     def losses(self) -> list[float]:
@@ -61,6 +63,25 @@ class TrainResult:
     def final_val_loss(self) -> float | None:
         vals = self.val_losses
         return vals[max(vals)] if vals else None
+
+
+class SetupLaps:
+    """The seconds of each stage of a run's setup, in the order they end: each `lap(stage)` adds the time since the
+    previous lap (or since the laps began) to `stage`."""
+
+    def __init__(self) -> None:
+        self.stages: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        t = time.perf_counter()
+        self.stages[stage] = self.stages.get(stage, 0.0) + t - self._t
+        self._t = t
+
+
+def setup_text(stages: Mapping[str, float]) -> str:
+    """Setup stages in words, e.g. "model 2.1 s, capture 8.0 s, plan 60.3 s"."""
+    return ", ".join(f"{k} {v:.1f} s" for k, v in stages.items())
 
 
 class Reporter(Protocol):

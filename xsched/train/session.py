@@ -8,7 +8,7 @@ import contextlib
 import dataclasses
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from xsched.train.meters import EnergyMeter, PeakMeter
 from xsched.train.optim import Updater, autocast, host_optimizer_blocker, make_updater, master_on_host
 from xsched.train.plan_wrap import local_device, plan_and_wrap
 from xsched.train.plans import CachedPlan
-from xsched.train.records import Reporter
+from xsched.train.records import Reporter, SetupLaps
 
 # what a checkpoint's run must share with the run resuming it (its seed and world may differ: see restore)
 RESUME_KEYS = (
@@ -67,6 +67,7 @@ class Session:
     tokens: int | None
     signature: Mapping[str, Any]
     clock: StepClock | None = None  # the per-step breakdown of the training plan's runs and the host optimizer
+    setup: Mapping[str, float] = field(default_factory=dict)  # seconds of each stage of prepare() (SetupLaps)
 
     def sync(self, last: bool) -> contextlib.AbstractContextManager:
         """DDP's gradient all-reduce only on a step's last micro-batch (no_sync on the others)."""
@@ -195,6 +196,7 @@ def prepare(
     draws. Returns the session and the first step to run."""
     from xsched.execute.reference import torch_device
 
+    laps = SetupLaps()
     torch.manual_seed(config.seed)  # the factory's initial weights: the same on every rank
     task = load_task(config)
     if master_on_host(config, world.size):  # bf16 weights for the run; their fp32 masters go to the host optimizer
@@ -202,13 +204,16 @@ def prepare(
     val = token_data(task, config.val_data, config.seed, "val") if config.val_data else None
     task.model.train()  # a factory may hand over a model in eval mode: training captures the training graph
     start, state = resume(config, world, rep.notice)
+    laps.lap("model")
     kinds = tuple(sorted({torch_device(d).type for d in devices}))
     amp = partial(autocast, config.precision, kinds)
     with amp(), captured_once():  # wrap's capture of the model and inputs just captured for planning reuses it
-        graph, chosen, wrapped = plan_and_wrap(config, task, budgets, devices, world, rep, val is not None)
+        graph, chosen, wrapped = plan_and_wrap(config, task, budgets, devices, world, rep, val is not None, laps.lap)
     clock = step_clock(wrapped)
     updater = make_updater(config, wrapped, kinds, world.size, clock)
+    laps.lap("optimizer")
     wrapped.pin_host_memory()  # after the host optimizer pinned the buffers it packs the weights into
+    laps.lap("pin")
     blocker = host_optimizer_blocker(config, world.size)
     if config.param_home is not None and blocker is not None and world.main:
         rep.notice(f"the optimizer steps on {config.param_home} after the backward, not overlapped: {blocker}")
@@ -235,6 +240,8 @@ def prepare(
         signature,
         clock,
     )
+    laps.lap("restore")
+    session = dataclasses.replace(session, setup=laps.stages)
     rep.start(
         {
             "model": config.model,
@@ -257,6 +264,8 @@ def prepare(
             "optimizer_overlap": updater.overlap is not None,
             "delayed_update": config.delayed_update,
             "master_weights": "fp32 on the host" if master_on_host(config, world.size) else None,
+            "profile": chosen.profile,
+            "setup_stages": dict(laps.stages),
         }
     )
     return session, start
