@@ -178,3 +178,27 @@ def test_bad_auto_flags_are_one_line_and_exit_2(mlp, tmp_path, capsys, extra, me
     assert main(["train", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and re.search(message, err[0]), err
+
+
+def test_the_setup_bench_prints_each_split_and_its_predicted_step(tmp_path) -> None:
+    """scripts/bench_setup_plan.py --split on the MLP priced on the H100 spec: no split moves nothing; auto with a
+    slow host moves some parameters and predicts a shorter step than no split."""
+    import sys
+
+    from train_support import ROOT
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_setup_plan as bench
+
+    from xsched.solve import SolverOptions
+
+    graph = mlp_graph()
+    profile = plan_profile(graph, [bench.GPU, bench.HOST], "measure", str(tmp_path), stores=[bench.HOST])
+    runs = {
+        share: bench.split_once(graph, profile, "park", "1MiB", share, SLOW_HOST, SolverOptions(time_limit_s=10))
+        for share in ("0", "0.3", "auto")
+    }
+    step = {k: float(re.search(r"predicted step (\S+) ms", v).group(1)) for k, v in runs.items()}
+    assert runs["0"].startswith("share 0.000, 0 parameters moved"), runs
+    assert re.match(r"share 0\.[1-9]\d*, [1-9]\d* parameters moved", runs["auto"]) and "stopped: " in runs["auto"]
+    assert step["auto"] < step["0"] and step["auto"] <= step["0.3"], runs
