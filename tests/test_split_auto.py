@@ -105,7 +105,11 @@ def test_auto_moves_parameters_where_there_is_room_and_trains_like_eager_adamw(
     ("budget", "rates", "why"),
     [
         ("280KiB", SLOW_HOST, "holds no group"),  # the all-home plan's peak is 279.03 KiB: no group fits beside it
-        ("1MiB", (1e12, 1e9), "no group's move lowers the predicted step"),  # room, but the device's update is slower than the host's
+        (
+            "1MiB",
+            (1e12, 1e9),
+            "no group's move lowers the predicted step",
+        ),  # room, but the device's update is slower than the host's
     ],
 )
 def test_auto_moves_nothing_where_nothing_fits_or_helps(mlp, tmp_path, capfd, budget, rates, why) -> None:
