@@ -123,6 +123,24 @@ def test_auto_moves_nothing_where_nothing_fits_or_helps(mlp, tmp_path, capfd, bu
     assert all(d == "cpu:1" for v, d in plan.homes.items() if v.startswith("param:"))
 
 
+def test_a_resumed_run_whose_auto_split_differs_continues_bit_for_bit(mlp, tmp_path, capfd) -> None:
+    """bf16 with the delayed update: 2 steps with a slow host (parameters move), then resumed to 4 with a fast host
+    (none move: the master weights and AdamW state come back from the checkpoint into the other homes) give the
+    losses and weights of 4 steps straight."""
+    config = offloaded(mlp, tmp_path, steps=4, precision="bf16", delayed_update=True, optimizer_split="auto")
+    config = dataclasses.replace(config, budgets={"cpu:0": "1MiB", "cpu:1": "1GiB"}, adamw_rates=SLOW_HOST)
+    whole = train(dataclasses.replace(config, checkpoint_dir=str(tmp_path / "a")))
+    split = dataclasses.replace(config, checkpoint_dir=str(tmp_path / "b"), checkpoint_every=2)
+    first = train(dataclasses.replace(split, steps=2))
+    second = train(dataclasses.replace(split, resume=True, adamw_rates=(1e12, 1e9)))
+    shares = re.findall(r"optimizer split auto: share (\S+) of", capfd.readouterr().err)
+    assert float(shares[1]) > 0 and float(shares[2]) == 0, shares
+    assert first.losses + second.losses == whole.losses
+    want, again = read_checkpoint(tmp_path / "a", 4), read_checkpoint(tmp_path / "b", 4)
+    for name, t in want["model"].items():
+        assert t.equal(again["model"][name]), name
+
+
 def test_a_split_without_a_plan_halves_the_allowance(tmp_path) -> None:
     """The first re-solve is refused (as a plan over budget would be): the next split takes at most half the bytes
     of the first and is solved (then grown into the room its plan leaves); the split kept is one that was solved,
