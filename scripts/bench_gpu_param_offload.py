@@ -7,6 +7,7 @@ ZeRO-Offload and torchao's CPUOffloadOptimizer where they import, and xsched alo
 python scripts/bench_gpu_param_offload.py --deadline 470 --json param_offload.json --out param_offload.md  # H100
 python scripts/bench_gpu_param_offload.py --cpu --steps 3                  # reduced: cpu:0 computes, cpu:1 stores
 python scripts/bench_gpu_param_offload.py --rows xsched --budget 8GiB --json po8.json --trace traces  # issue 30
+python scripts/bench_gpu_param_offload.py --rows llama --llama-split 0.2   # a fixed split share (default: auto)
 
 Each row runs in a process of its own (scripts/bench_rows_runner.py; its peak RSS is the row's host memory, its GPU
 memory its own); the GPT-2 rows train the same initial weights on the same batches with the same AdamW (lr 1e-3,
@@ -44,6 +45,8 @@ from bench_param_offload_rows import (
 )
 from bench_rows_runner import publish, run_child, run_rows
 
+from xsched.cli.train import split_share
+
 ROWS = ("reference", "xsched", "fsdp2", "reference_bf16", "xsched_fast", "llama", "deepspeed", "torchao")
 LR, WEIGHT_DECAY = 1e-3, 0.01
 GPU = {  # GPT-2 XL's shape (1.56B parameters: 5.8 GiB, 23 GiB with gradients and AdamW's two states)
@@ -53,10 +56,10 @@ GPU = {  # GPT-2 XL's shape (1.56B parameters: 5.8 GiB, 23 GiB with gradients an
     "store": "cpu",
     "host_budget": "100GiB",
     "method": "park",  # weights fetched ahead of their readers, parked again between reads
-    "split": 0.25,  # the fast row's --optimizer-split: a quarter of the budget for the first layers' AdamW
+    "split": "auto",  # the fast row's --optimizer-split: the planner chooses the share (--split SHARE: a fixed one)
     "llama_scale": "full:seq=1024,batch=4",  # Llama 3.2 3B's shape, 4096 tokens a step
     "llama_budget": "70GiB",
-    "llama_split": 0.2,
+    "llama_split": "auto",  # --optimizer-split auto (2026-11-27's run: 0.2, host AdamW bound; --llama-split 0.2)
     # seconds kept for a row from the rows before it under --deadline: the 3.2B model's build on the host, capture,
     # plan and steps (its setup alone measured about 25 s of one CPU without the build: BENCHMARKS §17)
     "reserve_s": {"llama": 180.0},
@@ -68,10 +71,10 @@ CPU = {  # the reduced mode: GPT-2 small, 8 layers; cpu:0 at the lowest budget t
     "store": "cpu:1",
     "host_budget": "1GiB",
     "method": "offload",  # 1 s to plan; park reaches 1.4 MiB, below the 1.6 MiB of parameters, in 16 s
-    "split": 0.3,
+    "split": "auto",
     "llama_scale": "tiny",
     "llama_budget": "2MiB",
-    "llama_split": None,
+    "llama_split": "auto",
 }
 
 
@@ -262,6 +265,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deadline", type=float, help="seconds for the whole run: rows are shortened or skipped")
     ap.add_argument("--loss-rtol", type=float, default=1e-4)
     ap.add_argument("--split-by", choices=("order", "time"), default="order", help="xsched_fast's --optimizer-split-by")
+    ap.add_argument("--split", type=split_share, help="xsched_fast's --optimizer-split: SHARE (0-1) or auto (default)")
+    ap.add_argument(
+        "--llama-split", type=split_share, help="the llama row's --optimizer-split: SHARE, auto (default), 0"
+    )
     ap.add_argument("--out", help="also write the markdown table here")
     ap.add_argument("--json", help="write every row's figures here as JSON, after each row")
     ap.add_argument("--trace", help="xsched rows: write the last step's Chrome trace and the plan into this folder")
@@ -277,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     setup = {**(CPU if a.cpu else GPU), "cpu": a.cpu, "steps": a.steps, "time_limit": a.time_limit}
     setup["profile"] = a.profile
     setup["split_by"] = a.split_by
+    setup.update({k: v for k, v in (("split", a.split), ("llama_split", a.llama_split)) if v is not None})
     setup.update({k: v for k, v in (("scale", a.scale), ("budget", a.budget), ("method", a.method)) if v})
     t0 = time.perf_counter()
     if a.deadline is not None:

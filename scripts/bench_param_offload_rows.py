@@ -5,6 +5,7 @@ on a Llama of 3.2B parameters (tokens/s and the share of the GPU's bf16 dense ra
 
 from __future__ import annotations
 
+import re
 import shutil
 import statistics
 import time
@@ -13,6 +14,8 @@ from typing import Any
 
 import torch
 from plan_traffic import PREDICTED
+
+from xsched.train.records import Quiet
 
 BF16_DENSE_FLOPS = 790e12  # H100 SXM's measured bf16 dense matmul rate (the issue's figure)
 BREAKDOWN = (  # (key in the step's breakdown, column)
@@ -49,6 +52,28 @@ class Started:
     def notice(self, text: str) -> None: ...
     def end(self, result: Any) -> None: ...
     def close(self) -> None: ...
+
+
+class SplitNotice(Quiet):
+    """Quiet (notices to stderr) that keeps the optimizer split's notice, for the row's note."""
+
+    text = ""
+
+    def notice(self, text: str) -> None:
+        if text.startswith("optimizer split"):
+            self.text = text
+        super().notice(text)
+
+    def described(self, share: Any, by: str) -> str:
+        """The split in a few words: a fixed share and how its parameters were picked, or the share auto chose
+        and its predicted step with and without it."""
+        if share != "auto":
+            return f"split {share:g} by {by}"
+        chosen = re.search(r"share (\S+) of", self.text)
+        steps = re.search(r"predicted step (\S+) ms, (\S+) ms with nothing moved", self.text)
+        if chosen is None or steps is None:
+            return "split auto (no notice)"
+        return f"split auto: share {chosen[1]}, predicted {steps[1]} ms a step ({steps[2]} ms with none)"
 
 
 def offload_config(setup: dict[str, Any], model: str, scale: str, budget: str, **options: Any) -> Any:
@@ -146,8 +171,10 @@ def row_xsched_fast(setup: dict[str, Any]) -> dict[str, Any]:
     update, and the optimizer of the first layers on the GPU (--optimizer-split)."""
     by = setup.get("split_by", "order")
     options = {"precision": "bf16", "delayed_update": True, "optimizer_split": setup["split"], "optimizer_split_by": by}
-    _, out = xsched_run(setup, "gpt2", setup["scale"], setup["budget"], **options)
-    out["note"] = f"bf16 + fp32 master, delayed update, split {setup['split']:g} by {by}; " + out["note"]
+    split = SplitNotice()
+    _, out = xsched_run(setup, "gpt2", setup["scale"], setup["budget"], split, **options)
+    out["note"] = f"bf16 + fp32 master, delayed update, {split.described(setup['split'], by)}; " + out["note"]
+    out["split_notice"] = split.text
     out["compare"] = "reference_bf16"
     return out
 
@@ -199,9 +226,11 @@ def row_llama(setup: dict[str, Any]) -> dict[str, Any]:
 
     scale = setup["llama_scale"]
     options = {"precision": "bf16", "delayed_update": True}
-    if setup.get("llama_split"):
-        options["optimizer_split"] = setup["llama_split"]
-    r, out = xsched_run(setup, "llama", scale, setup["llama_budget"], **options)
+    share = setup.get("llama_split")
+    if share:
+        options["optimizer_split"] = share
+    split = SplitNotice()
+    r, out = xsched_run(setup, "llama", scale, setup["llama_budget"], split, **options)
     cfg = zoo.config("llama", scale)
     n = sum(p.numel() for p in zoo.build_module("llama", scale, device="meta").parameters())
     tokens = cfg.batch * cfg.seq
@@ -211,7 +240,9 @@ def row_llama(setup: dict[str, Any]) -> dict[str, Any]:
     out["tokens_per_s"] = tokens / step
     out["mfu"] = flops / step / BF16_DENSE_FLOPS
     out["params"] = n
-    out["note"] = f"{n / 1e9:.2f}B parameters, {tokens} tokens/step, bf16 + fp32 master, delayed; " + out["note"]
+    how = split.described(share, "order") if share else "no split"
+    out["note"] = f"{n / 1e9:.2f}B parameters, {tokens} tokens/step, bf16 + fp32 master, delayed, {how}; " + out["note"]
+    out["split_notice"] = split.text
     out["compare"] = None
     return out
 

@@ -5,6 +5,7 @@
     python scripts/bench_setup_plan.py [--model gpt2] [--scale full:n_layer=48,n_head=25,n_embd=1600,seq=512,batch=2,dropout=0.0]
         [--precision fp32|bf16] [--empty] [--runs park:16GiB,park:8GiB,auto:16GiB,auto:8GiB] [--time-limit 60] [--gap G]
         [--save graph.pkl | --load graph.pkl] [--blocks reuse|both] [--capture-only]
+        [--split 0,0.2,auto --host-rate 2.2e9 --device-rate 60e9]
     python scripts/bench_setup_plan.py --model llama --scale full:seq=1024,batch=4 --precision bf16 --runs park:70GiB
 
 Prints the seconds (wall and this process's CPU) of each stage, and per plan its predicted step and GPU peak, or
@@ -15,7 +16,10 @@ the meta device and gives it uninitialised memory (its ties kept), as planning r
 same (tests/test_bench_setup_plan.py), the model stage is not the training run's. `--save`/`--load` keep the
 captured graph and its costs, so planning can be timed alone. `--blocks reuse` captures with `reuse_blocks=True`
 (a few of the identical blocks traced, the rest extrapolated); `--blocks both` then also captures every block, in a
-scope of its own, and says whether the two graphs are the same; `--capture-only` stops after the capture."""
+scope of its own, and says whether the two graphs are the same; `--capture-only` stops after the capture. `--split`
+plans each run with the optimizer split at each share instead (a number: the parameters the backward releases last,
+as `--optimizer-split SHARE`; auto: `--optimizer-split auto`) and prints its predicted step with the host's and the
+GPU's AdamW at the rates given (xsched.train.split_auto.plan_step) and the seconds the split's planning took."""
 
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ import torch
 from torch import nn
 
 from xsched import zoo
+from xsched.budgets import parse_budget
 from xsched.capture.reuse import captured_once
 from xsched.capture.torch import capture
 from xsched.errors import XschedError
@@ -131,6 +136,51 @@ def plan_once(graph, profile, method: str, budget: str, time_limit: float, gap: 
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class Solved:
+    """A plan and its costs, as the split's search takes them (xsched.train.split_auto.Planned)."""
+
+    plan: object
+    profile: object
+
+
+def split_once(graph, profile, method: str, budget: str, share: str, rates: tuple[float, float], opts) -> str:
+    """The optimizer split at `share` of the GPU budget ("0": none; a number: the parameters released last, as
+    the bench's llama row by default; "auto": chosen by the planner) as `xsched train --optimizer-split` plans it,
+    and its predicted step with AdamW at `rates` (parameters/s on the host, on the GPU)."""
+    from xsched.execute.param_home import ListenerSlot, ParamPoints
+    from xsched.train.placement import split_plan
+    from xsched.train.split_auto import choose_auto, plan_step
+
+    budgets, homes = {GPU: budget, HOST: "100GiB"}, param_homes(graph, HOST)
+
+    def solve_split(limits, placed) -> Solved:
+        return Solved(solve(graph, profile, limits, [GPU, HOST], method, options=opts, homes=placed), profile)
+
+    try:
+        home = solve_split(budgets, homes)
+        if share == "auto":
+            auto = choose_auto(graph, home, GPU, HOST, budgets, homes, rates, solve_split)
+            split, chosen, why = auto.split, auto.planned, f"; stopped: {auto.stopped}"
+        elif float(share) > 0:
+            order = ParamPoints(graph, home.plan, ListenerSlot()).order
+            split, chosen = split_plan(graph, order, GPU, budgets, float(share), solve_split, homes)
+            why = ""
+        else:
+            split, chosen, why = None, home, ""
+    except XschedError as e:
+        return f"{type(e).__name__}: {e.detail[:160]}"
+    step, late = plan_step(graph, chosen, HOST, *rates)
+    run = chosen.plan.predicted.makespan_s or chosen.plan.predicted.time_s
+    moved, state = (len(split.params), split.state_bytes) if split else (0, 0)
+    peak = chosen.plan.predicted.peak_bytes[GPU] + state
+    return (
+        f"share {(split.bytes if split else 0) / parse_budget(budget):.3f}, {moved} parameters moved, predicted "
+        f"step {step * 1e3:.1f} ms (run {run * 1e3:.1f} ms, host AdamW late {late * 1e3:.1f} ms), GPU peak "
+        f"{peak / 2**30:.2f} GiB with the moved state{why}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="gpt2", help="a zoo model")
@@ -144,6 +194,9 @@ def main() -> None:
     ap.add_argument("--load", help="plan a graph and costs pickled by --save")
     ap.add_argument("--blocks", default="", choices=("", "reuse", "both"), help="capture with reuse_blocks")
     ap.add_argument("--capture-only", action="store_true", help="stop after the capture")
+    ap.add_argument("--split", help="optimizer splits per run instead: shares of the GPU budget, e.g. 0,0.2,auto")
+    ap.add_argument("--host-rate", type=float, default=2.2e9, help="--split: the host AdamW's parameters/s")
+    ap.add_argument("--device-rate", type=float, default=60e9, help="--split: the GPU AdamW's parameters/s")
     args = ap.parse_args()
     clock = Clock()
     if args.load:
@@ -161,6 +214,13 @@ def main() -> None:
     clock.lap()
     for run in args.runs.split(","):
         method, budget = run.split(":")
+        if args.split:
+            opts = SolverOptions(time_limit_s=args.time_limit)
+            opts = dataclasses.replace(opts, mip_gap=args.gap) if args.gap is not None else opts
+            for share in args.split.split(","):
+                result = split_once(graph, profile, method, budget, share, (args.host_rate, args.device_rate), opts)
+                print(f"{method:6} {budget:>6} split {share:>4} {clock.lap()}  {result}", flush=True)
+            continue
         result = plan_once(graph, profile, method, budget, args.time_limit, args.gap)
         print(f"{method:6} {budget:>6} {clock.lap()}  {result}", flush=True)
 

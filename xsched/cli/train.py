@@ -175,6 +175,16 @@ def _add_lora_flags(t: argparse.ArgumentParser) -> None:
     )
 
 
+def split_share(text: str) -> float | str:
+    """--optimizer-split's value: auto, a number, or the text as given (TrainConfig.check refuses it in one line)."""
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 def _add_offload_flags(t: argparse.ArgumentParser) -> None:
     t.add_argument(
         "--delayed-update",
@@ -184,10 +194,12 @@ def _add_offload_flags(t: argparse.ArgumentParser) -> None:
     )
     t.add_argument(
         "--optimizer-split",
-        type=float,
-        metavar="SHARE",
+        type=split_share,
+        metavar="SHARE|auto",
         help="with --param-home: home the parameters the backward finishes last on the computing device, with "
-        "their AdamW state, within SHARE (0-1) of its budget (ZeRO-Offload++'s Twin-Flow); the rest stay home",
+        "their AdamW state, within SHARE (0-1) of its budget (ZeRO-Offload++'s Twin-Flow); the rest stay home. "
+        "auto: the planner chooses the share, from the room the plan with every parameter home leaves in the "
+        "budget, and the parameters, by predicted step (as --optimizer-split-by time)",
     )
     t.add_argument(
         "--optimizer-split-by",

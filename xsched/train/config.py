@@ -65,8 +65,10 @@ class TrainConfig:
     expandable_segments: bool = False  # CUDA's expandable segments on before the plan's first allocation (Executor)
     planned_addresses: bool = False  # the step's values in one arena per device (Executor; xsched.execute.arena)
     delayed_update: bool = False  # --param-home's AdamW one step late (ZeRO-Offload's DPU; see train.host_adamw)
-    optimizer_split: float | None = None  # Twin-Flow: this share of the compute budget holds optimizer-placed params
+    # Twin-Flow: this share of the compute budget holds optimizer-placed params; "auto": the planner chooses it
+    optimizer_split: float | str | None = None
     optimizer_split_by: str = "order"  # which params move: "order" (released last), "time" (least predicted step)
+    adamw_rates: tuple[float, float] | None = None  # the split's AdamW params/s on the home, the device (else measured)
     trace: str | None = None  # a Chrome trace of the last step's lanes and optimizer buckets, written here
     chunk_loss: int | None = None  # the cross-entropy in this many row blocks (xsched.capture.chunk_loss)
 
@@ -107,10 +109,11 @@ class TrainConfig:
 
     def _check_delayed(self) -> None:
         if self.optimizer_split is not None:
-            if self.param_home is None:
-                _fail("--optimizer-split needs --param-home (it moves some parameters' optimizer off that home)")
-            if not 0 < self.optimizer_split < 1:
-                _fail(f"--optimizer-split must be a share of the compute budget in (0, 1), got {self.optimizer_split}")
+            self._check_split()
+        if self.adamw_rates is not None and not (len(self.adamw_rates) == 2 and min(self.adamw_rates) > 0):
+            _fail(
+                f"adamw_rates must be two positive rates (parameters/s on the home, the device), got {self.adamw_rates}"
+            )
         if self.optimizer_split_by not in SPLIT_BY:
             _fail(f"--optimizer-split-by must be one of {', '.join(SPLIT_BY)}, got {self.optimizer_split_by!r}")
         if not self.delayed_update:
@@ -125,6 +128,19 @@ class TrainConfig:
             )
         if self.precision == "fp16":
             _fail("--delayed-update cannot skip overflowed steps (--precision fp16): use bf16 or fp32")
+
+    def _check_split(self) -> None:
+        share = self.optimizer_split
+        if self.param_home is None:
+            _fail(f"--optimizer-split {share} needs --param-home (it moves some parameters' optimizer off that home)")
+        if share != "auto" and not (isinstance(share, float | int) and 0 < share < 1):
+            _fail(f"--optimizer-split must be a share of the compute budget in (0, 1) or auto, got {share}")
+        computing = [d for d in self.devices or self.budgets if d not in self.stores and d != self.param_home]
+        if not computing:
+            _fail(
+                f"--optimizer-split {share}: no parameter can move, no device computes but --param-home "
+                f"{self.param_home}"
+            )
 
     def _check_homes(self) -> None:
         devices = list(self.devices or self.budgets)

@@ -143,16 +143,17 @@ def _split(
     from xsched.execute.param_home import ListenerSlot, ParamPoints, param_homes
     from xsched.train.placement import split_plan
 
-    device = next(d for d in devices if d not in stores and d != home)
+    device = next(d for d in devices if d not in stores and d != home)  # config.check: there is one
     order = ParamPoints(graph, chosen.plan, ListenerSlot()).order
     homes = param_homes(graph, home)
     assert config.optimizer_split is not None
+    if config.optimizer_split == "auto":
+        return _auto_split(config, graph, chosen, budgets, device, home, homes, plan_for, rep)
     pick, why = None, None
     if config.optimizer_split_by == "time":
-        pick, why = _timed_pick(graph, chosen, device, home, budgets)
-    split, plan = split_plan(
-        graph, order, device, budgets, config.optimizer_split, lambda b, h: plan_for(graph, b, h), homes, pick
-    )
+        pick, why = _timed_pick(graph, chosen, device, home, budgets, adamw_rates(config, home, device))
+    share = float(config.optimizer_split)
+    split, plan = split_plan(graph, order, device, budgets, share, lambda b, h: plan_for(graph, b, h), homes, pick)
     rep.notice(
         f"optimizer split: {len(split.params)} of {len(order)} parameters and their AdamW on {device} "
         f"({format_bytes(split.bytes)} with their state), the rest on {home}{why(split) if why else ''}"
@@ -160,17 +161,61 @@ def _split(
     return plan, dict(split.budgets)  # type: ignore[return-value]
 
 
+def _auto_split(
+    config: TrainConfig,
+    graph: Graph,
+    chosen: CachedPlan,
+    budgets: dict[str, str],
+    device: str,
+    home: str,
+    homes: Mapping[str, str],
+    plan_for: Callable[..., CachedPlan],
+    rep: Reporter,
+) -> tuple[CachedPlan, dict[str, Any]]:
+    """`--optimizer-split auto` (xsched.train.split_auto): the share chosen from the room the all-home plan leaves,
+    and a notice of the share, the predicted steps with and without, and why it stopped there."""
+    from xsched.budgets import format_bytes
+    from xsched.train.split_auto import choose_auto
+
+    rates = adamw_rates(config, home, device)
+    auto = choose_auto(graph, chosen, device, home, budgets, homes, rates, lambda b, h: plan_for(graph, b, h))
+    count = sum(1 for v in graph.inputs if graph.value[v].kind == "param")
+    rep.notice(
+        f"optimizer split auto: share {auto.share:.3g} of {device}'s budget, {len(auto.split.params)} of {count} "
+        f"parameters and their AdamW on {device} ({format_bytes(auto.split.bytes)} with their state); predicted "
+        f"step {auto.step_s * 1e3:.4g} ms, {auto.before_s * 1e3:.4g} ms with nothing moved; stopped: {auto.stopped} "
+        f"(room {format_bytes(auto.room)}: the budget less the all-home plan's peak and "
+        f"{format_bytes(auto.margin)} of modelled fragmentation; AdamW {rates[0] / 1e9:.3g} Gparam/s on {home}, "
+        f"{rates[1] / 1e9:.3g} on {device})"
+    )
+    return auto.planned, dict(auto.split.budgets)  # type: ignore[return-value]
+
+
+def adamw_rates(config: TrainConfig, home: str, device: str) -> tuple[float, float]:
+    """AdamW's rates (parameters/s) on the home and the computing device: the configured ones, else measured here."""
+    if config.adamw_rates is not None:
+        return config.adamw_rates
+    from xsched.train.split_inputs import adamw_rate
+
+    return adamw_rate(home), adamw_rate(device)
+
+
 def _timed_pick(
-    graph: Graph, chosen: CachedPlan, device: str, home: str, budgets: dict[str, str]
+    graph: Graph,
+    chosen: CachedPlan,
+    device: str,
+    home: str,
+    budgets: dict[str, str],
+    rates: tuple[float, float],
 ) -> tuple[Callable[[float], Any], Callable[[Any], str]]:
-    """The split by predicted step (xsched.train.split_time) on the all-home plan's predicted run and AdamW's rates
-    measured here, and what it predicts for a split, in words."""
+    """The split by predicted step (xsched.train.split_time) on the all-home plan's predicted run and AdamW's
+    `rates` (on the home, on the device), and what it predicts for a split, in words."""
     from xsched.train.placement import choose_timed
-    from xsched.train.split_inputs import adamw_rate, plan_groups
+    from xsched.train.split_inputs import plan_groups
     from xsched.train.split_time import StepModel, predict_step
 
     groups, run_s = plan_groups(graph, chosen.plan, chosen.profile)
-    model = StepModel(run_s, adamw_rate(home), adamw_rate(device))
+    model = StepModel(run_s, *rates)
     before = predict_step(groups, (), model)[0]
 
     def pick(share: float) -> Any:

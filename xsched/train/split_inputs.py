@@ -21,14 +21,19 @@ from xsched.train.split_time import Group
 MAX_GROUPS = 24  # the split's search evaluates O(groups^3) predictions per exchange round
 
 
-def plan_groups(graph: Graph, plan: Plan, profile: Profile, max_groups: int = MAX_GROUPS) -> tuple[list[Group], float]:
+def plan_groups(
+    graph: Graph, plan: Plan, profile: Profile, max_groups: int = MAX_GROUPS, home: str | None = None
+) -> tuple[list[Group], float]:
     """The plan's parameters in at most `max_groups` groups (consecutive in its release order, of about equal
     size), each with the time its last gradient is released and the time its first weight is read, and the
-    plan's predicted run (makespan, s)."""
+    plan's predicted run (makespan, s). `home`: only the parameters homed there (those a split left to the host's
+    optimizer; the moved ones are updated on the computing device)."""
     sim = simulate(graph, plan, profile)
     spans, run_s = sim.step_span, float(sim.makespan_s or 0.0)
     points = ParamPoints(graph, plan, ListenerSlot())
     vid = {graph.value[v].name: v for v in graph.inputs if graph.value[v].kind == "param"}
+    if home is not None:
+        vid = {n: v for n, v in vid.items() if plan.homes.get(v) == home}
     release = dict.fromkeys(points.order, run_s if not spans else 0.0)
     for i, names in points.marks.items():
         for n in names:
@@ -40,10 +45,11 @@ def plan_groups(graph: Graph, plan: Plan, profile: Profile, max_groups: int = MA
     for i, n in sorted(points.reads.items(), reverse=True):
         if n in read:
             read[n] = spans[i][0] if spans else 0.0
-    total = sum(graph.value[vid[n]].nbytes for n in points.order)
+    order = [n for n in points.order if n in vid]
+    total = sum(graph.value[vid[n]].nbytes for n in order)
     target = max(1, -(-total // max_groups))
     groups, members, size = [], [], 0
-    for n in points.order:
+    for n in order:
         members.append(n)
         size += graph.value[vid[n]].nbytes
         if size >= target:
