@@ -1,0 +1,78 @@
+"""What the lanes cost per task on the CUDA path, counted on logical CPUs with a fake CUDA
+(tests/lane_cost_support.py): a task records one CUDA event (two with the step clock, whose end event marks it done),
+no lane waits for its own stream's events or again for an event at or before one it waited for, every step is still
+ordered on its stream after the steps the overlap model makes it wait for, and the results equal eager PyTorch's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from executor_support import TWO, eager_reference, recompute_plan, workload
+from lane_cost_support import FakeEvent, Positions, fake_cuda
+from torch.testing import assert_close
+
+from xsched.capture.torch import bind_inputs, unpack_outputs
+from xsched.execute.executor import Executor
+from xsched.execute.step_clock import StepClock, lane_kinds
+
+
+def run_on_fake_cuda(monkeypatch: pytest.MonkeyPatch, clock: bool) -> tuple[Executor, Positions, int]:
+    """gpt2's two-device plan (copies both ways, frees on their own lanes) run twice on lanes over fake streams,
+    checked against eager; the executor, where its steps ran, and its tasks a run on CUDA lanes."""
+    z, graph = workload("gpt2")
+    plan = recompute_plan("gpt2", TWO, 50)
+    streams: dict = {}
+    positions = Positions(streams)
+    ex = Executor(graph, plan, table=positions.table(), overlap=True)
+    streams.update(fake_cuda(ex, monkeypatch))
+    if clock:
+        ex.clock = StepClock()
+        ex.clock.kind_of = lane_kinds(ex.lane_of, set(TWO))
+    env = bind_inputs(graph, z.model, z.inputs)
+    outs, grads, _ = eager_reference("gpt2", seed=7)
+    try:
+        for _ in range(2):  # the second run starts where the first left its lanes' bookkeeping
+            torch.manual_seed(7)
+            got = unpack_outputs(graph, ex(env).outputs)
+            for a, b in zip(got.outputs, outs, strict=True):
+                assert_close(a, b.detach(), rtol=1e-5, atol=1e-6)
+            for n, g in got.grads.items():
+                assert_close(g, grads[n], rtol=1e-5, atol=1e-6)
+    finally:
+        ex.close()
+    used, tasks = ex.lane_runner.lane_tasks(0, len(plan.steps))
+    assert ex.lane_runner._plans.keys() == {(0, len(plan.steps))}, "one lanes run per call: the whole plan"
+    return ex, positions, sum(lane.kind == "cuda" for *_, lane, _, _ in tasks)
+
+
+@pytest.mark.parametrize("clock", [False, True])
+def test_one_event_a_task_and_no_repeated_waits(monkeypatch: pytest.MonkeyPatch, clock: bool) -> None:
+    ex, positions, cuda_tasks = run_on_fake_cuda(monkeypatch, clock)
+    counts = FakeEvent.counts
+    assert cuda_tasks > 100  # gpt2's plan: most tasks are on the compute and copy lanes
+    # per task one event marks it done on its stream; the clock's two around it, its end one doubling as that
+    assert counts["record"] == 2 * cuda_tasks * (2 if clock else 1)
+    assert counts["own_wait"] == 0 and counts["repeated_wait"] == 0
+    assert 0 < counts["wait_event"] < cuda_tasks
+    assert counts["synchronize"] == 0  # no host lane: nothing blocks the host on the device
+    assert positions.unordered(ex) == []
+    assert len(positions.at) == sum(not k.startswith("free:") for k in ex.lane_of)
+
+
+def test_the_order_check_sees_a_missing_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The vector-clock check is not vacuous: with the compute lanes' waits on the copy lanes dropped, it finds the
+    computes that read a copied value before its copy was ordered before them."""
+    from xsched.execute import workers
+
+    wait = workers.Lane.wait
+
+    def forgetful(self: workers.Lane, dep: workers.Done) -> None:
+        if self.name.startswith("compute:") and any(k.startswith("copy:") for k in dep.cuda):
+            dep.event.wait()  # the host waits, the stream does not
+            return
+        wait(self, dep)
+
+    monkeypatch.setattr(workers.Lane, "wait", forgetful)
+    ex, positions, _ = run_on_fake_cuda(monkeypatch, clock=False)
+    bad = positions.unordered(ex)
+    assert bad and all(ex.lane_of[i].startswith("compute:") and ex.lane_of[j].startswith("copy:") for i, j in bad)
