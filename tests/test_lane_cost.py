@@ -1,7 +1,8 @@
 """What the lanes cost per task on the CUDA path, counted on logical CPUs with a fake CUDA
 (tests/lane_cost_support.py): a task records one CUDA event (two with the step clock, whose end event marks it done),
 no lane waits for its own stream's events or again for an event at or before one it waited for, every step is still
-ordered on its stream after the steps the overlap model makes it wait for, and the results equal eager PyTorch's."""
+ordered on its stream after the steps the overlap model makes it wait for, and the results equal eager PyTorch's;
+and each compute-lane task is one generated program with the step functions' numbers."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ from lane_cost_support import FakeEvent, Positions, fake_cuda
 from torch.testing import assert_close
 
 from xsched.capture.torch import bind_inputs, unpack_outputs
+from xsched.contracts.plan import Compute
 from xsched.execute.executor import Executor
 from xsched.execute.step_clock import StepClock, lane_kinds
+from xsched.execute.steps import prepare_compute
+from xsched.simulate import simulate
 
 
 def run_on_fake_cuda(monkeypatch: pytest.MonkeyPatch, clock: bool) -> tuple[Executor, Positions, int]:
@@ -76,3 +80,30 @@ def test_the_order_check_sees_a_missing_wait(monkeypatch: pytest.MonkeyPatch) ->
     ex, positions, _ = run_on_fake_cuda(monkeypatch, clock=False)
     bad = positions.unordered(ex)
     assert bad and all(ex.lane_of[i].startswith("compute:") and ex.lane_of[j].startswith("copy:") for i, j in bad)
+
+
+def test_compute_lanes_run_generated_programs_with_the_step_functions_numbers() -> None:
+    """On lanes each compute-lane task is one generated program (xsched.execute.program, the store's locked put and
+    drop: the copy and free lanes share it): the same tensors bit for bit as the step functions on lanes, and the same
+    bytes resident at the end (the simulator's)."""
+    z, graph = workload("gpt2")
+    plan = recompute_plan("gpt2", TWO, 50)
+    env = bind_inputs(graph, z.model, z.inputs)
+    programs = Executor(graph, plan, overlap=True)
+    steps = Executor(graph, plan, table={Compute: lambda ex, i, s: prepare_compute(ex, i, s)}, overlap=True)
+    assert programs.generate and not steps.generate
+    runs = []
+    for ex in (programs, steps):
+        torch.manual_seed(7)
+        st = ex.start(env)
+        ex.run(st)
+        runs.append((st, ex.outputs(st)))
+        ex.close()
+    _, tasks = programs.lane_runner.lane_tasks(0, len(plan.steps))
+    kinds = {
+        fn.__code__.co_filename.startswith("<xsched program") for _, _, lane, fn, _ in tasks if "compute:" in lane.name
+    }
+    assert kinds == {True}
+    (st_a, got), (st_b, want) = runs
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
+    assert st_a.resident() == st_b.resident() == simulate(graph, plan).resident_after[-1]
