@@ -17,6 +17,7 @@ from xsched.contracts.plan import Compute
 from xsched.execute.executor import Executor
 from xsched.execute.step_clock import StepClock, lane_kinds
 from xsched.execute.steps import prepare_compute
+from xsched.execute.workers import Done, Lane
 from xsched.simulate import simulate
 
 
@@ -107,3 +108,32 @@ def test_compute_lanes_run_generated_programs_with_the_step_functions_numbers() 
     (st_a, got), (st_b, want) = runs
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
     assert st_a.resident() == st_b.resident() == simulate(graph, plan).resident_after[-1]
+
+
+class _Ev:
+    def __init__(self, log: list[str], name: str) -> None:
+        self.log, self.name = log, name
+
+    def synchronize(self) -> None:
+        self.log.append(self.name)
+
+
+def test_a_host_lane_synchronizes_each_event_once_and_a_new_run_again() -> None:
+    """A host lane blocks on a dependency's CUDA events, skipping one at or before an event of the same lane it
+    synchronised this run; `begin` (a new run) forgets them."""
+    log: list[str] = []
+    lane = Lane("copy:cuda:0->cpu:0", "host")
+
+    def done(**events: tuple[int, str]) -> Done:
+        d = Done()
+        d.finish(cuda={k.replace("_", ":"): (i, _Ev(log, n)) for k, (i, n) in events.items()})
+        return d
+
+    lane.begin()
+    lane.wait(done(compute_a=(5, "a5"), copy_b=(3, "b3")))
+    lane.wait(done(compute_a=(4, "a4"), copy_b=(7, "b7")))  # a4: before a5, complete
+    lane.wait(done(compute_a=(5, "a5 again")))
+    assert log == ["a5", "b3", "b7"]
+    lane.begin()
+    lane.wait(done(compute_a=(4, "a4")))
+    assert log[-1] == "a4"
