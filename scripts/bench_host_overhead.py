@@ -14,8 +14,11 @@ weights) on one torch thread, in this one process (eager and wrap with their ste
 steps, each row reports per step and per op of the training graph (forward and backward), each with its ratio to
 eager's: the median and best wall time; the median CPU time of the training thread (time.thread_time: the Python
 and dispatch of the step, whatever else loads the machine; on lanes, what issuing the tasks costs); and the median
-CPU time of the whole process (every thread: the lanes', the host AdamW's). The offload rows' setup (capture,
-model costs, `park`) is cached in `--cache-dir` when given.
+CPU time of the whole process (every thread: the lanes', the host AdamW's). The lanes row adds its compute lane's
+own figures, per op: the lane thread's CPU time (its Python and dispatch, plus the kernels on a CPU; on a GPU the
+host cost of issuing them) and the wall time inside its tasks (the step breakdown's `compute_issue_s`, what a GPU
+run's breakdown calls the host time issuing the compute: CPU plus waiting for the GIL), and the tasks a step it runs
+of all the lanes'. The offload rows' setup (capture, model costs, `park`) is cached in `--cache-dir` when given.
 """
 
 from __future__ import annotations
@@ -135,21 +138,44 @@ def row_lanes(setup: dict[str, Any]) -> dict[str, Any]:
     session, _ = prepare(config, budgets, devices, world, Quiet())
     from xsched.contracts.plan import Copy
 
-    session.wrapped._first.executor.overlap = True
+    ex = session.wrapped._first.executor
+    ex.overlap = True
     copies = sum(isinstance(x, Copy) for x in session.chosen.plan.steps)
     out: dict[str, Any] = {"step_s": [], "cpu_s": [], "process_s": [], "losses": [], "copies": copies}
+    out.update(lane_cpu_s=[], lane_issue_s=[])
+    compute = ex.lanes[f"compute:{setup['device']}"]
     try:
         for s in range(setup["steps"]):
-            t0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
+            t0, c0, p0, l0 = time.perf_counter(), time.thread_time(), time.process_time(), thread_cpu(compute)
             record = _step(session, s, world, 1)
             out["cpu_s"].append(time.thread_time() - c0)
             out["process_s"].append(time.process_time() - p0)
             out["step_s"].append(time.perf_counter() - t0)
             out["losses"].append(record.loss)
+            out["lane_cpu_s"].append(thread_cpu(compute) - l0)
+            out["lane_issue_s"].append(record.breakdown["compute_issue_s"])
+        out["tasks"] = lane_tasks(ex, compute)
     finally:
         session.updater.close()
         dist.leave(world)
     return out
+
+
+def thread_cpu(lane: Any) -> float:
+    """The CPU time so far of `lane`'s thread (0 before it starts), read from this thread: Linux's per-thread
+    clocks (time.pthread_getcpuclockid); NaN where there are none."""
+    ident = lane._thread.ident if lane._thread is not None else None
+    if ident is None:
+        return 0.0
+    if not hasattr(time, "pthread_getcpuclockid"):
+        return float("nan")
+    return time.clock_gettime(time.pthread_getcpuclockid(ident))
+
+
+def lane_tasks(ex: Any, lane: Any) -> tuple[int, int]:
+    """Tasks a training step submits (every slice the executor ran on lanes): `lane`'s, and all lanes'."""
+    plans = [tasks for _, tasks in ex.lane_runner._plans.values()]
+    return sum(t[2] is lane for ts in plans for t in ts), sum(len(ts) for ts in plans)
 
 
 def row_offload(setup: dict[str, Any]) -> dict[str, Any]:
@@ -173,13 +199,14 @@ LABELS = {
 
 def table(results: dict[str, dict[str, Any]], ops: int, warmup: int) -> list[str]:
     """One line per row: the median and best wall time of a step and the median CPU time of its training thread and
-    of the whole process, per op, each with its ratio to eager's, and whether its losses equal eager's (fp32, the same arithmetic: to
-    LOSS_RTOL)."""
+    of the whole process, per op, each with its ratio to eager's, whether its losses equal eager's (fp32, the same
+    arithmetic: to LOSS_RTOL), and on lanes the compute lane's CPU and wall per op (medians) and the tasks a step."""
     lines = [
         "| row | steps | wall: median step | per op | vs eager | best step | per op | vs eager "
         "| thread CPU: median step | per op | vs eager | process CPU: median step | per op | vs eager "
-        "| losses = eager | copies a step |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| losses = eager | copies a step | compute lane: thread CPU per op | its tasks' wall per op "
+        "| tasks a step: compute lane / all |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     eager = results.get("eager")
     base = {k: f(eager[key][warmup:]) for k, key, f in FIGURES} if eager else {}
@@ -191,10 +218,16 @@ def table(results: dict[str, dict[str, Any]], ops: int, warmup: int) -> list[str
             cells.append(f"{x * 1e3:.1f} ms | {x / ops * 1e6:.1f} us | {vs}")
         same = "eager" if row == "eager" else same_losses(r["losses"], eager["losses"], LOSS_RTOL) if eager else "-"
         kept = len(r["step_s"]) - warmup
-        lines.append(f"| {LABELS[row]} | {kept} | {' | '.join(cells)} | {same} | {r.get('copies', 0)} |")
+        lane = [f"{statistics.median(r[k][warmup:]) / ops * 1e6:.1f} us" if k in r else "-" for k in LANE]
+        tasks = "{} / {}".format(*r["tasks"]) if "tasks" in r else "-"
+        lines.append(
+            f"| {LABELS[row]} | {kept} | {' | '.join(cells)} | {same} | {r.get('copies', 0)} | {' | '.join(lane)} "
+            f"| {tasks} |"
+        )
     return lines
 
 
+LANE = ("lane_cpu_s", "lane_issue_s")  # the lanes row's compute lane: its thread's CPU, the wall inside its tasks
 FIGURES = (
     ("median", "step_s", statistics.median),
     ("best", "step_s", min),

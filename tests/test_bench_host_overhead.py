@@ -1,5 +1,6 @@
 """scripts/bench_host_overhead.py at a tiny size (2 layers): every row runs, the table has each row's times per op
-and ratios to eager, the xsched rows' losses equal eager's (inline and on lanes), and the offload plan copies."""
+and ratios to eager, the xsched rows' losses equal eager's (inline and on lanes), the offload plan copies, and the
+lanes row has its compute lane's CPU and wall per op and its share of the tasks."""
 
 from __future__ import annotations
 
@@ -26,6 +27,10 @@ def test_every_row_runs_and_matches_eager_losses() -> None:
         assert all(r[k].endswith(" us") and r[k + 1].endswith("x") for k in (3, 6, 9, 12)), r
     assert rows[0][14] == "eager" and rows[0][3 + 1] == "1.00x"
     assert all(r[14].startswith("yes (max diff") for r in rows[1:]), rows
-    copies = [int(r[15].rstrip(" |")) for r in rows]
+    copies = [int(r[15]) for r in rows]
     assert copies[:2] == [0, 0] and copies[2] > 0 and copies[3] == copies[2]  # one offload plan, which copies
+    assert all(r[16:19] == ["-", "-", "- |"] for r in rows[:3]), rows  # the compute lane's figures: lanes only
+    assert r[16].endswith(" us") and r[17].endswith(" us") and float(r[16][:-3]) > 0 and float(r[17][:-3]) > 0
+    mine, every = (int(x) for x in r[18].rstrip(" |").split(" / "))
+    assert 0 < mine < every  # the compute lane runs some of the tasks, the copy and free lanes the rest
     assert "ops a training step" in p.stdout

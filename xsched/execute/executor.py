@@ -13,7 +13,8 @@ the plan's memory; copies wait for nothing else, so they start as early as the p
 Random ops additionally run their first computes in plan order (the CPU generator is shared by the
 lanes), so their draws match eager PyTorch; recomputations replay the state saved at the first run.
 A slice of steps that touches one device and no copy has nothing to overlap: it runs inline in the
-calling thread as one generated function (xsched.execute.program), about a call per op.
+calling thread as one generated function (xsched.execute.program), about a call per op; on lanes, each compute-lane
+task is such a function too.
 """
 
 from __future__ import annotations
@@ -134,8 +135,8 @@ class Executor:
         self.arena = Arena(graph, plan, self.dev, watch, handed=not whole) if planned_addresses else None
         kinds = {**STEP_KINDS, **(ARENA_KINDS if self.arena else {}), **(table or {})}
         self.fns: list[StepFn] = prepare_steps(self, kinds, check)
-        # inline slices run as generated programs, unless a custom step kind must see its steps
-        self._generate = kinds[Compute] is prepare_compute and kinds[Free] is prepare_free
+        # inline slices and compute lanes run generated programs, unless a custom step kind must see its steps
+        self.generate = kinds[Compute] is prepare_compute and kinds[Free] is prepare_free
         self.prepared = PreparedPlan(
             graph, plan, dict(self.dev), self.nbytes, self.random, self.recomputed_random, dict(self.reuse), watch
         )
@@ -144,7 +145,7 @@ class Executor:
         self._inline_clock: Any = None
         self.lane_runner = LaneRunner(self)
         self._cuts: dict[tuple[int, int], list[tuple[int, int]]] = {}
-        self.segments = Segments(self) if compile and self._generate else None
+        self.segments = Segments(self) if compile and self.generate else None
         self.clock: Any = None  # a StepClock (xsched.execute.step_clock) that times the lanes' tasks, when set
 
     # ---- lanes ----
@@ -231,7 +232,7 @@ class Executor:
         return not runs or (len(runs) == 1 and not isinstance(self.plan.steps[start], Copy))
 
     def _run_inline(self, st: RunState, start: int, stop: int, trace: bool) -> None:
-        if not trace and self._generate:
+        if not trace and self.generate:
             for program in self._inline_fns(start, stop):
                 program(st)
             return

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from xsched.errors import XschedError
+from xsched.execute.program import step_program
 from xsched.execute.steps import RunState, StepFn
 from xsched.execute.workers import Done, Lane, Task
 from xsched.interpret import at_step
@@ -78,6 +79,8 @@ class LaneRunner:
             fn = ex.fns[i] if len(group) == 1 else self._run_group(group)
             if ex.segments and key.startswith("compute:") and len(group) > 1:
                 fn = ex.segments.program(group)
+            elif ex.generate and key.startswith("compute:"):
+                fn = step_program(ex.prepared, group, shared=True)  # a call per op, not closures per argument
             if ex.clock is not None:
                 fn = ex.clock.timed(key, f"steps {i}-{group[-1]}", fn, lane.stream)
             tasks.append((i, group[-1], lane, fn, tuple(j for j in ex.deps[i] if j >= start)))

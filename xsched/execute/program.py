@@ -7,7 +7,8 @@ straight-line source in the manner of torch.fx's code generation: each op is one
 constants, each output a size check and a dict store, each free a dict delete. It keeps the step functions'
 semantics: the same kernels (in-place twins, RNG replay), the same byte accounting and peak as
 DeviceStore.put/drop (only kept in locals until the slice ends), the watched first values, and errors that name
-the step, op, value and device.
+the step, op, value and device. A lanes run's compute-lane tasks are programs too (`step_program(shared=True)`):
+there the copy and free lanes use the store meanwhile, so outputs and frees go through its locked put and drop.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def _arg(src: _Source, x: Any, device: Any) -> str:
     return f"{src.bind(getter(x, device), 'g')}(T)"
 
 
-def _compute(src: _Source, ex: PreparedPlan, i: int, s: Compute) -> None:
+def _compute(src: _Source, ex: PreparedPlan, i: int, s: Compute, shared: bool) -> None:
     op, dev = ex.graph.op[s.op], ex.dev[s.device]
     call = op.call or {}
     if op.id in ex.random:  # through the kernel closure: the generator lock and the replay of recomputations
@@ -106,16 +107,22 @@ def _compute(src: _Source, ex: PreparedPlan, i: int, s: Compute) -> None:
         n = ex.nbytes[v]
         src.emit(f"o = r{''.join(f'[{k}]' for k in path)}")
         src.emit(f"if o.nbytes != {n}: raise size({i}, {j}, o.nbytes)")
-        src.emit(f"if {v!r} not in T:")
-        src.emit(f"b += {n}", 3)
-        src.emit("if b > p: p = b", 3)
-        src.emit(f"T[{v!r}] = o")
+        if shared:
+            src.emit(f"put({v!r}, o)")
+        else:
+            src.emit(f"if {v!r} not in T:")
+            src.emit(f"b += {n}", 3)
+            src.emit("if b > p: p = b", 3)
+            src.emit(f"T[{v!r}] = o")
         if v in ex.watch:
             src.emit(f"F.setdefault({v!r}, o)")
     src.emit("del r, o" if op.outputs else "del r")  # a later free must release the outputs, as planned
 
 
-def _free(src: _Source, ex: PreparedPlan, s: Free) -> None:
+def _free(src: _Source, ex: PreparedPlan, s: Free, shared: bool) -> None:
+    if shared:
+        src.emit(f"drop({s.value!r})")
+        return
     src.emit(f"if {s.value!r} in R: R.discard({s.value!r})")
     src.emit(f"else: del T[{s.value!r}]")
     src.emit(f"b -= {ex.nbytes[s.value]}")
@@ -123,23 +130,35 @@ def _free(src: _Source, ex: PreparedPlan, s: Free) -> None:
 
 def inline_program(ex: PreparedPlan, start: int, stop: int) -> Callable[[Any], None]:
     """Steps [start, stop) of `ex.plan` (computes and frees on one device) as one function of the run state."""
-    steps = ex.plan.steps[start:stop]
+    return step_program(ex, range(start, stop))
+
+
+def step_program(ex: PreparedPlan, idx: Sequence[int], *, shared: bool = False) -> Callable[[Any], None]:
+    """Steps `idx` of `ex.plan` (computes and frees on one device, in plan order) as one function of the run state.
+    `shared`: other threads use the device's store meanwhile (a lanes run's compute lane, beside its copy and free
+    lanes): each output and free goes through the store's locked put and drop, as the step functions do, so its
+    bytes and peak count every lane's; else they are counted in locals and written back once."""
+    steps = [ex.plan.steps[i] for i in idx]
     if any(not isinstance(s, (Compute, Free)) for s in steps) or len({s.device for s in steps}) > 1:  # type: ignore[union-attr]
-        raise XschedError(f"steps [{start}, {stop}) are not computes and frees on one device", stage="execute")
+        raise XschedError(f"steps {_span(idx)} are not computes and frees on one device", stage="execute")
     src = _Source()
-    for i, s in enumerate(steps, start):
+    for i, s in zip(idx, steps):
         src.emit(f"i = {i}")
         if isinstance(s, Compute):
-            _compute(src, ex, i, s)
+            _compute(src, ex, i, s, shared)
         else:
-            _free(src, ex, s)
+            _free(src, ex, s, shared)
     device = steps[0].device if steps else ex.plan.devices[0]  # type: ignore[union-attr]
     src.ns.update(size=lambda i, j, got: _size(ex, i, j, got), failed=lambda i, e: _failed(ex, i, e), D=device)
     body = "\n".join(src.lines) or "        pass"
+    first = idx[0] if len(idx) else 0
+    # shared: the locked store methods; else the byte count in locals, written back however the program ends
+    head, tail = ("put, drop = S.put, S.drop", "") if shared else ("b, p = S.bytes, S.peak", _WRITE_BACK)
     text = f"""def program(st):
     S = st.stores[D]
     T, R, F, L = S.tensors, S.reserved, st.first, st.rng
-    b, p, i = S.bytes, S.peak, {start}
+    {head}
+    i = {first}
     try:
 {body}
     except Exception as e:
@@ -147,11 +166,21 @@ def inline_program(ex: PreparedPlan, start: int, stop: int) -> Callable[[Any], N
         if x is e:
             raise
         raise x from e
-    finally:
+{tail}"""
+    exec(compile(text, f"<xsched program {ex.graph.name} {_span(idx)}>", "exec"), src.ns)
+    return src.ns["program"]
+
+
+_WRITE_BACK = """    finally:
         S.bytes, S.peak = b, p
 """
-    exec(compile(text, f"<xsched program {ex.graph.name} [{start}, {stop})>", "exec"), src.ns)
-    return src.ns["program"]
+
+
+def _span(idx: Sequence[int]) -> str:
+    """Steps `idx` for a message: [start, stop) when they follow on, else the first and last."""
+    if len(idx) and list(idx) == list(range(idx[0], idx[-1] + 1)):
+        return f"[{idx[0]}, {idx[-1] + 1})"
+    return f"{idx[0]}..{idx[-1]}" if len(idx) else "[]"
 
 
 def gather(

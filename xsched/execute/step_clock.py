@@ -46,25 +46,24 @@ class StepClock:
         with self._lock:
             self._s, self._t0 = _Spans(), time.perf_counter()
 
-    def timed(self, lane: str, label: str, fn: Callable[[Any], None], stream: Any = None) -> Callable[[Any], None]:
-        """`fn` timed on `lane`: host start and end, and CUDA events around it on `stream` when given."""
+    def timed(self, lane: str, label: str, fn: Callable[[Any], None], stream: Any = None) -> Callable[[Any], Any]:
+        """`fn` timed on `lane`: host start and end, and CUDA events around it on `stream` when given; it returns
+        the end event, which marks the task done on the device too (workers.Lane.finished: one event less each)."""
         spans = self
         if stream is None:
             return self._host_timed(lane, label, fn)
 
-        def run(arg: Any) -> None:
+        def run(arg: Any) -> Any:
             t0 = time.perf_counter()
-            ev0 = ev1 = None
-            if stream is not None:
-                ev0 = torch.cuda.Event(enable_timing=True)
-                ev0.record(stream)
+            ev0 = torch.cuda.Event(enable_timing=True)
+            ev0.record(stream)
             try:
                 fn(arg)
             finally:
-                if stream is not None:
-                    ev1 = torch.cuda.Event(enable_timing=True)
-                    ev1.record(stream)
-                spans.span(lane, label, t0, time.perf_counter(), (ev0, ev1) if ev0 is not None else None)
+                ev1 = torch.cuda.Event(enable_timing=True)
+                ev1.record(stream)
+                spans.span(lane, label, t0, time.perf_counter(), (ev0, ev1))
+            return ev1
 
         return run
 

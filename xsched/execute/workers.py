@@ -74,7 +74,7 @@ class Skipped(Exception):
 @dataclass(slots=True)
 class Task:
     index: int
-    fn: Callable[[Any], None]
+    fn: Callable[[Any], Any]  # returns None, or a CUDA event it recorded on the lane's stream as it ended
     arg: Any
     deps: Sequence[Done]
     done: Done
@@ -94,6 +94,7 @@ class Lane:
         self._q: queue.SimpleQueue[list[Task] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._carry: Events = {}  # free lane: the device work every free so far waited for
+        self._waited: dict[str, int] = {}  # lane -> the latest of its steps this lane has waited for in this run
 
     def submit(self, tasks: list[Task]) -> None:
         """Run `tasks` in order on the lane's thread. A run hands each lane all its tasks at once: one hand-off
@@ -106,6 +107,7 @@ class Lane:
     def begin(self) -> None:
         """A new run: events of earlier runs are complete on the device (the run ended by waiting for them)."""
         self._carry = {}
+        self._waited = {}
 
     def close(self) -> None:
         if self._thread is not None:
@@ -128,19 +130,30 @@ class Lane:
         dep.event.wait()
         if dep.failed:
             raise Skipped
-        if self.kind == "cuda":
-            for _, ev in dep.cuda.values():
+        if self.kind == "free" or not dep.cuda:
+            return
+        waited = self._waited
+        for lane, (i, ev) in dep.cuda.items():
+            # a lane's own events are behind it on its stream already, and an event at or before one this lane has
+            # waited for is complete by then (a stream completes its events in order): each wait is a CUDA call
+            # that hands the GIL over, and a free lane hands on every lane's events to each step waiting for it
+            if lane == self.name or waited.get(lane, -1) >= i:
+                continue
+            waited[lane] = i
+            if self.kind == "cuda":
                 self.stream.wait_event(ev)
-        elif self.kind == "host":
-            for _, ev in dep.cuda.values():
+            else:
                 ev.synchronize()
 
-    def finished(self, index: int, deps: Sequence[Done]) -> Events:
-        """The CUDA events that mark this lane's just-finished step as done on the device."""
+    def finished(self, index: int, deps: Sequence[Done], end: Any = None) -> Events:
+        """The CUDA events that mark this lane's just-finished step as done on the device. `end`: a CUDA event the
+        task recorded on the lane's stream as it ended (a clock's, xsched.execute.step_clock), which marks it done
+        as well as a new one would."""
         if self.kind == "cuda":
-            ev = torch.cuda.Event()
-            ev.record(self.stream)
-            return {self.name: (index, ev)}
+            if end is None:
+                end = torch.cuda.Event()
+                end.record(self.stream)
+            return {self.name: (index, end)}
         if self.kind == "free":  # frees finish in order, so each stands for every earlier one on the device
             for d in deps:
                 merge(self._carry, d.cuda)
@@ -153,8 +166,8 @@ def run_task(lane: Lane, task: Task) -> None:
     try:
         for dep in task.deps:
             lane.wait(dep)
-        task.fn(task.arg)
-        task.done.finish(cuda=lane.finished(task.index, task.deps))
+        end = task.fn(task.arg)  # None, or the CUDA event a clock recorded at its end (Task.fn)
+        task.done.finish(cuda=lane.finished(task.index, task.deps, end))
     except Skipped:
         task.done.finish(failed=True)
     except BaseException as e:  # reported by the run that submitted the task
