@@ -3,6 +3,7 @@ through the runner, and return the simulator-checked plan, which carries the run
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
@@ -12,11 +13,11 @@ from xsched.contracts.profile import Profile
 from xsched.errors import SolverError
 from xsched.solve.bounds.memory import check_budgets
 from xsched.solve.objective import objective
-from xsched.solve.options import SolverOptions, deadline
+from xsched.solve.options import DEFAULTS, SolverOptions, deadline, enough_at
 from xsched.solve.problem import Outcome, Problem, runnable
 from xsched.solve.registry import SOLVERS, run_member
 from xsched.solve.reserved import fit_reserved
-from xsched.solve.runner import CONFIGURATIONS, configuration, run
+from xsched.solve.runner import CONFIGURATIONS, configuration, gap_threshold, run
 
 
 def solve(
@@ -79,7 +80,11 @@ def _solve_once(problem: Problem, method: str, options: SolverOptions, warm_star
     if entry is not None and entry.kind == "heuristic":  # alone: its own error when it does not fit
         check_budgets(problem.graph, problem.profile, problem.budgets, problem.devices, problem.homes)
         with deadline(options.time_limit_s):  # a heuristic alone keeps the limit too (its options carry it)
-            result = run_member(entry, problem, options, None)
+            # a gap asked (`--gap`) stops its variants within it of the lower bound (the bound costs a share of the
+            # limit, so it is found only then)
+            enough = gap_threshold(problem, options) if options.mip_gap > DEFAULTS.mip_gap else -math.inf
+            with enough_at(enough):
+                result = run_member(entry, problem, options, None)
         if result.plan is not None:  # a plan wrap cannot run (forward outputs gone at the boundary): BudgetError
             plan = runnable(problem.graph, result.plan, problem.profile, problem.budgets)
             result = Outcome(replace(plan.solver, objective=objective(plan, options.alpha_energy)), plan)

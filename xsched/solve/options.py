@@ -115,6 +115,27 @@ def deadline(seconds: float | None) -> Iterator[float]:
         _DEADLINE.reset(token)
 
 
+# ---- good enough: the objective at or below which no plan need be sought (the run's lower bound on every plan
+# widened by the gap asked, `--gap`); a member with variants left (park) stops once its best is there, as the runner
+# skips members once a plan is within the gap
+_ENOUGH: ContextVar[float] = ContextVar("xsched_enough", default=-math.inf)
+
+
+def good_enough(value: float) -> bool:
+    """A plan of this objective needs no better one: it is within the run's gap of the lower bound."""
+    return value <= _ENOUGH.get()
+
+
+@contextmanager
+def enough_at(value: float) -> Iterator[None]:
+    """Within the block a plan of objective `value` or less is good enough (`good_enough`)."""
+    token = _ENOUGH.set(value)
+    try:
+        yield
+    finally:
+        _ENOUGH.reset(token)
+
+
 @contextmanager
 def using_clock(clock: Callable[[], float]) -> Iterator[None]:
     """The solve stage reads `clock` within the block (a test's fake clock that advances as it is read)."""

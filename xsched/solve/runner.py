@@ -14,7 +14,7 @@ from xsched.contracts.result import MemberOutcome, MilpStats, RunStats, SolveRes
 from xsched.errors import BudgetError, NoIncumbent, NoLinkError, SolverError, XschedError
 from xsched.solve.bounds.memory import check_budgets, lower_bounds
 from xsched.solve.objective import better, objective, objective_floor
-from xsched.solve.options import SolverOptions, deadline, now, one_run, past_deadline
+from xsched.solve.options import SolverOptions, deadline, enough_at, now, one_run, past_deadline
 from xsched.solve.order.order import stage_proof_covers_every_plan
 from xsched.solve.problem import Outcome, Problem, runnable
 from xsched.solve.registry import IMPORT_S, SOLVERS, SolverEntry, run_member
@@ -106,6 +106,7 @@ def _run(problem: Problem, config: Configuration, options: SolverOptions, given:
         floor, floor_why = objective_floor(
             problem.graph, problem.profile, problem.devices, problem.homes, alpha, problem.budgets
         )
+    enough = _gap_value(floor, options.mip_gap)  # a member's plan at or below it ends that member's search too
     for k, entry in enumerate(heuristics):
         started = now()
         if _within_gap(best, floor, alpha, options.mip_gap):  # no later member could gain more than the gap asked
@@ -116,7 +117,7 @@ def _run(problem: Problem, config: Configuration, options: SolverOptions, given:
             outcomes.append(MemberOutcome(entry.name, "no_incumbent", 0.0, None, "not started: no time left"))
             continue
         share = max(until - (started - t0), 0.0) / (len(heuristics) - k)
-        with deadline(share):  # the heuristic keeps it as its options.time_limit_s (options.keeps_limit)
+        with deadline(share), enough_at(enough):  # the heuristic keeps it as its options.time_limit_s (keeps_limit)
             r = run_member(entry, problem, replace(options, time_limit_s=share), None)
             stopped = past_deadline()
         consider(entry.name, _stopped(_checked(problem, r, options), stopped), now() - started)
@@ -135,7 +136,7 @@ def _run(problem: Problem, config: Configuration, options: SolverOptions, given:
             continue
         started = now()
         member = _member_options(entry, options, left, timed[k + 1 :])
-        with deadline(member.time_limit_s):  # what the member runs inside (heuristics, scoring) checks it too
+        with deadline(member.time_limit_s), enough_at(enough):  # what the member runs inside checks them too
             r = _checked(problem, run_member(entry, problem, member, best), options)
         results.append(r)
         consider(entry.name, r, now() - started)
@@ -232,6 +233,22 @@ def _stops(r: SolveResult | None, plan: Plan | None) -> bool:
 def _within_gap(best: Plan | None, floor: float, alpha: float, gap: float) -> bool:
     """The plan's objective is within the relative `gap` of the lower bound on every plan (at it, for a gap of 0)."""
     return best is not None and _relative_gap(objective(best, alpha), floor) <= max(gap, 1e-9)
+
+
+def gap_threshold(problem: Problem, options: SolverOptions) -> float:
+    """The objective within `options.mip_gap` (`--gap`) of the lower bound on every plan, the bound found in its
+    share of the limit: a heuristic run alone (xsched.solve.api) stops its variants there, as the runner's members do."""
+    limit = options.time_limit_s if options.time_limit_s is not None else NO_LIMIT_S
+    with deadline(limit * FLOOR_SHARE):
+        floor, _ = objective_floor(
+            problem.graph, problem.profile, problem.devices, problem.homes, options.alpha_energy, problem.budgets
+        )
+    return _gap_value(floor, options.mip_gap)
+
+
+def _gap_value(bound: float, gap: float) -> float:
+    """The largest objective within the relative `gap` of `bound` (`_within_gap`'s test, solved for the value)."""
+    return bound / (1.0 - max(gap, 1e-9)) if bound > 0 else 0.0
 
 
 def _relative_gap(value: float, bound: float) -> float:

@@ -23,8 +23,17 @@ from xsched.solve.heuristics.park_floor import Floors
 from xsched.solve.heuristics.park_model import EndRerun, Park, ParkTimeline
 from xsched.solve.heuristics.routing import finish, home_copies_early, route
 from xsched.solve.heuristics.timeline import op_seconds
-from xsched.solve.objective import best_of
-from xsched.solve.options import DEFAULTS, SolverOptions, keeps_limit, note_unit, now, out_of_time, past_deadline
+from xsched.solve.objective import best_of, objective
+from xsched.solve.options import (
+    DEFAULTS,
+    SolverOptions,
+    good_enough,
+    keeps_limit,
+    note_unit,
+    now,
+    out_of_time,
+    past_deadline,
+)
 from xsched.solve.order.order import starting_orders
 from xsched.solve.problem import Problem, runnable
 
@@ -304,6 +313,8 @@ def park_remat(problem: Problem, options: SolverOptions = DEFAULTS, warm: Plan |
         if k and out_of_time():  # the first variant runs however late: the most promising, and often the only fit
             why.insert(0, f"stopped at the time limit after {k} of {len(variants)} variants")
             break
+        if plans and good_enough(min(objective(p, options.alpha_energy) for p in plans)):
+            break  # within the run's gap of the lower bound: no later variant can gain more than the gap asked
         if (c, store, name) in as_is:  # depth and price only rank moves: none made, the same plan again
             continue
         started = now()
