@@ -28,6 +28,10 @@ PROBE_SHARE, PROBE_MIN_S, PROBE_MAX_S = 0.2, 0.5, 10.0
 FLOOR_SHARE = 0.1  # the lower bound's share of the limit (0.5-1.5 s on GPT-2 1.56B, most in its first LP)
 GRACE_SHARE, GRACE_S = 0.1, 1.0  # a run returns within limit x (1 + GRACE_SHARE) + GRACE_S (issue 33)
 PROBE_FACTORS = (1.1, 1.25, 1.5, 2.0, 4.0)  # budgets scaled by these until a heuristic fits
+# a timed member's least share of the time left while no member has found a plan: the later members' shares are
+# for improving a plan, and without one the first search to find any needs the time (GPT-2 on an H100 at 45%, GPU
+# alone: only hier finds a plan, in 4-5 s of the 10 s the heuristics leave of 20, where 0.4 gave it 4.2 s)
+NO_PLAN_SHARE = 0.75
 _PROOF_SCOPE = {"milp": ", for plans that first compute the ops in graph order"}
 
 
@@ -135,7 +139,7 @@ def _run(problem: Problem, config: Configuration, options: SolverOptions, given:
             outcomes.append(MemberOutcome(entry.name, "no_incumbent", 0.0, None, why))
             continue
         started = now()
-        member = _member_options(entry, options, left, timed[k + 1 :])
+        member = _member_options(entry, options, left, timed[k + 1 :], planned=best is not None)
         with deadline(member.time_limit_s), enough_at(enough):  # what the member runs inside checks them too
             r = _checked(problem, run_member(entry, problem, member, best), options)
         results.append(r)
@@ -177,12 +181,15 @@ def _import_s(entry: SolverEntry) -> float:
     return sum(IMPORT_S.get(m, 0.0) for m in entry.imports if m not in sys.modules)
 
 
-def _member_options(entry: SolverEntry, options: SolverOptions, left: float, later: Sequence[SolverEntry]):
-    """A member's options: its share of the time left (all of it when it is the last timed member), and no
-    refinement of its own plan by CP-SAT when a later member runs CP-SAT from it anyway."""
+def _member_options(
+    entry: SolverEntry, options: SolverOptions, left: float, later: Sequence[SolverEntry], planned: bool = True
+) -> SolverOptions:
+    """A member's options: its share of the time left (all of it when it is the last timed member; at least
+    NO_PLAN_SHARE while no plan is `planned`), and no refinement of its own plan by CP-SAT when a later member runs
+    CP-SAT from it anyway."""
     if entry.kind == "heuristic":
         return options
-    share = entry.share if later else 1.0
+    share = (entry.share if planned else max(entry.share, NO_PLAN_SHARE)) if later else 1.0
     return replace(options, time_limit_s=left * share, hier_refine=options.hier_refine and not later)
 
 
