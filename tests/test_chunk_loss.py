@@ -326,11 +326,18 @@ def test_the_memory_benchmark_measures_chunked_rows() -> None:
         z.model.zero_grad(set_to_none=True)
         return float(loss)
 
-    (row,) = bench.chunked_rows(g, bind_inputs(g, z.model, z.inputs), "cpu:0", "cpu:1", "100%", eager, a, 2.0)
-    assert row["plan"] == "xsched 80%, loss in 4 chunks, cpu:1 store" and "error" not in row, row
-    assert row["budget"] == eager_peak(g) * 80 // 100 and row["predicted_peak"] <= row["budget"]
-    torch.manual_seed(bench_gpu_torch_rows.SEED)  # as the benchmark seeds each step (dropout)
-    assert row["loss"] == pytest.approx(eager(), rel=1e-5)
+    ckpt = eager_peak(g) * 90 // 100  # as torch checkpoint's measured peak would be given: bytes
+    rows = bench.chunked_rows(g, bind_inputs(g, z.model, z.inputs), "cpu:0", "cpu:1", "100%", eager, a, 2.0, ckpt)
+    assert [r["plan"] for r in rows] == [
+        "xsched 80%, loss in 4 chunks, cpu:1 store",
+        "xsched at checkpoint's peak, loss in 4 chunks, cpu:0 alone",
+        "xsched at checkpoint's peak, loss in 4 chunks, cpu:1 store",
+    ]
+    for row, budget in zip(rows, [eager_peak(g) * 80 // 100, ckpt, ckpt]):
+        assert "error" not in row, row
+        assert row["budget"] == budget and row["predicted_peak"] <= row["budget"]
+        torch.manual_seed(bench_gpu_torch_rows.SEED)  # as the benchmark seeds each step (dropout)
+        assert row["loss"] == pytest.approx(eager(), rel=1e-5)
 
 
 def test_a_model_returning_its_loss_alone_gets_its_logits_chunked_too() -> None:
