@@ -164,3 +164,60 @@ def test_gpt2_in_the_arena_equals_the_default_executor_with_no_extra_copies() ->
     finally:
         arena.close()
         plain.close()
+
+
+def two_lookups() -> Graph:
+    """e1, e2 = embedding(w, i1), embedding(w, i2) (4096 B each, a composite out=), s = e1 + e2 (4096 B), then
+    b = s + z (16,384 B, broadcast over z's 4 rows), the output; e1 and e2 freed before b is made."""
+    row = (1, 1024)
+    values = (
+        Value("w", 16 * 4096, "input", (16, 1024), "float32"),
+        Value("i1", 8, "input", (1,), "int64"),
+        Value("i2", 8, "input", (1,), "int64"),
+        Value("z", 16384, "input", (4, 1024), "float32"),
+        Value("e1", 4096, "activation", row, "float32"),
+        Value("e2", 4096, "activation", row, "float32"),
+        Value("s", 4096, "activation", row, "float32"),
+        Value("b", 16384, "activation", (4, 1024), "float32"),
+    )
+
+    def two(name: str, target: str, x: str, y: str, out: str) -> Op:
+        return Op(name, target, (x, y), (out,), "fwd", call={"args": [{"ref": x}, {"ref": y}], "outs": [[]]})
+
+    ops = (
+        two("emb1", "aten.embedding.default", "w", "i1", "e1"),
+        two("emb2", "aten.embedding.default", "w", "i2", "e2"),
+        two("sum", "aten.add.Tensor", "e1", "e2", "s"),
+        two("wide", "aten.add.Tensor", "s", "z", "b"),
+    )
+    return Graph("lookups", values, ops, ("b",))
+
+
+def test_composites_are_placed_where_that_lowers_the_peak() -> None:
+    """Hand count, whole steps. Outside: e1 and e2 (8192 B at once) beside an arena of s and b (20,480 B): 28,672 B.
+    Placed: e1 and e2 in slots b takes later (b at 0, s at 16,384, e1 at 0, e2 at 4096: 20,480 B), one lookup's
+    4096 B temporary beside it at a time: 24,576 B, so ArenaPlan places them; the allocator model allocates that
+    temporary with the op. Run on cpu:0, the output equals eager's."""
+    graph = two_lookups()
+    plan = eager_plan(graph, "cpu:0")
+    ap = ArenaPlan(graph, plan, handed=False)
+    a = ap.addresses
+    assert ap.composites and {k[0] for k in a.offsets} == {"e1", "e2", "s", "b"}
+    assert a.arena_bytes == {"cpu:0": 20480} and a.outside_peak == {"cpu:0": 4096}
+    assert sorted(a.temporary.values()) == [4096, 4096]
+    on_gpu = eager_plan(graph, "cuda:0")
+    modelled = replay_reserved(graph, on_gpu, arena=ArenaPlan(graph, on_gpu, handed=False).addresses)["cuda:0"]
+    homed = 16 * 4096 + 512 + 512 + 16384  # w, i1, i2, z in 512 B blocks
+    assert modelled.allocated == homed + 20480 + 4096
+    g = torch.Generator().manual_seed(5)
+    env = {"w": torch.randn(16, 1024, generator=g), "i1": torch.tensor([3]), "i2": torch.tensor([11])}
+    env["z"] = torch.randn(4, 1024, generator=g)
+    ex = Executor(graph, plan, planned_addresses="whole", overlap=False)
+    try:
+        got = ex(env).outputs["b"]
+        want = torch.nn.functional.embedding(env["i1"], env["w"]) + torch.nn.functional.embedding(env["i2"], env["w"])
+        assert torch.equal(got, want + env["z"])
+        (key,) = [k for k in a.offsets if k[0] == "b"]
+        assert got.data_ptr() == ex.arena.base("cpu:0") + a.offsets[key]
+    finally:
+        ex.close()

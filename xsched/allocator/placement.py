@@ -217,28 +217,23 @@ class ArenaPlan:
         self.placeable = _placeable(graph, watch)
         self.time_limit_s, self.profile = time_limit_s, profile
         # composites placed (temporary + copy) or run outside: the smaller predicted peak, outside on a tie (no copies)
-        chosen = self._select(composites=False)
-        if self._has_composites(chosen[0]):
-            placed = self._select(composites=True)
+        *chosen, left = self._select(composites=False)
+        if left:
+            *placed, _ = self._select(composites=True)
             if _peak(placed[2]) < _peak(chosen[2]):
                 chosen = placed
         self.compute_steps, self.copy_steps, self.addresses = chosen  # the steps that write into the arena
         self.composites = any(i in self.addresses.temporary for i in self.compute_steps)
 
-    def _has_composites(self, steps: set[int]) -> bool:
-        """Whether some compute left outside could be placed through a composite `out=` (no rewrite)."""
-        return any(
-            isinstance(s, Compute) and i not in steps and _writes_out(self.graph, self.graph.op[s.op], composites=True)
-            for i, s in enumerate(self.plan.steps)
-        )
-
-    def _select(self, composites: bool) -> tuple[set[int], set[int], Addresses]:
-        """The compute and copy steps that write into the arena and the addresses of what they place; `composites`:
-        ops whose `out=` is a composite without a rewrite are placed too (their temporaries counted outside)."""
+    def _select(self, composites: bool) -> tuple[set[int], set[int], Addresses, bool]:
+        """The compute and copy steps that write into the arena, the addresses of what they place, and whether some
+        compute with outputs that fit was left out for its composite `out=` alone; `composites`: ops whose `out=` is
+        a composite without a rewrite are placed too (their temporaries counted outside)."""
         graph, plan = self.graph, self.plan
         computes: set[int] = set()
         copies: set[int] = set()
         keys: set[tuple[str, str, int]] = set()  # the residencies placed
+        left = False
         for i, s in enumerate(plan.steps):
             if isinstance(s, Compute):
                 op = graph.op[s.op]
@@ -247,6 +242,8 @@ class ArenaPlan:
                     # outputs not placed (graph outputs, gradients) are written into fresh tensors of their layout
                     computes.add(i)
                     keys.update(fit)
+                elif fit and not composites:
+                    left = left or _writes_out(graph, op, composites=True)
             elif isinstance(s, Copy) and self._fits(s.value, s.dst, i):
                 copies.add(i)
                 keys.add((s.value, s.dst, i))
@@ -265,7 +262,7 @@ class ArenaPlan:
             to_the_end=not self.handed,
             scratch=scratch,
         )
-        return computes, copies, replace(addresses, temporary=temporary)
+        return computes, copies, replace(addresses, temporary=temporary), left
 
     def _fits(self, v: str, d: str, i: int) -> bool:
         """Whether the residency of `v` on `d` that step `i` begins may live in the arena: placeable, and where the
