@@ -95,11 +95,14 @@ def _rewrites() -> dict[str, Any]:
         "aten.copy.default": lambda x, src, non_blocking=False, *, out: out.copy_(src, non_blocking=non_blocking),
         "aten.relu.default": lambda x, *, out: torch.clamp_min(x, 0, out=out),  # eager's relu is clamp_min(x, 0)
         # one pass, as eager's in-place masked_fill_ on a dying input (functional masked_fill clones first): the
-        # value cast to x's dtype as masked_fill casts it, x's elements kept bit for bit
+        # value cast to x's dtype as masked_fill casts it (on x's device: no CPU scalar for a CUDA kernel), x's
+        # elements kept bit for bit
         "aten.masked_fill.Scalar": lambda x, mask, value, *, out: torch.where(
-            mask, torch.scalar_tensor(value, dtype=x.dtype), x, out=out
+            mask, torch.scalar_tensor(value, dtype=x.dtype, device=x.device), x, out=out
         ),
-        "aten.masked_fill.Tensor": lambda x, mask, value, *, out: torch.where(mask, value.to(x.dtype), x, out=out),
+        "aten.masked_fill.Tensor": lambda x, mask, value, *, out: torch.where(
+            mask, value.to(device=x.device, dtype=x.dtype), x, out=out
+        ),
         "aten.native_dropout_backward.default": lambda g, mask, scale, *, out: torch.mul(g, mask, out=out).mul_(scale),
         "aten.div.Scalar": lambda x, other, *, out: torch.div(x, other, out=out),
         "aten.mul.Scalar": lambda x, other, *, out: torch.mul(x, other, out=out),
