@@ -12,6 +12,7 @@ from bench_gpu_torch_rows import timed
 from bench_offload import hidden_share
 
 from xsched.allocator import reserved_range, segment_size
+from xsched.allocator.placement import ArenaPlan
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Plan
 from xsched.contracts.profile import Profile
@@ -78,7 +79,8 @@ def plan_row(label: str, graph: Graph, plan: Plan, profile: Profile, env: dict, 
     grown = reserved_range(
         graph, plan, profile, devices=[compute], reuse=ex.reuse, side_streams=ex.overlap, expandable=True
     )[compute]
-    arena = exs["arena"].arena.planned.addresses if "arena" in exs else None
+    # the executor's selection and offsets, with the profile's op workspaces counted outside the arena
+    arena = ArenaPlan(graph, plan, handed=False, profile=profile).addresses if "arena" in exs else None
     arena_predicted = (
         reserved_range(graph, plan, profile, devices=[compute], reuse={}, side_streams=ex.overlap, arena=arena)[compute]
         if arena is not None
@@ -149,7 +151,8 @@ def arena_row(row: dict, got: dict, counted: int, arena, predicted: tuple, compu
     """The plan's row again, run with planned addresses (Executor(planned_addresses="whole"): whole steps): on CUDA its measured peak
     and reserved growth above what was there before the run, plus the arena (allocated once, before: its bytes, and
     the segment cudaMalloc gave it); the allocator model's prediction with the arena (the GPU keeping up, the host
-    ahead); the arena's bytes, their lower bound, and the most bytes the plan makes live outside it."""
+    ahead); the arena's bytes, their lower bound, and the most bytes the plan makes live outside it (op workspaces
+    included), which with the arena are the predicted step peak."""
     out = expandable_row(row, got, counted, predicted)
     n = arena.arena_bytes.get(compute, 0)
     out["plan"] = f"{row['plan']}, planned addresses"
@@ -158,4 +161,6 @@ def arena_row(row: dict, got: dict, counted: int, arena, predicted: tuple, compu
         out["reserved"] = got["reserved"] + segment_size(n) if n else got["reserved"]
     out |= {"arena": n, "arena_lower_bound": arena.lower_bound.get(compute, 0)}
     out["arena_outside_peak"] = arena.outside_peak.get(compute, 0)
+    # the step's peak with the arena: all of it, allocated before, and the most outside it at once (workspaces too)
+    out["predicted_peak"] = n + arena.outside_peak.get(compute, 0)
     return out

@@ -62,7 +62,7 @@ def arena_cell(graph: Graph, plan: Plan, profile: Profile | None) -> str:
     allocated bytes made outside it."""
     cells = []
     for handed in (False, True):
-        arena = ArenaPlan(graph, plan, time_limit_s=10.0, handed=handed)
+        arena = ArenaPlan(graph, plan, time_limit_s=10.0, handed=handed, profile=profile)
         a = arena.addresses
         low, high = reserved_range(graph, plan, profile, devices=[GPU], reuse={}, expandable=True, arena=a)[GPU]
         outside = arena.outside_bytes().get(GPU, 0)
@@ -83,7 +83,7 @@ def explain_row(graph: Graph, plan: Plan, profile: Profile, spec: str) -> str:
     low, high = e.planned
     over = f"{low.reserved / low.plan_peak:.3f}" + ("" if high == low else f"-{high.reserved / high.plan_peak:.3f}")
     t = time.perf_counter()
-    solved = ArenaPlan(graph, plan, time_limit_s=10.0, handed=False).addresses
+    solved = ArenaPlan(graph, plan, time_limit_s=10.0, handed=False, profile=profile).addresses
     took_cpsat = time.perf_counter() - t
     return (
         f"| {spec} | {over} | {e.arena_bytes / MiB:,.0f} | {e.outside / MiB:,.0f} | {took:.2f} "

@@ -208,9 +208,12 @@ def test_bytes_outside_the_arena_are_the_planned_outside_peak(name, devices, mod
         count.reset_peak()
         ex.run(st)
     a = ex.arena.planned.addresses
+    # the values alone: workspaces and a composite out='s temporaries are allocated inside their op, unseen here
+    values = plan_addresses(graph, plan, lambda r: r.key in a.offsets, search_work=0, to_the_end=True)
     for d in plan.devices:
-        got, want = count.peak.get(d, 0), a.outside_peak[d]
-        assert abs(got - want) <= 0.03 * max(want, got), (d, want, got)
+        got, want = count.peak.get(d, 0), values.outside_peak[d]
+        # 8 B: the 0-dim value masked_fill's rewrite makes (placement._rewrites), live during its op only
+        assert abs(got - want) <= 0.03 * max(want, got) + 8, (d, want, got)
     ex.close()
 
 

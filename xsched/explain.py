@@ -271,7 +271,9 @@ def expected_reserved(
     default = reserved_range(graph, plan, profile, devices=devices)
     if not any(low.plan_peak for low, _ in default.values()):  # no accelerator: no arena to size
         return {}
-    arena = ArenaPlan(graph, plan, handed=False).addresses  # whole steps, as `xsched run --planned-addresses`
+    arena = ArenaPlan(
+        graph, plan, handed=False, profile=profile
+    ).addresses  # whole steps, as `xsched run --planned-addresses`
     grown = reserved_range(graph, plan, profile, devices=devices, expandable=True)
     # in-place reuse is off with planned addresses (reserved_range's default: none)
     planned = reserved_range(graph, plan, profile, devices=devices, arena=arena)

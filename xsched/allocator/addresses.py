@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from xsched.allocator.arena_search import SEARCH_WORK, improve, most_live, overlapping, place
 from xsched.contracts.graph import Graph
@@ -51,9 +51,10 @@ class Addresses:
     """The offsets of a plan's arena residencies and what each device then holds. `offsets`: (value, device, start
     step) -> byte offset in that device's arena; `arena_bytes`: each device's arena; `lower_bound`: the most
     (aligned) arena bytes live at one step, which no assignment can beat; `outside_peak`: the most bytes live at one
-    step outside the arena and the homed inputs; `homed`: the homed inputs' bytes; `method`: "greedy", "search" where
+    step outside the arena and the homed inputs, op workspaces included; `homed`: the homed inputs' bytes; `method`: "greedy", "search" where
     the iterated greedy (arena_search) found a smaller arena, or CP-SAT's "optimal" / "feasible" when it ran and found
-    a solution (proven optimal or not)."""
+    a solution (proven optimal or not); `temporary`: compute step -> bytes it allocates beside the arena besides its
+    workspace (a composite `out=`'s functional outputs, before they are copied into their slots)."""
 
     offsets: Mapping[tuple[str, str, int], int]
     sizes: Mapping[tuple[str, str, int], int]
@@ -62,10 +63,11 @@ class Addresses:
     outside_peak: Mapping[str, int]
     homed: Mapping[str, int]
     method: str
+    temporary: Mapping[int, int] = field(default_factory=dict)
 
     def predicted_peak(self, device: str) -> int:
         """What the device holds at its fullest with planned addresses: homed inputs, the whole arena (allocated
-        once), and the most bytes live outside it."""
+        once), and the most bytes live outside it (an op's workspace among them: the op allocates it itself)."""
         return self.homed.get(device, 0) + self.arena_bytes.get(device, 0) + self.outside_peak.get(device, 0)
 
 
@@ -103,13 +105,16 @@ def plan_addresses(
     time_limit_s: float = 0.0,
     to_the_end: bool = False,
     search_work: int = SEARCH_WORK,
+    scratch: Mapping[int, tuple[str, int]] | None = None,
 ) -> Addresses:
     """Offsets for the plan's arena residencies: those made during the step and freed in it, that `in_arena` keeps
     (default all). `sizes`: a value's bytes in its slot where they differ from its graph bytes (a strided layout
     spans more). Greedy's best, improved by the iterated greedy (arena_search) within `search_work` (0: greedy alone).
     With `time_limit_s` > 0 the search runs for half of it (no work bound) and CP-SAT improves on it for the rest.
     `to_the_end`: values still resident at the end may be placed too (their slots live to the end of the step: the
-    caller reads them before the next)."""
+    caller reads them before the next). `scratch`: step -> (device, bytes) an op allocates inside and frees before it
+    returns (its workspace): never in the arena (the op allocates it itself), so it counts once, outside, during its
+    step only."""
     steps = len(plan.steps)
     every = residencies(graph, plan)
     arena: list[Residency] = []
@@ -122,6 +127,7 @@ def plan_addresses(
             arena.append(r)
         else:
             outside.append(r)
+    outside += [Residency(f"scratch@{i}", d, i, i, n) for i, (d, n) in (scratch or {}).items() if n > 0]
     size = {r.key: aligned((sizes or {}).get(r.value, r.nbytes), alignment) for r in arena}
     runs = greedy_runs(arena, size)
     greedy = _smallest_per_device(arena, size, runs.values())

@@ -13,6 +13,13 @@ value an aliasing op reads or makes (a view would outlive its slot's occupant); 
 overlaps itself (no `out=` can write it); ops without an `out=` variant. In-place reuse (compiled.reusable_inputs) is
 off: an in-place output would live in its input's slot past that input's free.
 
+Many `out=` overloads are PyTorch's generated composites (native_dropout, layer norm, clone, masked_fill, ...): the
+functional op into fresh tensors, then a copy into `out`. Where the functional form is itself a kernel that can write
+the slot (a copy, a select, an `out=` with a Scalar wrapped), the arena runs that (_rewrites). The others are run as
+without planned addresses, outside the arena, unless placing them (their temporaries and copies beside the arena,
+counted as scratch) makes the smaller predicted peak for the plan: ArenaPlan sizes both and keeps the smaller. An
+op's workspace (scratch it allocates inside) is never in the arena and counts outside it during its step.
+
 torch is imported only for graphs whose values record a dtype and shape (captured from PyTorch): planning and
 reporting on imported graph files stay torch-free.
 """
@@ -20,12 +27,15 @@ reporting on imported graph files stay torch-free.
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from xsched.allocator.addresses import Addresses, plan_addresses, residencies
+from xsched.allocator.replay import op_workspace
 from xsched.contracts.graph import Graph, Op, Value
 from xsched.contracts.layout import layout, storage_numel
 from xsched.contracts.plan import Compute, Copy, Plan
+from xsched.contracts.profile import Profile
 from xsched.errors import XschedError
 
 if TYPE_CHECKING:
@@ -70,6 +80,78 @@ def out_variant(target: str) -> tuple[Any, tuple[str, ...]] | None:
         ):
             return getattr(packet, name), tuple(a.name for a in tail)
     return None
+
+
+# ops whose `out=` overload is PyTorch's generated composite (the functional op, then a copy into `out`) but whose
+# functional form is an `out=` kernel with its Scalar wrapped as a tensor, a copy, or a select: the arena runs that
+# on the slot, no temporary, no second copy, bit for bit what eager computes (CPU's native_dropout_backward is
+# grad * mask * scale, CUDA's masked_scale kernel the same in float: mask is 0 or 1)
+@functools.cache
+def _rewrites() -> dict[str, Any]:
+    import torch
+
+    return {
+        "aten.clone.default": lambda x, *, out, memory_format=None: out.copy_(x),
+        "aten.copy.default": lambda x, src, non_blocking=False, *, out: out.copy_(src, non_blocking=non_blocking),
+        "aten.relu.default": lambda x, *, out: torch.clamp_min(x, 0, out=out),  # eager's relu is clamp_min(x, 0)
+        # one pass, as eager's in-place masked_fill_ on a dying input (functional masked_fill clones first): the
+        # value cast to x's dtype as masked_fill casts it (on x's device: no CPU scalar for a CUDA kernel), x's
+        # elements kept bit for bit
+        "aten.masked_fill.Scalar": lambda x, mask, value, *, out: torch.where(
+            mask, torch.scalar_tensor(value, dtype=x.dtype, device=x.device), x, out=out
+        ),
+        "aten.masked_fill.Tensor": lambda x, mask, value, *, out: torch.where(
+            mask, value.to(device=x.device, dtype=x.dtype), x, out=out
+        ),
+        "aten.native_dropout_backward.default": lambda g, mask, scale, *, out: torch.mul(g, mask, out=out).mul_(scale),
+        "aten.div.Scalar": lambda x, other, *, out: torch.div(x, other, out=out),
+        "aten.mul.Scalar": lambda x, other, *, out: torch.mul(x, other, out=out),
+        "aten.add.Scalar": lambda x, other, alpha=1, *, out: torch.add(x, other, alpha=alpha, out=out),
+        "aten.sub.Scalar": lambda x, other, alpha=1, *, out: torch.sub(x, other, alpha=alpha, out=out),
+    }
+
+
+@functools.cache
+def composite_out(target: str) -> bool:
+    """True when the `out=` overload of `target` has no kernel of its own, only PyTorch's generated composite
+    (CompositeExplicitAutograd, no CPU kernel): it runs the functional op into a fresh tensor and copies that into
+    `out`, a temporary outside the arena and a copy per call. The dispatch table is the device-generic one (a CPU
+    build registers no CUDA kernels), and those composites are generated for every device alike."""
+    found = out_variant(target)
+    schema = getattr(found[0], "_schema", None) if found is not None else None
+    if schema is None:  # a lambda of ours (empty, a random op's in-place twin): it writes the slot
+        return False
+    import torch
+
+    name = f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return has(name, "CompositeExplicitAutograd") and not has(name, "CPU")
+
+
+@functools.cache
+def arena_kernel(target: str, composites: bool = False) -> tuple[Any, tuple[str, ...]] | None:
+    """What the arena runs for op `target` to write its outputs into their slots, and its out arguments: the `out=`
+    overload (out_variant) where it has a kernel of its own, a rewrite of ours (_rewrites) where it is a composite we
+    can run on the slot; a composite without one only with `composites` (it copies each output once more and holds a
+    temporary of it beside the whole arena), else None: the op runs as without planned addresses."""
+    found = out_variant(target)
+    if found is None or not composite_out(target):
+        return found
+    rewrite = _rewrites().get(target)
+    return (rewrite, found[1]) if rewrite is not None else (found if composites else None)
+
+
+def _peak(a: Addresses) -> int:
+    """The predicted step peak of planned addresses, summed over the devices: each arena and the most outside it."""
+    return sum(a.arena_bytes.values()) + sum(a.outside_peak.values())
+
+
+def _temporary(op: Op, graph: Graph) -> int:
+    """Bytes a placed op run through a composite `out=` allocates beside the arena: its outputs, made by the
+    functional op before they are copied into their slots."""
+    if not composite_out(op.target) or op.target in _rewrites():
+        return 0
+    return sum(graph.value[v].nbytes for v in op.outputs)
 
 
 def aliases(op: Op) -> bool:
@@ -119,7 +201,8 @@ class ArenaPlan:
     """Which residencies of `plan` run in the arena (the rules in the module's docstring) and their addresses. Needs
     op schemas, not devices: it sizes plans of graphs captured elsewhere (scripts/bench_reserved_model.py, `--explain`).
     `time_limit_s` > 0: the search and CP-SAT improve on the offsets for that long (the executor's have none: greedy
-    and the seeded search within its fixed work, xsched.allocator.arena_search)."""
+    and the seeded search within its fixed work, xsched.allocator.arena_search). `profile`: op workspaces measured
+    there (else the graph's) count outside the arena during their op's step (Addresses.outside_peak)."""
 
     def __init__(
         self,
@@ -128,34 +211,61 @@ class ArenaPlan:
         watch: frozenset[str] = frozenset(),
         time_limit_s: float = 0.0,
         handed: bool = True,
+        profile: Profile | None = None,
     ):
         self.graph, self.plan = graph, plan
         self.handed = handed  # the caller is handed the forward outputs at the autograd boundary (wrap)
         self.outputs = frozenset(graph.outputs)
         self.ends = {r.key: r.end for r in residencies(graph, plan)}
         self.placeable = _placeable(graph, watch)
-        self.compute_steps: set[int] = set()  # compute steps that write their outputs into the arena
-        self.copy_steps: set[int] = set()  # copies that write into the arena
+        self.time_limit_s, self.profile = time_limit_s, profile
+        # composites placed (temporary + copy) or run outside: the smaller predicted peak, outside on a tie (no copies)
+        *chosen, left = self._select(composites=False)
+        if left:
+            *placed, _ = self._select(composites=True)
+            if _peak(placed[2]) < _peak(chosen[2]):
+                chosen = placed
+        self.compute_steps, self.copy_steps, self.addresses = chosen  # the steps that write into the arena
+        self.composites = any(i in self.addresses.temporary for i in self.compute_steps)
+
+    def _select(self, composites: bool) -> tuple[set[int], set[int], Addresses, bool]:
+        """The compute and copy steps that write into the arena, the addresses of what they place, and whether some
+        compute with outputs that fit was left out for its composite `out=` alone; `composites`: ops whose `out=` is
+        a composite without a rewrite are placed too (their temporaries counted outside)."""
+        graph, plan = self.graph, self.plan
+        computes: set[int] = set()
+        copies: set[int] = set()
         keys: set[tuple[str, str, int]] = set()  # the residencies placed
+        left = False
         for i, s in enumerate(plan.steps):
             if isinstance(s, Compute):
                 op = graph.op[s.op]
                 fit = [(v, s.device, i) for v in op.outputs if self._fits(v, s.device, i)]
-                if fit and _writes_out(graph, op):
+                if fit and _writes_out(graph, op, composites):
                     # outputs not placed (graph outputs, gradients) are written into fresh tensors of their layout
-                    self.compute_steps.add(i)
+                    computes.add(i)
                     keys.update(fit)
+                elif fit and not composites:
+                    left = left or _writes_out(graph, op, composites=True)
             elif isinstance(s, Copy) and self._fits(s.value, s.dst, i):
-                self.copy_steps.add(i)
+                copies.add(i)
                 keys.add((s.value, s.dst, i))
-        self.addresses: Addresses = plan_addresses(
+        temporary = {i: n for i in computes if (n := _temporary(graph.op[plan.steps[i].op], graph))}
+        scratch = {
+            i: (s.device, op_workspace(graph.op[s.op], s.device, self.profile) + temporary.get(i, 0))
+            for i, s in enumerate(plan.steps)
+            if isinstance(s, Compute)
+        }
+        addresses = plan_addresses(
             graph,
             plan,
             lambda r: r.key in keys,
             {v: slot_bytes(graph.value[v]) for v in self.placeable},
-            time_limit_s=time_limit_s,
-            to_the_end=not handed,
+            time_limit_s=self.time_limit_s,
+            to_the_end=not self.handed,
+            scratch=scratch,
         )
+        return computes, copies, replace(addresses, temporary=temporary), left
 
     def _fits(self, v: str, d: str, i: int) -> bool:
         """Whether the residency of `v` on `d` that step `i` begins may live in the arena: placeable, and where the
@@ -190,10 +300,11 @@ def _placeable(graph: Graph, watch: frozenset[str]) -> set[str]:
     return ok - aliased
 
 
-def _writes_out(graph: Graph, op: Op) -> bool:
-    """Whether the executor can run `op` writing into slots: an `out=` overload with one out argument per output,
-    its outputs returned plainly (a tuple in order, or the one tensor) and every one writable."""
-    found = out_variant(op.target)
+def _writes_out(graph: Graph, op: Op, composites: bool) -> bool:
+    """Whether the executor can run `op` writing into slots (`composites`: a composite `out=` counts): an `out=`
+    overload with one out argument per output, its outputs returned plainly (a tuple in order, or the one tensor)
+    and every one writable."""
+    found = arena_kernel(op.target, composites)
     paths = [tuple(p) for p in (op.call or {}).get("outs", ())]
     regular = paths == ([()] if len(paths) == 1 else [(j,) for j in range(len(paths))])
     if found is None or not regular or len(paths) != len(found[1]) or len(op.outputs) != len(paths):

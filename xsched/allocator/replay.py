@@ -61,6 +61,12 @@ def cublas_workspace(plan: Plan, graph: Graph, profile: Profile | None, device: 
     return 4096 * 8 * KiB if capability == "9.0" else (4096 * 2 + 16 * 8) * KiB
 
 
+def op_workspace(op: Op, device: str, profile: Profile | None) -> int:
+    """Scratch `op` allocates inside on `device` and frees before it returns: the graph's or the profile's, the larger."""
+    cost = profile.op_cost(op.id, device) if profile is not None else None
+    return max(op.workspace_bytes, cost.workspace_bytes if cost else 0)
+
+
 @dataclass(frozen=True)
 class ReservedPeak:
     """One device's modelled memory: the plan's peak (bytes of values, as the simulator counts them), the model's
@@ -147,14 +153,14 @@ class _Replay(PlanInterpreter):
         self.base = {d: (m.allocated, m.reserved) for d, m in self.models.items()}
         # planned addresses: one block for the arena, allocated once before the first step; its values allocate nothing
         self.placed = set(arena.offsets) if arena is not None else set()
+        self.temporary = arena.temporary if arena is not None else {}
         self.in_arena: set[tuple[str, str]] = set()
         for d, n in (arena.arena_bytes if arena is not None else {}).items():
             if n and d in self.models:
                 self.models[d].alloc("arena@", n)
 
     def workspace(self, i: int, s: Compute, op: Op) -> int:
-        cost = self.profile.op_cost(op.id, s.device) if self.profile is not None else None
-        return max(op.workspace_bytes, cost.workspace_bytes if cost else 0)
+        return op_workspace(op, s.device, self.profile)
 
     def on_compute(self, i: int, s: Compute, op: Op) -> None:
         m = self.models.get(s.device)
@@ -172,7 +178,8 @@ class _Replay(PlanInterpreter):
                 m.alloc(f"{v}@new", self.nbytes[v])
             else:
                 m.alloc(v, self.nbytes[v])
-        m.alloc(f"workspace@{i}", self.workspace(i, s, op))  # scratch inside the op, released before it returns
+        # scratch inside the op, released before it returns (with the arena, a composite out='s temporaries too)
+        m.alloc(f"workspace@{i}", self.workspace(i, s, op) + self.temporary.get(i, 0))
         m.free(f"workspace@{i}")
         for v in replaced:
             m.free(v)

@@ -1,6 +1,7 @@
 """Planned addresses at run time: one preallocated byte buffer (the arena) per device, every value the plan places in
 it (xsched.allocator.placement's ArenaPlan: which values, their slots and offsets) a view at its planned offset,
-written by its op's `out=` variant or by the copy that brings it there.
+written by its op's `out=` variant (placement.arena_kernel: our rewrite where that is PyTorch's composite) or by the
+copy that brings it there.
 
 Safety across CUDA streams (record_stream no longer protects the arena's memory): a slot's next occupant is written
 by a step that allocates on its device, a compute or a copy into it, and lanes.step_waits makes every such step wait
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 
 from xsched.allocator.addresses import Residency, residencies
-from xsched.allocator.placement import ArenaPlan, out_variant, slot_bytes, value_dtype
+from xsched.allocator.placement import ArenaPlan, arena_kernel, slot_bytes, value_dtype
 from xsched.contracts.device_dtypes import agrees
 from xsched.contracts.graph import Graph
 from xsched.contracts.layout import layout
@@ -71,7 +72,7 @@ def prepare_arena_compute(ex: Any, i: int, s: Compute) -> StepFn:
     # its out= overload refuses the graph's dtype; its slots stay unused
     if i not in ex.arena.planned.compute_steps or not agrees(ex.graph, op, dev.type):
         return prepare_compute(ex, i, s)
-    fn, names = out_variant(op.target)  # type: ignore[misc]
+    fn, names = arena_kernel(op.target, ex.arena.planned.composites)  # type: ignore[misc]
     fn = _direct(fn)
     spec = op.call or {}
     args = [getter(a, dev) for a in spec.get("args", [])]
