@@ -1,8 +1,7 @@
 """The drop-in training module: `wrap(model, inputs, budgets)` captures, plans and runs a model through the executor.
 
 Its forward runs the plan's steps before the autograd boundary inside a torch.autograd.Function and its
-backward runs the rest, so `loss.backward()` and `optimizer.step()` work unchanged.
-"""
+backward runs the rest, so `loss.backward()` and `optimizer.step()` work unchanged."""
 
 from __future__ import annotations
 
