@@ -15,6 +15,7 @@ from xsched.capture import torch as capture_torch
 from xsched.capture.blocks import capture_blocks, extrapolate, repeated_blocks, with_blocks
 from xsched.capture.periodic import Mismatch
 from xsched.capture.torch import capture
+from xsched.contracts.device_dtypes import typed_for
 from xsched.loaders import load_training_task
 from xsched.train.plan_wrap import grad_outputs
 
@@ -24,9 +25,10 @@ def _no_full():
 
 
 def _reused(model: nn.Module, inputs: tuple, inference: bool = False, grads="all"):
-    """The graph of the cut captures extrapolated; fails the test if it falls back."""
+    """The graph of the cut captures extrapolated, typed for the CPU as `capture` types it (a layer norm's
+    statistics as the device makes them); fails the test if it falls back."""
     cut = lambda m: capture_torch._capture(m, inputs, inference, None, grads)  # noqa: E731
-    return capture_blocks(model, inputs, inference, cut, _no_full, least=6)
+    return typed_for(capture_blocks(model, inputs, inference, cut, _no_full, least=6), "cpu")
 
 
 def _assert_same(reused, full) -> None:
