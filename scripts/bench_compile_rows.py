@@ -13,11 +13,12 @@ from typing import Any
 import torch
 
 # A row's setup (compiles, plans) before one like it has run, seconds: the H100 (GPT-2 6 layers, b8, T1024) compiled
-# torch.compile in 29 s, with activation_memory_budget 0.5 in 43 s (1.5x: the budget's partition search); on this
-# 2-core CPU (gpt2 small, inductor's cache cold) torch.compile took 75 s and the first xsched compiled row 194 s,
-# most of it in inductor's C++ builds of 5 regions (scripts/bench_compile.py's phases note). An xsched row's guess
-# adds its solve's time limit; after a row of its kind, its own setup (1.5x for a torch.compile row after the first).
-FIRST_SETUP_S = {("torch", "cuda"): 30.0, ("torch", "cpu"): 60.0, ("xsched", "cuda"): 45.0, ("xsched", "cpu"): 120.0}
+# torch.compile in 29 s, with activation_memory_budget 0.5 in 43 s (1.5x: the budget's partition search); the shared
+# 2-core CPU (gpt2 small, load 8-11) torch.compile in 184 s with inductor's cache cold, 22 s warm, and its first
+# xsched compiled row in 110 s (77 s of it inductor's C++ builds of 2 regions, 24 s its profile). An xsched row's
+# guess adds its solve's time limit; after a row of its kind, its own setup (1.5x for a torch.compile row after the
+# first: activation_memory_budget's search).
+FIRST_SETUP_S = {("torch", "cuda"): 30.0, ("torch", "cpu"): 30.0, ("xsched", "cuda"): 45.0, ("xsched", "cpu"): 100.0}
 MIN_SOLVE_S = 2.0  # the shortest solve --deadline gives a plan
 SOLVE_SHARE = 0.1  # of the seconds left before --deadline: a solve's time limit under it
 
@@ -57,8 +58,9 @@ class Deadline:
         return time_limit if self.end is None else min(time_limit, max(MIN_SOLVE_S, SOLVE_SHARE * self.left()))
 
     def expected(self, kind: str, iters: int, time_limit: float) -> float:
-        """A row's seconds: its setup (FIRST_SETUP_S, or the last of its kind's), then its warm-up, peak and
-        `iters` steps interleaved with torch.compile's."""
+        """A row's seconds: its setup (FIRST_SETUP_S, or the last of its kind's), then its warm-up, its peak (the
+        allocator's events traced: on the CPU the profiler's cost, a few steps') and `iters` steps interleaved with
+        torch.compile's, each at twice the slowest median step so far (load comes in bursts)."""
         base = "torch" if kind == "torch" else "xsched" if kind.startswith("xsched") else None
         done = self.setup.get(base or "", [])
         if base is None:
@@ -67,7 +69,7 @@ class Deadline:
             setup = done[-1] * (1.5 if base == "torch" else 1.0)
         else:
             setup = FIRST_SETUP_S[(base, self.device)] + (self.solve_limit(time_limit) if base == "xsched" else 0.0)
-        return setup + (2 + 2 * iters) * 1.5 * self.step_s
+        return setup + (4 + 2 * iters) * 2 * self.step_s
 
     def skip(self, kind: str, iters: int, time_limit: float) -> str | None:
         """ "skipped: N s left of --deadline" where the row is not expected to finish, else None."""

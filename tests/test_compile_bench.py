@@ -22,7 +22,7 @@ import bench_compile_rows  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 FAST = ["--smoke", "--iters", "1", "--compile-backend", "aot_eager", "--profile", "model", "--time-limit", "1"]
-FAST += ["--budgets", "0.9"]  # tiny gpt2 has no plan at half of torch.compile's peak
+ROWS = ["--budgets", "", "--no-eager-plan"]  # torch.compile, xsched compiled at its peak, eager PyTorch: seconds
 LABELS = [
     "torch.compile",
     "xsched compiled, 100% of torch.compile's peak",
@@ -53,11 +53,11 @@ def test_every_row_runs_in_order_with_its_phases_the_table_written_after_each(tm
         seen.append((out.read_text(), js.read_text()))
 
     monkeypatch.setattr(bench_compile, "write", kept)
-    rows, md, _ = run(tmp_path, monkeypatch)
-    assert [r["row"] for r in rows] == LABELS
+    rows, md, _ = run(tmp_path, monkeypatch, *ROWS)
+    assert [r["row"] for r in rows] == [LABELS[0], LABELS[1], LABELS[-1]]
     assert not [r for r in rows if "error" in r]
     assert md in capsys.readouterr().out
-    assert len(seen) == len(LABELS) + 1  # after each row, then the final
+    assert len(seen) == len(rows) + 1  # after each row, then the final
     second = json.loads(seen[1][1])
     assert second["facts"]["partial"] is True and [r["row"] for r in second["rows"]] == LABELS[:2]
     assert f"| {LABELS[1]} |" in seen[1][0] and "eager PyTorch" not in seen[1][0]
@@ -65,19 +65,32 @@ def test_every_row_runs_in_order_with_its_phases_the_table_written_after_each(tm
     assert ref["ref_time_s"] == ref["time_s"] and f"| {ref['peak'] / 2**20:.2f} MiB | 100% |" in md
     for r in rows[1:]:
         assert r["ref_time_s"] > 0 and r["peak"] > 0
-    for r in rows[1:3]:  # the xsched rows: their budget, predicted peak and phases
-        (phases,) = [n for n in r["notes"] if n.startswith("setup ")]
-        for phase in ("capture", "solve", "region compiles", "steps to settle"):
-            assert phase in phases
-        assert r["predicted"] > 0
-        assert f"- {r['row']}: {phases}" in md
+    xsched = rows[1]  # its budget, predicted peak and phases
+    (phases,) = [n for n in xsched["notes"] if n.startswith("setup ")]
+    for phase in ("capture", "solve", "region compiles", "steps to settle"):
+        assert phase in phases
+    assert xsched["predicted"] > 0 and f"- {xsched['row']}: {phases}" in md
+
+
+def test_rows_come_most_informative_first() -> None:
+    order = bench_compile_rows.row_order([0.9], eager_plan=True)
+    assert [bench_compile_rows.label_of(*k) for k in order] == LABELS
+    assert bench_compile_rows.row_order([1.0, 0.5, 0.25], eager_plan=False) == [
+        ("torch", 1.0),
+        ("xsched", 1.0),
+        ("xsched", 0.5),
+        ("torch", 0.5),
+        ("xsched", 0.25),
+        ("torch", 0.25),
+        ("eager", None),
+    ]
 
 
 def test_a_short_deadline_skips_rows_and_still_writes_the_table(tmp_path, monkeypatch) -> None:
     """Every compiled row's first setup is expected to take longer than 5 s (FIRST_SETUP_S), so each is skipped,
     said in its line; eager PyTorch (no setup) still runs, with no torch.compile to compare with."""
     assert min(bench_compile_rows.FIRST_SETUP_S.values()) > 5
-    rows, md, _ = run(tmp_path, monkeypatch, "--deadline", "5")
+    rows, md, _ = run(tmp_path, monkeypatch, "--budgets", "0.9", "--deadline", "5")
     assert [r["row"] for r in rows] == LABELS
     for r in rows[:-1]:
         assert r["error"].startswith("skipped: ") and "s left of --deadline" in r["error"]
@@ -93,8 +106,8 @@ def test_deadline_shortens_solves_and_expects_a_row_like_the_last(monkeypatch) -
     first = d.expected("xsched", 8, 5.0)
     assert first == bench_compile_rows.FIRST_SETUP_S[("xsched", "cuda")] + 5.0
     d.setup["xsched"], d.setup["torch"], d.step_s = [12.0], [20.0], 0.5
-    assert d.expected("xsched", 8, 5.0) == 12.0 + 18 * 1.5 * 0.5
-    assert d.expected("torch", 8, 5.0) == 30.0 + 18 * 1.5 * 0.5  # activation_memory_budget's search: 1.5x
+    assert d.expected("xsched", 8, 5.0) == 12.0 + 20 * 2 * 0.5
+    assert d.expected("torch", 8, 5.0) == 30.0 + 20 * 2 * 0.5  # activation_memory_budget's search: 1.5x
     assert d.skip("eager", 8, 5.0) is None
     d.end -= 100.0
     assert d.skip("eager", 8, 5.0).startswith("skipped: ")  # type: ignore[union-attr]
