@@ -40,6 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch._dynamo.utils import counters
 
 from xsched import zoo
 from xsched.capture.torch import capture
@@ -170,7 +171,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     cuda = a.device.startswith("cuda")
     a.time_limit = a.time_limit or (5.0 if cuda else 20.0)
     a.eager_plan = a.eager_plan if a.eager_plan is not None else not cuda
-    a.profile_s = a.profile_s or (a.deadline / 10 if a.deadline and a.profile == "measure" else None)
+    a.profile_s = (a.profile_s or (a.deadline / 10 if a.deadline else None)) if a.profile == "measure" else None
     a.argv = argv if argv is not None else sys.argv[1:]
     return a
 
@@ -337,7 +338,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if kind == "torch":
                 m = copy.deepcopy(base)
+                hits = counters["inductor"]["fxgraph_cache_hit"]
                 fn, params = compiled(m, inputs, frac, a.compile_backend), [*m.parameters()]  # type: ignore[arg-type]
+                cached = counters["inductor"]["fxgraph_cache_hit"] > hits
             elif kind == "eager":
                 m = copy.deepcopy(base)
                 fn, params = (lambda m=m: loss_of(m(*inputs))), [*m.parameters()]
@@ -363,9 +366,10 @@ def main(argv: list[str] | None = None) -> int:
                 c = w._first  # type: ignore[attr-defined]
                 predicted = c.plan.predicted.peak_bytes[plan_dev] - before
             setup_s = time.perf_counter() - t0
-            if kind != "eager":  # the profile is measured once: the next xsched row's setup is without it
-                again = setup_s - (clock.seconds.get("profile", 0.0) if kind != "torch" else 0.0)
-                deadline.setup.setdefault("torch" if kind == "torch" else "xsched", []).append(again)
+            if kind.startswith("xsched"):  # the profile is measured once: the next xsched row's setup is without it
+                deadline.setup.setdefault("xsched", []).append(setup_s - clock.seconds.get("profile", 0.0))
+            elif kind == "torch" and not cached:  # a compile from inductor's cache says nothing of the next one's
+                deadline.setup.setdefault("torch", []).append(setup_s)
             got = measured(
                 fn, params, ref_fn, a.iters, lambda f, p: step_peak(f, p, device), lambda fs, n: timed(fs, n, device)
             )
