@@ -56,7 +56,7 @@ from xsched.pipeline import PER_OP_KEY
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_compile_fit import fit_row, fit_table  # noqa: E402
 from bench_compile_phases import PhaseClock  # noqa: E402
-from bench_compile_rows import Deadline, label_of, measured, row_order, table, write  # noqa: E402
+from bench_compile_rows import Deadline, DeadlineReached, label_of, measured, row_order, table, write  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("bench_executor", Path(__file__).resolve().parent / "bench_executor.py")
 bench = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
@@ -336,43 +336,54 @@ def main(argv: list[str] | None = None) -> int:
         notes: list[str] = []
         predicted = None
         try:
-            if kind == "torch":
-                m = copy.deepcopy(base)
-                hits = counters["inductor"]["fxgraph_cache_hit"]
-                fn, params = compiled(m, inputs, frac, a.compile_backend), [*m.parameters()]  # type: ignore[arg-type]
-                cached = counters["inductor"]["fxgraph_cache_hit"] > hits
-            elif kind == "eager":
-                m = copy.deepcopy(base)
-                fn, params = (lambda m=m: loss_of(m(*inputs))), [*m.parameters()]
-            else:
-                clock = PhaseClock()
-                if a.profile_s and not isinstance(profile, Profile):  # measured once, within --profile-s
-                    tp = time.perf_counter()
-                    profile = capped_profile(base, inputs, plan_dev, a.profile_s)
-                    clock.add("profile", time.perf_counter() - tp)
-                budget = "100%" if frac is None else before + int(frac * ref_peak)  # type: ignore[operator]
-                limit = deadline.solve_limit(a.time_limit)
-                method = "eager" if frac is None else "auto"
-                w, said, _ = planned(
-                    base, inputs, budget, method, a, plan_dev, limit, profile, given_plans.get(frac), clock=clock
+            with deadline.stopping():
+                if kind == "torch":
+                    m = copy.deepcopy(base)
+                    hits = counters["inductor"]["fxgraph_cache_hit"]
+                    fn, params = compiled(m, inputs, frac, a.compile_backend), [*m.parameters()]  # type: ignore[arg-type]
+                    cached = counters["inductor"]["fxgraph_cache_hit"] > hits
+                elif kind == "eager":
+                    m = copy.deepcopy(base)
+                    fn, params = (lambda m=m: loss_of(m(*inputs))), [*m.parameters()]
+                else:
+                    clock = PhaseClock()
+                    if a.profile_s and not isinstance(profile, Profile):  # measured once, within --profile-s
+                        tp = time.perf_counter()
+                        profile = capped_profile(base, inputs, plan_dev, a.profile_s)
+                        clock.add("profile", time.perf_counter() - tp)
+                    budget = "100%" if frac is None else before + int(frac * ref_peak)  # type: ignore[operator]
+                    limit = deadline.solve_limit(a.time_limit)
+                    method = "eager" if frac is None else "auto"
+                    w, said, _ = planned(
+                        base, inputs, budget, method, a, plan_dev, limit, profile, given_plans.get(frac), clock=clock
+                    )
+                    fn, params = (lambda w=w: loss_of(w(*inputs))), [*w.parameters()]
+                    notes = [
+                        f"budget {budget}, solve time limit {limit:.0f} s",
+                        *xsched_notes(w, said, plan_dev, before, clock),
+                    ]
+                    if isinstance(profile, Profile) and w._first.graph.fingerprint != profile.graph:  # type: ignore[attr-defined]
+                        notes.append("the --profile-s profile is not of wrap's graph: wrap measured its own")
+                    c = w._first  # type: ignore[attr-defined]
+                    predicted = c.plan.predicted.peak_bytes[plan_dev] - before
+                setup_s = time.perf_counter() - t0
+                if kind.startswith("xsched"):  # the profile is measured once: the next xsched row's setup is without it
+                    deadline.setup.setdefault("xsched", []).append(setup_s - clock.seconds.get("profile", 0.0))
+                elif kind == "torch" and not cached:  # a compile from inductor's cache says nothing of the next one's
+                    deadline.setup.setdefault("torch", []).append(setup_s)
+                got = measured(
+                    fn,
+                    params,
+                    ref_fn,
+                    a.iters,
+                    lambda f, p: step_peak(f, p, device),
+                    lambda fs, n: timed(fs, n, device),
                 )
-                fn, params = (lambda w=w: loss_of(w(*inputs))), [*w.parameters()]
-                notes = [
-                    f"budget {budget}, solve time limit {limit:.0f} s",
-                    *xsched_notes(w, said, plan_dev, before, clock),
-                ]
-                if isinstance(profile, Profile) and w._first.graph.fingerprint != profile.graph:  # type: ignore[attr-defined]
-                    notes.append("the --profile-s profile is not of wrap's graph: wrap measured its own")
-                c = w._first  # type: ignore[attr-defined]
-                predicted = c.plan.predicted.peak_bytes[plan_dev] - before
-            setup_s = time.perf_counter() - t0
-            if kind.startswith("xsched"):  # the profile is measured once: the next xsched row's setup is without it
-                deadline.setup.setdefault("xsched", []).append(setup_s - clock.seconds.get("profile", 0.0))
-            elif kind == "torch" and not cached:  # a compile from inductor's cache says nothing of the next one's
-                deadline.setup.setdefault("torch", []).append(setup_s)
-            got = measured(
-                fn, params, ref_fn, a.iters, lambda f, p: step_peak(f, p, device), lambda fs, n: timed(fs, n, device)
-            )
+        except DeadlineReached:
+            rows.append({"row": label, "error": f"stopped: --deadline passed {time.perf_counter() - t0:.0f} s into it"})
+            log(f"{label}: {rows[-1]['error']}")
+            publish(final=False)
+            continue
         except Exception as e:  # no plan, a compile that fails, out of memory: the other rows go on
             what = "no plan" if isinstance(e, (BudgetError, XschedError)) else f"error: {type(e).__name__}"
             rows.append({"row": label, "error": f"{what}: {(str(e).splitlines() or [''])[0][:300]}"})

@@ -3,10 +3,12 @@ after every row (a run killed at its timeout keeps what it measured)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,11 @@ def label_of(kind: str, frac: float | None) -> str:
     return "xsched compiled eager plan" if kind == "xsched eager plan" else "eager PyTorch"
 
 
+class DeadlineReached(BaseException):
+    """--deadline passed during a row (SIGALRM): a BaseException, so no `except Exception` on the way (a region
+    compile that fails runs uncompiled) swallows it."""
+
+
 class Deadline:
     """Seconds left before --deadline (none: never short), and whether a row's expected seconds fit in them."""
 
@@ -73,6 +80,25 @@ class Deadline:
         else:
             setup = FIRST_SETUP_S[(base, self.device)] + (self.solve_limit(time_limit) if base == "xsched" else 0.0)
         return setup + (4 + 2 * iters) * 2 * self.step_s
+
+    @contextlib.contextmanager
+    def stopping(self) -> Iterator[None]:
+        """The row inside raises DeadlineReached when the deadline passes (a row's setup can take far more than
+        expected: 44 region compiles where the row before took 2), so the table is still written in time."""
+        if self.end is None or not hasattr(signal, "setitimer"):
+            yield
+            return
+
+        def stop(signum: int, frame: object) -> None:
+            raise DeadlineReached
+
+        old = signal.signal(signal.SIGALRM, stop)
+        signal.setitimer(signal.ITIMER_REAL, max(self.left(), 0.001))
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
 
     def skip(self, kind: str, iters: int, time_limit: float) -> str | None:
         """ "skipped: N s left of --deadline" where the row is not expected to finish, else None."""

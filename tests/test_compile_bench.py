@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,18 @@ def test_a_short_deadline_skips_rows_and_still_writes_the_table(tmp_path, monkey
     eager = rows[-1]
     assert "error" not in eager and eager["ref_time_s"] is None
     assert f"| eager PyTorch | {eager['time_s'] * 1e3:.1f} ms | - |" in md
+
+
+def test_a_row_still_running_at_the_deadline_is_stopped_and_the_table_written(tmp_path, monkeypatch) -> None:
+    """torch.compile's setup outlasting --deadline (a compile standing in that sleeps, where a first guess said it
+    would fit): stopped at the deadline with a line saying so, every later row skipped, the table written."""
+    monkeypatch.setitem(bench_compile_rows.FIRST_SETUP_S, ("torch", "cpu"), 0.0)
+    monkeypatch.setattr(bench_compile, "compiled", lambda *a: time.sleep(60))
+    t0 = time.perf_counter()
+    rows, md, _ = run(tmp_path, monkeypatch, *ROWS, "--deadline", "2")
+    assert time.perf_counter() - t0 < 60  # the sleep was cut short
+    assert rows[0]["error"].startswith("stopped: --deadline passed") and f"| torch.compile | {rows[0]['error']}" in md
+    assert all(r["error"].startswith("skipped: ") for r in rows[1:])
 
 
 def test_deadline_shortens_solves_and_expects_a_row_like_the_last(monkeypatch) -> None:
