@@ -44,18 +44,17 @@ from torch._dynamo.utils import counters
 
 from xsched import zoo
 from xsched.capture.torch import capture
-from xsched.contracts.plan import Compute, Plan
+from xsched.contracts.plan import Plan
 from xsched.contracts.profile import Profile
 from xsched.devices import get_device
 from xsched.errors import BudgetError, XschedError
 from xsched.execute.back_to_back import profile_calibrated
 from xsched.execute.compiled_memory import MAX_SPLITS
 from xsched.execute.wrap import MAX_REPLANS, held_by_caller, wrap
-from xsched.pipeline import PER_OP_KEY
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_compile_fit import fit_row, fit_table  # noqa: E402
-from bench_compile_phases import PhaseClock  # noqa: E402
+from bench_compile_phases import PhaseClock, xsched_notes  # noqa: E402
 from bench_compile_rows import Deadline, DeadlineReached, label_of, measured, row_order, table, write  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("bench_executor", Path(__file__).resolve().parent / "bench_executor.py")
@@ -236,24 +235,6 @@ def planned(
     clock.add(f"{steps} steps to settle, less the above", (t2 - t1) - (clock.total() - timed_before))
     said = [line for line in err.getvalue().splitlines() if line.startswith("xsched:")]
     return w, said, (t1 - t0, t2 - t1)
-
-
-def xsched_notes(w: torch.nn.Module, said: list[str], plan_dev: str, before: int, clock: PhaseClock) -> list[str]:
-    """An xsched row's notes: how its plan was found, its recomputes and counts, wrap's notices, where its setup
-    went (the phases, the regions compiled and measured, the cuts)."""
-    c = w._first  # type: ignore[attr-defined]
-    recomputes = sum(isinstance(s, Compute) for s in c.plan.steps) - len(c.graph.ops)
-    per_op = c.plan.extra[PER_OP_KEY][plan_dev] - before
-    within = c.plan.extra.get("planned_within", {}).get(plan_dev)
-    again = f", re-planned within {within - before:,} B" if within else ""
-    seg = c.executor.segments
-    return [
-        f"plan by {c.plan.solver.method}{again}, {recomputes} recomputes, per-op count {per_op:,} B, budget "
-        f"{c.plan.budgets[plan_dev] - before:,} B (less params and inputs)",
-        *said,
-        f"setup {clock.total():.0f} s: {clock.said()}; regions measured {len(seg.peaks)}, uncompiled "
-        f"{len(seg.failed)}, cuts {len(seg.cuts)} ({seg.tried_parts} parts compiled to choose them)",
-    ]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,5 @@
-"""Where an xsched compiled row's setup goes (scripts/bench_compile.py): capture, profile, solves, region compiles."""
+"""Where an xsched compiled row's setup goes (scripts/bench_compile.py): capture, profile, solves, region compiles;
+the row's notes that say so."""
 
 from __future__ import annotations
 
@@ -9,8 +10,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
 
+import torch
+
 import xsched.execute.segments as segments
 import xsched.execute.wrap  # noqa: F401  # the module, not the function xsched.execute re-exports under its name
+from xsched.contracts.plan import Compute
+from xsched.pipeline import PER_OP_KEY
 
 WRAP = sys.modules["xsched.execute.wrap"]
 # (module, attribute, phase): the calls wrap makes for each plan it solves, and the region compiler the executor's
@@ -60,3 +65,21 @@ class PhaseClock:
     def said(self) -> str:
         """`capture 3.0 s (1), profile 13.9 s (1), ...`: each phase's seconds and calls, in the order they ran."""
         return ", ".join(f"{k} {s:.1f} s ({self.calls[k]})" for k, s in self.seconds.items())
+
+
+def xsched_notes(w: torch.nn.Module, said: list[str], plan_dev: str, before: int, clock: PhaseClock) -> list[str]:
+    """An xsched row's notes: how its plan was found, its recomputes and counts, wrap's notices, where its setup
+    went (the phases, the regions compiled and measured, the cuts)."""
+    c = w._first  # type: ignore[attr-defined]
+    recomputes = sum(isinstance(s, Compute) for s in c.plan.steps) - len(c.graph.ops)
+    per_op = c.plan.extra[PER_OP_KEY][plan_dev] - before
+    within = c.plan.extra.get("planned_within", {}).get(plan_dev)
+    again = f", re-planned within {within - before:,} B" if within else ""
+    seg = c.executor.segments
+    return [
+        f"plan by {c.plan.solver.method}{again}, {recomputes} recomputes, per-op count {per_op:,} B, budget "
+        f"{c.plan.budgets[plan_dev] - before:,} B (less params and inputs)",
+        *said,
+        f"setup {clock.total():.0f} s: {clock.said()}; regions measured {len(seg.peaks)}, uncompiled "
+        f"{len(seg.failed)}, cuts {len(seg.cuts)} ({seg.tried_parts} parts compiled to choose them)",
+    ]
