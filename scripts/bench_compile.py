@@ -1,21 +1,25 @@
 """xsched compiled plans beside torch.compile on zoo gpt2: step time and measured peak in one run.
 
     python scripts/bench_compile.py                      # CPU: gpt2 small, 2 threads
-    python scripts/bench_compile.py --device cuda:0      # GPT-2 6 layers, batch 8, T 1024 on one GPU
+    python scripts/bench_compile.py --device cuda:0 --deadline 225 --no-settle --json compile.json --out compile.md
     python scripts/bench_compile.py --fit --repeat 3     # memory only: does each first plan fit, compiled?
 
-Rows: eager PyTorch; torch.compile (default partitioner); torch.compile with activation_memory_budget at each
-fraction of --budgets; xsched compiled plans (wrap(..., compile=True)) with the same fraction of torch.compile's
-measured peak as their budget (plus the params and inputs, which the plan counts and the peak column does not);
-and the xsched compiled eager plan. wrap plans them on costs priced as compiled (fusible ops free), measures their
-regions on the first step, and plans once more within less when that step went over the budget (its notices are
-in the notes); the predicted peak is the settled plan's, from its regions' measured allocations. --fit skips the
-timings: for each xsched plan (solved --repeat times), its first step's compiled peak against its budget, what wrap
-did about it, and the settled plan's predicted peak beside the allocator's count (memory is deterministic: it needs
-no quiet machine). Step = forward +
-loss + backward. Times: the median and the best of interleaved steps, so ratios share the machine's load (on a
-shared box the best step is the least blurred). Peak: the bytes a step allocates above what existed before it, from the CPU
-allocator's events (torch.profiler, bench_executor.step_memory) on the CPU, from max_memory_allocated on CUDA.
+Rows, the most informative first (`bench_compile_rows.row_order`): torch.compile (default partitioner); xsched
+compiled plans (wrap(..., compile=True)) at torch.compile's measured peak, then at each fraction of --budgets of it
+(plus the params and inputs, which the plan counts and the peak column does not), each followed by torch.compile with
+activation_memory_budget at that fraction; the xsched compiled eager plan; eager PyTorch. wrap plans on costs priced
+as compiled (fusible ops free), measures the regions on the first step, and plans once more within less when that
+step went over the budget (its notices are in the notes); the predicted peak is the settled plan's, from its regions'
+measured allocations. Each xsched row's notes say where its setup went (capture, profile, solves, inductor's region
+compiles, the steps until settled). --deadline S: solves shorten, a row not expected to finish in what is left is
+skipped ("skipped: N s left"); the table (--out) and the rows (--json) are written after every row, so a run killed
+at its timeout keeps what it measured; the table is printed last. --fit skips the timings: for each xsched plan
+(solved --repeat times), its first step's compiled peak against its budget, what wrap did about it, and the settled
+plan's predicted peak beside the allocator's count (memory is deterministic: it needs no quiet machine).
+Step = forward + loss + backward. Times: the median and the best of each row's steps, interleaved with
+torch.compile's, so ratios share the machine's load (on a shared box the best step is the least blurred). Peak: the
+bytes a step allocates above what existed before it, from the CPU allocator's events (torch.profiler,
+bench_executor.step_memory) on the CPU, from max_memory_allocated on CUDA.
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ import importlib.util
 import io
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -37,13 +40,22 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch._dynamo.utils import counters
 
 from xsched import zoo
-from xsched.contracts.plan import Compute, Plan
+from xsched.capture.torch import capture
+from xsched.contracts.plan import Plan
+from xsched.contracts.profile import Profile
+from xsched.devices import get_device
 from xsched.errors import BudgetError, XschedError
+from xsched.execute.back_to_back import profile_calibrated
 from xsched.execute.compiled_memory import MAX_SPLITS
-from xsched.execute.wrap import MAX_REPLANS, wrap
-from xsched.pipeline import PER_OP_KEY
+from xsched.execute.wrap import MAX_REPLANS, held_by_caller, wrap
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_compile_fit import fit_row, fit_table  # noqa: E402
+from bench_compile_phases import PhaseClock, xsched_notes  # noqa: E402
+from bench_compile_rows import Deadline, DeadlineReached, label_of, measured, row_order, table, write  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("bench_executor", Path(__file__).resolve().parent / "bench_executor.py")
 bench = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
@@ -59,13 +71,13 @@ def _call(m: torch.nn.Module, inputs: tuple) -> object:
     return m(*inputs)
 
 
-def compiled(m: torch.nn.Module, inputs: tuple, frac: float) -> Callable[[], torch.Tensor]:
+def compiled(m: torch.nn.Module, inputs: tuple, frac: float, backend: str = "inductor") -> Callable[[], torch.Tensor]:
     """torch.compile'd m, forward and backward partitioned under activation_memory_budget=frac (1.0: the default
     min-cut partitioner). Dynamo caches per code object, so each budget gets its own copy of `_call`'s code."""
     import torch._functorch.config as functorch_config
 
     code = _call.__code__.replace(co_name=f"_call_{frac}", co_qualname=f"_call_{frac}")
-    fn = torch.compile(types.FunctionType(code, globals()))
+    fn = torch.compile(types.FunctionType(code, globals()), backend=backend)
     with functorch_config.patch(activation_memory_budget=frac, enable_autograd_cache=False):
         loss_of(fn(m, inputs)).backward()  # compiles forward and backward under this budget
     return lambda: loss_of(fn(m, inputs))
@@ -103,16 +115,22 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cpu", help="cpu, or cuda:N")
     ap.add_argument("--scale", help="zoo gpt2 scale (default small on the CPU, full:n_layer=6 on CUDA)")
     ap.add_argument("--batch", type=int, help="batch (default the scale's; 8 on CUDA)")
     ap.add_argument("--budgets", default="0.5", help="fractions of torch.compile's measured peak, comma-separated")
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads on the CPU")
-    ap.add_argument("--smoke", action="store_true", help="a tiny gpt2 and 2 steps: checks the script runs (tests)")
+    ap.add_argument("--smoke", action="store_true", help="a tiny gpt2 (tests)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--time-limit", type=float, help="the solver's time limit per plan, seconds (20 CPU, 5 CUDA)")
+    ap.add_argument(
+        "--deadline",
+        type=float,
+        help="seconds for the whole run: solves shorten (to a tenth of what is left), a row not expected to finish "
+        "is skipped",
+    )
     ap.add_argument(
         "--eager-plan",
         action=argparse.BooleanOptionalAction,
@@ -125,19 +143,105 @@ def main(argv: list[str] | None = None) -> int:
         help="the solver's costs before wrap prices them as compiled: measured per op (wrap's default, what a user "
         "gets), or the bandwidth model",
     )
+    ap.add_argument(
+        "--profile-s",
+        type=float,
+        help="with --profile measure: the xsched rows' one profile measured here within this many seconds "
+        "(default: wrap's own, uncapped and cached in profiles/; a tenth of --deadline under one)",
+    )
+    ap.add_argument(
+        "--settle",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="a compiled re-plan far under its budget is solved once more within more, as wrap does (default); "
+        "--no-settle keeps it: a solve and its regions' compiles fewer",
+    )
+    ap.add_argument("--compile-backend", default="inductor", help="torch.compile's backend for its rows")
     ap.add_argument("--fit", action="store_true", help="memory only: each xsched plan's first compiled peak, no timing")
     ap.add_argument("--repeat", type=int, default=1, help="with --fit: plans solved per budget (auto varies)")
-    ap.add_argument("--out", type=Path, help="append the markdown table here")
+    ap.add_argument("--out", type=Path, help="the markdown table, written after every row (--fit: appended)")
+    ap.add_argument("--json", type=Path, help="the rows and the run's facts as JSON, written after every row")
     ap.add_argument("--save-plans", type=Path, help="with --fit: each try's first plan saved here (plan<k>.json)")
     ap.add_argument("--plans", type=Path, help="with --fit: run the plans --save-plans saved instead of solving")
     ap.add_argument(
         "--plan", type=Path, action="append", help="timed rows: a plan file run at each of --budgets, in order"
     )
     a = ap.parse_args(argv)
+    cuda = a.device.startswith("cuda")
+    a.time_limit = a.time_limit or (5.0 if cuda else 20.0)
+    a.eager_plan = a.eager_plan if a.eager_plan is not None else not cuda
+    a.profile_s = (a.profile_s or (a.deadline / 10 if a.deadline else None)) if a.profile == "measure" else None
+    a.argv = argv if argv is not None else sys.argv[1:]
+    return a
+
+
+def capped_profile(model: torch.nn.Module, inputs: tuple, device: str, seconds: float) -> Profile:
+    """The profile wrap would measure (of the graph it captures: its outputs' gradients as wrap's default, the
+    forward's outputs held by the caller) within `seconds` (ops, then the back-to-back calibration)."""
+    graph = capture(model, inputs, name=type(model).__name__, grad_outputs="auto", reuse_blocks=True)
+    d = get_device(device)
+    if hasattr(d, "nvml"):
+        d.nvml = None  # type: ignore[attr-defined]  # NVML energy needs a 0.2 s window per op per round
+    return profile_calibrated(held_by_caller(graph), [d], max_total_s=seconds, progress=False)
+
+
+def planned(
+    base: torch.nn.Module,
+    inputs: tuple,
+    budget: str | int,
+    method: str,
+    a: argparse.Namespace,
+    plan_dev: str,
+    time_limit: float,
+    profile: Profile | str,
+    given: Path | None = None,
+    save: Path | None = None,
+    clock: PhaseClock | None = None,
+) -> tuple[torch.nn.Module, list[str], tuple[float, float]]:
+    """wrap(compile=True) settled: steps until its plan is (the first measures the regions; one over the budget
+    plans again within less, a re-plan far under it once more within more unless --no-settle, each measured by its
+    first step); wrap's notices of them; the seconds wrap took, and the steps until settled (compiles, splits,
+    re-plans). `given`: a plan file run instead of solving one (--plans); `save`: where to save the first plan;
+    `clock`: where the seconds went (capture, profile, solves, region compiles, the rest of the steps)."""
+    clock = clock or PhaseClock()
+    t0, timed_before = time.perf_counter(), clock.total()
+    with clock.timing():
+        w = wrap(
+            copy.deepcopy(base),
+            inputs,
+            {plan_dev: budget},
+            method=method,
+            time_limit=time_limit,
+            profile=profile,
+            compile=True,
+            plan=Plan.load(given) if given else None,
+        )
+        w.raise_replans = a.settle  # type: ignore[attr-defined]
+        t1 = time.perf_counter()
+        clock.add("wrap's rest", (t1 - t0) - (clock.total() - timed_before))
+        if save:
+            save.parent.mkdir(parents=True, exist_ok=True)
+            w._first.plan.save(save)  # type: ignore[attr-defined]
+        timed_before = clock.total()
+        with contextlib.redirect_stderr(io.StringIO()) as err:
+            steps = 0
+            while steps < 2 + MAX_SPLITS + 2 * MAX_REPLANS:  # until settled: each first step after a change measures
+                steps += 1
+                loss_of(w(*inputs)).backward()
+                c = w._first  # type: ignore[attr-defined]
+                if c.first_run is None and c.replan is None and c.back_to is None:
+                    break
+    t2 = time.perf_counter()
+    clock.add(f"{steps} steps to settle, less the above", (t2 - t1) - (clock.total() - timed_before))
+    said = [line for line in err.getvalue().splitlines() if line.startswith("xsched:")]
+    return w, said, (t1 - t0, t2 - t1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
     device = torch.device(a.device)
     cuda = device.type == "cuda"
-    a.time_limit = a.time_limit or (5.0 if cuda else 20.0)
-    with_eager_plan = a.eager_plan if a.eager_plan is not None else not cuda
+    deadline = Deadline(a.deadline, a.device)
     if not cuda:
         torch.set_num_threads(a.threads)
     scale = a.scale or ("full:n_layer=6" if cuda else "tiny" if a.smoke else "small")
@@ -146,179 +250,137 @@ def main(argv: list[str] | None = None) -> int:
     base = z.model.to(device)
     plan_dev = a.device if cuda else "cpu"
     fracs = [float(f) for f in a.budgets.split(",") if f]
-    t_start = time.perf_counter()
-    load_start = os.getloadavg()
-    models: dict[str, torch.nn.Module] = {}
-    fwds: dict[str, Callable[[], torch.Tensor]] = {}
-    notes: list[str] = []
-
-    def add(label: str, m: torch.nn.Module, fn: Callable[[], torch.Tensor]) -> None:
-        models[label], fwds[label] = m, fn
-
-    m = copy.deepcopy(base)
-    add("eager PyTorch", m, lambda m=m: loss_of(m(*inputs)))
-    for frac in dict.fromkeys([1.0, *([] if a.fit else fracs)]):
-        label = "torch.compile" if frac == 1.0 else f"torch.compile, activation_memory_budget={frac}"
-        log(f"compiling {label}")
-        m = copy.deepcopy(base)
-        add(label, m, compiled(m, inputs, frac))
-    params = lambda k: [*models[k].parameters()]  # noqa: E731
-    ref = step_peak(fwds["torch.compile"], params("torch.compile"), device)
     before = sum(p.numel() * p.element_size() for p in base.parameters()) + sum(x.nbytes for x in inputs)
-    predicted: dict[str, int] = {}
-
-    def planned(
-        budget: str | int, method: str, given: Path | None = None, save: Path | None = None
-    ) -> tuple[torch.nn.Module, list[str], tuple[float, float]]:
-        """wrap(compile=True) settled: steps until its plan is (the first measures the regions; one over the budget
-        plans again within less, a re-plan far under it once more within more, each measured by its first step);
-        wrap's notices of them; the seconds wrap took, and the steps until settled (compiles, splits, re-plans).
-        `given`: a plan file run instead of solving one (--plans); `save`: where to save the first plan."""
-        t0 = time.perf_counter()
-        w = wrap(
-            copy.deepcopy(base),
-            inputs,
-            {plan_dev: budget},
-            method=method,
-            time_limit=a.time_limit,
-            profile=a.profile,
-            compile=True,
-            plan=Plan.load(given) if given else None,
-        )
-        t1 = time.perf_counter()
-        if save:
-            save.parent.mkdir(parents=True, exist_ok=True)
-            w._first.plan.save(save)  # type: ignore[attr-defined]
-        with contextlib.redirect_stderr(io.StringIO()) as err:
-            for _ in range(2 + MAX_SPLITS + 2 * MAX_REPLANS):  # until settled: each first step after a change measures
-                loss_of(w(*inputs)).backward()
-                c = w._first  # type: ignore[attr-defined]
-                if c.first_run is None and c.replan is None and c.back_to is None:
-                    break
-        said = [line for line in err.getvalue().splitlines() if line.startswith("xsched:")]
-        return w, said, (t1 - t0, time.perf_counter() - t1)
-
+    t_start, load_start = time.perf_counter(), os.getloadavg()
     if a.fit:
         tries = iter(range(10**6))
+        m = copy.deepcopy(base)
+        ref = step_peak(compiled(m, inputs, 1.0, a.compile_backend), [*m.parameters()], device)
 
         def fit(frac: float) -> list[str]:
             k = next(tries)
             given, save = (d / f"plan{k}.json" if d else None for d in (a.plans, a.save_plans))
             try:
-                w, said, setup = planned(before + int(frac * ref), "auto", given, save)
+                budget = before + int(frac * ref)
+                w, said, setup = planned(
+                    base, inputs, budget, "auto", a, plan_dev, a.time_limit, a.profile, given, save
+                )
             except (BudgetError, XschedError) as e:  # a budget below the bound, said as a row, not a traceback
                 return [f"| {frac:.0%} | no plan: {str(e).splitlines()[0][:200]} | - | - | - | - | - | - | - |"]
-            measured = before + step_peak(lambda: loss_of(w(*inputs)), [*w.parameters()], device)
-            return [fit_row(w, said, measured, plan_dev, frac, setup)]
+            measured_peak = before + step_peak(lambda: loss_of(w(*inputs)), [*w.parameters()], device)
+            return [fit_row(w, said, measured_peak, plan_dev, frac, setup)]
 
         return fit_table(a, fit, ref)
-    for frac in [None, *fracs] if with_eager_plan else fracs:
-        budget = "100%" if frac is None else before + int(frac * ref)
-        label = "xsched compiled eager plan" if frac is None else f"xsched compiled, {frac:.0%} of torch.compile's peak"
-        log(f"planning and compiling {label} (budget {budget})")
-        try:
-            given = dict(zip(fracs, a.plan or [])).get(frac) if frac is not None else None
-            w, said, _ = planned(budget, "eager" if frac is None else "auto", given)
-        except (BudgetError, XschedError) as e:
-            notes.append(f"{label}: no plan ({str(e).splitlines()[0][:300]})")
-            continue
-        c = w._first  # type: ignore[attr-defined]
-        recomputes = sum(isinstance(s, Compute) for s in c.plan.steps) - len(c.graph.ops)
-        per_op = c.plan.extra[PER_OP_KEY][plan_dev] - before
-        within = c.plan.extra.get("planned_within", {}).get(plan_dev)
-        again = f", re-planned within {within - before:,} B" if within else ""
-        notes.append(
-            f"{label}: plan by {c.plan.solver.method}{again}, {recomputes} recomputes, per-op count {per_op:,} B, "
-            f"budget {c.plan.budgets[plan_dev] - before:,} B (less params and inputs)"
-        )
-        notes += [f"{label}: {line}" for line in said]
-        predicted[label] = c.plan.predicted.peak_bytes[plan_dev] - before
-        add(label, w, lambda w=w: loss_of(w(*inputs)))
-    log("measuring")
-    for f in fwds.values():  # warm-up
-        f().backward()
-    peaks = {k: step_peak(f, params(k), device) for k, f in fwds.items()}
-    steps = timed(fwds, a.iters, device)
-    times = {k: statistics.median(v) for k, v in steps.items()}
-    best = {k: min(v) for k, v in steps.items()}  # the least loaded step: the ratio a shared box blurs least
-    tc, pc, bc = times["torch.compile"], peaks["torch.compile"], best["torch.compile"]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+
+    here = Path(__file__).resolve().parent
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=here
+    ).stdout.strip()
     where = (
         torch.cuda.get_device_name(device) if cuda else f"{platform.machine()} CPU, {torch.get_num_threads()} threads"
     )
-    lines = [
-        f"Command: `python scripts/bench_compile.py {' '.join(argv if argv is not None else sys.argv[1:])}`, commit "
-        f"{commit}, {datetime.date.today()}, {where}, torch {torch.__version__}; gpt2 {scale}, inputs "
-        f"{[tuple(x.shape) for x in inputs]}, {a.iters} interleaved steps (forward + loss + backward).",
-        "",
-        "| row | step time (median) | vs torch.compile | best step | vs torch.compile | measured peak "
-        "| vs torch.compile | xsched predicted peak |",
-        "|---|---|---|---|---|---|---|---|",
+    header = [
+        f"Command: `python scripts/bench_compile.py {' '.join(a.argv)}`, commit {commit}, {datetime.date.today()}, "
+        f"{where}, torch {torch.__version__}; gpt2 {scale}, inputs {[tuple(x.shape) for x in inputs]}, {a.iters} "
+        "steps (forward + loss + backward) per row, interleaved with torch.compile's (the ratios are within them)."
     ]
-    for k in fwds:
-        pred = f"{predicted[k] / 2**20:.2f} MiB" if k in predicted else "-"
-        lines.append(
-            f"| {k} | {times[k] * 1e3:.1f} ms | {times[k] / tc:.3f}x | {best[k] * 1e3:.1f} ms | {best[k] / bc:.3f}x "
-            f"| {peaks[k] / 2**20:.2f} MiB | {peaks[k] / pc:.0%} "
-            f"| {pred} |"
-        )
-    load = f"{load_start[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
-    lines += ["", *[f"- {n}" for n in notes], f"- wall time of the run: {time.perf_counter() - t_start:.0f} s"]
-    lines.append(f"- machine load (1-minute load average): {load}")
-    publish(lines, a.out)
+    rows: list[dict] = []
+    ref_fn: Callable[[], torch.Tensor] | None = None
+    ref_peak: int | None = None
+    profile: Profile | str = a.profile
+    given_plans = dict(zip(fracs, a.plan or []))
+
+    def publish(final: bool) -> None:
+        load = f"{load_start[0]:.1f} at the start, {os.getloadavg()[0]:.1f} now"
+        footer = [
+            f"- wall time of the run: {time.perf_counter() - t_start:.0f} s",
+            f"- machine load (1-minute): {load}",
+        ]
+        lines = table(rows, header, footer)
+        facts = {"command": header[0], "partial": not final, "wall_s": time.perf_counter() - t_start}
+        write(lines, rows, facts, a.out, a.json)
+        if final:
+            print("\n".join(lines), flush=True)
+
+    for kind, frac in row_order(fracs, a.eager_plan):
+        label = label_of(kind, frac)
+        why = deadline.skip(kind, a.iters, a.time_limit)
+        if why is None and kind.startswith("xsched") and ref_peak is None and frac is not None:
+            why = "skipped: no torch.compile peak to take a fraction of"
+        if why:
+            log(f"{label}: {why}")
+            rows.append({"row": label, "error": why})
+            publish(final=False)
+            continue
+        log(f"{label}: setting up ({deadline.left():.0f} s left)")
+        t0 = time.perf_counter()
+        notes: list[str] = []
+        predicted = None
+        try:
+            with deadline.stopping():
+                if kind == "torch":
+                    m = copy.deepcopy(base)
+                    hits = counters["inductor"]["fxgraph_cache_hit"]
+                    fn, params = compiled(m, inputs, frac, a.compile_backend), [*m.parameters()]  # type: ignore[arg-type]
+                    cached = counters["inductor"]["fxgraph_cache_hit"] > hits
+                elif kind == "eager":
+                    m = copy.deepcopy(base)
+                    fn, params = (lambda m=m: loss_of(m(*inputs))), [*m.parameters()]
+                else:
+                    clock = PhaseClock()
+                    if a.profile_s and not isinstance(profile, Profile):  # measured once, within --profile-s
+                        tp = time.perf_counter()
+                        profile = capped_profile(base, inputs, plan_dev, a.profile_s)
+                        clock.add("profile", time.perf_counter() - tp)
+                    budget = "100%" if frac is None else before + int(frac * ref_peak)  # type: ignore[operator]
+                    limit = deadline.solve_limit(a.time_limit)
+                    method = "eager" if frac is None else "auto"
+                    w, said, _ = planned(
+                        base, inputs, budget, method, a, plan_dev, limit, profile, given_plans.get(frac), clock=clock
+                    )
+                    fn, params = (lambda w=w: loss_of(w(*inputs))), [*w.parameters()]
+                    notes = [
+                        f"budget {budget}, solve time limit {limit:.0f} s",
+                        *xsched_notes(w, said, plan_dev, before, clock),
+                    ]
+                    if isinstance(profile, Profile) and w._first.graph.fingerprint != profile.graph:  # type: ignore[attr-defined]
+                        notes.append("the --profile-s profile is not of wrap's graph: wrap measured its own")
+                    c = w._first  # type: ignore[attr-defined]
+                    predicted = c.plan.predicted.peak_bytes[plan_dev] - before
+                setup_s = time.perf_counter() - t0
+                if kind.startswith("xsched"):  # the profile is measured once: the next xsched row's setup is without it
+                    deadline.setup.setdefault("xsched", []).append(setup_s - clock.seconds.get("profile", 0.0))
+                elif kind == "torch" and not cached:  # a compile from inductor's cache says nothing of the next one's
+                    deadline.setup.setdefault("torch", []).append(setup_s)
+                got = measured(
+                    fn,
+                    params,
+                    ref_fn,
+                    a.iters,
+                    lambda f, p: step_peak(f, p, device),
+                    lambda fs, n: timed(fs, n, device),
+                )
+        except DeadlineReached:
+            rows.append({"row": label, "error": f"stopped: --deadline passed {time.perf_counter() - t0:.0f} s into it"})
+            log(f"{label}: {rows[-1]['error']}")
+            publish(final=False)
+            continue
+        except Exception as e:  # no plan, a compile that fails, out of memory: the other rows go on
+            what = "no plan" if isinstance(e, (BudgetError, XschedError)) else f"error: {type(e).__name__}"
+            rows.append({"row": label, "error": f"{what}: {(str(e).splitlines() or [''])[0][:300]}"})
+            log(f"{label}: {rows[-1]['error']}")
+            publish(final=False)
+            continue
+        if label == "torch.compile":
+            ref_fn, ref_peak = fn, got["peak"]
+            got |= {"ref_time_s": got["time_s"], "ref_best_s": got["best_s"]}
+        deadline.step_s = max(deadline.step_s, got["time_s"], got["ref_time_s"] or 0.0)
+        rows.append({"row": label, **got, "predicted": predicted, "setup_s": setup_s, "notes": notes})
+        log(f"{label}: {got['time_s'] * 1e3:.1f} ms, peak {got['peak']:,} B, set up in {setup_s:.0f} s")
+        publish(final=False)
+        del fn, params
+    publish(final=True)
     return 0
-
-
-def publish(lines: list[str], out: Path | None) -> None:
-    """The table printed, and appended to `out` (--out) when given."""
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if out:
-        with out.open("a") as f:
-            f.write(text)
-
-
-def fit_table(a: argparse.Namespace, fit: Callable[[float], list[str]], ref: int) -> int:
-    """--fit: `fit(frac)` (one table row per plan solved at frac of torch.compile's peak) for each of --budgets,
-    --repeat times."""
-    lines = [
-        f"Command: `python scripts/bench_compile.py {' '.join(sys.argv[1:])}`, torch.compile's measured peak "
-        f"{ref:,} B. All bytes with the params and inputs (the plan counts them; the step's peak column adds them).",
-        "",
-        "| budget | per-op count | first compiled step | what wrap did | cuts (parts compiled to choose them) | setup: wrap + steps to settle "
-        "| settled: predicted | measured | predicted - measured |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for frac in [float(f) for f in a.budgets.split(",") if f]:
-        for k in range(a.repeat):
-            log(f"planning at {frac:.0%} of torch.compile's peak, try {k + 1} of {a.repeat}")
-            lines += fit(frac)
-    publish(lines, a.out)
-    return 0
-
-
-def fit_row(
-    w: torch.nn.Module, said: list[str], measured: int, plan_dev: str, frac: float, setup: tuple[float, float]
-) -> str:
-    """One --fit row: the plan's budget and per-op count, its first compiled step's peak (wrap's notice of it, or
-    within the budget when there is none), the regions split and the cuts made, the seconds wrap and the steps
-    until settled took (`setup`), the settled prediction beside `measured`."""
-    c = w._first  # type: ignore[attr-defined]
-    mib = lambda b: f"{b / 2**20:.3f} MiB"  # noqa: E731
-    first = next((ln for ln in said if "the compiled plan peaked at" in ln), None)
-    count = lambda what: sum(what in ln for ln in said)  # noqa: E731
-    before = count("its compiled code peaks at")  # split before they ran, by their generated code
-    did = f"{before} regions split before they ran"
-    did += f", then {count('over the budget split')} rounds of splits ({count('split before step') - before} regions)"
-    did += f", {count('planning again')} re-plans" if count("planning again") else ""
-    did += f", {count('runs uncompiled')} regions uncompiled" if count("runs uncompiled") else ""
-    at = first.split(" at cpu ")[1].split(" over ")[0] if first else "within it"
-    budget, pred = c.plan.budgets[plan_dev], c.plan.predicted.peak_bytes[plan_dev]
-    return (
-        f"| {mib(budget)} ({frac:.0%}) | {mib(c.plan.extra[PER_OP_KEY][plan_dev])} | {at} | "
-        f"{did} | {len(c.executor.segments.cuts)} ({getattr(c.executor.segments, 'tried_parts', 0)}) | {setup[0]:.0f} + {setup[1]:.0f} s | {mib(pred)} | {mib(measured)} | {pred - measured:+,} B "
-        f"({(pred - measured) / measured:+.2%}) |"
-    )
 
 
 if __name__ == "__main__":

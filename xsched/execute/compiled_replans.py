@@ -33,6 +33,9 @@ class CompiledReplans:
     class provides `compiled` (key -> Compiled), `_first`, `_compile` and `_move_to_homes`."""
 
     compiled: dict[tuple, Compiled]
+    # a re-plan far under its budget is solved once more within more (a solve and its regions' compiles again);
+    # False keeps it as it is: a caller who wants one figure soon (scripts/bench_compile.py --no-settle)
+    raise_replans: bool = True
     _first: Compiled
     _compile: Any
     _move_to_homes: Any
@@ -58,7 +61,8 @@ class CompiledReplans:
             print(f"xsched: the compiled plan peaked at {say}: its regions over the budget split", file=sys.stderr)
             return
         if not over:
-            room = wasted_room(c.plan, peaks, c.limits) if c.fallback is None and c.replans < MAX_REPLANS else {}
+            again = self.raise_replans and c.fallback is None and c.replans < MAX_REPLANS
+            room = wasted_room(c.plan, peaks, c.limits) if again else {}
             if room:  # a re-plan far under its limit: once more within more, this plan kept to go back to
                 c.replan = raised_budgets(c.plan, room)
                 say = ", ".join(f"{d} {format_bytes(peaks[d])} of {format_bytes(c.limits[d])}" for d in room)
