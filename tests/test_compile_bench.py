@@ -106,9 +106,7 @@ def test_a_row_still_running_at_the_deadline_is_stopped_and_the_table_written(tm
     would fit): stopped at the deadline with a line saying so, every later row skipped, the table written."""
     monkeypatch.setitem(bench_compile_rows.FIRST_SETUP_S, ("torch", "cpu"), 0.0)
     monkeypatch.setattr(bench_compile, "compiled", lambda *a: time.sleep(60))
-    t0 = time.perf_counter()
-    rows, md, _ = run(tmp_path, monkeypatch, *ROWS, "--deadline", "2")
-    assert time.perf_counter() - t0 < 60  # the sleep was cut short
+    rows, md, _ = run(tmp_path, monkeypatch, *ROWS, "--deadline", "2")  # a sleep run out would not say "stopped"
     assert rows[0]["error"].startswith("stopped: --deadline passed") and f"| torch.compile | {rows[0]['error']}" in md
     assert all(r["error"].startswith("skipped: ") for r in rows[1:])
 
