@@ -17,8 +17,9 @@ and dispatch of the step, whatever else loads the machine; on lanes, what issuin
 CPU time of the whole process (every thread: the lanes', the host AdamW's). The lanes row adds its compute lane's
 own figures, per op: the lane thread's CPU time (its Python and dispatch, plus the kernels on a CPU; on a GPU the
 host cost of issuing them) and the wall time inside its tasks (the step breakdown's `compute_issue_s`, what a GPU
-run's breakdown calls the host time issuing the compute: CPU plus waiting for the GIL), and the tasks a step it runs
-of all the lanes'. The offload rows' setup (capture, model costs, `park`) is cached in `--cache-dir` when given.
+run's breakdown calls the host time issuing the compute: CPU plus waiting for the GIL), the tasks a step it runs
+of all the lanes', and its thread's context switches a step (each wait for another lane, or for the GIL, is one).
+The offload rows' setup (capture, model costs, `park`) is cached in `--cache-dir` when given.
 """
 
 from __future__ import annotations
@@ -142,11 +143,12 @@ def row_lanes(setup: dict[str, Any]) -> dict[str, Any]:
     ex.overlap = True
     copies = sum(isinstance(x, Copy) for x in session.chosen.plan.steps)
     out: dict[str, Any] = {"step_s": [], "cpu_s": [], "process_s": [], "losses": [], "copies": copies}
-    out.update(lane_cpu_s=[], lane_issue_s=[])
+    out.update(lane_cpu_s=[], lane_issue_s=[], lane_switches=[])
     compute = ex.lanes[f"compute:{setup['device']}"]
     try:
         for s in range(setup["steps"]):
             t0, c0, p0, l0 = time.perf_counter(), time.thread_time(), time.process_time(), thread_cpu(compute)
+            w0 = thread_switches(compute)
             record = _step(session, s, world, 1)
             out["cpu_s"].append(time.thread_time() - c0)
             out["process_s"].append(time.process_time() - p0)
@@ -154,6 +156,7 @@ def row_lanes(setup: dict[str, Any]) -> dict[str, Any]:
             out["losses"].append(record.loss)
             out["lane_cpu_s"].append(thread_cpu(compute) - l0)
             out["lane_issue_s"].append(record.breakdown["compute_issue_s"])
+            out["lane_switches"].append(thread_switches(compute) - w0)
         out["tasks"] = lane_tasks(ex, compute)
     finally:
         session.updater.close()
@@ -170,6 +173,19 @@ def thread_cpu(lane: Any) -> float:
     if not hasattr(time, "pthread_getcpuclockid"):
         return float("nan")
     return time.clock_gettime(time.pthread_getcpuclockid(ident))
+
+
+def thread_switches(lane: Any) -> float:
+    """The context switches so far of `lane`'s thread, voluntary (it waited: a hand-off) and not (0 before it
+    starts), from Linux's /proc; NaN where there is none."""
+    tid = lane._thread.native_id if lane._thread is not None else None
+    if tid is None:
+        return 0.0
+    try:
+        with open(f"/proc/self/task/{tid}/status") as f:
+            return float(sum(int(line.split()[1]) for line in f if "ctxt_switches:" in line))
+    except OSError:
+        return float("nan")
 
 
 def lane_tasks(ex: Any, lane: Any) -> tuple[int, int]:
@@ -200,13 +216,14 @@ LABELS = {
 def table(results: dict[str, dict[str, Any]], ops: int, warmup: int) -> list[str]:
     """One line per row: the median and best wall time of a step and the median CPU time of its training thread and
     of the whole process, per op, each with its ratio to eager's, whether its losses equal eager's (fp32, the same
-    arithmetic: to LOSS_RTOL), and on lanes the compute lane's CPU and wall per op (medians) and the tasks a step."""
+    arithmetic: to LOSS_RTOL), and on lanes the compute lane's CPU and wall per op (medians), the tasks a step and the
+    lane thread's context switches a step (median)."""
     lines = [
         "| row | steps | wall: median step | per op | vs eager | best step | per op | vs eager "
         "| thread CPU: median step | per op | vs eager | process CPU: median step | per op | vs eager "
         "| losses = eager | copies a step | compute lane: thread CPU per op | its tasks' wall per op "
-        "| tasks a step: compute lane / all |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| tasks a step: compute lane / all | its context switches a step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     eager = results.get("eager")
     base = {k: f(eager[key][warmup:]) for k, key, f in FIGURES} if eager else {}
@@ -220,9 +237,10 @@ def table(results: dict[str, dict[str, Any]], ops: int, warmup: int) -> list[str
         kept = len(r["step_s"]) - warmup
         lane = [f"{statistics.median(r[k][warmup:]) / ops * 1e6:.1f} us" if k in r else "-" for k in LANE]
         tasks = "{} / {}".format(*r["tasks"]) if "tasks" in r else "-"
+        switches = f"{statistics.median(r['lane_switches'][warmup:]):.0f}" if "lane_switches" in r else "-"
         lines.append(
             f"| {LABELS[row]} | {kept} | {' | '.join(cells)} | {same} | {r.get('copies', 0)} | {' | '.join(lane)} "
-            f"| {tasks} |"
+            f"| {tasks} | {switches} |"
         )
     return lines
 

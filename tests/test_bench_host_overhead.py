@@ -29,8 +29,9 @@ def test_every_row_runs_and_matches_eager_losses() -> None:
     assert all(r[14].startswith("yes (max diff") for r in rows[1:]), rows
     copies = [int(r[15]) for r in rows]
     assert copies[:2] == [0, 0] and copies[2] > 0 and copies[3] == copies[2]  # one offload plan, which copies
-    assert all(r[16:19] == ["-", "-", "- |"] for r in rows[:3]), rows  # the compute lane's figures: lanes only
+    assert all(r[16:20] == ["-", "-", "-", "- |"] for r in rows[:3]), rows  # the compute lane's figures: lanes only
     assert r[16].endswith(" us") and r[17].endswith(" us") and float(r[16][:-3]) > 0 and float(r[17][:-3]) > 0
-    mine, every = (int(x) for x in r[18].rstrip(" |").split(" / "))
+    mine, every = (int(x) for x in r[18].split(" / "))
     assert 0 < mine < every  # the compute lane runs some of the tasks, the copy and free lanes the rest
+    assert float(r[19].rstrip(" |")) > 0  # its thread waits for the copy lanes' weights at least
     assert "ops a training step" in p.stdout

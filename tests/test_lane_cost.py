@@ -58,7 +58,7 @@ def test_one_event_a_task_and_no_repeated_waits(monkeypatch: pytest.MonkeyPatch,
     # per task one event marks it done on its stream; the clock's two around it, its end one doubling as that
     assert counts["record"] == 2 * cuda_tasks * (2 if clock else 1)
     assert counts["own_wait"] == 0 and counts["repeated_wait"] == 0
-    assert 0 < counts["wait_event"] < cuda_tasks
+    assert 0 < counts["wait_event"] < 2 * cuda_tasks  # fewer waits than tasks a run (counts are over two runs)
     assert counts["synchronize"] == 0  # no host lane: nothing blocks the host on the device
     assert positions.unordered(ex) == []
     assert len(positions.at) == sum(not k.startswith("free:") for k in ex.lane_of)

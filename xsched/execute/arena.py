@@ -5,11 +5,12 @@ copy that brings it there.
 
 Safety across CUDA streams (record_stream no longer protects the arena's memory): a slot's next occupant is written
 by a step that allocates on its device, a compute or a copy into it, and lanes.step_waits makes every such step wait
-for every earlier free on the device. Greedy and CP-SAT only reuse a slot whose previous occupant was freed at an
-earlier step, so that free is among them. Each free waits for every read of its value since it was made (computes
-and copies out, on any lane), and the free lane hands those reads' CUDA events on (workers.Lane.finished), so the
-writing stream waits on the GPU for the previous occupant's last readers before it writes. A free run inline on the
-compute lane is ordered by the compute stream itself.
+for every earlier free on the device (directly, or through a wait that implies it). Greedy and CP-SAT only reuse a
+slot whose previous occupant was freed at an earlier step, so that free is among them. Each free waits for every
+read of its value since it was made (computes and copies out, on any lane; a read another implies, through the one
+that implies it), and the free lane hands those reads' CUDA events on (workers.Lane.finished), so the writing stream
+waits on the GPU for the previous occupant's last readers before it writes (an event of a stream that waited for
+another's is after it). A free run inline on the compute lane is ordered by the compute stream itself.
 """
 
 from __future__ import annotations

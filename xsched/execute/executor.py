@@ -120,7 +120,7 @@ class Executor:
         steps = plan.steps
         self.reuse = reusable_inputs(graph, steps, watch) if inplace and not planned_addresses else {}
         # the simulator's overlapped model, with the frees that wait only on their compute lane run on it
-        self.lane_of = inline_free_lanes(graph, steps)
+        self.lane_of = inline_free_lanes(graph, steps, self.random)
         self.deps = step_waits(graph, steps, self.random, self.lane_of)
         self.d2h = {i for i, s in enumerate(steps) if isinstance(s, Copy) and self.dev[s.src].type == "cuda"}
         self.lanes = {k: self._make_lane(k) for k in dict.fromkeys(self.lane_of)}
