@@ -260,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of {', '.join(ROWS)}")
     ap.add_argument("--method", help="xsched's solver method (default park on a GPU, offload with --cpu)")
     ap.add_argument("--time-limit", type=float, default=30.0, help="xsched's solver time limit, seconds")
+    ap.add_argument("--gap", type=float, help="xsched train --gap: planning stops within this gap of the lower bound")
     ap.add_argument("--profile", default="model", choices=("model", "measure"), help="xsched's costs (default model)")
     ap.add_argument("--row-timeout", type=float, default=200.0, help="seconds per row before it is stopped")
     ap.add_argument("--deadline", type=float, help="seconds for the whole run: rows are shortened or skipped")
@@ -283,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     setup = {**(CPU if a.cpu else GPU), "cpu": a.cpu, "steps": a.steps, "time_limit": a.time_limit}
     setup["profile"] = a.profile
+    setup["gap"] = a.gap
     setup["split_by"] = a.split_by
     setup.update({k: v for k, v in (("split", a.split), ("llama_split", a.llama_split)) if v is not None})
     setup.update({k: v for k, v in (("scale", a.scale), ("budget", a.budget), ("method", a.method)) if v})

@@ -90,6 +90,7 @@ def offload_config(setup: dict[str, Any], model: str, scale: str, budget: str, *
         scale=scale,
         method=setup["method"],
         time_limit=setup["time_limit"],
+        gap=setup.get("gap"),
         profile=setup["profile"],
         cache_dir=setup["cache_dir"],
         param_home=store,
