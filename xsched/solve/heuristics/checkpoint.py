@@ -16,6 +16,7 @@ from xsched.contracts.result import HeuristicStats
 from xsched.errors import BudgetError
 from xsched.solve.autograd_boundary import forward_outputs
 from xsched.solve.heuristics import lean
+from xsched.solve.heuristics.floor import resident_floor
 from xsched.solve.heuristics.routing import best_single_device, finish, op_workspace, route, route_and_finish
 from xsched.solve.heuristics.timeline import Resident, op_seconds
 from xsched.solve.objective import best_of, objective
@@ -268,9 +269,26 @@ def checkpoint_search(problem: Problem, options: SolverOptions = DEFAULTS, warm:
         fits: list[tuple[int, Plan, str, list[Compute]]] = []  # rank among the candidates, plan, label, computes
         lowest: tuple[int, str] | None = None  # the leanest plan seen: peak on d, label
 
-        def consider(rank: int, label: str, computes: list[Compute]) -> int:
+        ahead: dict[int, Plan] = {}  # planned by lean_search ahead of its consider (by the computes' id)
+
+        def planned(computes: list[Compute]) -> Plan:
+            if (plan := ahead.pop(id(computes), None)) is not None:
+                return plan
+            return finish(graph, route(graph, computes, homes, profile, via=via), "checkpoint", {}, homes, profile, t0)
+
+        def plan_ahead(computes: list[Compute]) -> int:
+            ahead[id(computes)] = plan = planned(computes)
+            return plan.predicted.peak_bytes.get(d, 0)
+
+        def consider(rank: int, label: str, computes: list[Compute], bounded: bool = False) -> int:
+            """Plans the computes and returns their peak on d; `bounded`: only the fit counts (the peak returned
+            may be a lower bound), so computes whose `resident_floor` is over d's budget are not planned."""
             nonlocal lowest
-            plan = finish(graph, route(graph, computes, homes, profile, via=via), "checkpoint", {}, homes, profile, t0)
+            if bounded and d in budgets and (floor := resident_floor(graph, computes, d, homes)) > budgets[d]:
+                if lowest is None or floor < lowest[0]:
+                    lowest = (floor, f"{label}, at least")
+                return floor
+            plan = planned(computes)
             peaks = plan.predicted.peak_bytes
             if all(peaks.get(e, 0) <= b for e, b in budgets.items()):
                 fits.append((rank, plan, label, computes))
@@ -293,15 +311,24 @@ def checkpoint_search(problem: Problem, options: SolverOptions = DEFAULTS, warm:
             # a bound, not a ranking: the objective is at least the makespan, which is at least the computes' time
             if fits and keep_set and own_time > min(objective(f[1], alpha) for f in fits):
                 break
-            consider(rank, label, computes)
+            consider(rank, label, computes, bounded=True)
         if not fits and d in budgets and not out_of_time():  # last resort: forward outputs evicted, made at the end
             if computes := _or_none(lambda: evict_computes(graph, d, budgets[d], profile, evict_outputs=True)):
-                consider(len(candidates), "evict outputs", computes)
+                consider(len(candidates), "evict outputs", computes, bounded=True)
         if not fits and d in budgets:  # lean checkpointing, and windows of the backward made again at the end
             # past the deadline a candidate counts as no fit (the largest peak) without being planned
-            lean_search(
-                graph, keeps, d, homes, lambda label, c: _LATE if out_of_time() else consider(len(candidates), label, c)
+            least = lean_search(
+                graph,
+                keeps,
+                d,
+                homes,
+                lambda label, c: _LATE if out_of_time() else consider(len(candidates), label, c),
+                floor=lambda c, remade: resident_floor(graph, c, d, homes, remade),
+                budget=budgets[d],
+                plan_ahead=plan_ahead,
             )
+            if least is not None and (lowest is None or least[0] < lowest[0]):
+                lowest = (least[0], f"{least[1]}, at least")
         if not fits:
             peak, label = lowest or (0, "none")
             raise BudgetError(
@@ -327,10 +354,19 @@ def lean_search(
     device: str,
     homes: Mapping[str, str],
     consider: Callable[[str, list[Compute]], int],
-) -> None:
+    *,
+    floor: Callable[[list[Compute], set[str]], int] | None = None,
+    budget: float = math.inf,
+    plan_ahead: Callable[[list[Compute]], int] | None = None,
+) -> tuple[int, str] | None:
     """Hands `consider` (which plans labelled computes and returns their peak on `device`) lean checkpointing of
     every keep set, in graph order and with late gradients; then each gradient window made again after the
-    `lean.BASES` leanest of those; then the leanest window after the next leanest, up to `lean.WINDOW_BASES`."""
+    `lean.BASES` leanest of those; then the leanest window after the next leanest, up to `lean.WINDOW_BASES`.
+    With `floor` (a lower bound on the peak of computes and of any of them with computes appended that remake the
+    given graph outputs) and `plan_ahead` (plans computes for their later `consider` and returns their peak),
+    candidates over `budget` that cannot change what is tried next are not planned: the others are considered in
+    the same order as without them. Where every candidate's floor is over `budget`, none is planned: returns the
+    least floor and its label."""
     ends = ends_on_one_device(graph, homes)
     late = lean.late_gradient_order(graph, ends)
     orders = {"": None, "late ": late} if late != list(graph.ops) else {"": None}  # nothing moved: one order
@@ -341,15 +377,44 @@ def lean_search(
                 break
             computes = checkpoint_computes(graph, keep, device, order=order, drop_recomputed=True)
             distinct.setdefault(tuple(c.op for c in computes), (f"lean {name}keep {len(keep)}", computes))
-    bases = sorted(((consider(label, c), label, c) for label, c in distinct.values()), key=lambda b: b[0])
+    items = list(distinct.values())
     remakes = [lean.remake_window(graph, window, homes, device) for window in lean.gradient_windows(graph, ends)]
+    remade = {v for remake in remakes for c in remake for v in graph.op[c.op].outputs}
+    # floors that bound each base's windows too; 0 (none, or no time left to count it) plans it, as without a floor
+    floors = [floor(c, remade) if floor is not None and not out_of_time() else 0 for _, c in items]
+    if floor is not None and items and min(floors) > budget:  # no base, nor any base with a window, can fit
+        return min((f, label) for f, (label, _) in zip(floors, items, strict=True))
+    skip = _past_the_leanest(floors, budget, lambda j: plan_ahead(items[j][1])) if floor and plan_ahead else set()
+    # a skipped one's floor is above the lean.WINDOW_BASES leanest peaks: it sorts after every base used below
+    bases = sorted(
+        ((floors[j] if j in skip else consider(label, c), label, c) for j, (label, c) in enumerate(items)),
+        key=lambda b: b[0],
+    )
     if not remakes:
-        return
-    tried = [
-        (consider(f"{label} + window of {len(remake)}", computes + remake), i)
-        for i, remake in enumerate(remakes)
-        for _, label, computes in bases[: lean.BASES]
-    ]
+        return None
+    tried: list[tuple[int, int]] = []  # peak (or a floor over the budget and the least so far: never the least)
+    for i, remake in enumerate(remakes):
+        for _, label, computes in bases[: lean.BASES]:
+            c, least = computes + remake, min(tried, default=(math.inf, 0))[0]
+            f = floor(c, set()) if floor is not None and not out_of_time() else 0
+            tried.append((f if f > budget and f > least else consider(f"{label} + window of {len(remake)}", c), i))
     remake = remakes[min(tried)[1]]
-    for _, label, computes in bases[lean.BASES : lean.WINDOW_BASES]:
-        consider(f"{label} + window of {len(remake)}", computes + remake)
+    for _, label, computes in bases[lean.BASES : lean.WINDOW_BASES]:  # only their fit counts
+        c = computes + remake
+        if floor is None or out_of_time() or floor(c, set()) <= budget:
+            consider(f"{label} + window of {len(remake)}", c)
+    return None
+
+
+def _past_the_leanest(floors: Sequence[int], budget: float, plan_ahead: Callable[[int], int]) -> set[int]:
+    """Plans candidates ahead (by index), lowest floor first, until the rest cannot fit (floor over `budget`) nor be
+    among the `lean.WINDOW_BASES` leanest (floor over that many peaks); returns the rest, not planned."""
+    peaks: list[int] = []
+    order = sorted(range(len(floors)), key=lambda j: floors[j])
+    for n, j in enumerate(order):
+        if floors[j] > budget and sum(p < floors[j] for p in peaks) >= lean.WINDOW_BASES:
+            return set(order[n:])
+        if out_of_time():
+            return set()  # consider reports the rest as late
+        peaks.append(plan_ahead(j))
+    return set()
