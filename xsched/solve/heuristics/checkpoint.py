@@ -327,6 +327,7 @@ def checkpoint_search(problem: Problem, options: SolverOptions = DEFAULTS, warm:
                 budget=budgets[d],
                 plan_ahead=plan_ahead,
             )
+            ahead.clear()  # what it planned and did not consider (out of time): the lists' ids may be reused
             if least is not None and (lowest is None or least[0] < lowest[0]):
                 lowest = (least[0], f"{least[1]}, at least")
         if not fits:
