@@ -32,7 +32,8 @@ from xsched.errors import BudgetError
 from xsched.importers import BENCH_DEVICE
 from xsched.profiling.model import cost_profile
 from xsched.simulate import simulate
-from xsched.solve.heuristics.checkpoint import checkpoint_search, evict_computes
+from xsched.solve.heuristics.checkpoint import checkpoint_search
+from xsched.solve.heuristics.evict import evict_computes
 from xsched.solve.heuristics.gaps import gap_remat
 from xsched.solve.heuristics.routing import route_and_finish
 from xsched.solve.problem import Problem

@@ -16,7 +16,7 @@ from xsched.errors import BudgetError
 from xsched.importers import import_networkx
 from xsched.simulate import simulate
 from xsched.solve.api import solve
-from xsched.solve.heuristics.checkpoint import evict_computes
+from xsched.solve.heuristics.evict import evict_computes
 from xsched.solve.heuristics.gaps import MAX_DEPTH, gap_computes, gap_remat, order_scorer
 from xsched.solve.heuristics.routing import route_and_finish
 from xsched.solve.order.order import starting_orders

@@ -17,9 +17,11 @@ from xsched.errors import BudgetError
 from xsched.importers import import_networkx
 from xsched.simulate import simulate
 from xsched.solve.heuristics import checkpoint as RM
+from xsched.solve.heuristics import evict as EV
 from xsched.solve.heuristics import routing as RT
 from xsched.solve.heuristics.checkpoint import checkpoint_search
 from xsched.solve.heuristics.eager import eager
+from xsched.solve.heuristics.evict import evict_computes
 from xsched.solve.heuristics.fastest import fastest
 from xsched.solve.heuristics.gaps import gap_remat
 from xsched.solve.heuristics.greedy import greedy_fill
@@ -138,7 +140,7 @@ def test_eviction_meets_the_budget_it_was_given() -> None:
         peak = eager_peak(g)  # about half the draws at the eager peak, where eviction must fit
         budget = data.draw(st.one_of(st.integers(0, peak), st.just(peak)))
         try:
-            computes = RM.evict_computes(g, "a", budget, profile)
+            computes = evict_computes(g, "a", budget, profile)
         except BudgetError as e:
             assert e.device == "a" and e.op in g.op
             found.append(False)
@@ -203,7 +205,7 @@ def test_checkpoint_search_finds_the_fastest_fitting_candidate(g, data):
     budgets = {"d": data.draw(st.integers(eager_peak(g) // 3, eager_peak(g)))}
     every = [RM.checkpoint_computes(g, k, "d") for k in RM.candidate_keeps(g)]
     try:
-        every.append(RM.evict_computes(g, "d", budgets["d"], profile))
+        every.append(evict_computes(g, "d", budgets["d"], profile))
     except BudgetError:
         pass
     plans = [RT.finish(g, RT.route(g, c, homes, profile), "x", {}, homes, profile, 0.0) for c in every]
@@ -292,9 +294,9 @@ def test_eviction_gives_up_after_its_eviction_cap_with_one_line_naming_op_and_de
     g = chain_graph([100] * 36, train=True)
     profile = Profile(g.fingerprint, {"d": DeviceInfo("cpu")}, {"d": {o.id: OpCost(1.0) for o in g.ops}})
     budget = int(0.3 * eager_peak(g))
-    full = RM.evict_computes(g, "d", budget, profile)
+    full = evict_computes(g, "d", budget, profile)
     assert len(full) > len(g.ops)  # it recomputes, so it evicts
-    monkeypatch.setattr(RM, "MAX_EVICTIONS", 1 / len(g.ops))  # one eviction in all
+    monkeypatch.setattr(EV, "MAX_EVICTIONS", 1 / len(g.ops))  # one eviction in all
     with pytest.raises(BudgetError, match="gave up") as e:
-        RM.evict_computes(g, "d", budget, profile)
+        evict_computes(g, "d", budget, profile)
     assert e.value.device == "d" and e.value.op and "\n" not in str(e.value)

@@ -14,7 +14,8 @@ from xsched.contracts.plan import Compute, Copy, Free, Plan, Step
 from xsched.contracts.profile import Profile
 from xsched.contracts.result import HeuristicStats
 from xsched.errors import BudgetError, PlanError
-from xsched.solve.heuristics.checkpoint import candidate_keeps, checkpoint_computes, compute_time, evict_computes
+from xsched.solve.heuristics.checkpoint import candidate_keeps, checkpoint_computes, compute_time
+from xsched.solve.heuristics.evict import evict_computes
 from xsched.solve.heuristics.routing import finish, finish_with_early_homes, route
 from xsched.solve.heuristics.timeline import Liveness
 from xsched.solve.objective import better, objective

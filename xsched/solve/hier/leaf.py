@@ -13,7 +13,8 @@ from xsched.contracts.plan import Compute, Plan, place_frees
 from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError, XschedError
 from xsched.solve.autograd_boundary import hold_to_boundary
-from xsched.solve.heuristics.checkpoint import candidate_keeps, checkpoint_computes, evict_computes
+from xsched.solve.heuristics.checkpoint import candidate_keeps, checkpoint_computes
+from xsched.solve.heuristics.evict import evict_computes
 from xsched.solve.heuristics.gaps import gap_computes
 from xsched.solve.heuristics.routing import finish_with_early_homes, route
 from xsched.solve.hier.menu import Option, pareto, partial, summarize
