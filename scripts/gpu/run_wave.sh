@@ -32,4 +32,6 @@ else
     --no-compile --no-xsched-compile --out $R/gpu_memory.md --json $R/gpu_memory.json --save-profile $R > $R/mem.log 2>&1
   cp $R/gpu_memory.md $R/gpu_memory.json "$OUT"/ 2>/dev/null; tail -40 $R/mem.log
 fi
-tar czf "$OUT"/results-$PART.tgz -C /tmp r$PART
+# the traces apart (16 MiB a file comes back): a trace too large loses itself, not the results
+[ -d $R/traces ] && tar czf "$OUT"/traces-$PART.tgz -C $R traces
+tar czf "$OUT"/results-$PART.tgz --exclude=traces -C /tmp r$PART
