@@ -106,10 +106,7 @@ def _run(problem: Problem, config: Configuration, options: SolverOptions, given:
     # the heuristics share the limit (less a named method's own minimum), each an equal part of what is left, so
     # that a slow one cannot starve those after it; one that ends early leaves its time to the rest
     until = limit - (MIN_METHOD_S if config.method is not None and timed else 0.0)
-    with deadline(limit * FLOOR_SHARE):  # the phase bound's later cuts are left out past it (bounds.phases)
-        floor, floor_why = objective_floor(
-            problem.graph, problem.profile, problem.devices, problem.homes, alpha, problem.budgets
-        )
+    floor, floor_why = _floor(problem, options, limit)
     enough = _gap_value(floor, options.mip_gap)  # a member's plan at or below it ends that member's search too
     for k, entry in enumerate(heuristics):
         started = now()
@@ -246,11 +243,15 @@ def gap_threshold(problem: Problem, options: SolverOptions) -> float:
     """The objective within `options.mip_gap` (`--gap`) of the lower bound on every plan, the bound found in its
     share of the limit: a heuristic run alone (xsched.solve.api) stops its variants there, as the runner's members do."""
     limit = options.time_limit_s if options.time_limit_s is not None else NO_LIMIT_S
-    with deadline(limit * FLOOR_SHARE):
-        floor, _ = objective_floor(
+    return _gap_value(_floor(problem, options, limit)[0], options.mip_gap)
+
+
+def _floor(problem: Problem, options: SolverOptions, limit: float) -> tuple[float, str]:
+    """The lower bound on every plan's objective and what sets it, found within its share of the limit."""
+    with deadline(limit * FLOOR_SHARE):  # the phase bound's later cuts are left out past it (bounds.phases)
+        return objective_floor(
             problem.graph, problem.profile, problem.devices, problem.homes, options.alpha_energy, problem.budgets
         )
-    return _gap_value(floor, options.mip_gap)
 
 
 def _gap_value(bound: float, gap: float) -> float:
