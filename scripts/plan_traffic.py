@@ -1,6 +1,6 @@
 """What a plan predicts per step for its computing device, in the columns the GPU benches measure (issue 30): the
 step (makespan), forward and backward, the device's compute time and idle time, and the bytes and copy time into
-and out of it per direction, from the simulator's overlapped timeline and the profile's costs."""
+and out of it per direction, from the simulator's overlapped timeline."""
 
 from __future__ import annotations
 
@@ -35,15 +35,16 @@ def plan_traffic(graph: Graph, plan: Plan, profile: Profile, device: str) -> dic
     out["backward_s"] = sim.makespan_s - out["forward_s"]
     compute = 0.0
     moved = {"in": [0, 0, 0.0], "out": [0, 0, 0.0]}  # copies, bytes, seconds
-    for s in plan.steps:
+    # each step's time is the simulator's (its span: a step runs whole once started), so the compute is priced as
+    # the makespan is, calibrated where the profile has a back-to-back model
+    for s, (start, end) in zip(plan.steps, sim.step_span, strict=True):
         if isinstance(s, Compute) and s.device == device:
-            compute += profile.compute[device][s.op].time_s
+            compute += end - start
         elif isinstance(s, Copy) and device in (s.src, s.dst):
-            n = graph.value[s.value].nbytes
             way = moved["in" if s.dst == device else "out"]
             way[0] += 1
-            way[1] += n
-            way[2] += profile.copy_time(s.value, n, s.src, s.dst) or 0.0
+            way[1] += graph.value[s.value].nbytes
+            way[2] += end - start
     out["compute_s"] = compute
     out["compute_idle_s"] = max(0.0, sim.makespan_s - compute)
     for way, (count, nbytes, seconds) in moved.items():

@@ -36,3 +36,18 @@ def test_the_prediction_is_the_hand_count() -> None:
     assert p["forward_s"] + p["backward_s"] == pytest.approx(6.3)
     b = plan_traffic(g, plan, profile, "b")  # the store's side: the same copies, the other way round
     assert (b["bytes_in"], b["bytes_out"], b["compute_s"]) == (250, 40, 0.0)
+
+
+def test_the_compute_is_priced_as_the_makespan_is() -> None:
+    """With a back-to-back model on a (each 1 s op 0.25 s cheaper in a step), the compute column is the calibrated
+    ops' time, as the simulator prices the makespan: 6 x 0.75 s, not the 6 s of the ops timed alone."""
+    import dataclasses
+
+    from xsched.contracts.profile import BackToBack
+
+    g, alone = late_park_before_the_last_gradient()
+    plan = park_variant(g, alone, {"a": 255}, HOMES, "a", "b", "graph", tuple(range(6)), 0, 0.0, 1.0, 0.0)
+    profile = dataclasses.replace(alone, back_to_back={"a": BackToBack(step_s=4.5, alone_s=6.0, overhead_s=0.25)})
+    p = plan_traffic(g, plan, profile, "a")
+    assert p["compute_s"] == pytest.approx(6 * 0.75)
+    assert p["compute_idle_s"] == pytest.approx(p["step_s"] - 6 * 0.75)
