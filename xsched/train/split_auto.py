@@ -69,7 +69,7 @@ def plan_step(graph: Graph, planned: Planned, home: str, host_rate: float, devic
 def fragmentation(graph: Graph, planned: Planned, device: str) -> int:
     """On a CUDA device, the caching allocator model's reserved bytes beyond the plan's peak (rounding, unsplit
     blocks; the host a step ahead, the end the solver keeps within the budget: xsched.solve.reserved): memory under
-    the budget that the split's state, allocated beside the plan, cannot have. None elsewhere (no such allocator)."""
+    the budget that the split's state, allocated beside the plan, cannot have. 0 elsewhere (no such allocator)."""
     info = planned.profile.devices.get(device)
     if info is None or info.kind != "cuda":
         return 0
