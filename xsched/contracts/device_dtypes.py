@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from xsched.contracts.device_kernels import kernel_for
 from xsched.contracts.graph import Graph, Op, Value
 
 LOW_PRECISION = frozenset({"float16", "bfloat16"})
@@ -154,7 +155,9 @@ def arg_names(target: str) -> tuple[str, ...]:
 def adapted(graph: Graph | None, op: Op, fn: Callable[..., Any], device_type: str) -> Callable[..., Any]:
     """`fn`, the callable of `op`, to run on a `device_type` device: itself where that device's kernel agrees with
     `graph` (no wrapper in the hot path), else `on_device` casting to the graph's dtypes; without a graph (an op
-    profiled alone) the arguments its kernel reads are cast, its outputs left as made."""
+    profiled alone) the arguments its kernel reads are cast, its outputs left as made. An op without a kernel on
+    that device type runs its stand-in (contracts/device_kernels.py) instead of `fn`."""
+    fn = kernel_for(op.target, fn, device_type, op.id)
     if graph is None:
         return on_device(op.target, fn, device_type)
     if agrees(graph, op, device_type):
