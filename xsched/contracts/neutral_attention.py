@@ -8,19 +8,21 @@ call them, and nothing here (no GPU) could test such a rewrite. These functions 
 computes, with its outputs' shapes, dtypes and layouts (the output laid out as the query, the logsumexp and the
 gradients as its (B, L, H) / (B, S, Hk, E) buffers transposed), from matmul, exp and sums that every device has.
 
-Transient memory is bounded by tiling: scores are made for a block of (batch, kv-head group, query rows) whose
-float32 L x S slice holds at most `block_bytes` (BLOCK_BYTES by default: 64 MiB, large enough that each block's
-matmuls run at a GPU's full rate, e.g. all 96 heads of GPT-2 small at T=1024 in 6 row blocks, and a small part
-of the 400 MB whole score tensor). The forward holds one such block (scores, turned into probabilities in place)
-beside the float32 copies of the block's rows and keys; the backward two (probabilities and their gradient) and
-float32 accumulators of its group's key and value gradients. Query heads sharing a key head (GQA) are folded into
-the rows, so keys and values are never repeated. A causal block reads only the keys its last row sees. The
-profiler's CUDA workspace (the allocator's peak during one call, less the outputs) is this transient.
+Transient memory is bounded by tiling: scores are made for a block of (batches, key heads, query rows) whose
+float32 scores hold at most `block_bytes` (BLOCK_BYTES by default: 64 MiB, so each block is a few large batched
+matmuls, e.g. all 96 heads of GPT-2 small at T=1024 in 6 row blocks of 170 rows, a sixth of its whole 384 MiB
+score tensor; not tuned on a GPU, none here). The forward holds one block of scores (turned into probabilities in place), the backward two of
+half a block (probabilities and their gradient); beside them the group's keys and values as contiguous float32
+(and in the backward their float32 gradient sums), at most one block, made once per group; so the transient stays
+under about two blocks (measured: 1.8 for GPT-2 small's forward, 1.9 for its backward). Query heads sharing a
+key head (GQA) are folded into the rows, so keys and values are never repeated; a causal block reads only the keys
+its last row sees. The profiler's CUDA workspace (the allocator's peak during one call, less the outputs) is this
+transient.
 
 Scores, softmax and both products accumulate in float32 for half and bf16 inputs (float64 for float64), as the
 fused kernels do; results are cast to the inputs' dtype once. A row whose every key is masked out gives 0 and a
-logsumexp of 0, as the CPU kernel does. Dropout cannot match the CPU kernel's random stream and is refused by the
-caller (contracts/device_kernels.py).
+logsumexp of 0, as the CPU kernel does. Dropout is refused by the caller (contracts/device_kernels.py): no
+stand-in draws a kernel's random mask.
 """
 
 from __future__ import annotations
@@ -52,6 +54,20 @@ def accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+@dataclass(frozen=True)
+class _Call:
+    """One call's arguments as the blocks read them: r query heads per key head, the accumulation dtype."""
+
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    mask: torch.Tensor | None
+    scale: float
+    is_causal: bool
+    r: int
+    acc: torch.dtype
+
+
 def attention_forward(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -65,23 +81,31 @@ def attention_forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(output, logsumexp) as `_scaled_dot_product_flash_attention_for_cpu` returns them; `dropout_p` must be 0."""
     B, H, L, _ = query.shape
-    r, scale_ = _check(query, key, value, dropout_p, scale)
-    acc = accumulate_dtype(query.dtype)
+    c = _call(query, key, value, dropout_p, is_causal, attn_mask, scale)
     out = torch.empty_like(query)  # laid out as the query, as the CPU kernel's output is
-    lse = torch.empty((B, L, H), dtype=acc, device=query.device).transpose(1, 2)
-    mask = _mask4(attn_mask)
-    for g in _groups(query, key, r, block_bytes):
-        k_all, v_all = _heads(key, g).to(acc), _heads(value, g).to(acc)
-        for blk in _row_blocks(g, L, key.shape[2], is_causal):
-            s = _scores(_rows(query, blk, r, acc), k_all[:, :, : blk.keys], scale_, mask, blk, r, is_causal)
-            top = s.amax(-1, keepdim=True)
-            top.masked_fill_(top == -math.inf, 0.0)  # a row with every key masked: exp(-inf) = 0, not nan
-            p = s.sub_(top).exp_()
-            total = p.sum(-1, keepdim=True)
-            o = (p @ v_all[:, :, : blk.keys]).div_(total.clamp_min(torch.finfo(acc).tiny))
-            _put(out, blk, r, o)
-            _put(lse, blk, r, top.add_(total.log()).masked_fill_(total == 0, 0.0).squeeze(-1))
+    lse = torch.empty((B, L, H), dtype=c.acc, device=query.device).transpose(1, 2)
+    for g in _groups(c, block_bytes, block_bytes, 2):
+        _forward_group(c, g, out, lse)
     return out, lse
+
+
+def _forward_group(c: _Call, g: _Block, out: torch.Tensor, lse: torch.Tensor) -> None:
+    # one function per group and per block: the last one's tensors are gone before the next one's are made
+    k_all, v_all = _heads(c.key, g, c.acc), _heads(c.value, g, c.acc)
+    for blk in _row_blocks(g, c.query.shape[2], c.key.shape[2], c.is_causal):
+        _forward_block(c, blk, k_all[:, :, : blk.keys], v_all[:, :, : blk.keys], out, lse)
+
+
+def _forward_block(
+    c: _Call, blk: _Block, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor
+) -> None:
+    s = _scores(c, blk, _rows(c.query, blk, c.r, c.acc), k)
+    top = s.amax(-1, keepdim=True)
+    top.masked_fill_(top == -math.inf, 0.0)  # a row with every key masked: exp(-inf) = 0, not nan
+    p = s.sub_(top).exp_()
+    total = p.sum(-1, keepdim=True)
+    _put(out, blk, c.r, (p @ v).div_(total.clamp_min(torch.finfo(c.acc).tiny)))
+    _put(lse, blk, c.r, top.add_(total.log()).masked_fill_(total == 0, 0.0).squeeze(-1))
 
 
 def attention_backward(
@@ -102,29 +126,62 @@ def attention_backward(
     from the forward's output and logsumexp; `dropout_p` must be 0."""
     B, H, L, E = query.shape
     _, Hk, S, _ = key.shape
-    r, scale_ = _check(query, key, value, dropout_p, scale)
-    acc = accumulate_dtype(query.dtype)
+    c = _call(query, key, value, dropout_p, is_causal, attn_mask, scale)
     dev = query.device
-    grad_q = torch.empty((B, L, H, E), dtype=query.dtype, device=dev).transpose(1, 2)
-    grad_k = torch.empty((B, S, Hk, E), dtype=key.dtype, device=dev).transpose(1, 2)
-    grad_v = torch.empty((B, S, Hk, E), dtype=value.dtype, device=dev).transpose(1, 2)
-    mask = _mask4(attn_mask)
-    for g in _groups(query, key, r, 2 * block_bytes // 3):  # two score-sized blocks live: share the budget
-        k_all, v_all = _heads(key, g).to(acc), _heads(value, g).to(acc)
-        dk, dv = torch.zeros_like(k_all), torch.zeros_like(v_all)
-        for blk in _row_blocks(g, L, S, is_causal):
-            n = blk.keys
-            q, do = _rows(query, blk, r, acc), _rows(grad_out, blk, r, acc)
-            rows_lse = _rows(logsumexp.unsqueeze(-1), blk, r, acc)
-            delta = (do * _rows(out, blk, r, acc)).sum(-1, keepdim=True)  # rowsum(dO * O) = rowsum(dP * P)
-            p = _scores(q, k_all[:, :, :n], scale_, mask, blk, r, is_causal).sub_(rows_lse).exp_()
-            dv[:, :, :n] += p.transpose(-1, -2) @ do
-            ds = p.mul_((do @ v_all[:, :, :n].transpose(-1, -2)).sub_(delta))
-            _put(grad_q, blk, r, (ds @ k_all[:, :, :n]).mul_(scale_))
-            dk[:, :, :n] += (ds.transpose(-1, -2) @ q).mul_(scale_)
-        grad_k[g.b0 : g.b1, g.h0 : g.h1].copy_(dk)
-        grad_v[g.b0 : g.b1, g.h0 : g.h1].copy_(dv)
-    return grad_q, grad_k, grad_v
+    grads = (
+        torch.empty((B, L, H, E), dtype=query.dtype, device=dev).transpose(1, 2),
+        torch.empty((B, S, Hk, E), dtype=key.dtype, device=dev).transpose(1, 2),
+        torch.empty((B, S, Hk, E), dtype=value.dtype, device=dev).transpose(1, 2),
+    )
+    for g in _groups(c, block_bytes // 2, block_bytes, 4):  # two score-sized tensors live at once
+        _backward_group(c, g, grad_out, out, logsumexp, grads)
+    return grads
+
+
+def _backward_group(
+    c: _Call, g: _Block, grad_out: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, grads: tuple[torch.Tensor, ...]
+) -> None:
+    k_all, v_all = _heads(c.key, g, c.acc), _heads(c.value, g, c.acc)
+    dk, dv = torch.zeros_like(k_all), torch.zeros_like(v_all)  # summed over the row blocks in float32
+    for blk in _row_blocks(g, c.query.shape[2], c.key.shape[2], c.is_causal):
+        n = blk.keys
+        _backward_block(
+            c, blk, grad_out, out, lse, grads[0], (k_all[:, :, :n], v_all[:, :, :n], dk[:, :, :n], dv[:, :, :n])
+        )
+    grads[1][g.b0 : g.b1, g.h0 : g.h1].copy_(dk)
+    grads[2][g.b0 : g.b1, g.h0 : g.h1].copy_(dv)
+
+
+def _backward_block(
+    c: _Call,
+    blk: _Block,
+    grad_out: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    grad_q: torch.Tensor,
+    kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+) -> None:
+    k, v, dk, dv = kv
+    q, do = _rows(c.query, blk, c.r, c.acc), _rows(grad_out, blk, c.r, c.acc)
+    delta = (do * _rows(out, blk, c.r, c.acc)).sum(-1, keepdim=True)  # rowsum(dO * O) = rowsum(dP * P)
+    p = _scores(c, blk, q, k).sub_(_rows(lse.unsqueeze(-1), blk, c.r, c.acc)).exp_()
+    dv += p.transpose(-1, -2) @ do
+    ds = p.mul_((do @ v.transpose(-1, -2)).sub_(delta))
+    _put(grad_q, blk, c.r, (ds @ k).mul_(c.scale))
+    dk += (ds.transpose(-1, -2) @ q).mul_(c.scale)
+
+
+def _call(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    dropout_p: float,
+    is_causal: bool,
+    attn_mask: torch.Tensor | None,
+    scale: float | None,
+) -> _Call:
+    r, scale_ = _check(query, key, value, dropout_p, scale)
+    return _Call(query, key, value, _mask4(attn_mask), scale_, is_causal, r, accumulate_dtype(query.dtype))
 
 
 def _check(
@@ -154,15 +211,17 @@ def _mask4(mask: torch.Tensor | None) -> torch.Tensor | None:
     raise ValueError(f"attn_mask of {mask.dim()} dims: the CPU kernel takes 2 or 4")
 
 
-def _groups(query: torch.Tensor, key: torch.Tensor, r: int, block_bytes: int) -> Iterator[_Block]:
-    """(batch, key head) blocks, with the row count each row block takes (in l1): whole rows where they fit, all
-    batches and heads at once where one row of each fits, else fewer heads, else one head and fewer rows."""
-    B, Hk, S, L = key.shape[0], key.shape[1], key.shape[2], query.shape[2]
-    per_row = max(1, r * S * accumulate_dtype(query.dtype).itemsize)  # one row of one key head's group
-    units = max(1, block_bytes // per_row)
-    rows = min(L, max(1, units // (B * Hk)))
-    heads = min(Hk, max(1, units // rows))
-    batches = min(B, max(1, units // (rows * Hk))) if heads == Hk else 1
+def _groups(c: _Call, score_bytes: int, copy_bytes: int, copies: int) -> Iterator[_Block]:
+    """(batch, key head) groups, each with the rows its row blocks take (in l1): as many (batch, key head) pairs as
+    one row of each fits `score_bytes` of scores and their `copies` key-sized float32 tensors (keys and values,
+    and in the backward their gradients) fit `copy_bytes`; as many rows as then fit, whole sequences if they do."""
+    B, Hk, S, E, L, r = *c.key.shape, c.query.shape[2], c.r
+    size = c.acc.itemsize
+    units = max(1, score_bytes // (r * S * size))  # (pair, row) units: one row of one key head's query heads
+    pairs = max(1, min(B * Hk, units, copy_bytes // (copies * S * E * size)))
+    rows = min(L, max(1, units // pairs))
+    heads = min(Hk, pairs)
+    batches = max(1, pairs // Hk) if heads == Hk else 1
     for b0 in range(0, B, batches):
         for h0 in range(0, Hk, heads):
             yield _Block(b0, min(B, b0 + batches), h0, min(Hk, h0 + heads), 0, rows, S)
@@ -175,8 +234,13 @@ def _row_blocks(g: _Block, L: int, S: int, is_causal: bool) -> Iterator[_Block]:
         yield _Block(g.b0, g.b1, g.h0, g.h1, l0, l1, min(S, l1) if is_causal else S)
 
 
-def _heads(t: torch.Tensor, g: _Block) -> torch.Tensor:
-    return t[g.b0 : g.b1, g.h0 : g.h1]
+def _heads(t: torch.Tensor, g: _Block, dtype: torch.dtype) -> torch.Tensor:
+    """The group's keys or values in `dtype`, contiguous: copied once for all its row blocks (which then multiply
+    them without a copy each: a transposed (B, S, H, E) buffer's heads do not fold into one batch dim)."""
+    part = t[g.b0 : g.b1, g.h0 : g.h1]
+    if part.dtype == dtype and part.is_contiguous():
+        return part
+    return torch.empty(part.shape, dtype=dtype, device=part.device).copy_(part)  # one copy, cast and laid out
 
 
 def _rows(t: torch.Tensor, blk: _Block, r: int, dtype: torch.dtype) -> torch.Tensor:
@@ -192,23 +256,15 @@ def _put(dst: torch.Tensor, blk: _Block, r: int, src: torch.Tensor) -> None:
     part.unflatten(1, (blk.h1 - blk.h0, r)).copy_(src.view(part.unflatten(1, (blk.h1 - blk.h0, r)).shape))
 
 
-def _scores(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    scale: float,
-    mask: torch.Tensor | None,
-    blk: _Block,
-    r: int,
-    is_causal: bool,
-) -> torch.Tensor:
+def _scores(c: _Call, blk: _Block, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """The block's scaled scores, masked: (batches, key heads, r * rows, keys) in q's dtype."""
-    s = (q @ k.transpose(-1, -2)).mul_(scale)
-    s5 = s.view(s.shape[0], s.shape[1], r, blk.l1 - blk.l0, blk.keys)
-    if is_causal:
+    s = (q @ k.transpose(-1, -2)).mul_(c.scale)
+    s5 = s.view(s.shape[0], s.shape[1], c.r, blk.l1 - blk.l0, blk.keys)
+    if c.is_causal:
         rows = torch.arange(blk.l0, blk.l1, device=s.device).unsqueeze(-1)
         s5.masked_fill_(torch.arange(blk.keys, device=s.device) > rows, -math.inf)
-    if mask is not None:
-        m = _mask_block(mask, blk, r)
+    if c.mask is not None:
+        m = _mask_block(c.mask, blk, c.r)
         if m.dtype == torch.bool:
             s5.masked_fill_(~m, -math.inf)
         else:
