@@ -36,6 +36,7 @@ FWD, BWD = (
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
 )
 FP32_TOL = {"rtol": 1e-5, "atol": 1e-5}
+HALF_TOL = {"rtol": 3e-3, "atol": 3e-3}  # float16's ulp is 8x finer than bf16's
 BF16_TOL = {"rtol": 2e-2, "atol": 2e-2}  # a few bf16 ulps: both round once to bf16, from float32 sums in two orders
 
 
@@ -85,10 +86,19 @@ def test_the_stand_in_is_the_cpu_kernel(name, dtype) -> None:
     mask = None if make_mask is None else make_mask(B, H, L, S).to(dtype)  # the kernel takes the query's dtype
     kw = {"attn_mask": mask, "scale": scale}
     out, lse = FWD(q, k, v, 0.0, causal, **kw)
-    tol = FP32_TOL if dtype == torch.float32 else BF16_TOL
+    tol = {torch.float64: {"rtol": 1e-12, "atol": 1e-12}, torch.float32: FP32_TOL, torch.float16: HALF_TOL}.get(
+        dtype, BF16_TOL
+    )
     assert_same(attention_forward(q, k, v, 0.0, causal, **kw, block_bytes=block_bytes), (out, lse), tol)
     want = BWD(grad, q, k, v, out, lse, 0.0, causal, **kw)
     assert_same(attention_backward(grad, q, k, v, out, lse, 0.0, causal, **kw, block_bytes=block_bytes), want, tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float64])
+@pytest.mark.parametrize("name", ["causal-L>S", "mask-full-gqa"])
+def test_half_and_double_too(name, dtype) -> None:
+    """float16 accumulates in float32 as bf16 does; float64 keeps float64 (its logsumexp too)."""
+    test_the_stand_in_is_the_cpu_kernel(name, dtype)
 
 
 def test_a_bool_mask_is_the_additive_mask_it_stands_for() -> None:
