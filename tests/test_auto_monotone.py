@@ -62,7 +62,7 @@ KEEPS = [C("f1"), C("f2"), F("h"), C("b1"), F("o"), C("f1"), C("b2"), F("g1"), C
 # o freed before b1, made again at the end: 7 s, peak 308 B + inputs; wrap could not run it, and computing o
 # before b1 (the repair) holds h, o and g1 there: 400 B + inputs
 BREAKS = [C("f1"), C("f2"), F("o"), C("b1"), C("b2"), F("g1"), C("f2"), F("h")]
-# nothing freed until b2: 6 s, peak 508 B + inputs
+# nothing freed before b2: 6 s, peak 408 B + inputs
 OVER = [C("f1"), C("f2"), C("b1"), C("b2"), F("g1")]
 
 
