@@ -1,9 +1,9 @@
 """The autograd boundary rule of captured training graphs: `wrap` returns the forward outputs before backward
-starts, so each must be resident when the first step that reads a tangent (or runs a backward op) runs. The solvers
-do not model that rule; this module checks it and repairs plans that break it by computing the missing outputs
-earlier, or by holding until the boundary those that are freed before it. The caller's hold of `graph.held_outputs`
-from the boundary to the end (`hold_to_end`) the solvers do model: the heuristics' timeline (`heuristics/timeline`),
-the stage MILP (`milp.held`) and the memory lower bound."""
+starts, so each must be resident when the first step that reads a tangent (or runs a backward op) runs. Only the
+interval model holds that rule (`intervals/boundary`); this module checks it and repairs plans that break it by
+computing the missing outputs earlier, or by holding until the boundary those that are freed before it. The
+caller's hold of `graph.held_outputs` from the boundary to the end (`hold_to_end`) the solvers do model: the
+heuristics' timeline (`heuristics/timeline`), the stage MILP (`milp.held`) and the memory lower bound."""
 
 from __future__ import annotations
 

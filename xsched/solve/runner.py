@@ -11,7 +11,8 @@ from dataclasses import dataclass, replace
 from xsched.budgets import format_bytes
 from xsched.contracts.plan import Plan
 from xsched.contracts.result import MemberOutcome, MilpStats, RunStats, SolveResult, Times
-from xsched.errors import BudgetError, NoIncumbent, NoLinkError, SolverError, XschedError
+from xsched.errors import BudgetError, NoIncumbent, NoLinkError, PlanError, SolverError, XschedError
+from xsched.simulate import simulate
 from xsched.solve.bounds.memory import check_budgets, lower_bounds
 from xsched.solve.objective import better, objective, objective_floor
 from xsched.solve.options import SolverOptions, deadline, enough_at, now, one_run, past_deadline
@@ -202,13 +203,18 @@ def _stopped(r: Outcome, stopped: bool) -> Outcome:
 
 def _checked(problem: Problem, r: Outcome, options: SolverOptions) -> Outcome:
     """A member's result with its plan simulator-checked under the budgets and runnable through `wrap`; a plan
-    over the energy cap or breaking the boundary rule counts as no plan. An invalid plan (a bug) propagates."""
+    over the budgets or the energy cap, or breaking the boundary rule, counts as no plan, so the incumbent it was
+    warm-started from stays the best. A plan the simulator cannot run at any budget (a bug) propagates."""
     if r.plan is None:
         return r
     try:
         plan = runnable(problem.graph, r.plan, problem.profile, problem.budgets)
     except BudgetError as e:
         return Outcome(replace(r.record, status="failed", message=e.detail, error=e))
+    except PlanError as e:
+        simulate(problem.graph, r.plan, problem.profile, check_budgets=False)  # raises where it is a bug
+        why = f"its plan exceeds the budgets: {e.detail}"
+        return Outcome(replace(r.record, status="failed", message=why, error=e))
     if options.energy_cap_j is not None and (plan.predicted.energy_j or 0.0) > options.energy_cap_j:
         return Outcome(replace(r.record, status="failed", message="its plan exceeds the energy cap"))
     # the checked plan's own record: `validated` may have added the outputs it repaired

@@ -100,7 +100,7 @@ def plan_and_wrap(
     chosen = plan_for(graph, budgets)
     ended("plan")
     if config.optimizer_split is not None and home is not None:
-        chosen, budgets = _split(config, graph, chosen, budgets, devices, stores, home, plan_for, rep)
+        chosen, budgets = _split(config, graph, chosen, budgets, devices, stores, home, plan_for, rep, world)
         ended("split")
     wrapped = wrap(
         task.model,
@@ -136,6 +136,7 @@ def _split(
     home: str,
     plan_for: Callable[..., CachedPlan],
     rep: Reporter,
+    world: dist.World,
 ) -> tuple[CachedPlan, dict[str, Any]]:
     """Twin-Flow's split (xsched.train.placement): the parameters the all-home plan releases last move, with their
     optimizer, to the computing device within `--optimizer-split` of its budget, and the plan is solved again."""
@@ -148,10 +149,10 @@ def _split(
     homes = param_homes(graph, home)
     assert config.optimizer_split is not None
     if config.optimizer_split == "auto":
-        return _auto_split(config, graph, chosen, budgets, device, home, homes, plan_for, rep)
+        return _auto_split(config, graph, chosen, budgets, device, home, homes, plan_for, rep, world)
     pick, why = None, None
     if config.optimizer_split_by == "time":
-        pick, why = _timed_pick(graph, chosen, device, home, budgets, adamw_rates(config, home, device))
+        pick, why = _timed_pick(graph, chosen, device, home, budgets, adamw_rates(config, home, device, world))
     share = float(config.optimizer_split)
     split, plan = split_plan(graph, order, device, budgets, share, lambda b, h: plan_for(graph, b, h), homes, pick)
     rep.notice(
@@ -171,13 +172,14 @@ def _auto_split(
     homes: Mapping[str, str],
     plan_for: Callable[..., CachedPlan],
     rep: Reporter,
+    world: dist.World,
 ) -> tuple[CachedPlan, dict[str, Any]]:
     """`--optimizer-split auto` (xsched.train.split_auto): the share chosen from the room the all-home plan leaves,
     and a notice of the share, the predicted steps with and without, and why it stopped there."""
     from xsched.budgets import format_bytes
     from xsched.train.split_auto import choose_auto
 
-    rates = adamw_rates(config, home, device)
+    rates = adamw_rates(config, home, device, world)
     auto = choose_auto(graph, chosen, device, home, budgets, homes, rates, lambda b, h: plan_for(graph, b, h))
     count = sum(1 for v in graph.inputs if graph.value[v].kind == "param")
     rep.notice(
@@ -191,13 +193,16 @@ def _auto_split(
     return auto.planned, dict(auto.split.budgets)  # type: ignore[return-value]
 
 
-def adamw_rates(config: TrainConfig, home: str, device: str) -> tuple[float, float]:
-    """AdamW's rates (parameters/s) on the home and the computing device: the configured ones, else measured here."""
+def adamw_rates(config: TrainConfig, home: str, device: str, world: dist.World) -> tuple[float, float]:
+    """AdamW's rates (parameters/s) on the home and the computing device: the configured ones, else measured on
+    rank 0 and broadcast, so every rank chooses the same split (ranks measuring their own would differ, and
+    parameters updated by AdamW on different devices would drift apart by rounding)."""
     if config.adamw_rates is not None:
         return config.adamw_rates
     from xsched.train.split_inputs import adamw_rate
 
-    return adamw_rate(home), adamw_rate(device)
+    measured = (adamw_rate(home), adamw_rate(device)) if world.main else None
+    return dist.broadcast(measured, world)  # type: ignore[return-value]
 
 
 def _timed_pick(

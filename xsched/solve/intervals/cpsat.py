@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from xsched.errors import XschedError
+from xsched.solve.intervals.boundary import held_cpsat, returned_cpsat
 from xsched.solve.intervals.data import IntervalData, Late, check, raise_if_late
 from xsched.solve.intervals.extract import Placement
 from xsched.solve.intervals.link_time import build_link_time, hint_times
@@ -178,7 +179,8 @@ def _model(data: IntervalData, soft: bool, timing: str, late: Callable[[], bool]
                 y.append(lit)
         m.AddBoolOr(y)
     raise_if_late(late)
-    _held(m, data, a, s, e)  # a held output: resident from the boundary to the end, never freed in between
+    held_cpsat(m, data, a, s, e)  # a held output: resident from the boundary to the end, never freed in between
+    returned_cpsat(m, data, a, s, e)  # every forward output resident when backward starts (wrap returns them)
     for (v, _), ks in data.of_value.items():  # one residency of a value on a device at a time
         if len(ks) > 1:
             m.AddNoOverlap([ivs[(k, v)] for k in ks])
@@ -270,28 +272,6 @@ def _before_end(m, data: IntervalData, k: int, stage: list, last_stage: dict) ->
         m.Add(stage[k] == len(starts) - 1).OnlyEnforceIf(final)
         m.Add(stage[k] < len(starts) - 1).OnlyEnforceIf(final.Not())
     return [last_stage[k].Not()]
-
-
-def _held(m, data: IntervalData, a: list, s: list, e: dict) -> None:
-    """Each held output: some slot started before the boundary holds it to the end, and a slot holding it at the
-    boundary is never ended before the end (hold_to_end's pinned residencies)."""
-    for v in data.held:
-        across = []
-        for d in range(len(data.devices)):
-            for k in data.of_value.get((v, d), ()):
-                if data.slots[k].starts[0] >= data.boundary:
-                    continue  # starts after the boundary: not what the caller holds
-                before, kept = m.NewBoolVar(f"before{k}"), m.NewBoolVar(f"kept{k}")
-                m.Add(s[k] < data.boundary).OnlyEnforceIf(before)
-                m.Add(s[k] >= data.boundary).OnlyEnforceIf(before.Not())
-                m.Add(e[(k, v)] >= data.boundary).OnlyEnforceIf(kept)
-                m.Add(e[(k, v)] < data.boundary).OnlyEnforceIf(kept.Not())
-                m.Add(e[(k, v)] == data.end).OnlyEnforceIf([a[k], before, kept])  # held at the boundary: to the end
-                both = m.NewBoolVar(f"across{k}")  # k holds v from before the boundary to the end
-                m.AddBoolAnd([a[k], before, kept]).OnlyEnforceIf(both)
-                across.append(both)
-        if across:  # else its producer comes after the boundary in this order: nothing held (as hold_to_end)
-            m.AddBoolOr(across)
 
 
 def _links(m, data: IntervalData, a: list, stage: list) -> list:

@@ -11,6 +11,7 @@ from xsched.contracts.plan import required_homes, rng_domain
 from xsched.contracts.profile import Profile
 from xsched.contracts.random_ops import random_ops
 from xsched.errors import PlanError, ProfileError
+from xsched.solve.autograd_boundary import forward_outputs
 from xsched.solve.order.order import topological
 
 # Events: stage j (0..T-1) of the order holds a copy event (k = -1, every copy of the stage, before its computes)
@@ -131,6 +132,7 @@ class IntervalData:
     # (T, T + 1: 0, as they have no first compute)
     held: tuple[int, ...] = ()  # outputs the caller holds from the autograd boundary to the end (graph.held_outputs)
     boundary: int = 0  # the event of the plan's first backward step (its first backward compute); 0: no backward
+    forward: tuple[int, ...] = ()  # the values wrap returns when backward starts (autograd_boundary.forward_outputs)
 
     def objective_s(self, cost: int) -> float:
         return cost * self.scale
@@ -350,4 +352,5 @@ def build_data(
         floor=floor,
         held=tuple(vix[v] for v in dict.fromkeys(graph.held_outputs)) if boundary else (),
         boundary=boundary,
+        forward=tuple(vix[v] for v in forward_outputs(graph)) if boundary else (),
     )

@@ -44,9 +44,12 @@ def to_plan(data: IntervalData, placed: Placement, info: SolveResult) -> Plan:
         if e == data.end and v in outputs
     }
     wanted |= {(v, d) for v, d in homes.items() if v in set(g.outputs)}
-    steps = prune(g, [s for _, s in keyed], wanted)
+    returned = _returned(data, placed)
+    kept = {i for i, sid in slot_of.items() if sid in returned}  # pruning keeps them: nothing may read them
+    steps = prune(g, [s for _, s in keyed], wanted, kept)
     steps = free_unwanted_ends(g, place_frees(g, steps, homes), homes, wanted)
     steps = _hold_copy_sources(data, steps, slot_of, placed)
+    steps = _hold_to_boundary(data, steps, slot_of, returned)
     plan = Plan(
         graph=g.fingerprint,
         budgets=dict(data.budgets),
@@ -104,6 +107,44 @@ def _hold_copy_sources(data: IntervalData, steps: Sequence, slot_of: Mapping[int
             maker[key] = sid
             copied.discard(key)
     return [steps[k] for _, _, k in sorted(keys)]
+
+
+def _returned(data: IntervalData, placed: Placement) -> dict[int, list[int]]:
+    """The placed slots that hold a forward output at the autograd boundary (started before it, ended at or after
+    it: boundary.returned_cpsat), with the forward outputs each holds there."""
+    held: dict[int, list[int]] = {}
+    for sid, (start, ends) in placed.items():
+        if start < data.boundary:
+            for v, end in zip(data.slots[sid].values, ends):
+                if v in data.forward and end >= data.boundary:
+                    held.setdefault(sid, []).append(v)
+    return held
+
+
+def _hold_to_boundary(data: IntervalData, steps: Sequence, slot_of: Mapping[int, int], returned) -> list:
+    """Each free of a forward output's residency that the model holds across the boundary (`_returned`), placed
+    before the boundary step (after the value's last read, by place_frees), moved to just after it: wrap returns
+    the value there. The model counts the residency to its end, at or after the boundary, so this fits the budgets."""
+    g, devs = data.graph, data.devices
+    out = list(steps)
+    for sid, values in returned.items():
+        made = next((k for k, st in enumerate(out) if slot_of.get(id(st)) == sid), None)
+        if made is None:
+            continue
+        for v in values:
+            key = (g.values[v].id, devs[data.slots[sid].device])
+            b = autograd_boundary(g, out)
+            free = next(
+                (
+                    k
+                    for k in range(made + 1, len(out))
+                    if isinstance(out[k], Free) and (out[k].value, out[k].device) == key
+                ),
+                None,
+            )
+            if free is not None and b is not None and free < b:
+                out.insert(b, out.pop(free))  # b - 1 is the boundary step once the free before it is popped
+    return out
 
 
 def step_counts(graph: Graph, plan: Plan, devices: Sequence[str]) -> dict[tuple, int]:

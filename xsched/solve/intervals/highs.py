@@ -11,6 +11,7 @@ import numpy as np
 import pyomo.environ as pyo
 
 from xsched.errors import BudgetError, NoIncumbent
+from xsched.solve.intervals.boundary import held_highs, returned_highs
 from xsched.solve.intervals.cpsat import Outcome
 from xsched.solve.intervals.data import IntervalData, Late, check, never, raise_if_late
 from xsched.solve.intervals.extract import Placement
@@ -113,7 +114,8 @@ def build(data: IntervalData, late: Callable[[], bool] = never) -> pyo.ConcreteM
                 value=data.graph.values[v].id,
             )
         m.ends.add(sum(y) >= 1)
-    _held(m, data, s)
+    held_highs(m, data, s)  # a held output: resident from the boundary to the end, never freed in between
+    returned_highs(m, data, s)  # every forward output resident when backward starts (wrap returns them)
     raise_if_late(late)
     _memory(m, data, s, late)
     m.rng = pyo.ConstraintList()  # a random op runs from one RNG only
@@ -133,34 +135,6 @@ def build(data: IntervalData, late: Callable[[], bool] = never) -> pyo.ConcreteM
     )
     m.s_of = s
     return m
-
-
-def _held(m: pyo.ConcreteModel, data: IntervalData, s) -> None:
-    """A held output is resident from the boundary to the end: some slot started before it holds it to the end,
-    and a slot holding it at the boundary is never ended before the end (b: started before, c: held at it)."""
-    B, M, end = data.boundary, data.end + 1, data.end
-    keys = [
-        (k, v)
-        for v in data.held
-        for d in range(len(data.devices))
-        for k in data.of_value.get((v, d), ())
-        if data.slots[k].starts[0] < B
-    ]
-    m.held_b = pyo.Var(keys, domain=pyo.Binary)  # held_b[k, v]: slot k starts before the boundary (or is unused)
-    m.held_c = pyo.Var(keys, domain=pyo.Binary)  # held_c[k, v]: slot k holds v at the boundary
-    m.held = pyo.ConstraintList()  # a held output resident from the boundary to the end
-    for k, v in keys:
-        b, c, a, e = m.held_b[k, v], m.held_c[k, v], m.a[k], m.e[k, v]
-        m.held.add(s(k) >= B - M * b)  # started before the boundary: b
-        m.held.add(c <= a)
-        m.held.add(c <= b)
-        m.held.add(s(k) <= B - 1 + M * (1 - c))
-        m.held.add(e >= B * c)
-        m.held.add(e <= B - 1 + M * (c + 2 - a - b))  # used, started before and still held at it: c
-        m.held.add(e >= end - M * (1 - c))  # ... then held to the end
-    for v in data.held:  # none before the boundary: its producer comes after it in this order, nothing is held
-        if any(w == v for _, w in keys):
-            m.held.add(sum(m.held_c[k, w] for k, w in keys if w == v) >= 1)
 
 
 def _links(m: pyo.ConcreteModel, data: IntervalData, x) -> None:

@@ -3,7 +3,7 @@ stage variables from a plan (a MIP start)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from xsched.contracts.graph import Graph
@@ -59,15 +59,18 @@ def stage_steps(st: Stages, sol: Solution) -> list[Step]:
     return steps
 
 
-def prune(graph: Graph, steps: Sequence[Step], wanted_end: Iterable[tuple[str, str]]) -> list[Step]:
+def prune(
+    graph: Graph, steps: Sequence[Step], wanted_end: Iterable[tuple[str, str]], kept: Collection[int] = ()
+) -> list[Step]:
     """Drop computes and copies none of whose results is read before it is remade or needed at the end.
 
-    Repeats until stable (a dropped step reads nothing any more); keeps one compute of every op.
+    Repeats until stable (a dropped step reads nothing any more); keeps one compute of every op, and the steps
+    whose id() is in `kept` (what the caller needs for another reason: a forward output held at the boundary).
     """
     steps = list(steps)
     wanted = list(wanted_end)
     while True:
-        used = [False] * len(steps)
+        used = [id(s) in kept for s in steps]
         maker: dict[tuple[str, str], int] = {}
         for i, s in enumerate(steps):
             if isinstance(s, Compute):
