@@ -21,8 +21,8 @@ figures from the step breakdown (xsched.execute.step_clock), per op: the compute
 the wall time inside them (`compute_issue_s`, what a GPU run's breakdown calls the host time issuing the compute) and
 the difference, waiting (for the GIL: a thread that releases it for a torch call takes it back behind whoever holds
 it; or for the machine); the copy lanes' CPU / wall a step; the tasks a step the compute lane runs of all the lanes';
-its thread's context switches a step (each wait for another lane, or for the GIL, is one) and its run-queue wait a
-step (ready, no core free: the machine's share of the waiting, from /proc). `--switch-intervals` adds a lanes row
+its thread's context switches a step (each wait for another lane, or for the GIL, is one; in brackets those the
+machine forced) and its run-queue wait a step (ready, no core free: the machine's share of the waiting, from /proc). `--switch-intervals` adds a lanes row
 per GIL switch interval (sys.setswitchinterval, set for its steps and restored), the steps of all lanes rows
 interleaved in one session, so the load weighs on each alike (one training run: their losses are its losses).
 The offload rows' setup (capture, model costs, `park`) is cached in `--cache-dir` when given; `--json` keeps every
@@ -156,7 +156,7 @@ def row_lanes(setup: dict[str, Any], intervals: list[float | None]) -> dict[str,
         lanes_row(v): {"step_s": [], "cpu_s": [], "process_s": [], "losses": [], "copies": copies} for v in intervals
     }
     for out in outs.values():
-        out.update({k: [] for k in BREAKDOWN}, lane_switches=[], lane_ready_s=[])
+        out.update({k: [] for k in BREAKDOWN}, lane_switches=[], lane_preempted=[], lane_ready_s=[])
     compute = ex.lanes[f"compute:{setup['device']}"]
     before = sys.getswitchinterval()
     losses: list[float] = []  # one session: the rows' steps are one training run, its losses compared with eager's
@@ -177,7 +177,9 @@ def row_lanes(setup: dict[str, Any], intervals: list[float | None]) -> dict[str,
             losses.append(record.loss)
             for k in BREAKDOWN:
                 out[k].append(record.breakdown[k])
-            out["lane_switches"].append(thread_switches(compute) - w0)
+            w1 = thread_switches(compute)
+            out["lane_switches"].append(w1[0] - w0[0])
+            out["lane_preempted"].append(w1[1] - w0[1])
             out["lane_ready_s"].append(thread_ready_s(compute) - q0)
         for out in outs.values():
             out["tasks"] = lane_tasks(ex, compute)
@@ -193,17 +195,19 @@ def lanes_row(interval: float | None) -> str:
     return "lanes" if interval is None else f"lanes, switch interval {interval * 1e3:g} ms"
 
 
-def thread_switches(lane: Any) -> float:
-    """The context switches so far of `lane`'s thread, voluntary (it waited: a hand-off) and not (0 before it
-    starts), from Linux's /proc; NaN where there is none."""
+def thread_switches(lane: Any) -> tuple[float, float]:
+    """The context switches so far of `lane`'s thread: all, and those not voluntary (preempted: the machine took
+    its core; a voluntary one is a wait, for another lane or for the GIL), from Linux's /proc (0 before it starts;
+    NaN where there is none)."""
     tid = lane._thread.native_id if lane._thread is not None else None
     if tid is None:
-        return 0.0
+        return 0.0, 0.0
     try:
         with open(f"/proc/self/task/{tid}/status") as f:
-            return float(sum(int(line.split()[1]) for line in f if "ctxt_switches:" in line))
+            got = {k: float(v) for k, v, *_ in (line.split() for line in f if "ctxt_switches:" in line)}
     except OSError:
-        return float("nan")
+        return float("nan"), float("nan")
+    return got["voluntary_ctxt_switches:"] + got["nonvoluntary_ctxt_switches:"], got["nonvoluntary_ctxt_switches:"]
 
 
 def thread_ready_s(lane: Any) -> float:
@@ -256,7 +260,7 @@ def table(results: dict[str, dict[str, Any]], ops: int, warmup: int) -> list[str
         "| thread CPU: median step | per op | vs eager | process CPU: median step | per op | vs eager "
         "| losses = eager | copies a step | compute lane: thread CPU per op | its tasks' wall per op "
         "| waiting per op (wall - CPU) | copies in: CPU / wall | copies out: CPU / wall "
-        "| tasks a step: compute lane / all | its context switches a step | its run-queue wait a step |",
+        "| tasks a step: compute lane / all | its context switches a step (preempted) | its run-queue wait a step |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     eager = results.get("eager")
@@ -271,7 +275,11 @@ def table(results: dict[str, dict[str, Any]], ops: int, warmup: int) -> list[str
         kept = len(r["step_s"]) - warmup
         lane = lane_cells(r, ops, warmup)
         tasks = "{} / {}".format(*r["tasks"]) if "tasks" in r else "-"
-        switches = f"{statistics.median(r['lane_switches'][warmup:]):.0f}" if "lane_switches" in r else "-"
+        switches = (
+            f"{statistics.median(r['lane_switches'][warmup:]):.0f} ({statistics.median(r['lane_preempted'][warmup:]):.0f})"
+            if "lane_switches" in r
+            else "-"
+        )
         ready = f"{statistics.median(r['lane_ready_s'][warmup:]) * 1e3:.1f} ms" if "lane_ready_s" in r else "-"
         label = LABELS.get(row) or f"{LABELS['lanes']}, GIL {row.removeprefix('lanes, ')}"
         lines.append(
