@@ -22,8 +22,9 @@ the wall time inside them (`compute_issue_s`, what a GPU run's breakdown calls t
 the difference, waiting (for the GIL: a thread that releases it for a torch call takes it back behind whoever holds
 it; or for the machine); the copy lanes' CPU / wall a step; the tasks a step the compute lane runs of all the lanes';
 its thread's context switches a step (each wait for another lane, or for the GIL, is one; in brackets those the
-machine forced) and its run-queue wait a step (ready, no core free: the machine's share of the waiting, from /proc). `--switch-intervals` adds a lanes row
-per GIL switch interval (sys.setswitchinterval, set for its steps and restored), the steps of all lanes rows
+machine forced) and its run-queue wait a step (ready, no core free: the machine's share of the waiting), these three
+from the step breakdown (Linux's /proc). `--switch-intervals` adds a lanes row per GIL switch interval
+(sys.setswitchinterval, set for its steps and restored), the steps of all lanes rows
 interleaved in one session, so the load weighs on each alike (one training run: their losses are its losses).
 The offload rows' setup (capture, model costs, `park`) is cached in `--cache-dir` when given; `--json` keeps every
 row's per-step figures.
@@ -156,7 +157,7 @@ def row_lanes(setup: dict[str, Any], intervals: list[float | None]) -> dict[str,
         lanes_row(v): {"step_s": [], "cpu_s": [], "process_s": [], "losses": [], "copies": copies} for v in intervals
     }
     for out in outs.values():
-        out.update({k: [] for k in BREAKDOWN}, lane_switches=[], lane_preempted=[], lane_ready_s=[])
+        out.update({k: [] for k in BREAKDOWN})
     compute = ex.lanes[f"compute:{setup['device']}"]
     before = sys.getswitchinterval()
     losses: list[float] = []  # one session: the rows' steps are one training run, its losses compared with eager's
@@ -167,7 +168,6 @@ def row_lanes(setup: dict[str, Any], intervals: list[float | None]) -> dict[str,
             sys.setswitchinterval(before if v is None else v)
             try:
                 t0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
-                w0, q0 = thread_switches(compute), thread_ready_s(compute)
                 record = _step(session, s, world, 1)
                 out["cpu_s"].append(time.thread_time() - c0)
                 out["process_s"].append(time.process_time() - p0)
@@ -176,11 +176,7 @@ def row_lanes(setup: dict[str, Any], intervals: list[float | None]) -> dict[str,
                 sys.setswitchinterval(before)
             losses.append(record.loss)
             for k in BREAKDOWN:
-                out[k].append(record.breakdown[k])
-            w1 = thread_switches(compute)
-            out["lane_switches"].append(w1[0] - w0[0])
-            out["lane_preempted"].append(w1[1] - w0[1])
-            out["lane_ready_s"].append(thread_ready_s(compute) - q0)
+                out[k].append(record.breakdown.get(k, float("nan")))  # the scheduler's counts: Linux only
         for out in outs.values():
             out["tasks"] = lane_tasks(ex, compute)
             out["losses"] = losses[: setup["steps"]]
@@ -193,35 +189,6 @@ def row_lanes(setup: dict[str, Any], intervals: list[float | None]) -> dict[str,
 def lanes_row(interval: float | None) -> str:
     """The lanes row's name under a GIL switch interval (None: as the interpreter has it)."""
     return "lanes" if interval is None else f"lanes, switch interval {interval * 1e3:g} ms"
-
-
-def thread_switches(lane: Any) -> tuple[float, float]:
-    """The context switches so far of `lane`'s thread: all, and those not voluntary (preempted: the machine took
-    its core; a voluntary one is a wait, for another lane or for the GIL), from Linux's /proc (0 before it starts;
-    NaN where there is none)."""
-    tid = lane._thread.native_id if lane._thread is not None else None
-    if tid is None:
-        return 0.0, 0.0
-    try:
-        with open(f"/proc/self/task/{tid}/status") as f:
-            got = {k: float(v) for k, v, *_ in (line.split() for line in f if "ctxt_switches:" in line)}
-    except OSError:
-        return float("nan"), float("nan")
-    return got["voluntary_ctxt_switches:"] + got["nonvoluntary_ctxt_switches:"], got["nonvoluntary_ctxt_switches:"]
-
-
-def thread_ready_s(lane: Any) -> float:
-    """The seconds so far `lane`'s thread was ready to run but had no core (Linux's run-queue wait, from
-    /proc/<tid>/schedstat; 0 before it starts, NaN without it): waiting for the machine, not for the GIL (a thread
-    waiting for the GIL sleeps)."""
-    tid = lane._thread.native_id if lane._thread is not None else None
-    if tid is None:
-        return 0.0
-    try:
-        with open(f"/proc/self/task/{tid}/schedstat") as f:
-            return int(f.read().split()[1]) / 1e9
-    except (OSError, IndexError, ValueError):
-        return float("nan")
 
 
 def lane_tasks(ex: Any, lane: Any) -> tuple[int, int]:
@@ -276,11 +243,12 @@ def table(results: dict[str, dict[str, Any]], ops: int, warmup: int) -> list[str
         lane = lane_cells(r, ops, warmup)
         tasks = "{} / {}".format(*r["tasks"]) if "tasks" in r else "-"
         switches = (
-            f"{statistics.median(r['lane_switches'][warmup:]):.0f} ({statistics.median(r['lane_preempted'][warmup:]):.0f})"
-            if "lane_switches" in r
+            f"{statistics.median(r['compute_switches'][warmup:]):.0f} "
+            f"({statistics.median(r['compute_preempted'][warmup:]):.0f})"
+            if "compute_switches" in r
             else "-"
         )
-        ready = f"{statistics.median(r['lane_ready_s'][warmup:]) * 1e3:.1f} ms" if "lane_ready_s" in r else "-"
+        ready = f"{statistics.median(r['compute_ready_s'][warmup:]) * 1e3:.1f} ms" if "compute_ready_s" in r else "-"
         label = LABELS.get(row) or f"{LABELS['lanes']}, GIL {row.removeprefix('lanes, ')}"
         lines.append(
             f"| {label} | {kept} | {' | '.join(cells)} | {same} | {r.get('copies', 0)} | {' | '.join(lane)} "
@@ -308,7 +276,7 @@ def lane_cells(r: dict[str, Any], ops: int, warmup: int) -> list[str]:
 
 BREAKDOWN = tuple(  # what the lanes rows keep of each step's breakdown (xsched.execute.step_clock)
     f"{kind}_{what}" for kind in ("compute", "copy_in", "copy_out") for what in ("issue_s", "issue_cpu_s", "tasks")
-) + ("optimizer_s", "optimizer_wait_read_s", "optimizer_wait_step_s")
+) + ("compute_switches", "compute_preempted", "compute_ready_s", "optimizer_s", "optimizer_wait_read_s")
 FIGURES = (
     ("median", "step_s", statistics.median),
     ("best", "step_s", min),

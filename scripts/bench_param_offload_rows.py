@@ -27,6 +27,7 @@ BREAKDOWN = (  # (key in the step's breakdown, column)
     ("compute_issue_cpu_s / compute_issue_s", "compute lane CPU / wall"),
     ("copy_in_issue_cpu_s / copy_in_issue_s", "copies in: lane CPU / wall"),
     ("copy_out_issue_cpu_s / copy_out_issue_s", "copies out: lane CPU / wall"),
+    ("compute_switches / compute_preempted", "compute lane: context switches / preempted"),
     ("optimizer_s", "optimizer"),
     ("optimizer_wait_read_s", "wait opt (reads)"),
     ("optimizer_wait_step_s", "wait opt (loop)"),
@@ -258,7 +259,11 @@ def breakdown_cells(r: dict[str, Any]) -> list[str]:
 
     def cell(key: str) -> str:
         keys = key.split(" / ")
-        return " / ".join(f"{b[k] * 1e3:.0f}" for k in keys) + " ms" if all(k in b for k in keys) else "-"
+        if not all(k in b for k in keys):
+            return "-"
+        if not keys[0].endswith("_s"):  # counts
+            return " / ".join(f"{b[k]:.0f}" for k in keys)
+        return " / ".join(f"{b[k] * 1e3:.0f}" for k in keys) + " ms"
 
     return [cell(k) for k, _ in BREAKDOWN]
 
@@ -330,7 +335,8 @@ def table(results: dict[str, dict[str, Any]], rtol: float, steps: int) -> list[s
         "(xsched rows, median per step): compute, copies in and out (GPU time from CUDA events; host time on the "
         "CPU), the compute lanes' idle time inside the runs, the host time spent issuing the compute, each lane "
         "kind's thread CPU inside its tasks beside their wall (the rest is waiting: the GIL, locks, blocking CUDA "
-        "calls), the "
+        "calls), the compute lane thread's context switches a step and those the machine forced (each other one is "
+        "a wait: for a lane, the GIL or a blocking call; Linux), the "
         "optimizer's busy time, and the time the reads and the loop waited for it. bf16 rate share: (6·N + "
         "12·layers·width·seq)·tokens FLOPs per second over 790 TFLOP/s. Predicted (xsched rows): what the plan the row "
         "trained predicts per step on the costs it was planned on (the simulator's makespan; the compute device's "

@@ -1,6 +1,7 @@
 """The step clock's CPU beside wall per lane kind (issue 30): each task's thread CPU (the lane's own, or the caller's
 inline) is read around it, so wall - CPU is what the lane waited for (the GIL, a lock, a blocking call). Checked by
-counts (tasks a step per kind, against the lanes run's own task list), by attribution (a task that waits on another
+counts (tasks a step per kind, against the lanes run's own task list; the scheduler's context switches of the
+threads that ran them), by attribution (a task that waits on another
 thread's work has its wall, not that thread's CPU), on logical CPUs against eager PyTorch; and the benchmarks' new
 options refuse bad values with one line."""
 
@@ -19,7 +20,7 @@ from train_support import ROOT, child_env
 
 from xsched.capture.torch import bind_inputs, unpack_outputs
 from xsched.execute.executor import Executor
-from xsched.execute.step_clock import KINDS, StepClock, lane_kinds
+from xsched.execute.step_clock import KINDS, StepClock, lane_kinds, thread_counters
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -61,7 +62,10 @@ def test_each_kind_has_its_tasks_cpu_within_their_wall(overlap: bool) -> None:
                 assert 0.0 <= b[f"{kind}_issue_cpu_s"] <= b[f"{kind}_issue_s"] + SLACK_S * timed[kind], (kind, b)
             assert b["compute_tasks"] > 0 and b["copy_in_tasks"] > 0 and b["copy_out_tasks"] > 0
             assert b["compute_issue_cpu_s"] > 0.0
-            assert all(cpu is not None for *_, cpu in clock.last.host)  # every lane task had its CPU read
+            assert all(cpu is not None and tid is not None for *_, cpu, tid in clock.last.host)  # every task's CPU
+            if thread_counters(threading.get_native_id()) is not None:  # the threads that ran each kind (Linux)
+                for kind in KINDS:
+                    assert 0 <= b[f"{kind}_preempted"] <= b[f"{kind}_switches"] and b[f"{kind}_ready_s"] >= 0
             if overlap:
                 _, tasks = ex.lane_runner.lane_tasks(0, len(plan.steps))
                 want = {k: sum(clock.kind_of[lane.name] == k for _, _, lane, _, _ in tasks) for k in KINDS}
@@ -88,6 +92,10 @@ def test_the_cpu_is_the_running_threads_own() -> None:
     assert b["compute_issue_s"] >= 0.03 and b["compute_issue_cpu_s"] < 0.5 * b["compute_issue_s"]
     assert b["copy_in_issue_cpu_s"] >= 0.03 - SLACK_S
     assert (b["compute_tasks"], b["copy_in_tasks"], b["copy_out_tasks"]) == (1.0, 1.0, 0.0)
+    if thread_counters(threading.get_native_id()) is not None:  # Linux: the scheduler's counts of the task's thread
+        assert b["compute_switches"] >= 1  # the join slept: a voluntary switch at least
+        assert 0 <= b["compute_preempted"] <= b["compute_switches"] and b["compute_ready_s"] >= 0
+        assert b["copy_out_switches"] == 0.0  # no task, no thread
 
 
 def test_spans_without_cpu_and_the_trace() -> None:
