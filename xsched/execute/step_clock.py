@@ -35,10 +35,11 @@ class StepClock:
     host time spent issuing it (the wall inside its tasks) and the issuing thread's own CPU time within it (the
     rest of that wall is waiting: for the GIL, a lock, a blocking CUDA call), the tasks run, the context switches
     of the threads that ran them (from their first task of the step to its end: all, and those the machine forced,
-    preempted) and their run-queue wait (ready with no core free: the machine's share of the waiting; Linux only:
-    other systems leave these three out), the compute lanes' idle time inside the runs (waiting for copies or for
-    Python), the optimizer's busy time per bucket, the time reads and the loop waited for it, what is outside
-    the runs (autograd, the loss, the loop's Python), and the copies' host sources staged through pinned memory
+    preempted) and their run-queue wait (ready with no core free: the machine's share of the waiting; a thread
+    that ran several kinds, as an inline run's does, counts in each; Linux only: other systems leave these out),
+    the compute lanes' idle time inside the runs (waiting for copies or for Python), the optimizer's busy time per
+    bucket, the time reads and the loop waited for it, what is outside the runs (autograd, the loss, the loop's
+    Python), and the copies' host sources staged through pinned memory
     (a count and bytes, not seconds)."""
 
     def __init__(self) -> None:
