@@ -8,12 +8,15 @@ python scripts/bench_gpu_param_offload.py --deadline 470 --json param_offload.js
 python scripts/bench_gpu_param_offload.py --cpu --steps 3                  # reduced: cpu:0 computes, cpu:1 stores
 python scripts/bench_gpu_param_offload.py --rows xsched --budget 8GiB --json po8.json --trace traces  # issue 30
 python scripts/bench_gpu_param_offload.py --rows llama --llama-split 0.2   # a fixed split share (default: auto)
+python scripts/bench_gpu_param_offload.py --rows xsched --switch-interval 0.0005  # the GIL's hand-off, every row
 
 Each row runs in a process of its own (scripts/bench_rows_runner.py; its peak RSS is the row's host memory, its GPU
 memory its own); the GPT-2 rows train the same initial weights on the same batches with the same AdamW (lr 1e-3,
 weight decay 0.01 on 2+-D weights), and every loss is compared with the reference's. xsched rows add the per-step
 breakdown (medians over the steps after the warm-up): compute, copies in and out (GPU time), the compute lane's idle
-time, the host time spent issuing the GPU work, the optimizer's time and the waits for it, and beside them what the
+time, the host time spent issuing the GPU work and, per lane kind (compute, copies in, copies out), the lane
+thread's own CPU inside its tasks beside their wall (`compute lane CPU / wall`: the rest is waiting, for the GIL,
+a lock or a blocking CUDA call), the optimizer's time and the waits for it, and beside them what the
 plan predicts per step (scripts/plan_traffic.py), the setup's stages, and the CUDA allocators' counts (retries,
 cudaMalloc and cudaHostAlloc calls); `--trace` keeps each xsched row's last step as a Chrome trace with its plan
 (each task's host and GPU spans, named by its plan steps). `--deadline` shortens the row limits (and skips rows)
@@ -273,6 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="also write the markdown table here")
     ap.add_argument("--json", help="write every row's figures here as JSON, after each row")
     ap.add_argument("--trace", help="xsched rows: write the last step's Chrome trace and the plan into this folder")
+    ap.add_argument(
+        "--switch-interval",
+        type=float,
+        help="every row's GIL switch interval in seconds (sys.setswitchinterval; Python's default 0.005): whether "
+        "the compute lane's waiting is for the GIL (issue 30)",
+    )
     ap.add_argument("--child", choices=ROWS, help=argparse.SUPPRESS)
     ap.add_argument("--setup", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
@@ -286,6 +295,11 @@ def main(argv: list[str] | None = None) -> int:
     setup["profile"] = a.profile
     setup["gap"] = a.gap
     setup["split_by"] = a.split_by
+    if a.switch_interval is not None:
+        if a.switch_interval <= 0:
+            print(f"--switch-interval must be positive seconds, not {a.switch_interval:g}", file=sys.stderr)
+            return 2
+        setup["switch_interval"] = a.switch_interval
     setup.update({k: v for k, v in (("split", a.split), ("llama_split", a.llama_split)) if v is not None})
     setup.update({k: v for k, v in (("scale", a.scale), ("budget", a.budget), ("method", a.method)) if v})
     t0 = time.perf_counter()

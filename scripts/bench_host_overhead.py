@@ -8,24 +8,33 @@ run inline in the training thread by default): there the training thread's CPU t
 
     python scripts/bench_host_overhead.py                    # 48 layers, n_embd 64, seq 16, batch 1: ~2,000 ops
     python scripts/bench_host_overhead.py --layers 2 --steps 3 --budget 1MiB   # the test's tiny size
+    python scripts/bench_host_overhead.py --rows lanes --switch-intervals 0.001,0.0002   # the GIL's share (issue 30)
 
 Every row trains the same initial weights on the same batches with AdamW (lr 1e-3, weight decay 0.01 on 2+-D
 weights) on one torch thread, in this one process (eager and wrap with their steps interleaved). After `--warmup`
 steps, each row reports per step and per op of the training graph (forward and backward), each with its ratio to
 eager's: the median and best wall time; the median CPU time of the training thread (time.thread_time: the Python
 and dispatch of the step, whatever else loads the machine; on lanes, what issuing the tasks costs); and the median
-CPU time of the whole process (every thread: the lanes', the host AdamW's). The lanes row adds its compute lane's
-own figures, per op: the lane thread's CPU time (its Python and dispatch, plus the kernels on a CPU; on a GPU the
-host cost of issuing them) and the wall time inside its tasks (the step breakdown's `compute_issue_s`, what a GPU
-run's breakdown calls the host time issuing the compute: CPU plus waiting for the GIL), the tasks a step it runs
-of all the lanes', and its thread's context switches a step (each wait for another lane, or for the GIL, is one).
-The offload rows' setup (capture, model costs, `park`) is cached in `--cache-dir` when given.
+CPU time of the whole process (every thread: the lanes', the host AdamW's). The lanes row adds its lanes' own
+figures from the step breakdown (xsched.execute.step_clock), per op: the compute lane thread's CPU inside its tasks
+(`compute_issue_cpu_s`: its Python and dispatch, plus the kernels on a CPU; on a GPU the host cost of issuing them),
+the wall time inside them (`compute_issue_s`, what a GPU run's breakdown calls the host time issuing the compute) and
+the difference, waiting (for the GIL: a thread that releases it for a torch call takes it back behind whoever holds
+it; or for the machine); the copy lanes' CPU / wall a step; the tasks a step the compute lane runs of all the lanes';
+its thread's context switches a step (each wait for another lane, or for the GIL, is one; in brackets those the
+machine forced) and its run-queue wait a step (ready, no core free: the machine's share of the waiting), these three
+from the step breakdown (Linux's /proc). `--switch-intervals` adds a lanes row per GIL switch interval
+(sys.setswitchinterval, set for its steps and restored), the steps of all lanes rows
+interleaved in one session, so the load weighs on each alike (one training run: their losses are its losses).
+The offload rows' setup (capture, model costs, `park`) is cached in `--cache-dir` when given; `--json` keeps every
+row's per-step figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import platform
 import statistics
 import sys
@@ -123,10 +132,12 @@ class ThreadCpu:
     def close(self) -> None: ...
 
 
-def row_lanes(setup: dict[str, Any]) -> dict[str, Any]:
+def row_lanes(setup: dict[str, Any], intervals: list[float | None]) -> dict[str, dict[str, Any]]:
     """The offload row's session (`xsched train`'s own setup and step function, its plan from the cache the offload
     row filled), its executor run on its lanes, a thread per stream, as on a GPU (`overlap`: on logical CPUs the
-    steps run inline by default). The training thread then only issues the tasks: its CPU time is the issue cost."""
+    steps run inline by default). The training thread then only issues the tasks: its CPU time is the issue cost.
+    One row per GIL switch interval of `intervals` (None: the interpreter's as it is), their steps interleaved
+    (step s under interval s mod len), so the machine's load weighs on each alike; every row gets `--steps` steps."""
     from xsched.train import dist
     from xsched.train.loop import _step
     from xsched.train.records import Quiet
@@ -142,50 +153,42 @@ def row_lanes(setup: dict[str, Any]) -> dict[str, Any]:
     ex = session.wrapped._first.executor
     ex.overlap = True
     copies = sum(isinstance(x, Copy) for x in session.chosen.plan.steps)
-    out: dict[str, Any] = {"step_s": [], "cpu_s": [], "process_s": [], "losses": [], "copies": copies}
-    out.update(lane_cpu_s=[], lane_issue_s=[], lane_switches=[])
+    outs = {
+        lanes_row(v): {"step_s": [], "cpu_s": [], "process_s": [], "losses": [], "copies": copies} for v in intervals
+    }
+    for out in outs.values():
+        out.update({k: [] for k in BREAKDOWN})
     compute = ex.lanes[f"compute:{setup['device']}"]
+    before = sys.getswitchinterval()
+    losses: list[float] = []  # one session: the rows' steps are one training run, its losses compared with eager's
     try:
-        for s in range(setup["steps"]):
-            t0, c0, p0, l0 = time.perf_counter(), time.thread_time(), time.process_time(), thread_cpu(compute)
-            w0 = thread_switches(compute)
-            record = _step(session, s, world, 1)
-            out["cpu_s"].append(time.thread_time() - c0)
-            out["process_s"].append(time.process_time() - p0)
-            out["step_s"].append(time.perf_counter() - t0)
-            out["losses"].append(record.loss)
-            out["lane_cpu_s"].append(thread_cpu(compute) - l0)
-            out["lane_issue_s"].append(record.breakdown["compute_issue_s"])
-            out["lane_switches"].append(thread_switches(compute) - w0)
-        out["tasks"] = lane_tasks(ex, compute)
+        for s in range(setup["steps"] * len(intervals)):
+            v = intervals[s % len(intervals)]
+            out = outs[lanes_row(v)]
+            sys.setswitchinterval(before if v is None else v)
+            try:
+                t0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
+                record = _step(session, s, world, 1)
+                out["cpu_s"].append(time.thread_time() - c0)
+                out["process_s"].append(time.process_time() - p0)
+                out["step_s"].append(time.perf_counter() - t0)
+            finally:
+                sys.setswitchinterval(before)
+            losses.append(record.loss)
+            for k in BREAKDOWN:
+                out[k].append(record.breakdown.get(k, float("nan")))  # the scheduler's counts: Linux only
+        for out in outs.values():
+            out["tasks"] = lane_tasks(ex, compute)
+            out["losses"] = losses[: setup["steps"]]
     finally:
         session.updater.close()
         dist.leave(world)
-    return out
+    return outs
 
 
-def thread_cpu(lane: Any) -> float:
-    """The CPU time so far of `lane`'s thread (0 before it starts), read from this thread: Linux's per-thread
-    clocks (time.pthread_getcpuclockid); NaN where there are none."""
-    ident = lane._thread.ident if lane._thread is not None else None
-    if ident is None:
-        return 0.0
-    if not hasattr(time, "pthread_getcpuclockid"):
-        return float("nan")
-    return time.clock_gettime(time.pthread_getcpuclockid(ident))
-
-
-def thread_switches(lane: Any) -> float:
-    """The context switches so far of `lane`'s thread, voluntary (it waited: a hand-off) and not (0 before it
-    starts), from Linux's /proc; NaN where there is none."""
-    tid = lane._thread.native_id if lane._thread is not None else None
-    if tid is None:
-        return 0.0
-    try:
-        with open(f"/proc/self/task/{tid}/status") as f:
-            return float(sum(int(line.split()[1]) for line in f if "ctxt_switches:" in line))
-    except OSError:
-        return float("nan")
+def lanes_row(interval: float | None) -> str:
+    """The lanes row's name under a GIL switch interval (None: as the interpreter has it)."""
+    return "lanes" if interval is None else f"lanes, switch interval {interval * 1e3:g} ms"
 
 
 def lane_tasks(ex: Any, lane: Any) -> tuple[int, int]:
@@ -216,14 +219,16 @@ LABELS = {
 def table(results: dict[str, dict[str, Any]], ops: int, warmup: int) -> list[str]:
     """One line per row: the median and best wall time of a step and the median CPU time of its training thread and
     of the whole process, per op, each with its ratio to eager's, whether its losses equal eager's (fp32, the same
-    arithmetic: to LOSS_RTOL), and on lanes the compute lane's CPU and wall per op (medians), the tasks a step and the
-    lane thread's context switches a step (median)."""
+    arithmetic: to LOSS_RTOL), and on lanes (medians a step) the compute lane's tasks' thread CPU and wall per op
+    (the step breakdown's compute_issue_cpu_s and compute_issue_s: wall less CPU is waiting, for the GIL or another
+    lane), the copy lanes' CPU / wall, the tasks a step and the compute lane thread's context switches."""
     lines = [
         "| row | steps | wall: median step | per op | vs eager | best step | per op | vs eager "
         "| thread CPU: median step | per op | vs eager | process CPU: median step | per op | vs eager "
         "| losses = eager | copies a step | compute lane: thread CPU per op | its tasks' wall per op "
-        "| tasks a step: compute lane / all | its context switches a step |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| waiting per op (wall - CPU) | copies in: CPU / wall | copies out: CPU / wall "
+        "| tasks a step: compute lane / all | its context switches a step (preempted) | its run-queue wait a step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     eager = results.get("eager")
     base = {k: f(eager[key][warmup:]) for k, key, f in FIGURES} if eager else {}
@@ -235,17 +240,43 @@ def table(results: dict[str, dict[str, Any]], ops: int, warmup: int) -> list[str
             cells.append(f"{x * 1e3:.1f} ms | {x / ops * 1e6:.1f} us | {vs}")
         same = "eager" if row == "eager" else same_losses(r["losses"], eager["losses"], LOSS_RTOL) if eager else "-"
         kept = len(r["step_s"]) - warmup
-        lane = [f"{statistics.median(r[k][warmup:]) / ops * 1e6:.1f} us" if k in r else "-" for k in LANE]
+        lane = lane_cells(r, ops, warmup)
         tasks = "{} / {}".format(*r["tasks"]) if "tasks" in r else "-"
-        switches = f"{statistics.median(r['lane_switches'][warmup:]):.0f}" if "lane_switches" in r else "-"
+        switches = (
+            f"{statistics.median(r['compute_switches'][warmup:]):.0f} "
+            f"({statistics.median(r['compute_preempted'][warmup:]):.0f})"
+            if "compute_switches" in r
+            else "-"
+        )
+        ready = f"{statistics.median(r['compute_ready_s'][warmup:]) * 1e3:.1f} ms" if "compute_ready_s" in r else "-"
+        label = LABELS.get(row) or f"{LABELS['lanes']}, GIL {row.removeprefix('lanes, ')}"
         lines.append(
-            f"| {LABELS[row]} | {kept} | {' | '.join(cells)} | {same} | {r.get('copies', 0)} | {' | '.join(lane)} "
-            f"| {tasks} | {switches} |"
+            f"| {label} | {kept} | {' | '.join(cells)} | {same} | {r.get('copies', 0)} | {' | '.join(lane)} "
+            f"| {tasks} | {switches} | {ready} |"
         )
     return lines
 
 
-LANE = ("lane_cpu_s", "lane_issue_s")  # the lanes row's compute lane: its thread's CPU, the wall inside its tasks
+def lane_cells(r: dict[str, Any], ops: int, warmup: int) -> list[str]:
+    """The lanes rows' compute lane CPU, wall and waiting per op and the copy lanes' CPU / wall a step (medians);
+    five "-" for the rows without lanes."""
+    if "compute_issue_s" not in r:
+        return ["-"] * 5
+
+    def med(key: str) -> float:
+        return statistics.median(r[key][warmup:])
+
+    cpu, wall = med("compute_issue_cpu_s"), med("compute_issue_s")
+    wait = statistics.median(w - c for w, c in zip(r["compute_issue_s"][warmup:], r["compute_issue_cpu_s"][warmup:]))
+    out = [f"{cpu / ops * 1e6:.1f} us", f"{wall / ops * 1e6:.1f} us", f"{wait / ops * 1e6:.1f} us"]
+    for kind in ("copy_in", "copy_out"):
+        out.append(f"{med(f'{kind}_issue_cpu_s') * 1e3:.1f} / {med(f'{kind}_issue_s') * 1e3:.1f} ms")
+    return out
+
+
+BREAKDOWN = tuple(  # what the lanes rows keep of each step's breakdown (xsched.execute.step_clock)
+    f"{kind}_{what}" for kind in ("compute", "copy_in", "copy_out") for what in ("issue_s", "issue_cpu_s", "tasks")
+) + ("compute_switches", "compute_preempted", "compute_ready_s", "optimizer_s", "optimizer_wait_read_s")
 FIGURES = (
     ("median", "step_s", statistics.median),
     ("best", "step_s", min),
@@ -266,11 +297,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--method", default="park", help="the offload row's solver method")
     ap.add_argument("--time-limit", type=float, default=60.0, help="the offload row's solver time limit, seconds")
     ap.add_argument("--cache-dir", help="keep the offload row's capture, costs and plan here (default: temporary)")
+    ap.add_argument(
+        "--switch-intervals",
+        default="",
+        help="comma-separated GIL switch intervals in seconds (sys.setswitchinterval), each a lanes row of its own, "
+        "their steps interleaved with the lanes row's as it is (e.g. 0.0005,0.0002)",
+    )
+    ap.add_argument("--json", help="write every row's per-step figures here")
     a = ap.parse_args(argv)
     rows = a.rows.split(",")
     unknown = [r for r in rows if r not in ROWS]
-    if unknown or a.steps <= a.warmup or a.warmup < 0:
-        why = f"unknown rows {unknown}" if unknown else "--steps must exceed --warmup >= 0"
+    try:
+        intervals: list[float | None] = [None, *(float(x) for x in a.switch_intervals.split(",") if x)]
+    except ValueError:
+        intervals = []
+    if (
+        unknown
+        or a.steps <= a.warmup
+        or a.warmup < 0
+        or not intervals
+        or any(v is not None and v <= 0 for v in intervals)
+    ):
+        why = (
+            f"unknown rows {unknown}"
+            if unknown
+            else "--steps must exceed --warmup >= 0"
+            if a.steps <= a.warmup or a.warmup < 0
+            else f"--switch-intervals must be positive seconds, not {a.switch_intervals!r}"
+        )
         print(f"bench_host_overhead: {why}", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
@@ -298,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
             if "offload" in rows:
                 results["offload"] = offload
         if "lanes" in rows:
-            results["lanes"] = row_lanes(setup)
+            results.update(row_lanes(setup, intervals))
         print(f"[rows: {time.perf_counter() - r0:.0f} s]", file=sys.stderr, flush=True)
     cmd = " ".join(["python scripts/bench_host_overhead.py", *(sys.argv[1:] if argv is None else argv)])
     print(f"# Host time per op: GPT-2 {setup['scale']}, {ops} ops a training step\n")
@@ -309,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     lines = table(results, ops, a.warmup)
     print("\n".join(lines))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"command": cmd, "ops": ops, "warmup": a.warmup, "rows": results}, f)
     return 1 if any("| NO (" in line for line in lines) else 0  # an xsched row's losses differ from eager's
 
 

@@ -24,6 +24,10 @@ BREAKDOWN = (  # (key in the step's breakdown, column)
     ("copy_out_s", "copies out"),
     ("compute_idle_s", "compute idle"),
     ("compute_issue_s", "issue (host)"),
+    ("compute_issue_cpu_s / compute_issue_s", "compute lane CPU / wall"),
+    ("copy_in_issue_cpu_s / copy_in_issue_s", "copies in: lane CPU / wall"),
+    ("copy_out_issue_cpu_s / copy_out_issue_s", "copies out: lane CPU / wall"),
+    ("compute_switches / compute_preempted", "compute lane: context switches / preempted"),
     ("optimizer_s", "optimizer"),
     ("optimizer_wait_read_s", "wait opt (reads)"),
     ("optimizer_wait_step_s", "wait opt (loop)"),
@@ -249,8 +253,19 @@ def row_llama(setup: dict[str, Any]) -> dict[str, Any]:
 
 
 def breakdown_cells(r: dict[str, Any]) -> list[str]:
+    """The breakdown's columns in ms; "a / b" keys as two figures (a lane's thread CPU inside its tasks beside their
+    wall: the rest of the wall is waiting, for the GIL, a lock or a blocking CUDA call)."""
     b = r.get("breakdown") or {}
-    return [f"{b[k] * 1e3:.0f} ms" if k in b else "-" for k, _ in BREAKDOWN]
+
+    def cell(key: str) -> str:
+        keys = key.split(" / ")
+        if not all(k in b for k in keys):
+            return "-"
+        if not keys[0].endswith("_s"):  # counts
+            return " / ".join(f"{b[k]:.0f}" for k in keys)
+        return " / ".join(f"{b[k] * 1e3:.0f}" for k in keys) + " ms"
+
+    return [cell(k) for k, _ in BREAKDOWN]
 
 
 def predicted_cells(r: dict[str, Any]) -> list[str]:
@@ -318,7 +333,10 @@ def table(results: dict[str, dict[str, Any]], rtol: float, steps: int) -> list[s
         f"rule, within {BF16_RTOL:g}). Optimizer time: all steps; hidden: the part inside the steps' forward and "
         "backward passes (HostAdamW's worker, measured), 0% where the step runs after the backward. Breakdown "
         "(xsched rows, median per step): compute, copies in and out (GPU time from CUDA events; host time on the "
-        "CPU), the compute lanes' idle time inside the runs, the host time spent issuing the compute, the "
+        "CPU), the compute lanes' idle time inside the runs, the host time spent issuing the compute, each lane "
+        "kind's thread CPU inside its tasks beside their wall (the rest is waiting: the GIL, locks, blocking CUDA "
+        "calls), the compute lane thread's context switches a step and those the machine forced (each other one is "
+        "a wait: for a lane, the GIL or a blocking call; Linux), the "
         "optimizer's busy time, and the time the reads and the loop waited for it. bf16 rate share: (6·N + "
         "12·layers·width·seq)·tokens FLOPs per second over 790 TFLOP/s. Predicted (xsched rows): what the plan the row "
         "trained predicts per step on the costs it was planned on (the simulator's makespan; the compute device's "

@@ -29,6 +29,8 @@ def run_child(row: str, setup: dict[str, Any], result: Path, rows: Mapping[str, 
     """Run row `row` (`rows[row]`) and write its result, or its error, as JSON."""
     if setup["cpu"]:
         torch.set_num_threads(1)
+    if setup.get("switch_interval"):  # the GIL's forced hand-off interval, for the whole row (issue 30)
+        sys.setswitchinterval(setup["switch_interval"])
     try:
         out = rows[row](setup)
     except Exception as e:  # the row's error is its result; the other rows go on

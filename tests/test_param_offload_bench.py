@@ -29,14 +29,19 @@ def test_the_reduced_mode_runs_every_row(tmp_path) -> None:
     assert "| plan offload at 3MiB on cpu:0" in rows["xsched"]
     for row in ("xsched", "xsched_fast", "llama"):  # the breakdown: compute, copies in and out, ... in ms
         cells = rows[row].split(" | ")
-        assert all(c.endswith(" ms") for c in cells[8:16]), cells[8:16]
-    assert rows["llama"].split(" | ")[16].isdigit()  # tokens/s
+        assert all(c.endswith(" ms") for c in cells[8:16] + cells[17:20]), cells[8:20]
+        for cell in cells[13:16]:  # each lane kind's thread CPU inside its tasks / their wall
+            cpu, wall = cell.removesuffix(" ms").split(" / ")
+            assert 0 <= int(cpu) and 0 <= int(wall), cells[13:16]
+        switches, preempted = (int(x) for x in cells[16].split(" / "))  # the compute lane's thread (Linux)
+        assert 0 <= preempted <= switches, cells[16]
+    assert rows["llama"].split(" | ")[20].isdigit()  # tokens/s
     assert "CPUOffloadOptimizer needs a CUDA GPU" in rows["torchao"]
     saved = json.loads((tmp_path / "b.json").read_text())["rows"]
     assert set(saved) == set(rows) - {"row"} and saved["xsched"]["breakdown"]["compute_s"] > 0
     for row in ("xsched", "xsched_fast", "llama"):  # the plan's prediction beside the measured columns
         cells = rows[row].split(" | ")
-        assert all(c.endswith(" ms") for c in cells[18:23]) and all(c.endswith("iB") for c in cells[23:25]), cells
+        assert all(c.endswith(" ms") for c in cells[22:27]) and all(c.endswith("iB") for c in cells[27:29]), cells
         assert {"model", "capture", "plan", "wrap", "optimizer", "pin"} <= set(saved[row]["setup_stages"])
         assert sum(saved[row]["setup_stages"].values()) <= saved[row]["setup_s"]
     predicted_are_the_plans(saved["xsched"]["predicted"])
