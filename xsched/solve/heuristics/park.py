@@ -19,11 +19,19 @@ from xsched.contracts.result import HeuristicStats
 from xsched.errors import BudgetError, NoIncumbent, PlanError
 from xsched.solve.heuristics.gaps import MAX_DEPTH, MAX_DROPS
 from xsched.solve.heuristics.park_floor import Floors
-from xsched.solve.heuristics.park_hasten import Hasten, apply_hasten, hastens
+from xsched.solve.heuristics.park_hasten import (
+    Hasten,
+    Unpark,
+    apply_hasten,
+    apply_unpark,
+    hastens,
+    pins_leaving,
+    unparks,
+)
 from xsched.solve.heuristics.park_model import EndRerun, Park, ParkTimeline
 from xsched.solve.heuristics.park_plan_steps import park_steps
 from xsched.solve.heuristics.routing import finish, home_copies_early
-from xsched.solve.heuristics.timeline import Drop, op_seconds
+from xsched.solve.heuristics.timeline import op_seconds
 from xsched.solve.objective import best_of, objective
 from xsched.solve.options import (
     DEFAULTS,
@@ -84,11 +92,13 @@ def park_computes(
             raise NoIncumbent(f"parking and recomputing on {device} stopped at the time limit", stage="solve")
         move = _best_move(line, t, budget, depth, price, cost, noise, exact=jitter is None, floors=floors)
         if move is None:  # the values left over the peak are parked already, their copies out not done by then
-            move = min(hastens(line, t), key=lambda h: (h.score(line), h.index), default=None)
+            move = _parked_move(line, t, budget, depth, cost)
         if move is None:
             raise line.peak_error("parking and recomputing", t, budget)
         if isinstance(move, Hasten):
             apply_hasten(line, move)
+        elif isinstance(move, Unpark):
+            apply_unpark(line, move)
         elif isinstance(move, Park):
             line.apply_park(move)
         elif isinstance(move, EndRerun):
@@ -135,7 +145,7 @@ def _best_move(line: ParkTimeline, t: int, budget: int, depth: int, price, cost,
         if not tried(least):  # (no kind of move is tried where the least floor is not)
             continue
         for k in over:
-            if tried(drop_f) and (d := line.drop(v, k, t, budget, depth)) is not None and not _pins_leaving(line, d):
+            if tried(drop_f) and (d := line.drop(v, k, t, budget, depth)) is not None and not pins_leaving(line, d):
                 key = (sum(cost[p] for p in d.reruns) / d.freed(t) * noise(), 0.0, rank)
                 if best is None or key < best[0]:
                     best = (key, d)
@@ -152,16 +162,13 @@ def _best_move(line: ParkTimeline, t: int, budget: int, depth: int, price, cost,
     return best[1] if best is not None else None
 
 
-def _pins_leaving(line: ParkTimeline, d: Drop) -> bool:
-    """A rerun of `d` reads an output that may leave the device for good after its last read: the timeline holds
-    that output to the end until it leaves, so reading it later looks free, but it pins the output here through
-    the rerun, over peaks that only its leaving can lower (the chunked loss's logits, 1.53 GiB on GPT-2, read
-    again by a rerun log_softmax, stay over every chunk's backward: no plan at 25% with the store)."""
-    for p in d.reruns:
-        for u in line.graph.op[p].inputs:
-            if u in line.may_leave and line.uses[u] and d.b > line.uses[u][-1]:
-                return True
-    return False
+def _parked_move(line: ParkTimeline, t: int, budget: int, depth: int, cost) -> Hasten | Unpark | None:
+    """Where no move lowers the peak `t`, one on a value parked already whose copy out is not done by `t`: wait for
+    the copy there (Hasten) or undo the park and drop the value instead (Unpark), whichever costs less per byte."""
+    hs = hastens(line, t)
+    scored = [((h.score(line), 0, h.index), h) for h in hs]
+    scored += [((u.score(cost), 1, u.index), u) for u in unparks(line, hs, budget, depth)]
+    return min(scored, key=lambda x: x[0])[1] if scored else None
 
 
 @keeps_limit
