@@ -71,52 +71,78 @@ def park_computes(
 ) -> ParkTimeline:
     """`order` with reruns and parked values: while the peak is over `budget`, apply the drop or park at the peak
     with the least added time per byte freed there (a drop's rerun time; a park's stall and link price; no park
-    with price None), each score times 1 + JITTER x a draw from `jitter` where given. BudgetError when nothing
-    lowers the peak; NoIncumbent when `stop` says so between two moves (one run takes seconds on a large graph)."""
+    with price None), each score times 1 + JITTER x a draw from `jitter` where given; where none lowers it, a move
+    on a value parked already (`_parked_move`). Where that ends with nothing to lower a peak, once more with no drop
+    whose rerun pins an output that may leave (`park_hasten.pins_leaving`): such reruns are often the cheapest
+    moves (the plans they make stay as they were), but pin the chunked loss's logits over its backward at 25%.
+    BudgetError when nothing lowers the peak; NoIncumbent when `stop` says so between two moves (one run takes
+    seconds on a large graph)."""
     out, back = profile.link(device, store), profile.link(store, device)
     if out is None or back is None:
         raise PlanError(f"no copy link between {device} and {store} in the profile", stage="solve", device=store)
-    line = ParkTimeline(graph, order, device, profile, store, out, back, homes)
     cost = op_seconds(graph, device, profile)
-
-    floors = Floors(line, price, cost)
 
     def noise() -> float:
         return 1.0 + JITTER * jitter.random() if jitter is not None else 1.0
 
-    for _ in range(MAX_DROPS * len(graph.ops)):
-        t = int(line.mem.argmax())
-        if line.mem[t] <= budget:
-            return line
-        if stop is not None and stop():
-            raise NoIncumbent(f"parking and recomputing on {device} stopped at the time limit", stage="solve")
-        move = _best_move(line, t, budget, depth, price, cost, noise, exact=jitter is None, floors=floors)
-        if move is None:  # the values left over the peak are parked already, their copies out not done by then
-            move = _parked_move(line, t, budget, depth, cost)
-        if move is None:
-            raise line.peak_error("parking and recomputing", t, budget)
-        if isinstance(move, Hasten):
-            apply_hasten(line, move)
-        elif isinstance(move, Unpark):
-            apply_unpark(line, move)
-        elif isinstance(move, Park):
-            line.apply_park(move)
-        elif isinstance(move, EndRerun):
-            line.apply_end(move)
-            line.refresh()
-        else:
-            line.apply(move)
-            line.refresh()
-    raise BudgetError(f"parking and recomputing gave up on {device}", stage="solve", device=device)
+    def run(keep_leaving: bool) -> ParkTimeline:
+        line = ParkTimeline(graph, order, device, profile, store, out, back, homes)
+        floors = Floors(line, price, cost)
+        for _ in range(MAX_DROPS * len(graph.ops)):
+            t = int(line.mem.argmax())
+            if line.mem[t] <= budget:
+                return line
+            if stop is not None and stop():
+                raise NoIncumbent(f"parking and recomputing on {device} stopped at the time limit", stage="solve")
+            move = _best_move(line, t, budget, depth, price, cost, noise, jitter is None, floors, keep_leaving)
+            if move is None:  # the values left over the peak are parked already, their copies out not done by then
+                move = _parked_move(line, t, budget, depth, cost)
+            if move is None:
+                raise line.peak_error("parking and recomputing", t, budget)
+            _apply(line, move)
+        raise BudgetError(f"parking and recomputing gave up on {device}", stage="solve", device=device)
+
+    try:
+        return run(keep_leaving=False)
+    except BudgetError:
+        return run(keep_leaving=True)
 
 
-def _best_move(line: ParkTimeline, t: int, budget: int, depth: int, price, cost, noise, exact: bool, floors=None):
+def _apply(line: ParkTimeline, move) -> None:
+    """Apply a move of any kind, the start times made again where it adds reruns."""
+    if isinstance(move, Hasten):
+        apply_hasten(line, move)
+    elif isinstance(move, Unpark):
+        apply_unpark(line, move)
+    elif isinstance(move, Park):
+        line.apply_park(move)
+    elif isinstance(move, EndRerun):
+        line.apply_end(move)
+        line.refresh()
+    else:
+        line.apply(move)
+        line.refresh()
+
+
+def _best_move(
+    line: ParkTimeline,
+    t: int,
+    budget: int,
+    depth: int,
+    price,
+    cost,
+    noise,
+    exact: bool,
+    floors=None,
+    keep_leaving=False,
+):
     """The move at the peak `t` with the least (score, rank): each span over `t`, in rank order, scored as a drop,
     a park (price None: none) and an end rerun. Ties go to the lower rank, so a value whose scores cannot go below
     the best so far (`Floors`) is not scored at all, nor a kind of move whose scores cannot, and a best of 0 ends
     the scan. Those only when `exact` (unjittered): each jittered score draws from the seeded stream, whose later
     draws must stay as they were. On GPT-2 with 48 layers and its weights on the host this skips most of the ~1000
-    values over each peak. `floors`: the run's cache of them (one made here if None)."""
+    values over each peak. `floors`: the run's cache of them (one made here if None). `keep_leaving`: no drop whose
+    rerun pins an output that may leave (`pins_leaving`)."""
     floors = floors if floors is not None else Floors(line, price, cost)
     best = None
 
@@ -145,7 +171,11 @@ def _best_move(line: ParkTimeline, t: int, budget: int, depth: int, price, cost,
         if not tried(least):  # (no kind of move is tried where the least floor is not)
             continue
         for k in over:
-            if tried(drop_f) and (d := line.drop(v, k, t, budget, depth)) is not None and not pins_leaving(line, d):
+            if (
+                tried(drop_f)
+                and (d := line.drop(v, k, t, budget, depth)) is not None
+                and not (keep_leaving and pins_leaving(line, d))
+            ):
                 key = (sum(cost[p] for p in d.reruns) / d.freed(t) * noise(), 0.0, rank)
                 if best is None or key < best[0]:
                     best = (key, d)
