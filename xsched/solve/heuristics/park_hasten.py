@@ -1,7 +1,8 @@
-"""Park's move on a value parked already: free it sooner, the compute at the peak waiting for its copy out. A park
-frees its value once its copy out is done; where the out lane is busy that is positions after its last read, and a
-later peak in between (the logits made at the end of forward) finds the value still here, with no other move
-left on it: its span there has no read after the peak, so neither a drop nor a park applies."""
+"""Park's moves on values parked already, for a peak no other move lowers: a park frees its value once its copy out
+is done, and where the out lane is busy that is positions after its last read, so a later peak in between (the
+logits made at the end of forward) finds the value still here, its span there with no read after the peak (no drop
+or park applies). Such a park is waited for there (Hasten) or undone for a drop or an end rerun (Unpark). Also the
+test that keeps a drop from pinning an output that leaves for good (pins_leaving)."""
 
 from __future__ import annotations
 
