@@ -41,10 +41,11 @@ def test_each_move_is_the_exhaustive_scans(monkeypatch, pct: int) -> None:
     budget = eager_peak(g) * pct // 100
     pruned, kinds = park._best_move, set()
 
-    def checked(line, t, budget, depth, price, cost, noise, exact, floors=None):
-        move = pruned(line, t, budget, depth, price, cost, noise, exact, floors)
+    def checked(line, t, budget, depth, price, cost, noise, exact, floors=None, keep_leaving=False):
+        move = pruned(line, t, budget, depth, price, cost, noise, exact, floors, keep_leaving)
         # unjittered but not `exact`: every candidate scored, each score times 1.0, the least (score, rank) kept
-        assert same_move(move, pruned(line, t, budget, depth, price, cost, lambda: 1.0, exact=False))
+        full = pruned(line, t, budget, depth, price, cost, lambda: 1.0, exact=False, keep_leaving=keep_leaving)
+        assert same_move(move, full)
         kinds.add(type(move).__name__)
         return move
 

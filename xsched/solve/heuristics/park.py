@@ -13,15 +13,24 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from xsched.contracts.graph import Graph
-from xsched.contracts.plan import Compute, Copy, Free, Plan, Step, required_homes
+from xsched.contracts.plan import Compute, Copy, Plan
 from xsched.contracts.profile import Profile
 from xsched.contracts.result import HeuristicStats
 from xsched.errors import BudgetError, NoIncumbent, PlanError
-from xsched.solve.autograd_boundary import hold_to_boundary
 from xsched.solve.heuristics.gaps import MAX_DEPTH, MAX_DROPS
 from xsched.solve.heuristics.park_floor import Floors
+from xsched.solve.heuristics.park_hasten import (
+    Hasten,
+    Unpark,
+    apply_hasten,
+    apply_unpark,
+    hastens,
+    pins_leaving,
+    unparks,
+)
 from xsched.solve.heuristics.park_model import EndRerun, Park, ParkTimeline
-from xsched.solve.heuristics.routing import finish, home_copies_early, route
+from xsched.solve.heuristics.park_plan_steps import park_steps
+from xsched.solve.heuristics.routing import finish, home_copies_early
 from xsched.solve.heuristics.timeline import op_seconds
 from xsched.solve.objective import best_of, objective
 from xsched.solve.options import (
@@ -62,46 +71,78 @@ def park_computes(
 ) -> ParkTimeline:
     """`order` with reruns and parked values: while the peak is over `budget`, apply the drop or park at the peak
     with the least added time per byte freed there (a drop's rerun time; a park's stall and link price; no park
-    with price None), each score times 1 + JITTER x a draw from `jitter` where given. BudgetError when nothing
-    lowers the peak; NoIncumbent when `stop` says so between two moves (one run takes seconds on a large graph)."""
+    with price None), each score times 1 + JITTER x a draw from `jitter` where given; where none lowers it, a move
+    on a value parked already (`_parked_move`). Where that ends with nothing to lower a peak, once more with no drop
+    whose rerun pins an output that may leave (`park_hasten.pins_leaving`): such reruns are often the cheapest
+    moves (the plans they make stay as they were), but pin the chunked loss's logits over its backward at 25%.
+    BudgetError when nothing lowers the peak; NoIncumbent when `stop` says so between two moves (one run takes
+    seconds on a large graph)."""
     out, back = profile.link(device, store), profile.link(store, device)
     if out is None or back is None:
         raise PlanError(f"no copy link between {device} and {store} in the profile", stage="solve", device=store)
-    line = ParkTimeline(graph, order, device, profile, store, out, back, homes)
     cost = op_seconds(graph, device, profile)
-
-    floors = Floors(line, price, cost)
 
     def noise() -> float:
         return 1.0 + JITTER * jitter.random() if jitter is not None else 1.0
 
-    for _ in range(MAX_DROPS * len(graph.ops)):
-        t = int(line.mem.argmax())
-        if line.mem[t] <= budget:
-            return line
-        if stop is not None and stop():
-            raise NoIncumbent(f"parking and recomputing on {device} stopped at the time limit", stage="solve")
-        move = _best_move(line, t, budget, depth, price, cost, noise, exact=jitter is None, floors=floors)
-        if move is None:
-            raise line.peak_error("parking and recomputing", t, budget)
-        if isinstance(move, Park):
-            line.apply_park(move)
-        elif isinstance(move, EndRerun):
-            line.apply_end(move)
-            line.refresh()
-        else:
-            line.apply(move)
-            line.refresh()
-    raise BudgetError(f"parking and recomputing gave up on {device}", stage="solve", device=device)
+    def run(keep_leaving: bool) -> ParkTimeline:
+        line = ParkTimeline(graph, order, device, profile, store, out, back, homes)
+        floors = Floors(line, price, cost)
+        for _ in range(MAX_DROPS * len(graph.ops)):
+            t = int(line.mem.argmax())
+            if line.mem[t] <= budget:
+                return line
+            if stop is not None and stop():
+                raise NoIncumbent(f"parking and recomputing on {device} stopped at the time limit", stage="solve")
+            move = _best_move(line, t, budget, depth, price, cost, noise, jitter is None, floors, keep_leaving)
+            if move is None:  # the values left over the peak are parked already, their copies out not done by then
+                move = _parked_move(line, t, budget, depth, cost)
+            if move is None:
+                raise line.peak_error("parking and recomputing", t, budget)
+            _apply(line, move)
+        raise BudgetError(f"parking and recomputing gave up on {device}", stage="solve", device=device)
+
+    try:
+        return run(keep_leaving=False)
+    except BudgetError:
+        return run(keep_leaving=True)
 
 
-def _best_move(line: ParkTimeline, t: int, budget: int, depth: int, price, cost, noise, exact: bool, floors=None):
+def _apply(line: ParkTimeline, move) -> None:
+    """Apply a move of any kind, the start times made again where it adds reruns."""
+    if isinstance(move, Hasten):
+        apply_hasten(line, move)
+    elif isinstance(move, Unpark):
+        apply_unpark(line, move)
+    elif isinstance(move, Park):
+        line.apply_park(move)
+    elif isinstance(move, EndRerun):
+        line.apply_end(move)
+        line.refresh()
+    else:
+        line.apply(move)
+        line.refresh()
+
+
+def _best_move(
+    line: ParkTimeline,
+    t: int,
+    budget: int,
+    depth: int,
+    price,
+    cost,
+    noise,
+    exact: bool,
+    floors=None,
+    keep_leaving=False,
+):
     """The move at the peak `t` with the least (score, rank): each span over `t`, in rank order, scored as a drop,
     a park (price None: none) and an end rerun. Ties go to the lower rank, so a value whose scores cannot go below
     the best so far (`Floors`) is not scored at all, nor a kind of move whose scores cannot, and a best of 0 ends
     the scan. Those only when `exact` (unjittered): each jittered score draws from the seeded stream, whose later
     draws must stay as they were. On GPT-2 with 48 layers and its weights on the host this skips most of the ~1000
-    values over each peak. `floors`: the run's cache of them (one made here if None)."""
+    values over each peak. `floors`: the run's cache of them (one made here if None). `keep_leaving`: no drop whose
+    rerun pins an output that may leave (`pins_leaving`)."""
     floors = floors if floors is not None else Floors(line, price, cost)
     best = None
 
@@ -130,7 +171,11 @@ def _best_move(line: ParkTimeline, t: int, budget: int, depth: int, price, cost,
         if not tried(least):  # (no kind of move is tried where the least floor is not)
             continue
         for k in over:
-            if tried(drop_f) and (d := line.drop(v, k, t, budget, depth)) is not None:
+            if (
+                tried(drop_f)
+                and (d := line.drop(v, k, t, budget, depth)) is not None
+                and not (keep_leaving and pins_leaving(line, d))
+            ):
                 key = (sum(cost[p] for p in d.reruns) / d.freed(t) * noise(), 0.0, rank)
                 if best is None or key < best[0]:
                     best = (key, d)
@@ -147,145 +192,13 @@ def _best_move(line: ParkTimeline, t: int, budget: int, depth: int, price, cost,
     return best[1] if best is not None else None
 
 
-def park_steps(graph: Graph, line: ParkTimeline, homes: Mapping[str, str], profile: Profile) -> tuple[Step, ...]:
-    """The timeline as plan steps: per position its copies back and first fetches, its reruns, its compute and the
-    copies out after it (the end's reruns last), routed (the copies the computes still need, frees after last
-    reads; the copies home at the end, where line_plan issues them early); then each parked value's free moved from right after its copy out to the first step of the position
-    where the timeline has it off the device, so the computes in between need not wait for the copy (a value
-    parked for good, which placing frees keeps to the end, gets its free there)."""
-    parks = _kept_parks(line)
-    backs: dict[int, list[Copy]] = {}
-    outs: dict[int, list[Copy]] = {}
-    # id of a copy out -> (residency, position of its last read before the gap, position to free it at)
-    move: dict[int, tuple[tuple[str, str], int, int]] = {}
-    direct: list[tuple[tuple[str, str], int]] = []  # parked for good, on the store already: freed at a position
-    for pk, free_at, back_at in parks:
-        if back_at < len(line.ops):
-            backs.setdefault(back_at, []).append(Copy(pk.value, line.store, line.device))
-        if pk.out:
-            out = Copy(pk.value, line.device, pk.to or line.store)
-            outs.setdefault(pk.a, []).append(out)
-            move[id(out)] = ((pk.value, line.device), pk.read, free_at)
-        elif pk.b is None:
-            direct.append(((pk.value, line.device), free_at))
-    for v, p0 in line.fetch.items():  # first fetches of inputs homed on the store, ahead of their first reader
-        backs.setdefault(p0, []).append(Copy(v, line.store, line.device))
-    main: list[Compute] = []
-    plan: list[Compute | Copy] = []
-    for t, op in enumerate(line.ops):
-        plan += backs.get(t, [])
-        plan += [Compute(p, line.device) for p in line.reruns_at(t)]
-        main.append(Compute(op.id, line.device))
-        plan.append(main[-1])
-        plan += outs.get(t, [])
-    plan += [Compute(p, line.device) for p in line.end_redo]
-    plan += _home_from_store(graph, line, parks, homes)
-    # an output whose home this device has no link to goes through the store (park_model allows it only if linked)
-    steps = route(graph, plan, homes, profile, via=(line.store,))
-    for_good = {pk.value for pk, _, _ in parks if pk.b is None}
-    steps = _frees_moved(graph, steps, _group_starts(steps, main, set(move)), move, direct, for_good)
-    # a forward output made again at the end keeps its first residency to the boundary, where wrap returns it
-    return tuple(hold_to_boundary(graph, steps))
-
-
-def _home_from_store(
-    graph: Graph, line: ParkTimeline, parks: list[tuple[Park, int, int]], homes: Mapping[str, str]
-) -> list[Copy]:
-    """The copies home, from the store at the end, of the values parked for good there that must end on a third
-    device: routing would send them from any device that held them, the compute device included, whose copy the
-    park frees at its gap (one parked straight home needs none)."""
-    must_end = required_homes(graph, homes)
-    return [
-        Copy(pk.value, line.store, must_end[pk.value])
-        for pk, _, _ in parks
-        if pk.b is None and pk.to is None and must_end.get(pk.value, line.store) != line.store
-    ]
-
-
-def _kept_parks(line: ParkTimeline) -> list[tuple[Park, int, int]]:
-    """Each park with the positions its value is off the compute device by the final spans (a later rerun may hold
-    it longer, or make it again), none of a value any of whose parks no longer holds."""
-    kept: list[tuple[Park, int, int]] = []
-    drop: set[str] = set()
-    for pk in line.parks:
-        window = _window(line, pk.value, pk)
-        producer = line.graph.producer.get(pk.value)
-        rerun = window is not None and any(
-            producer in line.redo.get(x, ()) for x in range(window[0], min(window[1] + 1, len(line.ops)))
-        )
-        if window is None or rerun or (pk.b is None and producer in line.end_redo):
-            drop.add(pk.value)
-        else:
-            kept.append((pk, *window))
-    return [k for k in kept if k[0].value not in drop]
-
-
-def _frees_moved(graph: Graph, steps, group, move, direct, for_good: set[str]) -> tuple[Step, ...]:
-    """Each free that ends a residency copied out in `move`, after its last read before its gap (an earlier free is
-    another gap's, of a value parked there again), held back to the first step of its free position; a value
-    parked for good (`for_good`, `direct`) freed there when placing frees kept it to the end. A held free goes at
-    once where a step would make the value there again (a rerun of its producer for another of its outputs)."""
-    held: dict[tuple[str, str], int] = {}  # residency -> the step index to free it before
-    moved: set[tuple[str, str]] = set()  # of those, the frees held back past where placing frees put them
-    for key, at in direct:
-        held[key] = group[at]
-    pending: dict[tuple[str, str], tuple[int, int]] = {}  # residency copied out -> (its last read's, its free's)
-    out: list[Step] = []
-    for i, s in enumerate(steps):
-        makes = _made_here(graph, s)
-        for key in [k for k, at in held.items() if at <= i or (k in moved and k in makes)]:
-            out.append(Free(*key))
-            del held[key]
-            moved.discard(key)
-        if id(s) in move:
-            key, read, at = move[id(s)]
-            pending[key] = (group[read], group[at])
-            if key[0] in for_good:
-                held[key] = group[at]
-        key = (s.value, s.device) if isinstance(s, Free) else None
-        if key in pending and pending[key][0] <= i:
-            at = pending.pop(key)[1]
-            if at > i:  # else its position has begun already: it stays where it is
-                held[key] = at
-                moved.add(key)
-                continue
-        if key in held:  # placing frees freed it itself (a value parked for good, made again and freed)
-            del held[key]
-            moved.discard(key)
-        out.append(s)
-    return (*out, *(Free(*key) for key in held))
-
-
-def _made_here(graph: Graph, s: Step) -> set[tuple[str, str]]:
-    """The residencies a step makes: a compute's outputs on its device, a copy's value on its destination."""
-    if isinstance(s, Compute):
-        return {(v, s.device) for v in graph.op[s.op].outputs}
-    return {(s.value, s.dst)} if isinstance(s, Copy) else set()
-
-
-def _group_starts(steps: Sequence[Step], main: Sequence[Compute], outs: set[int]) -> list[int]:
-    """For each position, the index of its first step: what follows the previous position's compute, the copies out
-    after it (`outs`: their ids) and frees."""
-    ids = {id(c): t for t, c in enumerate(main)}
-    starts, t_prev = [0], 0
-    for i, s in enumerate(steps):
-        if len(starts) <= t_prev and not isinstance(s, Free) and id(s) not in outs:
-            starts.append(i)
-        if id(s) in ids:
-            t_prev = ids[id(s)] + 1
-    while len(starts) <= len(main):
-        starts.append(len(steps))
-    return starts
-
-
-def _window(line: ParkTimeline, v: str, pk: Park) -> tuple[int, int] | None:
-    """Where the value is off the compute device around this park by its final spans: (first position off, first
-    position back on, len(ops) for never), or None when no position of the park's gap is off any more."""
-    spans = sorted(line.spans[v])
-    held_to = max((e for s, e in spans if s <= pk.q - 1), default=None)
-    start = max(pk.q, (held_to + 1) if held_to is not None else pk.q)
-    nxt = min((s for s, _ in spans if s >= start), default=len(line.ops))
-    return (start, nxt) if start < nxt and (pk.b is None or nxt == pk.p) else None
+def _parked_move(line: ParkTimeline, t: int, budget: int, depth: int, cost) -> Hasten | Unpark | None:
+    """Where no move lowers the peak `t`, one on a value parked already whose copy out is not done by `t`: wait for
+    the copy there (Hasten) or undo the park and drop the value instead (Unpark), whichever costs less per byte."""
+    hs = hastens(line, t)
+    scored = [((h.score(line), 0, h.index), h) for h in hs]
+    scored += [((u.score(cost), 1, u.index), u) for u in unparks(line, hs, budget, depth)]
+    return min(scored, key=lambda x: x[0])[1] if scored else None
 
 
 @keeps_limit
