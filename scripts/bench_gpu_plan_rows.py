@@ -30,12 +30,15 @@ from xsched.simulate import simulate
 def captured(model: torch.nn.Module, inputs: tuple, name: str, loss_backward: bool) -> Graph:
     """The graph of the step the torch rows run: every differentiable output with a ones tangent, or
     (`loss_backward`) the loss alone: "auto" differentiates the forward's scalar outputs, checked here to be the last
-    output alone, the loss the torch rows backpropagate."""
+    output alone, a scalar: the loss the torch rows backpropagate."""
     graph = capture(model, inputs, name=name, grad_outputs=grad_outputs(loss_backward))
-    tangents = [graph.value[v].name for v in graph.inputs if graph.value[v].kind == "tangent"]
+    tangents = [v for v in graph.inputs if graph.value[v].kind == "tangent"]
+    names = [graph.value[v].name for v in tangents]
     last = f"tangent:{len(graph.forward_outputs or ()) - 1}"
-    if loss_backward and tangents != [last]:
-        raise CaptureError(f"--loss-backward: {name} differentiates {tangents}, not its loss ({last}) alone")
+    if loss_backward and (names != [last] or graph.value[tangents[0]].shape):
+        raise CaptureError(
+            f"--loss-backward: {name} differentiates {names}, not its last output alone as a scalar loss ({last})"
+        )
     return graph
 
 
