@@ -355,12 +355,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{torch.backends.cuda.matmul.allow_tf32}; graph {len(graph.ops)} ops ({graph.fingerprint}); links {links}",
         ]
         notes = {"cuda": dev.type == "cuda", "lanes": a.lanes, "iters": a.iters, "warmup": a.warmup}
+        notes["step"] = step_named(a.loss_backward)
         notes |= {"eager_peak": mib(eager_peak(graph)), "resident": mib(resident)}
         title = f"GPU memory benchmark: {graph.name}, batch {a.batch}, {compute} + the {store} store"
-        if a.loss_backward:  # the notes' first sentence says the default step
+        if a.loss_backward:
             title += ", step loss.backward()"
-            header[-1] += "  "
-            header.append(f"Step, every row: {step_named(True)} (not as the notes' first sentence says).")
         text = render(title, header, rows, notes)
         if a.out:
             plot = frontier_plot(rows, a.out.parent / f"{a.out.stem}_frontier.svg", f"{graph.name}: {compute}")
