@@ -12,9 +12,9 @@ import time
 from collections.abc import Callable
 
 import torch
-from bench_cuda import _tensor_leaves, one_line
+from bench_cuda import one_line
 from bench_executor import step_memory
-from bench_gpu_torch_rows import backward_of, log, timed, torch_step
+from bench_gpu_torch_rows import backward_of, grad_outputs, log, ones_for, timed, torch_step
 from gpu.memory_report import mib
 
 from xsched.contracts.plan import Compute, Copy
@@ -39,12 +39,12 @@ def compiled_plan_row(
     max_memory_allocated; the CPU allocator's events), the settled plan's predicted peak (its regions as measured),
     wrap's notices (a re-plan, regions run uncompiled)."""
     dev = torch.device("cuda", int(devices[0].split(":")[1])) if devices[0].startswith("cuda") else torch.device("cpu")
-    # every output: this benchmark backpropagates ones through all of them, as its torch and xsched rows do
-    how = dict(time_limit=a.time_limit, profile=profile, stores=stores, compile=True, grad_outputs="all")
+    # the outputs the benchmark's torch and xsched rows backpropagate: every one, or (--loss-backward) the loss alone
+    go = grad_outputs(a.loss_backward)
+    how = dict(time_limit=a.time_limit, profile=profile, stores=stores, compile=True, grad_outputs=go)
     w = wrap(model, inputs, budgets, devices, **how)
-    ones = [torch.ones_like(o) for o in _tensor_leaves(model(*inputs)) if o.requires_grad]
-    model.zero_grad(set_to_none=True)
-    step = torch_step(w, inputs, ones, contextlib.nullcontext)
+    ones = ones_for(model, inputs, a.loss_backward)
+    step = torch_step(w, inputs, ones, contextlib.nullcontext, a.loss_backward)
     run = backward_of(step, model)
     with contextlib.redirect_stderr(io.StringIO()) as err:
         for _ in range(2 + MAX_SPLITS + 2 * MAX_REPLANS):  # until settled: each first step after a change measures

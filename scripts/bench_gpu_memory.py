@@ -5,7 +5,8 @@ xsched plans at shares of the eager peak, on the GPU alone and with the host as 
     python scripts/bench_gpu_memory.py --device cpu --scale small --iters 3             # reduced: logical CPUs
 
 A step is the captured graph's: forward, then backward of every differentiable output (logits and loss) with ones
-as its gradient. Rows: eager PyTorch; torch.utils.checkpoint around every transformer block;
+as its gradient; `--loss-backward`: of the loss alone, as `loss.backward()` (every row; the logits still returned
+and held, xsched's graph captured with grad_outputs="auto", budgets of its own eager peak). Rows: eager PyTorch; torch.utils.checkpoint around every transformer block;
 torch.autograd.graph.save_on_cpu(pin_memory=True); torchtune's OffloadActivations where it imports; the xsched
 eager plan; xsched `auto` at each budget on the GPU alone and with the host as a store; xsched on the GPU alone at
 the step peak checkpoint measured. The graph is profiled once (time cap --profile-s) and every plan solved from that
@@ -44,12 +45,12 @@ from pathlib import Path
 import torch
 from bench_cuda import device_name, no_plan, one_line
 from bench_gpu_compiled_rows import compiled_plan_rows
-from bench_gpu_plan_rows import plan_row
-from bench_gpu_torch_rows import compile_rows, log, torch_rows
+from bench_gpu_plan_rows import captured, log_row, plan_row
+from bench_gpu_torch_rows import compile_rows, log, step_named, torch_rows
 from gpu.memory_report import frontier_plot, mib, render
 
 from xsched import zoo
-from xsched.capture.torch import bind_inputs, capture
+from xsched.capture.torch import bind_inputs
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Plan
 from xsched.contracts.profile import Profile
@@ -156,10 +157,7 @@ def chunked_rows(
         rows += got
         for row in got:
             if "error" not in row:
-                log(
-                    f"{row['plan']}: {row['time_s'] * 1e3:.1f} ms ({row['time_s'] / row['eager_s']:.2f}x), peak "
-                    f"{mib(row['peak'])}"
-                )
+                log_row(row)
     return rows
 
 
@@ -233,6 +231,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="also xsched rows with the store on the graph with its cross-entropy in K row blocks, at every budget "
         "(of this graph's eager peak)",
     )
+    ap.add_argument(
+        "--loss-backward",
+        action="store_true",
+        help="every row's step backpropagates the loss alone (loss.backward()), not ones into the logits too",
+    )
     ap.add_argument("--threads", type=int, help="torch intra-op threads (default: 1 on the CPU, torch's on CUDA)")
     ap.add_argument("--out", type=Path, help="write the markdown here too")
     ap.add_argument("--json", type=Path, help="write the rows and the run's facts here")
@@ -292,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     z = zoo.build("gpt2", batch=a.batch, scale=a.scale)
     model = z.model.to(dev)
     inputs = tuple(x.to(dev) for x in z.inputs)
-    graph = capture(model, inputs, name=f"gpt2-{a.scale}")
+    graph = captured(model, inputs, f"gpt2-{a.scale}", a.loss_backward)
     env = bind_inputs(graph, model, inputs)
     resident = sum(graph.value[v].nbytes for v in graph.inputs)
     log(f"{graph.name}: {len(graph.ops)} ops, {graph.fingerprint}, batch {a.batch}, on {device_name(dev)}")
@@ -332,18 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.json:  # a run cut short keeps what it measured
             a.json.write_text(json.dumps({"facts": {"partial": True}, "rows": rows}, indent=1, default=str))
         for row in got_rows:
-            log(
-                f"{row['plan']}: {row['time_s'] * 1e3:.1f} ms ({row['time_s'] / row['eager_s']:.2f}x), peak "
-                f"{mib(row['peak'])}, reserved {mib(row['reserved'])} (predicted {mib(row['predicted_reserved'])} to "
-                f"{mib(row['predicted_reserved_ahead'])})"
-                + (
-                    f"; copy_pool compute: {row['compute_pool_s'] * 1e3:.1f} ms, reserved "
-                    f"{mib(row['compute_pool_reserved'])} (predicted {mib(row['predicted_reserved_compute_pool'][0])} "
-                    f"to {mib(row['predicted_reserved_compute_pool'][1])})"
-                    if "compute_pool_s" in row
-                    else ""
-                )
-            )
+            log_row(row)
 
     ckpt_budget = resident + ckpt["peak"] if ckpt.get("peak") else None
     chunked = chunked_rows(graph, env, compute, store, store_budget, eager_run, a, limit, ckpt_budget)
@@ -363,8 +355,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{torch.backends.cuda.matmul.allow_tf32}; graph {len(graph.ops)} ops ({graph.fingerprint}); links {links}",
         ]
         notes = {"cuda": dev.type == "cuda", "lanes": a.lanes, "iters": a.iters, "warmup": a.warmup}
+        notes["step"] = step_named(a.loss_backward)
         notes |= {"eager_peak": mib(eager_peak(graph)), "resident": mib(resident)}
         title = f"GPU memory benchmark: {graph.name}, batch {a.batch}, {compute} + the {store} store"
+        if a.loss_backward:
+            title += ", step loss.backward()"
         text = render(title, header, rows, notes)
         if a.out:
             plot = frontier_plot(rows, a.out.parent / f"{a.out.stem}_frontier.svg", f"{graph.name}: {compute}")
@@ -374,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
             print(text, flush=True)
         if a.json:
             facts = {"command": cmd, "device": device_name(dev), "torch": torch.__version__, "partial": partial}
+            facts |= {"step": step_named(a.loss_backward), "loss_backward": a.loss_backward}
             facts |= {"graph": graph.fingerprint, "ops": len(graph.ops), "resident": resident, "profile_s": profile_s}
             facts |= {"solve_s": solve_s, "time_limit_s": limit, "total_s": total_s}
             facts |= {"links": {k: vars(v) for k, v in profile.copy.items()}}

@@ -1,6 +1,7 @@
 """The xsched rows of scripts/bench_gpu_memory.py: a plan run by the executor as it runs by default, interleaved with
 eager PyTorch and the executor's other modes (the other overlap mode, the compute stream's copy pool, expandable
-segments, planned addresses), each row beside the simulator's and the allocator model's predictions."""
+segments, planned addresses), each row beside the simulator's and the allocator model's predictions; the graph they
+run, captured for the step measured."""
 
 from __future__ import annotations
 
@@ -8,18 +9,54 @@ import functools
 import statistics
 from collections.abc import Callable
 
-from bench_gpu_torch_rows import timed
+import torch
+from bench_gpu_torch_rows import grad_outputs, log, timed
 from bench_offload import hidden_share
+from gpu.memory_report import mib
 
 from xsched.allocator import reserved_range, segment_size
 from xsched.allocator.placement import ArenaPlan
+from xsched.capture.torch import capture
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Plan
 from xsched.contracts.profile import Profile
+from xsched.errors import CaptureError
 from xsched.execute.alloc_settings import use_expandable_segments
 from xsched.execute.executor import Executor
 from xsched.execute.live_bytes import measured_peaks
 from xsched.simulate import simulate
+
+
+def captured(model: torch.nn.Module, inputs: tuple, name: str, loss_backward: bool) -> Graph:
+    """The graph of the step the torch rows run: every differentiable output with a ones tangent, or
+    (`loss_backward`) the loss alone: "auto" differentiates the forward's scalar outputs, checked here to be the last
+    output alone, a scalar: the loss the torch rows backpropagate."""
+    graph = capture(model, inputs, name=name, grad_outputs=grad_outputs(loss_backward))
+    tangents = [v for v in graph.inputs if graph.value[v].kind == "tangent"]
+    names = [graph.value[v].name for v in tangents]
+    last = f"tangent:{len(graph.forward_outputs or ()) - 1}"
+    if loss_backward and (names != [last] or graph.value[tangents[0]].shape):
+        raise CaptureError(
+            f"--loss-backward: {name} differentiates {names}, not its last output alone as a scalar loss ({last})"
+        )
+    return graph
+
+
+def log_row(row: dict) -> None:
+    """An xsched row's line in the log: its time against eager, its peak and reserved memory beside the
+    predicted, and the compute stream's copy pool where it was run."""
+    log(
+        f"{row['plan']}: {row['time_s'] * 1e3:.1f} ms ({row['time_s'] / row['eager_s']:.2f}x), peak "
+        f"{mib(row['peak'])}, reserved {mib(row['reserved'])} (predicted {mib(row['predicted_reserved'])} to "
+        f"{mib(row['predicted_reserved_ahead'])})"
+        + (
+            f"; copy_pool compute: {row['compute_pool_s'] * 1e3:.1f} ms, reserved "
+            f"{mib(row['compute_pool_reserved'])} (predicted {mib(row['predicted_reserved_compute_pool'][0])} "
+            f"to {mib(row['predicted_reserved_compute_pool'][1])})"
+            if "compute_pool_s" in row
+            else ""
+        )
+    )
 
 
 def executors(graph: Graph, plan: Plan, a) -> dict[str, Executor]:

@@ -1,5 +1,6 @@
 """The torch rows of the GPU memory benchmark (scripts/bench_gpu_memory.py): eager PyTorch, torch.utils.checkpoint
 per block, save_on_cpu, torchtune's OffloadActivations and torch.compile (plain and with activation_memory_budget),
+the step each row runs (every differentiable output backpropagated with ones, or with --loss-backward the loss alone)
 and the interleaved timing every row of the benchmark shares."""
 
 from __future__ import annotations
@@ -21,16 +22,47 @@ from gpu.memory_report import mib
 SEED = 1234
 
 
+# ---- the step: which outputs it backpropagates ----
+def backpropagated(outs: list[torch.Tensor], loss_backward: bool) -> list[torch.Tensor]:
+    """The forward's outputs a step backpropagates ones into: every differentiable one (what a graph captured with
+    grad_outputs="all" computes), or with --loss-backward the loss alone, as `loss.backward()` does (zoo gpt2 returns
+    (logits, loss): the last)."""
+    return [outs[-1]] if loss_backward else [o for o in outs if o.requires_grad]
+
+
+def ones_for(model: torch.nn.Module, inputs: tuple, loss_backward: bool) -> list[torch.Tensor]:
+    """Ones shaped as each output the step backpropagates (one forward finds them; its grads are dropped)."""
+    ones = [torch.ones_like(o) for o in backpropagated(_tensor_leaves(model(*inputs)), loss_backward)]
+    model.zero_grad(set_to_none=True)
+    return ones
+
+
+def grad_outputs(loss_backward: bool) -> str:
+    """capture's and wrap's grad_outputs for that step: "all", or "auto", which differentiates the forward's scalar
+    outputs: GPT-2's loss alone (bench_gpu_plan_rows.captured checks it)."""
+    return "auto" if loss_backward else "all"
+
+
+def step_named(loss_backward: bool) -> str:
+    """The step measured, in words (the table's title, the JSON's facts)."""
+    if loss_backward:
+        return "loss.backward(): the loss alone backpropagated, the logits returned and kept without a gradient"
+    return "backward of every differentiable output (logits and loss) with ones"
+
+
 # ---- torch rows: forward under a context, backward with ones outside it ----
-def torch_step(model: torch.nn.Module, inputs: tuple, ones: list, context: Callable[[], Any]) -> Callable[[], Any]:
+def torch_step(
+    model: torch.nn.Module, inputs: tuple, ones: list, context: Callable[[], Any], loss_backward: bool = False
+) -> Callable[[], Any]:
     """One step: grads set to None, the forward under `context()`, returned as an object whose .backward() runs
-    the backward (so bench_executor.step_memory can replay it) and .loss holds the loss."""
+    the backward of `backpropagated` outputs (so bench_executor.step_memory can replay it), which holds every
+    output until then, as a caller holding the logits does, and whose .loss holds the loss."""
 
     def forward() -> _Backward:
         model.zero_grad(set_to_none=True)
         with context():
             outs = _tensor_leaves(model(*inputs))
-        b = _Backward([o for o in outs if o.requires_grad], ones)
+        b = _Backward(backpropagated(outs, loss_backward), ones, keep=outs)
         b.loss = outs[-1].detach()  # type: ignore[attr-defined]  # zoo gpt2 returns (logits, loss)
         return b
 
@@ -70,8 +102,7 @@ def compile_rows(
     import torch._dynamo
     import torch._functorch.config as functorch_config
 
-    ones = [torch.ones_like(o) for o in _tensor_leaves(model(*inputs)) if o.requires_grad]
-    model.zero_grad(set_to_none=True)
+    ones = ones_for(model, inputs, a.loss_backward)
     rows: list[dict] = []
     took = 0.0
     for pct in [None, *a.budgets]:
@@ -83,7 +114,8 @@ def compile_rows(
         t0 = time.perf_counter()
         try:
             torch._dynamo.reset()
-            step = torch_step(torch.compile(model, backend=a.compile_backend), inputs, ones, contextlib.nullcontext)
+            compiled = torch.compile(model, backend=a.compile_backend)
+            step = torch_step(compiled, inputs, ones, contextlib.nullcontext, a.loss_backward)
             run = backward_of(step, model)
             with functorch_config.patch(activation_memory_budget=1.0 if pct is None else pct / 100):
                 run()  # forward and backward compiled now; the partition (what is saved) is chosen here
@@ -157,15 +189,15 @@ def log(msg: str) -> None:
 
 def torch_rows(model: torch.nn.Module, inputs: tuple, dev: torch.device, a) -> tuple[list[dict], Callable, list]:
     """The torch rows, measured interleaved with each other; the eager step (as a whole) and its step times."""
-    ones = [torch.ones_like(o) for o in _tensor_leaves(model(*inputs)) if o.requires_grad]
-    model.zero_grad(set_to_none=True)
+    ones = ones_for(model, inputs, a.loss_backward)
     contexts: dict[str, Callable[[], Any] | str] = {
         "eager PyTorch": contextlib.nullcontext,
         "torch.utils.checkpoint per block": lambda: checkpointed_blocks(model),
         "save_on_cpu(pin_memory=True)": lambda: torch.autograd.graph.save_on_cpu(pin_memory=True),
         "torchtune OffloadActivations": torchtune_offload() if dev.type == "cuda" else "skipped: CUDA streams only",
     }
-    steps = {k: torch_step(model, inputs, ones, c) for k, c in contexts.items() if not isinstance(c, str)}
+    live = {k: c for k, c in contexts.items() if not isinstance(c, str)}
+    steps = {k: torch_step(model, inputs, ones, c, a.loss_backward) for k, c in live.items()}
     got = timed({k: backward_of(s, model) for k, s in steps.items()}, dev, a.iters, a.warmup)
     rows = []
     for k, c in contexts.items():

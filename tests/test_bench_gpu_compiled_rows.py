@@ -39,7 +39,7 @@ def test_compiled_rows_train_like_eager_within_their_budgets(monkeypatch) -> Non
     profile = cost_profile(graph, ["cpu:0"], ["cpu:1"])
     ones = [torch.ones_like(o) for o in torch_rows._tensor_leaves(model(*inputs)) if o.requires_grad]
     eager = torch_rows.backward_of(torch_rows.torch_step(model, inputs, ones, contextlib.nullcontext), model)
-    a = types.SimpleNamespace(time_limit=1.0, iters=1, warmup=1, deadline=600.0)
+    a = types.SimpleNamespace(time_limit=1.0, iters=1, warmup=1, deadline=600.0, loss_backward=False)
     plans = {
         "xsched 80%, cpu:0 alone": ({"cpu:0": "80%"}, ["cpu:0"]),
         "xsched 80%, cpu:1 store": ({"cpu:0": "80%", "cpu:1": "100%"}, ["cpu:0", "cpu:1"]),

@@ -24,8 +24,7 @@ COLUMNS = (
 )
 
 NOTES = """\
-Step: forward, then backward of every differentiable output (logits and loss) with ones as its gradient, params'
-.grad set to None first (what the captured graph computes). `step time`: median of {iters} steps after {warmup}
+Step: forward, then {step}, params' .grad set to None first (what the captured graph computes). `step time`: median of {iters} steps after {warmup}
 untimed rounds, the device synchronised around each; xsched rows run the plan through the executor {mode}.
 `vs eager`: against the eager PyTorch steps interleaved with the row's own (xsched rows) or with the other torch
 rows (torch rows); the eager row pools every eager step of the run. `step peak`: {peak_source}, above what is
