@@ -6,6 +6,8 @@
 #   bash scripts/gpu/run_wave.sh B   issue 34 (compiled plans beside torch.compile), the GPU tests of this wave
 #   bash scripts/gpu/run_wave.sh C   issue 31 (the chunked loss at checkpoint's peak, planned addresses without the
 #                                    composites' copies)
+#   bash scripts/gpu/run_wave.sh D   issue 31 at 45% and 25% with the step users run, loss.backward() (no logits
+#                                    tangent; BENCHMARKS §29b), DEADLINE_D as C's
 # Each benchmark runs under its own --deadline and copies its table to $OUT as it finishes; the raw files go back as
 # results-<part>.tgz. Prefix the install of scripts/gpu/README.md section 5 (wheels into /tmp/site, PYTHONPATH).
 # C's deadline: DEADLINE_C seconds (default 200; give it the session's budget_left_s less 30).
@@ -27,6 +29,11 @@ elif [ "$PART" = B ]; then
     tests/test_device_kernels.py \
     > $R/gpu_tests.log 2>&1
   tail -8 $R/gpu_tests.log
+elif [ "$PART" = D ]; then
+  D=${DEADLINE_D:-200}
+  timeout $((D + 10)) python3 scripts/bench_gpu_memory.py --loss-backward --budgets 45,25 --chunk-loss 8 --deadline $D \
+    --no-compile --no-xsched-compile --out $R/gpu_memory_lb.md --json $R/gpu_memory_lb.json > $R/mem_lb.log 2>&1
+  cp $R/gpu_memory_lb.md $R/gpu_memory_lb.json "$OUT"/ 2>/dev/null; tail -40 $R/mem_lb.log
 else
   D=${DEADLINE_C:-200}
   timeout $((D + 10)) python3 scripts/bench_gpu_memory.py --budgets 55,45 --chunk-loss 8 --deadline $D \
