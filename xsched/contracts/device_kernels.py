@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from xsched.contracts.neutral_attention import attention_backward, attention_forward
+from xsched.contracts.neutral_attention import attention_backward, attention_forward, transient_bytes
 from xsched.errors import XschedError
 
 SDPA_CPU = "aten._scaled_dot_product_flash_attention_for_cpu.default"
@@ -31,12 +31,21 @@ class DeviceKernel:
     device_types: tuple[str, ...]
     neutral: Callable[..., Any]
     dropout: tuple[str, int] | None = None
+    workspace: Callable[..., int] | None = None  # the stand-in's transient bytes, from the op's arguments
 
 
 # "meta" has the shape kernel (capture's fake tensors run it), so the stand-in is not needed there
+def _forward_workspace(query: Any, key: Any, *_: Any, **__: Any) -> int:
+    return transient_bytes(tuple(query.shape), tuple(key.shape), query.dtype, backward=False)
+
+
+def _backward_workspace(grad_out: Any, query: Any, key: Any, *_: Any, **__: Any) -> int:
+    return transient_bytes(tuple(query.shape), tuple(key.shape), query.dtype, backward=True)
+
+
 DEVICE_KERNELS: dict[str, DeviceKernel] = {
-    SDPA_CPU: DeviceKernel(("cpu", "meta"), attention_forward, ("dropout_p", 3)),
-    SDPA_CPU_BACKWARD: DeviceKernel(("cpu", "meta"), attention_backward, ("dropout_p", 6)),
+    SDPA_CPU: DeviceKernel(("cpu", "meta"), attention_forward, ("dropout_p", 3), _forward_workspace),
+    SDPA_CPU_BACKWARD: DeviceKernel(("cpu", "meta"), attention_backward, ("dropout_p", 6), _backward_workspace),
 }
 
 
@@ -76,3 +85,13 @@ def kernel_for(target: str, fn: Callable[..., Any], device_type: str, op_id: str
 
 def _arg(args: Sequence[Any], kwargs: Mapping[str, Any], name: str, position: int) -> Any:
     return args[position] if position < len(args) else kwargs.get(name, 0.0)
+
+
+def stand_in_workspace(target: str, device_type: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int:
+    """The bytes op `target`'s stand-in allocates beside its inputs and outputs on a `device_type` device without
+    its kernel (an upper bound from its arguments' shapes: meta tensors do), for a cost model that cannot measure
+    it (a simulated GPU); 0 where the device has the kernel or the entry gives no bound."""
+    entry = DEVICE_KERNELS.get(target)
+    if entry is None or entry.workspace is None or has_kernel(target, device_type):
+        return 0
+    return int(entry.workspace(*args, **kwargs))

@@ -216,15 +216,50 @@ def _groups(c: _Call, score_bytes: int, copy_bytes: int, copies: int) -> Iterato
     one row of each fits `score_bytes` of scores and their `copies` key-sized float32 tensors (keys and values,
     and in the backward their gradients) fit `copy_bytes`; as many rows as then fit, whole sequences if they do."""
     B, Hk, S, E, L, r = *c.key.shape, c.query.shape[2], c.r
-    size = c.acc.itemsize
+    batches, heads, rows = _group_dims(B, Hk, S, E, L, r, c.acc.itemsize, score_bytes, copy_bytes, copies)
+    for b0 in range(0, B, batches):
+        for h0 in range(0, Hk, heads):
+            yield _Block(b0, min(B, b0 + batches), h0, min(Hk, h0 + heads), 0, rows, S)
+
+
+def _group_dims(
+    B: int, Hk: int, S: int, E: int, L: int, r: int, size: int, score_bytes: int, copy_bytes: int, copies: int
+) -> tuple[int, int, int]:
+    """A group's batches, key heads and rows per block (see `_groups`), from the shapes alone."""
     units = max(1, score_bytes // (r * S * size))  # (pair, row) units: one row of one key head's query heads
     pairs = max(1, min(B * Hk, units, copy_bytes // (copies * S * E * size)))
     rows = min(L, max(1, units // pairs))
     heads = min(Hk, pairs)
     batches = max(1, pairs // Hk) if heads == Hk else 1
-    for b0 in range(0, B, batches):
-        for h0 in range(0, Hk, heads):
-            yield _Block(b0, min(B, b0 + batches), h0, min(Hk, h0 + heads), 0, rows, S)
+    return batches, heads, rows
+
+
+def transient_bytes(
+    query_shape: tuple[int, ...],
+    key_shape: tuple[int, ...],
+    dtype: torch.dtype,
+    backward: bool,
+    block_bytes: int = BLOCK_BYTES,
+) -> int:
+    """An upper bound on what the forward (or `backward`) allocates beside its inputs and outputs, from the shapes
+    alone (a device without the kernel profiles this as the op's workspace; a modelled profile has no other way to
+    see it). Per group: its keys and values in the accumulation dtype (and in the backward their gradient sums);
+    per block, every tensor a block makes, as if all lived at once with every key read: rows of the query (and in
+    the backward of the output and its gradient, their product, two results of rows x dim), one score-sized tensor
+    (two in the backward), a bool mask of the scores, and per-row statistics."""
+    B, H, L, E = query_shape
+    _, Hk, S, _ = key_shape
+    r, size = H // Hk, accumulate_dtype(dtype).itemsize
+    score, copies = (block_bytes // 2, 4) if backward else (block_bytes, 2)
+    batches, heads, rows = _group_dims(B, Hk, S, E, L, r, size, score, block_bytes, copies)
+    pairs = batches * heads
+    kv = pairs * S * E * size  # one of the group's key-sized tensors
+    a = pairs * r * rows * E * size  # one query-rows tensor
+    p = pairs * r * rows * S * size  # one score-sized tensor
+    stats = 8 * pairs * r * rows * size  # row maxima, sums, their logs and comparisons
+    if backward:
+        return 5 * kv + 6 * a + 2 * p + p // size + stats
+    return 2 * kv + 3 * a + p + p // size + stats
 
 
 def _row_blocks(g: _Block, L: int, S: int, is_causal: bool) -> Iterator[_Block]:
