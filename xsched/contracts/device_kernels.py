@@ -26,7 +26,9 @@ class DeviceKernel:
     """An op with kernels on `device_types` only; `neutral` computes the same on any device, for the arguments
     it accepts; `dropout` names its dropout argument (at this position in the schema), which must be 0 off
     those devices: no stand-in draws the kernel's random mask. (Torch 2.13's CPU attention kernel refuses
-    dropout itself, and a CPU capture with dropout takes the math path, so only a graph from elsewhere asks.)"""
+    dropout itself, and a CPU capture with dropout takes the math path, so only a graph from elsewhere asks.)
+    `workspace(*args, **kwargs)` bounds what the stand-in allocates beside its inputs and outputs, for cost models
+    that cannot measure it."""
 
     device_types: tuple[str, ...]
     neutral: Callable[..., Any]
