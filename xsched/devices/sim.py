@@ -29,11 +29,11 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
     import tomli as tomllib  # type: ignore[no-redef]
 
-from xsched.contracts.device_kernels import DEVICE_KERNELS, stand_in_workspace
 from xsched.contracts.graph import Graph, Op
 from xsched.contracts.profile import DeviceInfo
 from xsched.devices.base import DEFAULT_POLICY, Device, DeviceError, DeviceInfoRow, Measurement, Policy
 from xsched.devices.energy import modelled_energy
+from xsched.devices.stand_in import op_stand_in_workspace
 
 log = logging.getLogger("xsched.devices")
 MODEL_VERSION = "roofline/2"  # part of every sim fingerprint: bump when the formulas above change
@@ -221,20 +221,6 @@ def _count_flops(graph: Graph, op: Op) -> float:
     return float(counter.get_total_flops())
 
 
-def _stand_in_workspace(graph: Graph, op: Op, device_type: str) -> int:
-    """The workspace of `op`'s stand-in where `device_type` lacks its kernel (contracts/device_kernels), from its
-    arguments as meta tensors; 0 for every other op."""
-    from xsched.contracts import torch_ops as ops
-
-    if op.target not in DEVICE_KERNELS or not ops.is_executable(op):
-        return 0
-    assert op.call is not None
-    env, meta = ops.op_input_tensors(graph, op, "meta"), torch.device("meta")
-    args = ops.decode(list(op.call.get("args", [])), env, meta)
-    kwargs = {k: ops.decode(v, env, meta) for k, v in op.call.get("kwargs", {}).items()}
-    return stand_in_workspace(op.target, device_type, args, kwargs)
-
-
 def op_dtype(graph: Graph, op: Op) -> str | None:
     """The dtype that sets an op's peak rate: its first floating input, else its first floating output."""
     for vid in (*op.inputs, *op.outputs):
@@ -305,7 +291,7 @@ class SimDevice(Device):
         # a GPU runs a CPU-only kernel's stand-in (contracts/device_kernels), whose transient a measured CUDA
         # profile sees as workspace; the model counts its bound
         workspace = max(
-            op.workspace_bytes, _stand_in_workspace(graph, op, "cuda" if self.spec.kind == "gpu" else "cpu")
+            op.workspace_bytes, op_stand_in_workspace(graph, op, "cuda" if self.spec.kind == "gpu" else "cpu")
         )
         return Measurement(time_s, modelled_energy(time_s, self.spec.power, u), "model", workspace, 0, 0.0, flops)
 

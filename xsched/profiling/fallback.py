@@ -4,7 +4,8 @@ An op with the signature of a measured op has its cost (they are one group). Any
     time = L + max(flops / F, bytes / B)
 where F is the median FLOP rate d reached on the NEAREST measured ops with FLOPs (matmul-like) closest in FLOPs,
 B the median byte rate (inputs + outputs) of the NEAREST other measured ops closest in bytes, and L the time of
-its fastest measured op (launch overhead); energy at the measured ops' median power, no workspace. A rate no measured op shows (no op with FLOPs measured yet, say) is the
+its fastest measured op (launch overhead); energy at the measured ops' median power; workspace none but a
+stand-in's (devices/stand_in.py). A rate no measured op shows (no op with FLOPs measured yet, say) is the
 one of d's spec (simulated devices, real ones a spec matches), else profiling.model's for d's kind. The profile
 lists these ops in extra["modelled_ops"][d]. rounds.py uses the same roofline for the time an op not yet measured
 will take to measure.
@@ -21,6 +22,7 @@ from xsched.contracts.graph import Graph, Op
 from xsched.contracts.profile import OpCost
 from xsched.devices.base import Device
 from xsched.devices.sim import DeviceSpec, op_dtype, op_flops, op_io_bytes
+from xsched.devices.stand_in import op_stand_in_workspace
 from xsched.profiling.model import MODEL_BANDWIDTH, MODEL_FLOPS, MODEL_LATENCY_S, model_kind
 
 NEAREST = 3  # an unmeasured op's rates: the median of this many measured ops nearest in size
@@ -69,6 +71,7 @@ class Roofline:
         spec = getattr(device, "spec", None)
         self.spec = spec if isinstance(spec, DeviceSpec) else None
         self.kind = model_kind(device.name)
+        self.kernels = "cuda" if self.spec is not None and self.spec.kind == "gpu" else self.kind  # whose kernels run
         # matmul-like ops (FLOPs counted) set the FLOP rates, the others the byte rates (a matmul's bytes per second
         # say little of the memory); typical rates of ops of the size, not the best: some ops touch less than their
         # inputs and outputs (a loss reads one logit per row)
@@ -100,7 +103,7 @@ class Roofline:
 
     def cost(self, op_id: str) -> OpCost:
         t = self.time_s(op_id)
-        return OpCost(t, self.power * t, 0)
+        return OpCost(t, self.power * t, op_stand_in_workspace(self.graph, self.graph.op[op_id], self.kernels))
 
 
 def roofline_costs(
