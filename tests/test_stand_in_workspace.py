@@ -102,10 +102,10 @@ def test_a_simulated_gpu_prices_the_stand_ins_transient_and_a_simulated_cpu_none
     assert gpu.measure_op(graph, other).workspace_bytes == other.workspace_bytes
 
 
-def test_the_modelled_profile_and_the_fallback_price_it_on_a_gpu_and_not_on_a_cpu() -> None:
+def test_the_fallback_prices_it_on_a_gpu_and_not_on_a_cpu() -> None:
+    """Ops a capped profile skipped are priced by the roofline fallback, the stand-in's workspace included."""
     from xsched.contracts.profile import OpCost
     from xsched.profiling.fallback import roofline_costs
-    from xsched.profiling.model import cost_profile
 
     torch.manual_seed(0)
     graph = capture(_Attention(), (torch.randn(2, 96, 64),))
@@ -114,11 +114,7 @@ def test_the_modelled_profile_and_the_fallback_price_it_on_a_gpu_and_not_on_a_cp
         op.id: transient_bytes((2, 4, 96, 16), (2, 4, 96, 16), torch.float32, backward=op.target == SDPA_CPU_BACKWARD)
         for op in ops
     }
-    modelled = cost_profile(graph, ["cuda:0", "cpu:0"])
     measured = {o.id: OpCost(1e-5) for o in graph.ops if o.id not in bounds}
-    for op in ops:
-        assert modelled.compute["cuda:0"][op.id].workspace_bytes == bounds[op.id] > 0
-        assert modelled.compute["cpu:0"][op.id].workspace_bytes == 0
     skipped = roofline_costs(graph, get_device("sim:h100"), measured, list(bounds))
     assert {o: c.workspace_bytes for o, c in skipped.items()} == bounds
     on_cpu = roofline_costs(graph, get_device("cpu:0"), measured, list(bounds))

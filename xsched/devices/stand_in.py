@@ -1,6 +1,6 @@
-"""The workspace of an op's stand-in on a device without its kernel (contracts/device_kernels), for every cost
-model that prices ops without measuring them: simulated devices, the modelled profile, the fallback for ops a
-measured profile skipped."""
+"""The workspace of an op's stand-in on a device without its kernel (contracts/device_kernels), for the cost
+models that price ops without measuring them and have torch loaded: simulated devices and the fallback for ops a
+measured profile skipped. (The modelled profile, `profiling/model.py`, must not import torch, and prices none.)"""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The modelled profile: costs from bytes over bandwidth, for planning before (or without) measuring; a stand-in's
-workspace where the device lacks an op's kernel (devices/stand_in.py)."""
+"""The modelled profile: costs from bytes over bandwidth, for planning before (or without) measuring."""
 
 from __future__ import annotations
 
@@ -7,7 +6,6 @@ from collections.abc import Sequence
 
 from xsched.contracts.graph import Graph
 from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile, check_device_roles
-from xsched.devices.stand_in import op_stand_in_workspace
 
 MODEL_BANDWIDTH = {"cpu": 2e10, "cuda": 1e12}  # bytes/s an op's inputs and outputs move at, per device kind
 MODEL_LATENCY_S = 2e-6  # per op
@@ -33,13 +31,7 @@ def cost_profile(graph: Graph, devices: Sequence[str], stores: Sequence[str] = (
     check_device_roles(devices, stores)
     names = [*devices, *stores]
     kinds = {d: model_kind(d) for d in names}
-    compute = {
-        d: {
-            o.id: OpCost(modelled_op_seconds(graph, o.id, d), 0.0, op_stand_in_workspace(graph, o, kinds[d]))
-            for o in graph.ops
-        }
-        for d in devices
-    }
+    compute = {d: {o.id: OpCost(modelled_op_seconds(graph, o.id, d)) for o in graph.ops} for d in devices}
     compute.update({s: {} for s in stores})
     copy = {
         f"{a}->{b}": LinkCost(1e-5, 1.2e10 if "cuda" in (kinds[a], kinds[b]) else 1e10)
