@@ -13,15 +13,13 @@ from dataclasses import replace
 import pytest
 import torch
 from oracle import assert_prediction_matches
-from torch.testing import assert_close
+from test_park_store import assert_plan_trains_as_eager
 
 from xsched.capture.chunk_loss import chunk_cross_entropy
-from xsched.capture.torch import bind_inputs, capture, unpack_outputs
+from xsched.capture.torch import bind_inputs, capture
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Plan
 from xsched.contracts.profile import LinkCost, Profile
-from xsched.execute.executor import Executor
-from xsched.execute.reference import run_plan
 from xsched.profiling.model import cost_profile
 from xsched.solve import SolverOptions, eager_peak, solve
 from xsched.solve.heuristics.park_hasten import apply_hasten, hastens, pins_leaving
@@ -93,21 +91,7 @@ def test_the_plan_trains_as_eager(overlap: bool | None) -> None:
     torch.autograd.backward([logits, loss], [torch.ones_like(logits), torch.ones_like(loss)])
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
-    env = bind_inputs(g, model, inputs)
-    torch.manual_seed(7)
-    if overlap is None:
-        values = run_plan(g, plan, env)
-    else:
-        ex = Executor(g, plan, overlap=overlap)
-        values = ex(env).outputs
-        ex.close()
-    got = unpack_outputs(g, values)
-    assert_close(got.outputs[0], logits.detach(), rtol=1e-5, atol=1e-6)
-    assert_close(got.outputs[1], loss.detach(), rtol=1e-5, atol=1e-6)
-    assert got.grads.keys() == grads.keys()
-    for n, want in grads.items():
-        atol = 1e-6 * max(1.0, float(want.abs().max()))  # summed per block: another order of additions
-        assert_close(got.grads[n], want, rtol=1e-5, atol=atol, msg=lambda m, n=n: f"{n}: {m}")
+    assert_plan_trains_as_eager(g, plan, bind_inputs(g, model, inputs), [logits, loss], grads, overlap)
 
 
 def timeline() -> ParkTimeline:
