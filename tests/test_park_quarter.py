@@ -121,7 +121,7 @@ def test_a_park_not_done_by_a_peak_is_waited_for_there() -> None:
     apply_hasten(line, h)
     assert (before - line.mem)[t : pk.q].tolist() == [line.nbytes[v]] * (pk.q - t)
     assert line.spans[v][k][1] == t - 1 and line.parks[-1].q == t
-    done = line.done["out"][line.lanes["out"].items.index(line._copy_out(line.parks[-1]))]
+    done = line.done["out"][line.lanes["out"].items.index(line.copy_out(line.parks[-1]))]
     assert h.stall == pytest.approx(max(0.0, done - line.start_s[t]))
 
 

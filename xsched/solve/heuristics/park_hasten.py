@@ -10,7 +10,7 @@ import bisect
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from xsched.solve.heuristics.park_model import EndRerun, Park, ParkTimeline, _way
+from xsched.solve.heuristics.park_model import EndRerun, Park, ParkTimeline, copy_out_way
 from xsched.solve.heuristics.timeline import Drop
 
 
@@ -50,8 +50,8 @@ def _hasten(line: ParkTimeline, i: int, pk: Park, t: int) -> Hasten | None:
     j = bisect.bisect_left(uses, t)
     if j < len(uses) and uses[j] < pk.q:
         return None
-    way = _way(pk)
-    at = line.lanes[way].items.index(line._copy_out(pk))
+    way = copy_out_way(pk)
+    at = line.lanes[way].items.index(line.copy_out(pk))
     return Hasten(pk.value, k, i, t, max(0.0, line.done[way][at] - line.start_s[t]))
 
 
@@ -61,10 +61,10 @@ def apply_hasten(line: ParkTimeline, h: Hasten) -> None:
     pk = line.parks[h.index]
     line.spans[h.value][h.span][1] = h.q - 1
     line.mem[h.q : pk.q] -= line.nbytes[h.value]
-    lane = line.lanes[_way(pk)]
-    at = lane.items.index(line._copy_out(pk))
+    lane = line.lanes[copy_out_way(pk)]
+    at = lane.items.index(line.copy_out(pk))
     moved = replace(pk, q=h.q, stall=pk.stall + h.stall, cost=pk.cost + h.stall)
-    lane.items[at] = line._copy_out(moved)
+    lane.items[at] = line.copy_out(moved)
     line.parks[h.index] = moved
 
 
@@ -168,7 +168,7 @@ def _undo(line: ParkTimeline, i: int) -> None:
         line.lanes["in"].remove((pk.p, pk.p, line.seconds("in", n), pk.b))
     del line.parks[i]
     line.mem[pk.q : pk.p] += n
-    line.lanes["out"].remove(line._copy_out(pk))
+    line.lanes["out"].remove(line.copy_out(pk))
     del line.stored_from[v]
     for way in ("out", "in"):
         line.done[way] = line.lanes[way].finishes(line.start_s)

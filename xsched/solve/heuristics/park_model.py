@@ -303,8 +303,8 @@ class ParkTimeline(Timeline):
             self.done["out"] = self.lanes["out"].finishes(self.start_s)
         # a park moves no compute (the start times stay): only its lanes' finish times change
         if pk.out:
-            way = _way(pk)
-            self.done[way] = self.lanes[way].added(self.start_s, self.done[way], self._copy_out(pk))
+            way = copy_out_way(pk)
+            self.done[way] = self.lanes[way].added(self.start_s, self.done[way], self.copy_out(pk))
         if pk.b is not None:
             self.done["in"] = self.lanes["in"].added(
                 self.start_s, self.done["in"], (pk.p, pk.p, self.seconds("in", n), pk.b)
@@ -325,14 +325,14 @@ class ParkTimeline(Timeline):
         for i, pk in enumerate(self.parks):
             if pk.value != first.value or not pk.out or pk.to is not None or pk.a <= first.a:
                 continue  # (one gone straight home keeps its own copy: the store's would go home after it)
-            self.lanes["out"].remove(self._copy_out(pk))
+            self.lanes["out"].remove(self.copy_out(pk))
             self.parks[i] = replace(pk, out=False, q=self._freed_after_read(pk))
         self.done["out"] = self.lanes["out"].finishes(self.start_s)
 
-    def _copy_out(self, pk: Park) -> tuple[int, int, float, int]:
+    def copy_out(self, pk: Park) -> tuple[int, int, float, int]:
         """`pk`'s copy out as its lane holds it (Lane's item): emitted at a, ready at a + 1's start, its seconds,
         done by q's start (where the value is freed)."""
-        return (pk.a, pk.a + 1, self.seconds(_way(pk), self.nbytes[pk.value]), pk.q)
+        return (pk.a, pk.a + 1, self.seconds(copy_out_way(pk), self.nbytes[pk.value]), pk.q)
 
     def _freed_after_read(self, pk: Park) -> int:
         """Free `pk`'s value right after its last read before the gap (pk.read) instead of before pk.q: the span
@@ -399,6 +399,6 @@ def _to(home: str) -> str:
     return f"to {home}"
 
 
-def _way(pk: Park) -> str:
+def copy_out_way(pk: Park) -> str:
     """The lane of `pk`'s copy out: the store's, or its home's."""
     return "out" if pk.to is None else _to(pk.to)
