@@ -43,6 +43,7 @@ from bench_param_offload_rows import (
     row_llama,
     row_reference_bf16,
     row_xsched,
+    row_xsched_allcores,
     row_xsched_fast,
     table,
 )
@@ -50,7 +51,17 @@ from bench_rows_runner import publish, run_child, run_rows
 
 from xsched.cli.train import split_share
 
-ROWS = ("reference", "xsched", "fsdp2", "reference_bf16", "xsched_fast", "llama", "deepspeed", "torchao")
+ROWS = (
+    "reference",
+    "xsched",
+    "xsched_allcores",
+    "fsdp2",
+    "reference_bf16",
+    "xsched_fast",
+    "llama",
+    "deepspeed",
+    "torchao",
+)
 LR, WEIGHT_DECAY = 1e-3, 0.01
 GPU = {  # GPT-2 XL's shape (1.56B parameters: 5.8 GiB, 23 GiB with gradients and AdamW's two states)
     "scale": "full:n_layer=48,n_head=25,n_embd=1600,seq=512,batch=2,dropout=0.0",
@@ -318,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
 _ROWS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "reference": row_reference,
     "xsched": row_xsched,
+    "xsched_allcores": row_xsched_allcores,
     "fsdp2": row_fsdp2,
     "reference_bf16": row_reference_bf16,
     "xsched_fast": row_xsched_fast,

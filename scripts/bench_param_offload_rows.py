@@ -142,7 +142,8 @@ def xsched_run(
         "breakdown": breakdown(list(r.records)),
         "setup_stages": dict(r.setup_stages),
         "predicted": plan_traffic(started.info["graph"], plan, started.info["profile"], device),
-        "note": f"plan {plan.solver.found_by} at {budget} on {device} (predicted peak "
+        "note": f"host AdamW: {started.info.get('host_share') or '-'}; plan {plan.solver.found_by} at {budget} on "
+        f"{device} (predicted peak "
         f"{gib(plan.predicted.peak_bytes[device])}), setup {r.setup_s:.0f} s ({setup_text(r.setup_stages)}), "
         f"{(o.waited_s if o else 0) / max(steps, 1):.3f} s/step waited for the optimizer, "
         f"{time.perf_counter() - t0:.0f} s in all",
@@ -168,6 +169,13 @@ def allocator_counts(dev: torch.device) -> dict[str, Any]:
 def row_xsched(setup: dict[str, Any]) -> dict[str, Any]:
     """fp32, the parameters, gradients and AdamW on the host: the reference's arithmetic (losses compared)."""
     _, out = xsched_run(setup, "gpt2", setup["scale"], setup["budget"])
+    return out
+
+
+def row_xsched_allcores(setup: dict[str, Any]) -> dict[str, Any]:
+    """row_xsched with the host AdamW at torch's thread count and priority, as before xsched.train.host_share (its
+    default beside a GPU leaves the issuing threads their cores, at nice +10): the share's effect, in one run."""
+    _, out = xsched_run(setup, "gpt2", setup["scale"], setup["budget"], host_threads="all", host_nice=0)
     return out
 
 

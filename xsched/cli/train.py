@@ -81,6 +81,8 @@ def cmd_train(a: argparse.Namespace) -> int:
         optimizer_split_by=a.optimizer_split_by,
         trace=a.trace,
         chunk_loss=a.chunk_loss,
+        host_threads=a.host_threads,
+        host_nice=a.host_nice,
     )
     if not a.json:
         train(config, Bar())
@@ -185,6 +187,14 @@ def split_share(text: str) -> float | str:
         return text
 
 
+def thread_count(text: str) -> int | str:
+    """--host-threads' value: all, a whole number, or the text as given (TrainConfig.check refuses it in one line)."""
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
 def _add_offload_flags(t: argparse.ArgumentParser) -> None:
     t.add_argument(
         "--delayed-update",
@@ -208,6 +218,20 @@ def _add_offload_flags(t: argparse.ArgumentParser) -> None:
         help="with --optimizer-split: which parameters move within SHARE: 'order', those the backward releases "
         "last; 'time', those whose move gives the least predicted step (the host AdamW, at its measured rate, "
         "modelled as work the next forward's reads wait for)",
+    )
+    t.add_argument(
+        "--host-threads",
+        type=thread_count,
+        metavar="N|all",
+        help="with --param-home: the host optimizer's CPU threads (all: torch's count); default beside a GPU, the "
+        "cores the threads issuing the plan leave, so a lane never waits for a core; else torch's count",
+    )
+    t.add_argument(
+        "--host-nice",
+        type=int,
+        metavar="N",
+        help="with --param-home: raise the host optimizer's nice value by N (0-19, Linux), so a lane ready to issue "
+        "runs before it; default 10 beside a GPU, else 0",
     )
     t.add_argument(
         "--trace",

@@ -71,6 +71,8 @@ class TrainConfig:
     adamw_rates: tuple[float, float] | None = None  # the split's AdamW params/s on the home, the device (else measured)
     trace: str | None = None  # a Chrome trace of the last step's lanes and optimizer buckets, written here
     chunk_loss: int | None = None  # the cross-entropy in this many row blocks (xsched.capture.chunk_loss)
+    host_threads: int | str | None = None  # the host optimizer's torch threads ("all": torch's; None: train.host_share)
+    host_nice: int | None = None  # added to its worker's nice value (None: the default of train.host_share)
 
     def check(self) -> None:
         """A one-line XschedError for each value that cannot work, before anything is loaded."""
@@ -106,6 +108,19 @@ class TrainConfig:
         self._check_files_and_evals()
         self._check_homes()
         self._check_delayed()
+        self._check_host_share()
+
+    def _check_host_share(self) -> None:
+        for flag, value in (("--host-threads", self.host_threads), ("--host-nice", self.host_nice)):
+            if value is not None and self.param_home is None:
+                _fail(f"{flag} needs --param-home (it sizes the host optimizer there)")
+        threads = self.host_threads
+        if threads is not None and threads != "all" and not (isinstance(threads, int) and threads >= 1):
+            _fail(f"--host-threads must be a thread count of at least 1 or all, got {threads!r}")
+        if self.host_nice is not None and not (isinstance(self.host_nice, int) and 0 <= self.host_nice <= 19):
+            _fail(
+                f"--host-nice must be an increment from 0 to 19 (a higher priority needs privileges), got {self.host_nice!r}"
+            )
 
     def _check_delayed(self) -> None:
         if self.optimizer_split is not None:

@@ -40,6 +40,7 @@ from xsched.train.host_buckets import (
     masters_from_weights,
     sq_norm,
 )
+from xsched.train.host_share import HostShare, start_shared
 from xsched.train.host_tasks import TAKE, UPDATE, TaskQueue, read_ranks
 
 MAX_BUCKET_BYTES = 32 << 20  # a fused step of 8M fp32 values: milliseconds, so a bucket's update ends soon after
@@ -68,7 +69,8 @@ class HostAdamW:
     delayed: the one-step delayed update (see the module); clock: a StepClock its buckets' spans and the waits for
     them are reported to; read_order: the names in the order the next forward first reads them (its buckets are
     updated in that order once their gradients are in; default: the reverse of `named`); pin: its host buffers
-    the run reads are pinned, each weight's bytes once (`XschedModule.pins_host`, before the module's first run).
+    the run reads are pinned, each weight's bytes once (`XschedModule.pins_host`, before the module's first run);
+    share: the worker's threads and priority (train.host_share; None: as any thread's; `share_note` says what).
     Per optimizer step: `start_step()` before the first forward, `begin(first, last, lr)` before each micro-batch's
     backward, `end_backward()` after it, then `grad_norm()`; `settle()` waits for every update (before reading the
     parameters or the state)."""
@@ -86,6 +88,7 @@ class HostAdamW:
         clock: Any = None,
         read_order: Sequence[str] | None = None,
         pin: bool = False,
+        share: HostShare | None = None,
     ) -> None:
         if bucket_bytes is None:
             total = sum(p.numel() * p.element_size() for _, p in named)
@@ -114,8 +117,8 @@ class HostAdamW:
         self._busy_s = self._hidden_s = self._waited_s = 0.0
         self._passes: collections.deque[tuple[float, float]] = collections.deque(maxlen=8)  # the latest steps' runs
         self._open: float | None = None  # the start of the forward and backward under way
-        self._thread = threading.Thread(target=self._work, name="xsched-host-adamw", daemon=True)
-        self._thread.start()
+        self.share = share
+        self._thread, self.share_note = start_shared(self._work, "xsched-host-adamw", share)
 
     # ---- the listener (called from the run's lanes) ----
     def wait(self, name: str) -> None:

@@ -19,6 +19,7 @@ from xsched.capture.autocast_rules import device_rules
 from xsched.errors import XschedError
 from xsched.train.config import TrainConfig
 from xsched.train.host_adamw import HostAdamW, OverlapStats
+from xsched.train.host_share import HostShare, default_share
 from xsched.train.schedule import Schedule
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -121,7 +122,14 @@ class HostUpdater(Updater):
     are in, and the next step's reads of a parameter wait for its own bucket. The state dict is the plain
     Updater's (torch AdamW's over the parameters)."""
 
-    def __init__(self, config: TrainConfig, wrapped: Any, device_types: Iterable[str], clock: Any = None) -> None:
+    def __init__(
+        self,
+        config: TrainConfig,
+        wrapped: Any,
+        device_types: Iterable[str],
+        clock: Any = None,
+        share: HostShare | None = None,
+    ) -> None:
         super().__init__(config, wrapped.parameters(), device_types)
         named = dict(wrapped.module.named_parameters())
         self.names = {p: n for n, p in named.items()}
@@ -135,6 +143,7 @@ class HostUpdater(Updater):
             clock=clock,
             read_order=wrapped.read_order,
             pin=wrapped.pins_host,  # its buffers are the weights' pinned home: the module pins only the rest
+            share=share,
         )
         for n, p in order:  # .grad shows the step's gradient (autograd leaves it alone: the listener takes them)
             seg, off, k = self.host.of[n].slots[n]
@@ -191,17 +200,32 @@ class HostUpdater(Updater):
 
 
 def make_updater(
-    config: TrainConfig, wrapped: Any, device_types: Iterable[str], world_size: int, clock: Any = None
+    config: TrainConfig,
+    wrapped: Any,
+    device_types: Iterable[str],
+    world_size: int,
+    clock: Any = None,
+    issuing: int = 1,
 ) -> Updater:
     """The HostUpdater where the parameters have a home of their own and nothing needs every gradient before the
     first update (AdamW, no clipping, no fp16 loss scaling, one process); else the Updater, stepping after the
-    backward where the parameters live."""
+    backward where the parameters live. `issuing`: the threads that issue the plan's steps (the host optimizer
+    leaves them their cores beside a GPU: `host_share`)."""
     blocker = host_optimizer_blocker(config, world_size)
     if blocker is None:
-        return HostUpdater(config, wrapped, device_types, clock)
+        return HostUpdater(config, wrapped, device_types, clock, host_share(config, issuing, wrapped.pins_host))
     if config.delayed_update:
         raise XschedError(f"--delayed-update needs the overlapped host optimizer, and {blocker}", stage="train")
     return Updater(config, wrapped.parameters(), device_types)
+
+
+def host_share(config: TrainConfig, issuing: int, beside_gpu: bool) -> HostShare:
+    """The host optimizer's threads and priority: `--host-threads` and `--host-nice` where given ("all": torch's
+    count), else the default beside these `issuing` threads (train.host_share.default_share)."""
+    default = default_share(issuing, beside_gpu)
+    threads = config.host_threads if config.host_threads is not None else default.threads
+    nice = config.host_nice if config.host_nice is not None else default.nice
+    return HostShare(None if threads == "all" else threads, nice)  # type: ignore[arg-type]
 
 
 def master_on_host(config: TrainConfig, world_size: int) -> bool:

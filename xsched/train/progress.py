@@ -74,6 +74,7 @@ class Bar:
         )
         if info.get("param_home"):
             how = "overlapped with the backward" if info.get("optimizer_overlap") else "after the backward"
+            how += f" ({info['host_share']})" if info.get("host_share") else ""
             print(f"  parameters and optimizer state on {info['param_home']}, its step {how}", file=self.out)
         print(f"  {_plan_source(info)}", file=self.out)
         print("  " + plan_report(info["graph"], info["plan"]).replace("\n", "\n  "), file=self.out, flush=True)
@@ -167,6 +168,7 @@ class JsonLines:
             param_home=info.get("param_home"),
             optimizer_overlap=info.get("optimizer_overlap", False),
             delayed_update=info.get("delayed_update", False),
+            host_share=info.get("host_share"),
             master_weights=info.get("master_weights"),
             predicted={"time_s": p.time_s, "peak_bytes": dict(p.peak_bytes), "energy_j": p.energy_j} if p else None,
         )

@@ -184,6 +184,13 @@ def step_clock(wrapped: Any) -> StepClock:
     return clock
 
 
+def issuing_threads(wrapped: Any) -> int:
+    """The threads that issue the training plan's steps: this one and, where its executor runs on lanes, each lane's
+    but the free lanes' (a free takes no time to issue)."""
+    ex = wrapped._first.executor
+    return 1 + (sum(not key.startswith("free:") for key in ex.lanes) if ex.overlap else 0)
+
+
 def _token_count(task: TrainingTask) -> int | None:
     first = next((x for x in task.example_batch[0] if isinstance(x, torch.Tensor)), None)
     return first.numel() if first is not None and not first.is_floating_point() else None
@@ -210,7 +217,7 @@ def prepare(
     with amp(), captured_once():  # wrap's capture of the model and inputs just captured for planning reuses it
         graph, chosen, wrapped = plan_and_wrap(config, task, budgets, devices, world, rep, val is not None, laps.lap)
     clock = step_clock(wrapped)
-    updater = make_updater(config, wrapped, kinds, world.size, clock)
+    updater = make_updater(config, wrapped, kinds, world.size, clock, issuing_threads(wrapped))
     laps.lap("optimizer")
     wrapped.pin_host_memory()  # after the host optimizer pinned the buffers it packs the weights into
     laps.lap("pin")
@@ -262,6 +269,7 @@ def prepare(
             "schedule": updater.schedule.describe(),
             "param_home": config.param_home,
             "optimizer_overlap": updater.overlap is not None,
+            "host_share": getattr(getattr(updater, "host", None), "share_note", None),
             "delayed_update": config.delayed_update,
             "master_weights": "fp32 on the host" if master_on_host(config, world.size) else None,
             "profile": chosen.profile,
