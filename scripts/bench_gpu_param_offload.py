@@ -45,6 +45,7 @@ from bench_param_offload_rows import (
     row_xsched,
     row_xsched_allcores,
     row_xsched_fast,
+    row_xsched_one,
     table,
 )
 from bench_rows_runner import publish, run_child, run_rows
@@ -55,6 +56,7 @@ ROWS = (
     "reference",
     "xsched",
     "xsched_allcores",
+    "xsched_one",
     "fsdp2",
     "reference_bf16",
     "xsched_fast",
@@ -330,6 +332,7 @@ _ROWS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "reference": row_reference,
     "xsched": row_xsched,
     "xsched_allcores": row_xsched_allcores,
+    "xsched_one": row_xsched_one,
     "fsdp2": row_fsdp2,
     "reference_bf16": row_reference_bf16,
     "xsched_fast": row_xsched_fast,

@@ -179,6 +179,13 @@ def row_xsched_allcores(setup: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def row_xsched_one(setup: dict[str, Any]) -> dict[str, Any]:
+    """row_xsched with every step issued by the training thread (`--issue one`), not a thread per lane."""
+    _, out = xsched_run(setup, "gpt2", setup["scale"], setup["budget"], issue="one")
+    out["note"] = "issued by the training thread alone; " + out["note"]
+    return out
+
+
 def row_xsched_fast(setup: dict[str, Any]) -> dict[str, Any]:
     """bf16 weights (fp32 master weights and AdamW state on the host, bf16 gradients over the link), the delayed
     update, and the optimizer of the first layers on the GPU (--optimizer-split)."""

@@ -15,6 +15,19 @@ import torch
 from xsched.contracts.plan import Compute, Copy, Free
 from xsched.execute.steps import STEP_KINDS
 
+_CURRENT = threading.local()  # the fake stream torch.cuda.stream made current on this thread
+
+
+@contextlib.contextmanager
+def current(stream: FakeStream | None) -> Any:
+    """torch.cuda.stream on the fakes: `stream` is this thread's current stream inside."""
+    before = getattr(_CURRENT, "stream", None)
+    _CURRENT.stream = stream
+    try:
+        yield
+    finally:
+        _CURRENT.stream = before
+
 
 class FakeStream:
     """A stream: `pos` counts the steps issued onto it; `vc[s]` is how many of stream s's it is ordered after."""
@@ -66,7 +79,7 @@ def fake_cuda(ex: Any, monkeypatch: Any) -> dict[str, FakeStream]:
     then) and torch.cuda's Event and stream context the fakes; the streams by lane name."""
     FakeEvent.counts = Counter()
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
-    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "stream", current)
     streams = {}
     for key, lane in ex.lanes.items():
         assert lane._thread is None, "fake_cuda must come before the lanes start"
@@ -91,7 +104,7 @@ class Positions:
             fn = prepare(ex, i, s)
 
             def run(st: Any) -> None:
-                stream = self.streams.get(threading.current_thread().name.removeprefix("xsched-"))
+                stream = getattr(_CURRENT, "stream", None)  # a lane thread's, or the one issuer's for this task
                 if stream is not None:  # on a CUDA lane: the step is issued onto its stream here
                     stream.pos += 1
                     self.at[i] = (stream.name, stream.pos, dict(stream.vc))

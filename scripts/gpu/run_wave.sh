@@ -18,7 +18,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, pyomo.environ, highspy; print('torch', torch.__version__, torch.cuda.get_device_name())" || exit 1
 if [ "$PART" = A ]; then
   timeout 300 python3 scripts/bench_gpu_param_offload.py --deadline 290 \
-    --rows reference,xsched,xsched_allcores,fsdp2,reference_bf16,xsched_fast,llama --json $R/param_offload.json \
+    --rows reference,xsched,xsched_one,xsched_allcores,fsdp2,reference_bf16,xsched_fast,llama --json $R/param_offload.json \
     --out $R/param_offload.md --trace $R/traces > $R/po.log 2>&1
   cp $R/param_offload.md $R/param_offload.json "$OUT"/ 2>/dev/null; tail -40 $R/po.log
 elif [ "$PART" = B ]; then

@@ -83,6 +83,7 @@ def cmd_train(a: argparse.Namespace) -> int:
         chunk_loss=a.chunk_loss,
         host_threads=a.host_threads,
         host_nice=a.host_nice,
+        issue=a.issue,
     )
     if not a.json:
         train(config, Bar())
@@ -232,6 +233,13 @@ def _add_offload_flags(t: argparse.ArgumentParser) -> None:
         metavar="N",
         help="with --param-home: raise the host optimizer's nice value by N (0-19, Linux), so a lane ready to issue "
         "runs before it; default 10 beside a GPU, else 0",
+    )
+    t.add_argument(
+        "--issue",
+        choices=("lanes", "one"),
+        default="lanes",
+        help="who issues a GPU plan's overlapped steps: lanes (default), a thread per CUDA stream; one, the training "
+        "thread, every step in plan order onto its stream with the same waits (no hand-offs between threads)",
     )
     t.add_argument(
         "--trace",

@@ -52,6 +52,8 @@ from xsched.execute.workers import Lane
 from xsched.interpret import at_step
 from xsched.lanes import inline_free_lanes, step_waits
 
+ISSUE_MODES = ("lanes", "one")  # Executor(issue=...): who issues an overlapped slice's steps (see the class)
+
 
 class Executor:
     """Runs `plan` on real devices. `devices` maps plan devices to torch devices (default: "cuda:N" is
@@ -66,6 +68,9 @@ class Executor:
     plan device is a GPU. Logical CPU devices share the CPU and its thread pool, so there is nothing to gain,
     and the hand-offs between threads cost 6-20% of the step (docs/bench/offload.md): they run in plan order in
     the calling thread unless asked.
+    `issue`: who issues an overlapped slice: "lanes" (default), a thread per lane; "one", the calling thread, every
+    task in plan order onto its lane's stream with the lanes' waits, where every lane of the slice is a GPU stream or
+    frees (no thread hand-offs; a host wait in a step, as for a weight's update, holds the rest back); else lanes.
     `copy_pool`: where a copy's destination on a GPU is allocated (xsched.allocator.COPY_POOLS): "side" (default),
     from its side stream's pool, which the compute stream cannot reuse; "compute", from the compute stream's pool,
     the side stream first waiting for every kernel queued on the compute stream (fewer reserved bytes; the wait may
@@ -93,7 +98,11 @@ class Executor:
         copy_pool: str = DEFAULT_COPY_POOL,
         expandable_segments: bool = False,
         planned_addresses: bool | str = False,
+        issue: str = "lanes",
     ) -> None:
+        if issue not in ISSUE_MODES:
+            raise XschedError(f"issue must be one of {', '.join(ISSUE_MODES)}, not {issue!r}", stage="execute")
+        self.issue = issue
         if copy_pool not in COPY_POOLS:
             raise XschedError(f"copy_pool must be one of {', '.join(COPY_POOLS)}, not {copy_pool!r}", stage="execute")
         self.copy_pool = copy_pool
@@ -218,7 +227,7 @@ class Executor:
             if trace or not self.overlap or self._one_device(start, stop):
                 self._run_inline(st, start, stop, trace)
             else:
-                self.lane_runner.run(st, start, stop)
+                self.lane_runner.run(st, start, stop, one_thread=self.issue == "one")
         st.next_step = stop
         if self.clock is not None:
             forward = self.plan.boundary is None or stop <= self.plan.boundary

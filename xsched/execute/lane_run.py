@@ -1,14 +1,19 @@
 """A slice of the plan run on its lanes: steps grouped into tasks, one thread per stream, waiting as the overlap
-model (xsched.lanes) says, and the caller's streams ordered after them."""
+model (xsched.lanes) says, and the caller's streams ordered after them. Or, where every lane is a GPU stream (or
+frees), issued by the calling thread alone: each task in plan order onto its lane's stream, with the same waits;
+the streams overlap on the device as they do from lanes, and no thread hands the GIL to another."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
+
+import torch
 
 from xsched.errors import XschedError
 from xsched.execute.program import step_program
 from xsched.execute.steps import RunState, StepFn
-from xsched.execute.workers import Done, Lane, Task
+from xsched.execute.workers import Done, Lane, Task, run_task
 from xsched.interpret import at_step
 
 # a lanes run's lanes and tasks (LaneRunner.lane_tasks): (first step, last step, lane, function, waited-for steps)
@@ -25,11 +30,13 @@ class LaneRunner:
         self._clock: Any = None  # the clock _plans' functions are timed by
         self._groups: dict[tuple[int, int], list[tuple[int, ...]]] = {}
 
-    def run(self, st: RunState, start: int, stop: int) -> None:
+    def run(self, st: RunState, start: int, stop: int, one_thread: bool = False) -> None:
         """Submit every task to its lane, wait for the last of each lane, and order later work on each GPU's
-        compute stream after them; the first error (in plan order) is raised, naming its step."""
+        compute stream after them; the first error (in plan order) is raised, naming its step. `one_thread`: issue
+        the tasks from this thread, in plan order, where no lane runs host work (which would block the others)."""
         ex = self.ex
         used, tasks = self.lane_tasks(start, stop)
+        one_thread = one_thread and all(lane.kind != "host" for lane in used)
         for lane in used:
             lane.begin()
             if lane.kind == "cuda":  # work of earlier slices and of the caller, on the compute streams, comes first
@@ -42,10 +49,16 @@ class LaneRunner:
         batches: dict[Lane, list[Task]] = {lane: [] for lane in used}
         for i, end, lane, fn, waits in tasks:
             done = dones[end] = Done()
-            batches[lane].append(Task(i, fn, st, [dones[j] for j in waits], done, errors))
+            task = Task(i, fn, st, [dones[j] for j in waits], done, errors)
+            if one_thread:  # every task it waits for is issued already: it comes earlier in plan order
+                with torch.cuda.stream(lane.stream) if lane.stream is not None else nullcontext():
+                    run_task(lane, task)
+            else:
+                batches[lane].append(task)
             last[lane.name] = done
         for lane, batch in batches.items():
-            lane.submit(batch)
+            if batch:
+                lane.submit(batch)
         for done in last.values():
             done.event.wait()
         for d in ex.names:  # later work on each GPU's compute stream waits for every lane's last step

@@ -74,10 +74,15 @@ class XschedModule(CompiledReplans, nn.Module):
         expandable_segments: bool = False,
         chunk_loss: int | None = None,
         planned_addresses: bool = False,
+        issue: str = "lanes",
     ) -> None:
         super().__init__()
-        self.expandable_segments = expandable_segments  # the Executor's option: CUDA's expandable_segments on
-        self.planned_addresses = planned_addresses  # the Executor's option: the step's values in one arena
+        # the Executor's options: CUDA's expandable_segments on, the step's values in one arena, who issues the steps
+        self.executor_options = {
+            "expandable_segments": expandable_segments,
+            "planned_addresses": planned_addresses,
+            "issue": issue,
+        }
         self.chunk_loss = chunk_loss  # the training graphs' cross-entropy in this many row blocks (see `wrap`)
         self.hold_outputs = hold_outputs  # the caller keeps the outputs through backward (see `wrap`)
         self.grad_outputs = grad_outputs  # which outputs the training graphs differentiate (see `wrap`)
@@ -229,8 +234,7 @@ class XschedModule(CompiledReplans, nn.Module):
             inplace=self.inplace,
             table={Copy: points.copy_kind},
             compile=self.compile,
-            expandable_segments=self.expandable_segments,
-            planned_addresses=self.planned_addresses,
+            **self.executor_options,
         )
         points.bind(ex)
         return Compiled(
@@ -356,6 +360,7 @@ def wrap(
     expandable_segments: bool = False,
     chunk_loss: int | None = None,
     planned_addresses: bool = False,
+    issue: str = "lanes",
 ) -> XschedModule:
     """`model` as a module whose training steps run an xsched plan within `budgets` (see XschedModule): method
     "auto" by default, within `time_limit` seconds (default 60), on costs measured once and cached (`profile`).
@@ -370,8 +375,8 @@ def wrap(
     `hold_outputs`: the caller keeps the returned non-scalar outputs until its backward has run, as PyTorch code
     does (`logits = model(x); F.cross_entropy(logits, y).backward()`), so the plan counts them resident from the
     forward's end to the backward's; False where the caller drops them before `backward()` (the plan may then
-    free and recompute them). `expandable_segments`: the Executor's option (CUDA's expandable segments, set before
-    the plan's first allocation; a no-op on CPU devices); `planned_addresses`: its option of that name (execute.arena).
+    free and recompute them). `expandable_segments`, `planned_addresses`, `issue`: the Executor's options (CUDA's
+    expandable segments before the plan's first allocation; the step's values in one arena; who issues the steps).
     `chunk_loss`: the training graph's cross-entropy (log_softmax + nll_loss, and its backward through the logits'
     matmul) computed in this many blocks of rows, so that no [tokens, vocab] tensor but the logits is made whole
     (xsched.capture.chunk_loss); a model without one is a one-line error."""
@@ -397,4 +402,5 @@ def wrap(
         expandable_segments,
         chunk_loss,
         planned_addresses,
+        issue,
     )

@@ -73,6 +73,7 @@ class TrainConfig:
     chunk_loss: int | None = None  # the cross-entropy in this many row blocks (xsched.capture.chunk_loss)
     host_threads: int | str | None = None  # the host optimizer's torch threads ("all": torch's; None: train.host_share)
     host_nice: int | None = None  # added to its worker's nice value (None: the default of train.host_share)
+    issue: str = "lanes"  # who issues a GPU plan's overlapped steps: a thread per lane, or "one" (execute.executor)
 
     def check(self) -> None:
         """A one-line XschedError for each value that cannot work, before anything is loaded."""
@@ -109,6 +110,8 @@ class TrainConfig:
         self._check_homes()
         self._check_delayed()
         self._check_host_share()
+        if self.issue not in ("lanes", "one"):
+            _fail(f"--issue must be lanes or one, got {self.issue!r}")
 
     def _check_host_share(self) -> None:
         for flag, value in (("--host-threads", self.host_threads), ("--host-nice", self.host_nice)):

@@ -115,6 +115,7 @@ def plan_and_wrap(
         expandable_segments=config.expandable_segments,
         planned_addresses=config.planned_addresses,
         chunk_loss=config.chunk_loss,
+        issue=config.issue,
     )
     ended("wrap")
     if evaluates:

@@ -1,0 +1,127 @@
+"""Executor(issue="one"): the calling thread issues an overlapped slice's tasks in plan order onto their lanes'
+streams (a fake CUDA on logical CPUs, tests/lane_cost_support.py). Its results equal eager PyTorch's, every step is
+ordered on its stream after the steps the overlap model makes it wait for (the streams' vector clocks, which see a
+dropped wait), no lane thread starts, no host blocks on the device; a slice with a host lane runs on lanes; a bad
+mode is one line; `xsched train --issue one` reaches the executor and trains as eager."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+import torch
+from executor_support import TWO, eager_reference, recompute_plan, workload
+from lane_cost_support import FakeEvent, Positions, fake_cuda
+from test_param_offload_modes import MLP, eager, offloaded
+from torch.testing import assert_close
+from train_support import ROOT, child_env
+
+from xsched.capture.torch import bind_inputs, unpack_outputs
+from xsched.errors import XschedError
+from xsched.execute import workers
+from xsched.execute.executor import Executor
+from xsched.execute.step_clock import StepClock, lane_kinds
+from xsched.train import train
+
+
+def run_gpt2(
+    monkeypatch: pytest.MonkeyPatch, issue: str, fake: bool = True, clock: bool = False
+) -> tuple[Executor, Positions]:
+    """gpt2's two-device plan (copies both ways, frees on their own lanes), overlapped, issued as `issue` says, run
+    twice against eager; the executor and where its steps ran."""
+    z, graph = workload("gpt2")
+    plan = recompute_plan("gpt2", TWO, 50)
+    streams: dict = {}
+    positions = Positions(streams)
+    ex = Executor(graph, plan, table=positions.table(), overlap=True, issue=issue)
+    if fake:
+        streams.update(fake_cuda(ex, monkeypatch))
+    if clock:
+        ex.clock = StepClock()
+        ex.clock.kind_of = lane_kinds(ex.lane_of, set(TWO))
+    env = bind_inputs(graph, z.model, z.inputs)
+    outs, grads, _ = eager_reference("gpt2", seed=7)
+    try:
+        for _ in range(2):
+            torch.manual_seed(7)
+            got = unpack_outputs(graph, ex(env).outputs)
+            for a, b in zip(got.outputs, outs, strict=True):
+                assert_close(a, b.detach(), rtol=1e-5, atol=1e-6)
+            for n, g in got.grads.items():
+                assert_close(g, grads[n], rtol=1e-5, atol=1e-6)
+    finally:
+        threads = [lane._thread for lane in ex.lanes.values()]
+        ex.close()
+    ex.started = [t for t in threads if t is not None]  # type: ignore[attr-defined]
+    return ex, positions
+
+
+@pytest.mark.parametrize("clock", [False, True])
+def test_one_thread_issues_every_step_in_order_on_its_stream(monkeypatch: pytest.MonkeyPatch, clock: bool) -> None:
+    ex, positions = run_gpt2(monkeypatch, "one", clock=clock)
+    assert ex.started == []  # no lane thread: the calling thread issued every task
+    assert positions.unordered(ex) == []
+    assert len(positions.at) == sum(not k.startswith("free:") for k in ex.lane_of)  # every CUDA step seen
+    counts = FakeEvent.counts
+    assert counts["synchronize"] == 0 and counts["own_wait"] == 0 and counts["repeated_wait"] == 0
+    assert counts["wait_event"] > 0  # the copies and computes wait for each other on the device
+    _, tasks = ex.lane_runner.lane_tasks(0, len(ex.plan.steps))
+    cuda_tasks = sum(lane.kind == "cuda" for *_, lane, _, _ in tasks)
+    assert counts["record"] == 2 * cuda_tasks * (2 if clock else 1)  # as on lanes: an event a task (two timed)
+    by_stream: dict[str, list[int]] = {}
+    for i in sorted(positions.at):  # each stream takes its steps in plan order
+        by_stream.setdefault(positions.at[i][0], []).append(positions.at[i][1])
+    assert len(by_stream) >= 3 and all(p == sorted(p) for p in by_stream.values())  # compute and both copies
+
+
+def test_the_order_check_sees_a_dropped_wait_in_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    wait = workers.Lane.wait
+
+    def forgetful(self: workers.Lane, dep: workers.Done) -> None:
+        if self.name.startswith("compute:") and any(k.startswith("copy:") for k in dep.cuda):
+            return  # the stream does not wait for the copy
+        wait(self, dep)
+
+    monkeypatch.setattr(workers.Lane, "wait", forgetful)
+    ex, positions = run_gpt2(monkeypatch, "one")
+    assert positions.unordered(ex), "a compute reading a copied value must be seen unordered after its copy"
+
+
+def test_a_slice_with_host_lanes_runs_on_lanes_and_a_bad_mode_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    ex, _ = run_gpt2(monkeypatch, "one", fake=False)  # logical CPUs: host lanes, which would block one issuer
+    assert ex.started, "host lanes run on their threads"
+    z, graph = workload("gpt2")
+    with pytest.raises(XschedError, match=r"issue must be one of lanes, one, not 'two'"):
+        Executor(graph, recompute_plan("gpt2", TWO, 50), issue="two")
+
+
+def test_train_issue_one_reaches_the_executor_and_trains_as_eager(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "mlp.py"
+    path.write_text(MLP)
+    seen = []
+    init = Executor.__init__
+
+    def noting(self, *args, **kwargs) -> None:
+        init(self, *args, **kwargs)
+        seen.append(self.issue)
+
+    monkeypatch.setattr(Executor, "__init__", noting)
+    config = offloaded(path, tmp_path, steps=3, issue="one")
+    got = train(config)
+    want, _, _ = eager(3, bf16=False, delayed=False)
+    assert_close(got.losses, want, rtol=1e-5, atol=1e-6)
+    assert seen and set(seen) == {"one"}
+    with pytest.raises(XschedError, match="--issue must be lanes or one, got 'both'"):
+        dataclasses.replace(config, issue="both").check()
+
+
+def test_the_issue_bench_runs_both_ways_as_eager(tmp_path) -> None:
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_issue.py"), "--layers", "2", "--steps", "4", "--warmup", "1"]
+    p = subprocess.run(
+        [*cmd, "--cache-dir", str(tmp_path)], capture_output=True, text=True, env=child_env(), timeout=300
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [line for line in p.stdout.splitlines() if line.startswith(("| lanes (", "| one ("))]
+    assert len(rows) == 2 and all(row.endswith("| yes |") for row in rows), rows
