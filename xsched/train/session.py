@@ -185,10 +185,11 @@ def step_clock(wrapped: Any) -> StepClock:
 
 
 def issuing_threads(wrapped: Any) -> int:
-    """The threads that issue the training plan's steps: this one and, where its executor runs on lanes, each lane's
-    but the free lanes' (a free takes no time to issue)."""
+    """The threads that issue the training plan's steps: this one and, where its executor runs on lanes (a thread
+    each, not `issue="one"`), each lane's but the free lanes' (a free takes no time to issue)."""
     ex = wrapped._first.executor
-    return 1 + (sum(not key.startswith("free:") for key in ex.lanes) if ex.overlap else 0)
+    lanes = ex.overlap and ex.issue == "lanes"
+    return 1 + (sum(not key.startswith("free:") for key in ex.lanes) if lanes else 0)
 
 
 def _token_count(task: TrainingTask) -> int | None:
