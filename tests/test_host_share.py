@@ -141,3 +141,18 @@ def test_the_share_bench_runs_every_share_with_the_same_losses(tmp_path) -> None
     rows = [line for line in p.stdout.splitlines() if line.startswith("| 2:0 ") or line.startswith("| 1:5 ")]
     assert len(rows) == 2 and all(row.endswith("| yes |") for row in rows), rows
     assert "| 2 thread(s), nice as it is |" in rows[0] and re.search(r"\| 1 thread\(s\), nice \+\d+ \|", rows[1])
+
+
+def test_the_issuing_threads_are_the_training_thread_and_the_lanes_that_issue() -> None:
+    from types import SimpleNamespace
+
+    from xsched.train.session import issuing_threads
+
+    lanes = dict.fromkeys(["compute:cuda:0", "copy:cpu->cuda:0", "copy:cuda:0->cpu", "free:cuda:0", "free:cpu"])
+    ex = SimpleNamespace(lanes=lanes, overlap=True, issue="lanes")
+    wrapped = SimpleNamespace(_first=SimpleNamespace(executor=ex))
+    assert issuing_threads(wrapped) == 4  # the training thread, the compute lane and two copy lanes
+    ex.issue = "one"
+    assert issuing_threads(wrapped) == 1
+    ex.issue, ex.overlap = "lanes", False  # inline, in plan order (logical CPUs)
+    assert issuing_threads(wrapped) == 1
