@@ -125,3 +125,20 @@ def test_the_issue_bench_runs_both_ways_as_eager(tmp_path) -> None:
     assert p.returncode == 0, p.stderr[-3000:]
     rows = [line for line in p.stdout.splitlines() if line.startswith(("| lanes (", "| one ("))]
     assert len(rows) == 2 and all(row.endswith("| yes |") for row in rows), rows
+
+
+def test_the_offload_bench_rows_of_the_issuer_and_the_share_train_as_the_xsched_row(tmp_path, monkeypatch) -> None:
+    """`bench_gpu_param_offload.py`'s xsched_one and xsched_allcores rows (run in this process, its reduced mode at
+    a tiny size): the same losses as its xsched row, and each says how it ran."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import bench_param_offload_rows as rows
+    from bench_gpu_param_offload import CPU
+
+    scale = "small:n_layer=2,n_embd=128,n_head=2,seq=16"
+    setup = {**CPU, "cpu": True, "steps": 2, "time_limit": 30.0, "profile": "model", "scale": scale}
+    setup["cache_dir"] = str(tmp_path)
+    base = rows.row_xsched(setup)
+    one, allcores = rows.row_xsched_one(setup), rows.row_xsched_allcores(setup)
+    assert one["losses"] == base["losses"] == allcores["losses"]  # the same arithmetic, the same plan (cached)
+    assert one["note"].startswith("issued by the training thread alone; host AdamW: ")
+    assert allcores["note"].startswith("host AdamW: ") and "nice as it is; plan offload at 3MiB" in allcores["note"]

@@ -18,8 +18,7 @@ def test_the_reduced_mode_runs_every_row(tmp_path) -> None:
     out = tmp_path / "bench.md"
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_gpu_param_offload.py"), "--cpu", "--steps", "3"]
     cmd += ["--scale", "small:n_layer=2,n_embd=128,n_head=2,seq=16", "--budget", "3MiB"]
-    rows = "reference,xsched,xsched_allcores,xsched_one,reference_bf16,xsched_fast,llama,torchao"
-    cmd += ["--rows", rows, "--json", str(tmp_path / "b.json")]
+    cmd += ["--rows", "reference,xsched,reference_bf16,xsched_fast,llama,torchao", "--json", str(tmp_path / "b.json")]
     cmd += ["--trace", str(tmp_path / "traces")]
     p = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True, env=child_env(), timeout=400)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -28,8 +27,6 @@ def test_the_reduced_mode_runs_every_row(tmp_path) -> None:
     assert "| yes (max diff" in rows["xsched"], rows["xsched"]  # 3 losses equal the reference's
     assert "| reference_bf16: yes (max diff" in rows["xsched_fast"], rows["xsched_fast"]
     assert "; plan offload at 3MiB on cpu:0" in rows["xsched"]
-    assert "| yes (max diff" in rows["xsched_allcores"] and "nice as it is; plan" in rows["xsched_allcores"]
-    assert "| yes (max diff" in rows["xsched_one"] and "issued by the training thread alone;" in rows["xsched_one"]
     for row in ("xsched", "xsched_fast", "llama"):  # the breakdown: compute, copies in and out, ... in ms
         cells = rows[row].split(" | ")
         assert all(c.endswith(" ms") for c in cells[8:16] + cells[17:20]), cells[8:20]
