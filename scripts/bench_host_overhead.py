@@ -56,6 +56,24 @@ def scale_of(a: argparse.Namespace) -> str:
     return f"tiny:n_layer={a.layers},n_embd={a.embd},n_head=2,seq={a.seq},batch=1,dropout=0.0"
 
 
+def offload_setup(a: argparse.Namespace, steps: int, cache: str, method: str, time_limit: float) -> dict[str, Any]:
+    """The offload rows' setup (xsched_run's): the narrow GPT-2 of `a` (`scale_of`) at `a.budget` on cpu:0, its
+    parameters, gradients and AdamW on cpu:1 (a 1 GiB host budget), modelled costs, plans cached in `cache`."""
+    return {
+        "scale": scale_of(a),
+        "steps": steps,
+        "cpu": True,
+        "device": "cpu:0",
+        "store": "cpu:1",
+        "host_budget": "1GiB",
+        "budget": a.budget,
+        "method": method,
+        "time_limit": time_limit,
+        "profile": "model",
+        "cache_dir": cache,
+    }
+
+
 def graph_ops(setup: dict[str, Any]) -> int:
     """Ops in the training graph (forward and backward) of the task's model, as xsched captures it."""
     from xsched.capture.torch import capture
@@ -331,19 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
         cache = a.cache_dir or stack.enter_context(tempfile.TemporaryDirectory())
-        setup = {
-            "scale": scale_of(a),
-            "steps": a.steps,
-            "cpu": True,
-            "device": "cpu:0",
-            "store": "cpu:1",
-            "host_budget": "1GiB",
-            "budget": a.budget,
-            "method": a.method,
-            "time_limit": a.time_limit,
-            "profile": "model",
-            "cache_dir": cache,
-        }
+        setup = offload_setup(a, a.steps, cache, a.method, a.time_limit)
         ops = graph_ops(setup)
         r0 = time.perf_counter()
         results = eager_and_wrap(setup, [r for r in ("eager", "wrap") if r in rows])

@@ -31,7 +31,7 @@ import time
 from typing import Any
 
 import torch
-from bench_host_overhead import BREAKDOWN, graph_ops, scale_of
+from bench_host_overhead import BREAKDOWN, graph_ops, offload_setup
 from bench_param_offload_rows import offload_config, xsched_run
 
 from xsched.train.host_share import available_cores
@@ -156,19 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
         cache = a.cache_dir or stack.enter_context(tempfile.TemporaryDirectory())
-        setup = {
-            "scale": scale_of(a),
-            "steps": a.rounds * a.block,
-            "cpu": True,
-            "device": "cpu:0",
-            "store": "cpu:1",
-            "host_budget": "2GiB",
-            "budget": a.budget,
-            "method": a.method,
-            "time_limit": a.time_limit,
-            "profile": "model",
-            "cache_dir": cache,
-        }
+        setup = offload_setup(a, a.rounds * a.block, cache, a.method, a.time_limit)
         ops = graph_ops(setup)
         xsched_run({**setup, "steps": 1}, "gpt2", setup["scale"], setup["budget"])  # plans into the cache
         load = os.getloadavg()[0]

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 import torch
-from bench_host_overhead import eager_and_wrap, graph_ops, scale_of
+from bench_host_overhead import eager_and_wrap, graph_ops, offload_setup
 from bench_param_offload_rows import offload_config, xsched_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -130,19 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
         cache = a.cache_dir or stack.enter_context(tempfile.TemporaryDirectory())
-        setup = {
-            "scale": scale_of(a),
-            "steps": a.steps,
-            "cpu": True,
-            "device": "cpu:0",
-            "store": "cpu:1",
-            "host_budget": "1GiB",
-            "budget": a.budget,
-            "method": "park",
-            "time_limit": 60.0,
-            "profile": "model",
-            "cache_dir": cache,
-        }
+        setup = offload_setup(a, a.steps, cache, "park", 60.0)
         ops = graph_ops(setup)
         eager = eager_and_wrap({**setup, "steps": 2 * a.steps}, ["eager"])["eager"]["losses"]
         xsched_run({**setup, "steps": 1}, "gpt2", setup["scale"], setup["budget"])  # plans into the cache
