@@ -229,6 +229,7 @@ def _without_unread_reruns(graph: Graph, steps: list[Step], device: str) -> list
 
 
 def _unread(graph: Graph, steps: Sequence[Step], j: int, device: str) -> bool:
+    """Compute `j` on `device` makes nothing read before it is made there again (nor a graph output)."""
     s = steps[j]
     assert isinstance(s, Compute)
     return s.device == device and not any(_read_after(graph, steps, j, v, device) for v in graph.op[s.op].outputs)
@@ -304,7 +305,8 @@ def park_recomputes_search(problem: Problem, options: SolverOptions = DEFAULTS, 
     if (device := compute_device(start)) is not None:
         graph, profile = problem.graph, problem.profile
         for store in (s for s in problem.devices if s != device):
-            found = park_recomputes(graph, start, store, profile, problem.budgets, stop=out_of_time)
+            alpha = options.alpha_energy
+            found = park_recomputes(graph, start, store, profile, problem.budgets, stop=out_of_time, alpha=alpha)
             if found is not None and better(found, best, options.alpha_energy):
                 best = found
     return replace(best, solver=replace(best.solver, method=METHOD, status="heuristic"))
