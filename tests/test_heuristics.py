@@ -27,6 +27,7 @@ from xsched.solve.heuristics.gaps import gap_remat
 from xsched.solve.heuristics.greedy import greedy_fill
 from xsched.solve.heuristics.offload import offload_search
 from xsched.solve.heuristics.park import park_remat
+from xsched.solve.heuristics.park_recomputes import park_recomputes_search
 from xsched.solve.heuristics.sqrt import sqrt_checkpoint
 from xsched.solve.problem import Problem
 from xsched.solve.reference import eager_peak, eager_plan
@@ -42,6 +43,7 @@ HEURISTICS = {
     "gaps": gap_remat,
     "park": park_remat,
     "checkpoint": checkpoint_search,
+    "park-recomputes": park_recomputes_search,
     "offload": offload_search,
 }
 

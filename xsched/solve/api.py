@@ -40,7 +40,8 @@ def solve(
     (`xsched.solve.SOLVERS`): a heuristic runs alone; any other is warm-started from the best heuristic and
     returns its own plan unless it finds none or one worse than that start, which is then returned with status
     "heuristic" and the reason in `solver.stats.fallback_reason`. warm_start: a plan of the caller's (same graph
-    and homes) that competes as a candidate when it meets these budgets.
+    and homes) that competes as a candidate when it meets these budgets; `park-recomputes` alone refines it (among
+    the heuristics it refines the best plan so far).
     options.fit_reserved (default off): where a GPU's predicted reserved memory (xsched.allocator, the caching
     allocator's model) exceeds its budget, re-plan at a lower budget (xsched.solve.reserved).
     Raises BudgetError when no plan is found (saying whether none is proven to exist) and NoIncumbent when a
@@ -84,7 +85,7 @@ def _solve_once(problem: Problem, method: str, options: SolverOptions, warm_star
             # limit, so it is found only then)
             enough = gap_threshold(problem, options) if options.mip_gap > DEFAULTS.mip_gap else -math.inf
             with enough_at(enough):
-                result = run_member(entry, problem, options, None)
+                result = run_member(entry, problem, options, warm_start)  # read by one that `refines`
         if result.plan is not None:  # a plan wrap cannot run (forward outputs gone at the boundary): BudgetError
             plan = runnable(problem.graph, result.plan, problem.profile, problem.budgets)
             result = Outcome(replace(plan.solver, objective=objective(plan, options.alpha_energy)), plan)

@@ -23,6 +23,7 @@ from xsched.solve.heuristics.gaps import gap_remat
 from xsched.solve.heuristics.greedy import greedy_fill
 from xsched.solve.heuristics.offload import offload_search
 from xsched.solve.heuristics.park import park_remat
+from xsched.solve.heuristics.park_recomputes import park_recomputes_search
 from xsched.solve.heuristics.sqrt import sqrt_checkpoint
 from xsched.solve.options import SolverOptions, past_deadline, time_left
 from xsched.solve.problem import Outcome, Problem
@@ -48,7 +49,8 @@ class SolverEntry:
     run it (a method named on its own always runs); `share`: its share of the time left when later members follow
     it; `one_device`: it plans for one computing device (the others may only store); `requires`: an optional
     package it needs; `imports`: the heavy modules its first call loads (the runner does not start it where the time
-    left cannot cover loading them, IMPORT_S)."""
+    left cannot cover loading them, IMPORT_S); `refines`: it improves the plan it is handed (a heuristic is handed
+    the best so far) and a configuration runs it only once there is one."""
 
     name: str
     fn: Solver
@@ -60,6 +62,7 @@ class SolverEntry:
     requires: str | None = None
     imports: tuple[str, ...] = ()
     doc: str = ""
+    refines: bool = False  # it refines the best plan so far: in a configuration, run only once there is one
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -216,6 +219,8 @@ register(heuristic("sqrt", sqrt_checkpoint))
 register(heuristic("gaps", gap_remat))
 register(heuristic("park", park_remat))
 register(heuristic("checkpoint", checkpoint_search))
+# after checkpoint, whose plan (or park's) it refines, and before offload, which takes whatever time is left
+register(replace(heuristic("park-recomputes", park_recomputes_search), refines=True))
 register(heuristic("offload", offload_search))
 register(
     lazy_entry(

@@ -114,13 +114,17 @@ def _run(problem: Problem, config: Configuration, options: SolverOptions, given:
         if _within_gap(best, floor, alpha, options.mip_gap):  # no later member could gain more than the gap asked
             outcomes.append(MemberOutcome(entry.name, "no_incumbent", 0.0, None, "not started: a plan within the gap"))
             continue
+        if entry.refines and best is None:  # alone it would make its own start: here, the heuristics before it failed
+            outcomes.append(MemberOutcome(entry.name, "no_incumbent", 0.0, None, "not started: no plan to refine"))
+            continue
         # without a plan each still tries its first variant (which runs however late), but only within the grace
         if started - t0 >= (until if best is not None else grace_end):
             outcomes.append(MemberOutcome(entry.name, "no_incumbent", 0.0, None, "not started: no time left"))
             continue
         share = max(until - (started - t0), 0.0) / (len(heuristics) - k)
         with deadline(share), enough_at(enough):  # the heuristic keeps it as its options.time_limit_s (keeps_limit)
-            r = run_member(entry, problem, replace(options, time_limit_s=share), None)
+            # the best plan so far, which only a member that `refines` reads
+            r = run_member(entry, problem, replace(options, time_limit_s=share), best)
             stopped = past_deadline()
         consider(entry.name, _stopped(_checked(problem, r, options), stopped), now() - started)
     if given is not None:
