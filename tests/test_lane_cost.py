@@ -21,15 +21,19 @@ from xsched.execute.workers import Done, Lane
 from xsched.simulate import simulate
 
 
-def run_on_fake_cuda(monkeypatch: pytest.MonkeyPatch, clock: bool) -> tuple[Executor, Positions, int]:
-    """gpt2's two-device plan (copies both ways, frees on their own lanes) run twice on lanes over fake streams,
-    checked against eager; the executor, where its steps ran, and its tasks a run on CUDA lanes."""
+def run_on_fake_cuda(
+    monkeypatch: pytest.MonkeyPatch, clock: bool, issue: str = "lanes", fake: bool = True
+) -> tuple[Executor, Positions, int]:
+    """gpt2's two-device plan (copies both ways, frees on their own lanes) run twice on lanes over fake streams
+    (`fake`; else on the logical CPUs' host lanes), issued as `issue` says, checked against eager; the executor (its
+    `started`: the lane threads that ran), where its steps ran, and its tasks a run on CUDA lanes."""
     z, graph = workload("gpt2")
     plan = recompute_plan("gpt2", TWO, 50)
     streams: dict = {}
     positions = Positions(streams)
-    ex = Executor(graph, plan, table=positions.table(), overlap=True)
-    streams.update(fake_cuda(ex, monkeypatch))
+    ex = Executor(graph, plan, table=positions.table(), overlap=True, issue=issue)
+    if fake:
+        streams.update(fake_cuda(ex, monkeypatch))
     if clock:
         ex.clock = StepClock()
         ex.clock.kind_of = lane_kinds(ex.lane_of, set(TWO))
@@ -44,6 +48,7 @@ def run_on_fake_cuda(monkeypatch: pytest.MonkeyPatch, clock: bool) -> tuple[Exec
             for n, g in got.grads.items():
                 assert_close(g, grads[n], rtol=1e-5, atol=1e-6)
     finally:
+        ex.started = [lane._thread for lane in ex.lanes.values() if lane._thread is not None]  # type: ignore[attr-defined]
         ex.close()
     used, tasks = ex.lane_runner.lane_tasks(0, len(plan.steps))
     assert ex.lane_runner._plans.keys() == {(0, len(plan.steps))}, "one lanes run per call: the whole plan"

@@ -11,50 +11,22 @@ import subprocess
 import sys
 
 import pytest
-import torch
-from executor_support import TWO, eager_reference, recompute_plan, workload
-from lane_cost_support import FakeEvent, Positions, fake_cuda
+from executor_support import TWO, recompute_plan, workload
+from lane_cost_support import FakeEvent
+from test_lane_cost import run_on_fake_cuda
 from test_param_offload_modes import MLP, eager, offloaded
 from torch.testing import assert_close
 from train_support import ROOT, child_env
 
-from xsched.capture.torch import bind_inputs, unpack_outputs
 from xsched.errors import XschedError
 from xsched.execute import workers
 from xsched.execute.executor import Executor
-from xsched.execute.step_clock import StepClock, lane_kinds
 from xsched.train import train
 
 
-def run_gpt2(
-    monkeypatch: pytest.MonkeyPatch, issue: str, fake: bool = True, clock: bool = False
-) -> tuple[Executor, Positions]:
-    """gpt2's two-device plan (copies both ways, frees on their own lanes), overlapped, issued as `issue` says, run
-    twice against eager; the executor and where its steps ran."""
-    z, graph = workload("gpt2")
-    plan = recompute_plan("gpt2", TWO, 50)
-    streams: dict = {}
-    positions = Positions(streams)
-    ex = Executor(graph, plan, table=positions.table(), overlap=True, issue=issue)
-    if fake:
-        streams.update(fake_cuda(ex, monkeypatch))
-    if clock:
-        ex.clock = StepClock()
-        ex.clock.kind_of = lane_kinds(ex.lane_of, set(TWO))
-    env = bind_inputs(graph, z.model, z.inputs)
-    outs, grads, _ = eager_reference("gpt2", seed=7)
-    try:
-        for _ in range(2):
-            torch.manual_seed(7)
-            got = unpack_outputs(graph, ex(env).outputs)
-            for a, b in zip(got.outputs, outs, strict=True):
-                assert_close(a, b.detach(), rtol=1e-5, atol=1e-6)
-            for n, g in got.grads.items():
-                assert_close(g, grads[n], rtol=1e-5, atol=1e-6)
-    finally:
-        threads = [lane._thread for lane in ex.lanes.values()]
-        ex.close()
-    ex.started = [t for t in threads if t is not None]  # type: ignore[attr-defined]
+def run_gpt2(monkeypatch: pytest.MonkeyPatch, issue: str, fake: bool = True, clock: bool = False) -> tuple:
+    """test_lane_cost's run of gpt2's two-device plan against eager, issued as `issue` says."""
+    ex, positions, _ = run_on_fake_cuda(monkeypatch, clock, issue, fake)
     return ex, positions
 
 
