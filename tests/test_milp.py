@@ -3,6 +3,7 @@ store); the exhaustive searches, graphs and profiles here are shared by the othe
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 from collections.abc import Mapping, Sequence
@@ -110,19 +111,38 @@ def exhaustive_staged_optimum(
     end_on = required_homes(graph, homes)
     lanes = list(devices) + [f"{a}->{b}" for a in devices for b in devices if a != b]
     lane = {x: k for k, x in enumerate(lanes)}
+    # a residency is a bit mask over (value, device) pairs: the search hashes and unites millions of them
+    places = list(devices) + sorted({d for d in homes.values() if d not in devices})
+    pairs = [(v.id, d) for v in graph.values for d in places]
+    bit = {p: 1 << i for i, p in enumerate(pairs)}
+
+    def mask(items) -> int:
+        return sum(bit[p] for p in set(items))
+
+    def members(res: int):
+        while res:
+            low = res & -res
+            yield pairs[low.bit_length() - 1], low
+            res ^= low
+
+    copy_time = functools.cache(lambda v, src, d: profile.copy_time(v, nbytes[v], src, d))
+    op_cost = {(k, d): profile.op_cost(op.id, d) for k, op in enumerate(graph.ops) for d in devices}
+    reads = {(k, d): mask((v, d) for v in op.inputs) for k, op in enumerate(graph.ops) for d in devices}
+    makes = {(k, d): mask((v, d) for v in op.outputs) for k, op in enumerate(graph.ops) for d in devices}
+    grows = [sum(nbytes[v] for v in op.outputs) + op.workspace_bytes for op in graph.ops]
+    wanted = [mask((v, d) for d in devices) for v in graph.outputs]
+    ends = mask(end_on.items())
     # key: residency, ops done, copies arrived in the open stage (value, device, source, charged), computes begun;
     # label: the closed stages' sum and the open stage's clock per lane
-    start = (frozenset(homes.items()), 0, frozenset(), False)
+    start = (mask(homes.items()), 0, frozenset(), False)
     labels: dict = {start: [(0.0, (0.0,) * len(lanes))]}
     heap, tie = [(0.0, 0, start, 0.0, (0.0,) * len(lanes))], itertools.count(1)
 
-    def dominated(key, base: float, clocks: tuple) -> bool:
-        return any(b <= base + 1e-12 and all(x <= y + 1e-12 for x, y in zip(c, clocks)) for b, c in labels.get(key, ()))
-
     def push(key, base: float, clocks: tuple) -> None:
-        if dominated(key, base, clocks):
+        old = labels.get(key, ())
+        if any(b <= base + 1e-12 and all(x <= y + 1e-12 for x, y in zip(c, clocks)) for b, c in old):
             return
-        kept = [(b, c) for b, c in labels.get(key, ()) if not (base <= b and all(x <= y for x, y in zip(clocks, c)))]
+        kept = [(b, c) for b, c in old if not (base <= b and all(x <= y for x, y in zip(clocks, c)))]
         labels[key] = [*kept, (base, clocks)]
         heapq.heappush(heap, (base + max(clocks), next(tie), key, base, clocks))
 
@@ -131,24 +151,24 @@ def exhaustive_staged_optimum(
         if (base, clocks) not in labels.get(key, ()):
             continue  # dominated since it was queued
         res, done, arrived, computing = key
-        if (
-            done == len(graph.ops)
-            and all(any((v, d) in res for d in devices) for v in graph.outputs)
-            and all((v, d) in res for v, d in end_on.items())
-        ):
+        if done == len(graph.ops) and all(res & w for w in wanted) and res & ends == ends:
             return cost
-        used = {d: sum(nbytes[v] for v, e in res if e == d) for d in devices}
+        held = list(members(res))
+        used = dict.fromkeys(devices, 0)
+        for (v, d), _ in held:
+            if d in used:
+                used[d] += nbytes[v]
         for k, op in enumerate(graph.ops[: min(done + 1, len(graph.ops))]):
             for d in devices:
-                c = profile.op_cost(op.id, d)
-                if c is None or any((v, d) not in res for v in op.inputs):
+                c = op_cost[k, d]
+                if c is None or res & reads[k, d] != reads[k, d]:
                     continue
-                if d in budgets and used[d] + sum(nbytes[v] for v in op.outputs) + op.workspace_bytes > budgets[d]:
+                if d in budgets and used[d] + grows[k] > budgets[d]:
                     continue
                 clk = list(clocks)
                 waits = {x for x in arrived if x[1] == d and not x[3] and x[0] in op.inputs}
-                clk[lane[d]] += c.time_s + sum(profile.copy_time(v, nbytes[v], src, d) for v, _, src, _ in waits)
-                nres = res | {(v, d) for v in op.outputs}
+                clk[lane[d]] += c.time_s + sum(copy_time(v, src, d) for v, _, src, _ in waits)
+                nres = res | makes[k, d]
                 if k == done:  # the first compute of the next op closes the stage
                     push((nres, done + 1, frozenset(), False), base + max(clk), (0.0,) * len(lanes))
                 else:
@@ -156,18 +176,18 @@ def exhaustive_staged_optimum(
                     push((nres, done, frozenset(arr), True), base, tuple(clk))
         if not computing:
             came = {(v, d) for v, d, _, _ in arrived}
-            for (v, src), d in itertools.product(res, devices):
-                ct = profile.copy_time(v, nbytes[v], src, d) if d != src else None
-                if ct is None or (v, d) in res or (v, src) in came:
+            for ((v, src), _), d in itertools.product(held, devices):
+                ct = copy_time(v, src, d) if d != src else None
+                if ct is None or res & bit[v, d] or (v, src) in came:
                     continue
                 if d in budgets and used[d] + nbytes[v] > budgets[d]:
                     continue
                 clk = list(clocks)
                 clk[lane[f"{src}->{d}"]] += ct
-                push((res | {(v, d)}, done, arrived | {(v, d, src, False)}, False), base, tuple(clk))
-        for v, d in res:
+                push((res | bit[v, d], done, arrived | {(v, d, src, False)}, False), base, tuple(clk))
+        for (v, d), b in held:
             if homes.get(v) != d:
-                push((res - {(v, d)}, done, arrived, computing), base, clocks)
+                push((res ^ b, done, arrived, computing), base, clocks)
     raise AssertionError("no plan within the budgets")
 
 

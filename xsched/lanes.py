@@ -156,6 +156,18 @@ def inline_free_lanes(graph: Graph, steps: Sequence[Step], random_ops: Collectio
     return lanes
 
 
+def timed_spans(
+    graph: Graph, steps: Sequence[Step], durations: Sequence[float], random_ops: Collection[str] = ()
+) -> list[tuple[float, float]]:
+    """overlapped_spans of `steps` on their lanes (lane_of), from the rules' waits as they come: a wait that
+    direct_waits or reduce_waits drops is implied by one they keep (a later step on its lane, the step before on
+    the step's own lane, or a step that waited for it), which ends no earlier, so it moves no start: the spans
+    equal those of step_waits, without the cost of reducing (the simulator times every plan a search tries)."""
+    lanes = [lane_of(s) for s in steps]
+    waits = [[j for j in deps if j is not None] for deps in _rule_waits(graph, steps, random_ops, lanes)]
+    return overlapped_spans(steps, durations, waits, lanes)
+
+
 def overlapped_spans(
     steps: Sequence[Step],
     durations: Sequence[float],

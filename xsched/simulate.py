@@ -14,7 +14,7 @@ from xsched.contracts.plan import Compute, Copy, Free, Plan, Prediction, Step
 from xsched.contracts.profile import Profile
 from xsched.errors import XschedError
 from xsched.interpret import PlanInterpreter
-from xsched.lanes import overlapped_spans, step_waits
+from xsched.lanes import timed_spans
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ class Simulator(PlanInterpreter):
         timed = self.profile is not None
         steps = self.plan.steps
         overlap = timed and self.lanes
-        spans = overlapped_spans(steps, self.durations, step_waits(self.graph, steps, self.randoms)) if overlap else []
+        spans = timed_spans(self.graph, steps, self.durations, self.randoms) if overlap else []
         return SimResult(
             peak_bytes=self.peak,
             peak_step=self.peak_step,

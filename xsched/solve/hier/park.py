@@ -16,7 +16,7 @@ from xsched.contracts.plan import Compute, Copy, Free, Plan, Step
 from xsched.contracts.profile import Profile
 from xsched.contracts.random_ops import random_ops
 from xsched.errors import XschedError
-from xsched.lanes import overlapped_spans, step_waits
+from xsched.lanes import timed_spans
 
 # budgets of a block's park plans, between its leanest (0) and fastest (1) recompute-only peaks, and below the
 # leanest (negative: that share of it less), where parking goes further than recomputing
@@ -92,7 +92,7 @@ def lanes_time(g: Graph, profile: Profile, steps: Sequence[Step]) -> float:
             durations.append(profile.copy_time(s.value, size[s.value], s.src, s.dst) or 0.0)
         else:
             durations.append(0.0)
-    spans = overlapped_spans(steps, durations, step_waits(g, steps, random_ops(g)))
+    spans = timed_spans(g, steps, durations, random_ops(g))
     return max((e for _, e in spans), default=0.0)
 
 
