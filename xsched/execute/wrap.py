@@ -77,12 +77,9 @@ class XschedModule(CompiledReplans, nn.Module):
         issue: str = "lanes",
     ) -> None:
         super().__init__()
-        # the Executor's options: CUDA's expandable_segments on, the step's values in one arena, who issues the steps
-        self.executor_options = {
-            "expandable_segments": expandable_segments,
-            "planned_addresses": planned_addresses,
-            "issue": issue,
-        }
+        self.expandable_segments = expandable_segments  # the Executor's option: CUDA's expandable_segments on
+        self.planned_addresses = planned_addresses  # the Executor's option: the step's values in one arena
+        self.issue = issue  # the Executor's option: who issues an overlapped plan's steps (a thread per lane, or one)
         self.chunk_loss = chunk_loss  # the training graphs' cross-entropy in this many row blocks (see `wrap`)
         self.hold_outputs = hold_outputs  # the caller keeps the outputs through backward (see `wrap`)
         self.grad_outputs = grad_outputs  # which outputs the training graphs differentiate (see `wrap`)
@@ -234,7 +231,9 @@ class XschedModule(CompiledReplans, nn.Module):
             inplace=self.inplace,
             table={Copy: points.copy_kind},
             compile=self.compile,
-            **self.executor_options,
+            expandable_segments=self.expandable_segments,
+            planned_addresses=self.planned_addresses,
+            issue=self.issue,
         )
         points.bind(ex)
         return Compiled(
