@@ -156,3 +156,14 @@ def test_the_issuing_threads_are_the_training_thread_and_the_lanes_that_issue() 
     assert issuing_threads(wrapped) == 1
     ex.issue, ex.overlap = "lanes", False  # inline, in plan order (logical CPUs)
     assert issuing_threads(wrapped) == 1
+
+
+def test_a_share_the_worker_cannot_take_is_one_line_and_its_target_never_runs(monkeypatch) -> None:
+    def refuse(share: HostShare) -> str:
+        raise OSError("setpriority: operation not permitted")
+
+    monkeypatch.setattr(host_share, "take_share", refuse)
+    ran = []
+    with pytest.raises(XschedError, match="could not take its share: setpriority: operation not permitted"):
+        start_shared(lambda: ran.append(1), "probe", HostShare(1, 3))
+    assert ran == []

@@ -37,10 +37,6 @@ class HostShare:
                 stage="train",
             )
 
-    def describe(self) -> str:
-        threads = "torch's thread count" if self.threads is None else f"{self.threads} thread(s)"
-        return f"{threads}, nice +{self.nice}"
-
 
 def available_cores() -> int:
     """The cores this process may run on (its affinity mask where the platform has one)."""
