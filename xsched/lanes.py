@@ -25,6 +25,9 @@ from collections.abc import Collection, Iterator, Sequence
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Free, Step
 
+# who issues an overlapped run's steps onto their lanes: a thread per lane, or the calling thread alone (the executor)
+ISSUE_MODES = ("lanes", "one")
+
 
 def lane_of(step: Step) -> str:
     if isinstance(step, Compute):

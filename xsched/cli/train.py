@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import TextIO
 
 from xsched.cli.common import parse_budget_flags
+from xsched.lanes import ISSUE_MODES
 
 
 @contextlib.contextmanager
@@ -236,7 +237,7 @@ def _add_offload_flags(t: argparse.ArgumentParser) -> None:
     )
     t.add_argument(
         "--issue",
-        choices=("lanes", "one"),
+        choices=ISSUE_MODES,
         default="lanes",
         help="who issues a GPU plan's overlapped steps: lanes (default), a thread per CUDA stream; one, the training "
         "thread, every step in plan order onto its stream with the same waits (no hand-offs between threads)",

@@ -50,9 +50,7 @@ from xsched.execute.steps import (
 from xsched.execute.stores import DeviceStore
 from xsched.execute.workers import Lane
 from xsched.interpret import at_step
-from xsched.lanes import inline_free_lanes, step_waits
-
-ISSUE_MODES = ("lanes", "one")  # Executor(issue=...): who issues an overlapped slice's steps (see the class)
+from xsched.lanes import ISSUE_MODES, inline_free_lanes, step_waits
 
 
 class Executor:

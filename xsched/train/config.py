@@ -9,6 +9,7 @@ from typing import NoReturn
 
 from xsched.budgets import parse_budget
 from xsched.errors import XschedError
+from xsched.lanes import ISSUE_MODES
 
 OPTIMIZERS = ("adamw", "sgd")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -110,8 +111,8 @@ class TrainConfig:
         self._check_homes()
         self._check_delayed()
         self._check_host_share()
-        if self.issue not in ("lanes", "one"):
-            _fail(f"--issue must be lanes or one, got {self.issue!r}")
+        if self.issue not in ISSUE_MODES:
+            _fail(f"--issue must be {' or '.join(ISSUE_MODES)}, got {self.issue!r}")
 
     def _check_host_share(self) -> None:
         for flag, value in (("--host-threads", self.host_threads), ("--host-nice", self.host_nice)):
