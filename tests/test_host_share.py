@@ -167,3 +167,11 @@ def test_a_share_the_worker_cannot_take_is_one_line_and_its_target_never_runs(mo
     with pytest.raises(XschedError, match="could not take its share: setpriority: operation not permitted"):
         start_shared(lambda: ran.append(1), "probe", HostShare(1, 3))
     assert ran == []
+
+
+def test_share_flags_where_the_optimizer_cannot_overlap_are_said_unused(mlp, tmp_path, capsys) -> None:
+    train(offloaded(mlp, tmp_path, steps=1, clip_grad=0.5, host_threads=1))
+    err = capsys.readouterr().err
+    assert (
+        "not overlapped: --clip-grad" in err and "--host-threads and --host-nice size the overlapped one: unused" in err
+    )

@@ -224,7 +224,12 @@ def prepare(
     laps.lap("pin")
     blocker = host_optimizer_blocker(config, world.size)
     if config.param_home is not None and blocker is not None and world.main:
-        rep.notice(f"the optimizer steps on {config.param_home} after the backward, not overlapped: {blocker}")
+        unused = " (--host-threads and --host-nice size the overlapped one: unused)"
+        shared = config.host_threads is not None or config.host_nice is not None
+        rep.notice(
+            f"the optimizer steps on {config.param_home} after the backward, not overlapped: {blocker}"
+            + (unused if shared else "")
+        )
     signature = run_signature(config, task, updater, world)
     if state is not None:
         restore(state, task, updater, signature, world, rep.notice)
