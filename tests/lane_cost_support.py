@@ -74,26 +74,23 @@ class FakeEvent:
         return 0.0
 
 
-def fake_cuda(ex: Any, monkeypatch: Any) -> dict[str, FakeStream]:
-    """Make `ex`'s compute and copy lanes CUDA lanes on fake streams (before its first lanes run: the threads start
-    then) and torch.cuda's Event and stream context the fakes; the streams by lane name."""
+def fake_cuda(ex: Any, monkeypatch: Any) -> None:
+    """Make `ex`'s compute and copy lanes CUDA lanes on fake streams, one per lane (before its first lanes run: the
+    threads start then), and torch.cuda's Event and stream context the fakes."""
     FakeEvent.counts = Counter()
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "stream", current)
-    streams = {}
     for key, lane in ex.lanes.items():
         assert lane._thread is None, "fake_cuda must come before the lanes start"
         if not key.startswith("free:"):
-            lane.kind, lane.stream = "cuda", streams.setdefault(key, FakeStream(key, FakeEvent.counts))
-    return streams
+            lane.kind, lane.stream = "cuda", FakeStream(key, FakeEvent.counts)
 
 
 class Positions:
     """Step kinds that note, as each step runs, where it is on its lane's fake stream and what that stream is
     ordered after by then (the stream's vector clock)."""
 
-    def __init__(self, streams: dict[str, FakeStream]) -> None:
-        self.streams = streams
+    def __init__(self) -> None:
         self.at: dict[int, tuple[str, int, dict[str, int]]] = {}  # step -> (stream, position, vector clock)
 
     def table(self) -> dict[type, Any]:

@@ -29,11 +29,10 @@ def run_on_fake_cuda(
     `started`: the lane threads that ran), where its steps ran, and its tasks a run on CUDA lanes."""
     z, graph = workload("gpt2")
     plan = recompute_plan("gpt2", TWO, 50)
-    streams: dict = {}
-    positions = Positions(streams)
+    positions = Positions()  # it reads the current fake stream, which fake_cuda's stream context sets
     ex = Executor(graph, plan, table=positions.table(), overlap=True, issue=issue)
     if fake:
-        streams.update(fake_cuda(ex, monkeypatch))
+        fake_cuda(ex, monkeypatch)
     if clock:
         ex.clock = StepClock()
         ex.clock.kind_of = lane_kinds(ex.lane_of, set(TWO))

@@ -117,7 +117,6 @@ class HostAdamW:
         self._busy_s = self._hidden_s = self._waited_s = 0.0
         self._passes: collections.deque[tuple[float, float]] = collections.deque(maxlen=8)  # the latest steps' runs
         self._open: float | None = None  # the start of the forward and backward under way
-        self.share = share
         self._thread, self.share_note = start_shared(self._work, "xsched-host-adamw", share)
 
     # ---- the listener (called from the run's lanes) ----
