@@ -150,26 +150,35 @@ class ThreadCpu:
     def close(self) -> None: ...
 
 
+def lanes_session(setup: dict[str, Any], **options: Any) -> tuple[Any, Any]:
+    """`xsched train`'s session of the offload row (its own setup and step function; its plan from the cache the
+    offload row filled; `options` over its TrainConfig), its executor run on its lanes, a thread per stream, as on a
+    GPU (`overlap`: on logical CPUs the steps run inline by default); the session and its world."""
+    from xsched.train import dist
+    from xsched.train.records import Quiet
+    from xsched.train.session import placement, prepare
+
+    config = offload_config(setup, "gpt2", setup["scale"], setup["budget"], **options)
+    config.check()
+    budgets, devices = placement(config, 0)
+    world = dist.join(use_cuda=False)
+    session, _ = prepare(config, budgets, devices, world, Quiet())
+    session.wrapped._first.executor.overlap = True
+    return session, world
+
+
 def row_lanes(setup: dict[str, Any], intervals: list[float | None]) -> dict[str, dict[str, Any]]:
     """The offload row's session (`xsched train`'s own setup and step function, its plan from the cache the offload
     row filled), its executor run on its lanes, a thread per stream, as on a GPU (`overlap`: on logical CPUs the
     steps run inline by default). The training thread then only issues the tasks: its CPU time is the issue cost.
     One row per GIL switch interval of `intervals` (None: the interpreter's as it is), their steps interleaved
     (step s under interval s mod len), so the machine's load weighs on each alike; every row gets `--steps` steps."""
+    from xsched.contracts.plan import Copy
     from xsched.train import dist
     from xsched.train.loop import _step
-    from xsched.train.records import Quiet
-    from xsched.train.session import placement, prepare
 
-    config = offload_config(setup, "gpt2", setup["scale"], setup["budget"])  # the offload row's: its cached plan
-    config.check()
-    budgets, devices = placement(config, 0)
-    world = dist.join(use_cuda=False)
-    session, _ = prepare(config, budgets, devices, world, Quiet())
-    from xsched.contracts.plan import Copy
-
+    session, world = lanes_session(setup)
     ex = session.wrapped._first.executor
-    ex.overlap = True
     copies = sum(isinstance(x, Copy) for x in session.chosen.plan.steps)
     outs = {
         lanes_row(v): {"step_s": [], "cpu_s": [], "process_s": [], "losses": [], "copies": copies} for v in intervals

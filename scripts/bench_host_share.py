@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import os
 import platform
 import statistics
@@ -31,8 +30,8 @@ import time
 from typing import Any
 
 import torch
-from bench_host_overhead import BREAKDOWN, graph_ops, offload_setup
-from bench_param_offload_rows import offload_config, xsched_run
+from bench_host_overhead import BREAKDOWN, graph_ops, lanes_session, offload_setup
+from bench_param_offload_rows import xsched_run
 
 from xsched.train.host_share import available_cores
 
@@ -49,28 +48,12 @@ def parse_shares(text: str) -> list[tuple[int, int]]:
     return out
 
 
-def session_for(setup: dict[str, Any], threads: int, nice: int) -> tuple[Any, Any]:
-    """`xsched train`'s session of the cached plan with the host AdamW at this share, on lanes; its world."""
-    from xsched.train import dist
-    from xsched.train.records import Quiet
-    from xsched.train.session import placement, prepare
-
-    config = offload_config(setup, "gpt2", setup["scale"], setup["budget"])
-    config = dataclasses.replace(config, host_threads=threads, host_nice=nice)
-    config.check()
-    budgets, devices = placement(config, 0)
-    world = dist.join(use_cuda=False)
-    session, _ = prepare(config, budgets, devices, world, Quiet())
-    session.wrapped._first.executor.overlap = True  # as on a GPU: a thread per stream
-    return session, world
-
-
 def run_rows(setup: dict[str, Any], shares: list[tuple[int, int]], rounds: int, block: int) -> dict[str, Any]:
     """Every share's session, `rounds` blocks of `block` steps each, the sessions in turn; per row its steps'
     figures (the first of each block left out) and losses (all)."""
     from xsched.train.loop import _step
 
-    sessions = [session_for(setup, t, n) for t, n in shares]
+    sessions = [lanes_session(setup, host_threads=t, host_nice=n) for t, n in shares]
     rows: dict[str, Any] = {}
     for (session, _), (t, n) in zip(sessions, shares):
         rows[f"{t}:{n}"] = {

@@ -31,8 +31,8 @@ from typing import Any
 
 import pytest
 import torch
-from bench_host_overhead import eager_and_wrap, graph_ops, offload_setup
-from bench_param_offload_rows import offload_config, xsched_run
+from bench_host_overhead import eager_and_wrap, graph_ops, lanes_session, offload_setup
+from bench_param_offload_rows import xsched_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from lane_cost_support import fake_cuda  # noqa: E402
@@ -46,15 +46,9 @@ def run(setup: dict[str, Any], modes: list[str], steps: int) -> dict[str, dict[s
     """One session on fake CUDA lanes; step s issued as modes[s % len(modes)] says; per mode its figures."""
     from xsched.train import dist
     from xsched.train.loop import _step
-    from xsched.train.records import Quiet
-    from xsched.train.session import placement, prepare
 
-    config = offload_config(setup, "gpt2", setup["scale"], setup["budget"])
-    budgets, devices = placement(config, 0)
-    world = dist.join(use_cuda=False)
-    session, _ = prepare(config, budgets, devices, world, Quiet())
+    session, world = lanes_session(setup)
     ex = session.wrapped._first.executor
-    ex.overlap = True
     rows: dict[str, dict[str, list[float]]] = {
         m: {"step_s": [], "cpu_s": [], "process_s": [], "losses": []} for m in modes
     }
