@@ -11,13 +11,12 @@ import subprocess
 import sys
 
 import pytest
-import torch
 from executor_support import TWO, recompute_plan, workload
 from lane_cost_support import FakeEvent, fake_cuda
 from test_lane_cost import run_on_fake_cuda
 from test_param_offload_modes import MLP, eager, offloaded
 from torch.testing import assert_close
-from train_support import ROOT, child_env, steps_beside_adamw
+from train_support import ROOT, assert_offloaded_mlp_trains_as_fused_adamw, child_env
 
 from xsched.errors import XschedError
 from xsched.execute import workers
@@ -120,27 +119,12 @@ def test_the_offload_bench_rows_of_the_issuer_and_the_share_train_as_the_xsched_
 def test_a_wrapped_model_issued_by_one_thread_beside_the_host_adamw_trains_as_torch(monkeypatch) -> None:
     """wrap's forward and backward slices, on fake CUDA lanes issued by the calling thread, each gradient copied home
     into HostAdamW's buffer: two steps equal torch's fused AdamW on eager gradients, and no lane thread started."""
-    from torch import nn
 
-    from xsched.execute.wrap import wrap
-    from xsched.train.host_adamw import HostAdamW
+    def one_thread_on_fake_cuda(w) -> None:
+        ex = w._first.executor
+        ex.overlap, ex.issue = True, "one"
+        fake_cuda(ex, monkeypatch)
 
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 4))
-    ref = nn.Sequential(nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 4))
-    ref.load_state_dict(model.state_dict())
-    xs = [torch.randn(8, 32) for _ in range(2)]
-    w = wrap(model, (xs[0],), {"cpu:0": "100%"}, store="cpu:1", method="offload", profile="model", param_home="cpu:1")
-    ex = w._first.executor
-    ex.overlap, ex.issue = True, "one"
-    fake_cuda(ex, monkeypatch)
-    named = dict(model.named_parameters())
-    host = HostAdamW([(n, named[n]) for n in w.release_order], dict.fromkeys(named, 0.0), lr=1e-2)
-    w.listen(host)
-    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.0, fused=True)
-    steps_beside_adamw(w, host, ref, opt, xs)
-    assert host.direct == 2 * len(named)  # every gradient copied home into its buffer, both steps
-    for p, q in zip(model.parameters(), ref.parameters()):
-        assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6)
-    assert all(lane._thread is None for lane in ex.lanes.values())
+    w = assert_offloaded_mlp_trains_as_fused_adamw(one_thread_on_fake_cuda)
+    assert all(lane._thread is None for lane in w._first.executor.lanes.values())
     assert FakeEvent.counts["record"] > 0 and FakeEvent.counts["synchronize"] == 0

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 from torch.testing import assert_close
-from train_support import steps_beside_adamw, teacher_mlp
+from train_support import assert_offloaded_mlp_trains_as_fused_adamw, teacher_mlp
 
 from xsched.cli import main
 from xsched.contracts.plan import Copy, Plan
@@ -211,20 +211,4 @@ def test_the_optimizer_split_homes_the_last_released_parameters_on_the_computing
 def test_gradients_are_copied_home_straight_into_the_optimizers_buffer() -> None:
     """The plan's copy of a gradient home lands in HostAdamW's own buffer (no second host copy), and two steps
     equal torch's fused AdamW on eager gradients."""
-    from xsched.execute.wrap import wrap
-    from xsched.train.host_adamw import HostAdamW
-
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 4))
-    ref = nn.Sequential(nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 4))
-    ref.load_state_dict(model.state_dict())
-    xs = [torch.randn(8, 32) for _ in range(2)]
-    w = wrap(model, (xs[0],), {"cpu:0": "100%"}, store="cpu:1", method="offload", profile="model", param_home="cpu:1")
-    named = dict(model.named_parameters())
-    host = HostAdamW([(n, named[n]) for n in w.release_order], dict.fromkeys(named, 0.0), lr=1e-2)
-    w.listen(host)
-    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.0, fused=True)
-    steps_beside_adamw(w, host, ref, opt, xs)
-    assert host.direct == 2 * len(named)  # every gradient, both steps
-    for p, q in zip(model.parameters(), ref.parameters()):
-        assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6)
+    assert_offloaded_mlp_trains_as_fused_adamw()

@@ -177,3 +177,31 @@ def steps_beside_adamw(w, host, ref: torch.nn.Module, opt: torch.optim.Optimizer
     finally:
         w.listen(None)
         host.close()
+
+
+def assert_offloaded_mlp_trains_as_fused_adamw(prepare: Callable[[Any], None] = lambda w: None) -> Any:
+    """An MLP wrapped with its parameters on the store cpu:1 (`offload` plan) and HostAdamW listening, `prepare(w)`
+    before its first run, two steps beside its twin under torch's fused AdamW on eager gradients: every gradient
+    copied home straight into HostAdamW's buffer, both steps, and the parameters equal; the wrapped module."""
+    from torch import nn
+    from torch.testing import assert_close
+
+    from xsched.execute.wrap import wrap
+    from xsched.train.host_adamw import HostAdamW
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 4))
+    ref = nn.Sequential(nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 4))
+    ref.load_state_dict(model.state_dict())
+    xs = [torch.randn(8, 32) for _ in range(2)]
+    w = wrap(model, (xs[0],), {"cpu:0": "100%"}, store="cpu:1", method="offload", profile="model", param_home="cpu:1")
+    prepare(w)
+    named = dict(model.named_parameters())
+    host = HostAdamW([(n, named[n]) for n in w.release_order], dict.fromkeys(named, 0.0), lr=1e-2)
+    w.listen(host)
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.0, fused=True)
+    steps_beside_adamw(w, host, ref, opt, xs)
+    assert host.direct == 2 * len(named)  # every gradient, both steps
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6)
+    return w
