@@ -13,19 +13,19 @@ from dataclasses import replace
 import pytest
 import torch
 from oracle import assert_prediction_matches, resident_at_end
+from test_park_quarter import LINK, model_and_inputs  # the same small GPT and slow store link
 from test_park_store import assert_plan_trains_as_eager
 
 from xsched.capture.chunk_loss import chunk_cross_entropy
 from xsched.capture.torch import bind_inputs, capture
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Free, Plan
-from xsched.contracts.profile import LinkCost, Profile
+from xsched.contracts.profile import Profile
 from xsched.profiling.model import cost_profile
 from xsched.solve import SolverOptions, eager_peak, solve
 from xsched.solve.autograd_boundary import forward_outputs
 from xsched.solve.heuristics.park_recomputes import apply_trades, reruns, trades
 from xsched.solve.heuristics.timeline import op_seconds
-from xsched.zoo.gpt import GPT
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -33,15 +33,6 @@ DEVICES = ("cpu:0", "cpu:1")
 # of the eager peak: checkpoint's plan recomputes 68 ops here, park's is slower still (45% and below: no
 # checkpoint plan, so nothing to trade from)
 BUDGET_PCT = 50
-LINK = LinkCost(1e-5, 1e9)  # 20x slower than the modelled ops' 20 GB/s, as the H100's host link beside its memory
-
-
-@functools.cache
-def model_and_inputs() -> tuple[GPT, tuple[torch.Tensor, torch.Tensor]]:
-    torch.manual_seed(0)
-    model = GPT(n_layer=2, n_head=4, n_embd=64, block_size=128, vocab=2048).train()
-    idx = torch.randint(0, 2048, (4, 128))
-    return model, (idx, torch.randint(0, 2048, (4, 128)))
 
 
 @functools.cache
