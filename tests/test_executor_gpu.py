@@ -228,3 +228,12 @@ def test_a_copy_into_a_block_the_compute_stream_just_freed_waits_for_its_kernels
         torch.cuda.synchronize()
         assert_close(out["c"], -x.exp() + y.cuda())
         ex.close()
+
+
+def test_host_adamw_beside_a_gpu_takes_each_gradients_norm_there() -> None:
+    """An MLP on cuda:0 with its parameters, gradients and AdamW on the host: HostAdamW takes each gradient's norm
+    on the GPU as it goes home (a pinned scalar, squared when read); the total equals the twin's eager gradients'
+    on the GPU, and two steps update as torch's fused AdamW there."""
+    from train_support import assert_offloaded_mlp_trains_as_fused_adamw
+
+    assert_offloaded_mlp_trains_as_fused_adamw(device="cuda:0", home="cpu")

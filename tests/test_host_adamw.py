@@ -227,3 +227,43 @@ def test_norms_taken_as_the_gradients_are_copied_equal_eager_and_spare_the_worke
     assert norm == pytest.approx(want, rel=1e-5)
     on_worker = calls.count("xsched-host-adamw")
     assert (on_worker == 0) if micro == 1 else (on_worker == len(host.buckets) and len(calls) == on_worker)
+
+
+class CudaLike(torch.Tensor):
+    """A CPU gradient that says it is on a GPU: HostAdamW.copying takes its norm as it does a GPU's."""
+
+    @property
+    def is_cuda(self) -> bool:  # type: ignore[override]
+        return True
+
+
+def test_a_gpus_gradient_norm_goes_home_unsquared_and_is_squared_when_read(monkeypatch) -> None:
+    """The GPU branch of `copying` (the norm into a pinned scalar, one launch and one copy; squared by the worker)
+    on CPU tensors that say they are on a GPU: grad_norm() equals eager's, and the host took no norm itself."""
+    from xsched.execute.wrap import wrap
+
+    monkeypatch.setattr(host_adamw, "pinned_empty", lambda shape, dtype: torch.empty(shape, dtype=dtype))
+    monkeypatch.setattr(host_adamw, "sq_norm", lambda t: pytest.fail("the host took a norm"))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 4))
+    ref = nn.Sequential(nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 4))
+    ref.load_state_dict(model.state_dict())
+    x = torch.randn(8, 32)
+    w = wrap(model, (x,), {"cpu:0": "100%"}, store="cpu:1", method="offload", profile="model", param_home="cpu:1")
+    named = dict(model.named_parameters())
+    host = HostAdamW([(n, named[n]) for n in w.release_order], dict.fromkeys(named, 0.0), lr=1e-2)
+    copying = host.copying
+    host.copying = lambda name, grad: copying(name, grad.as_subclass(CudaLike))  # type: ignore[method-assign]
+    w.listen(host)
+    try:
+        host.begin(True, True, 1e-2)
+        w(x).square().sum().backward()
+        host.end_backward()
+        norm = host.grad_norm()
+        host.settle()
+    finally:
+        w.listen(None)
+        host.close()
+    ref(x).square().sum().backward()
+    assert norm == pytest.approx(float(torch.nn.utils.clip_grad_norm_(ref.parameters(), float("inf"))), rel=1e-5)
+    assert all(isinstance(t, torch.Tensor) for t in host._norm_out.values()) and len(host._norm_out) == len(named)

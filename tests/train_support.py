@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,27 +163,38 @@ def assert_same_weights(state: dict[str, torch.Tensor], model: torch.nn.Module, 
         assert_close(state[name], p, **tolerance, msg=lambda m, n=name: f"{n}: {m}")
 
 
-def steps_beside_adamw(w, host, ref: torch.nn.Module, opt: torch.optim.Optimizer, xs: list[torch.Tensor]) -> None:
+def steps_beside_adamw(
+    w, host, ref: torch.nn.Module, opt: torch.optim.Optimizer, xs: list[torch.Tensor]
+) -> list[tuple[float, float]]:
     """Per input, one step of the wrapped model `w` with `host` (a HostAdamW it tells) and one of `ref` with torch's
-    `opt`, each on the sum of its squared outputs (lr 1e-2); then `w` stops telling `host`, which is closed."""
+    `opt`, each on the sum of its squared outputs (lr 1e-2); then `w` stops telling `host`, which is closed. Per
+    step: the total gradient norm `host` took, and that of `ref`'s gradients."""
+    norms = []
     try:
         for x in xs:
             host.begin(True, True, 1e-2)
             w(x).square().sum().backward()
             host.end_backward()
+            took = host.grad_norm()
             host.settle()
             opt.zero_grad()
             ref(x).square().sum().backward()
+            want = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in ref.parameters()])).item()
+            norms.append((took, want))
             opt.step()
     finally:
         w.listen(None)
         host.close()
+    return norms
 
 
-def assert_offloaded_mlp_trains_as_fused_adamw(prepare: Callable[[Any], None] = lambda w: None) -> Any:
-    """An MLP wrapped with its parameters on the store cpu:1 (`offload` plan) and HostAdamW listening, `prepare(w)`
-    before its first run, two steps beside its twin under torch's fused AdamW on eager gradients: every gradient
-    copied home straight into HostAdamW's buffer, both steps, and the parameters equal; the wrapped module."""
+def assert_offloaded_mlp_trains_as_fused_adamw(
+    prepare: Callable[[Any], None] = lambda w: None, device: str = "cpu:0", home: str = "cpu:1"
+) -> Any:
+    """An MLP wrapped on `device` with its parameters on the store `home` (`offload` plan) and HostAdamW listening,
+    `prepare(w)` before its first run, two steps beside its twin on `device` under torch's fused AdamW on eager
+    gradients: every gradient copied home straight into HostAdamW's buffer, both steps, the total gradient norm it
+    took (on `device`, where the gradient was made) and the parameters equal; the wrapped module."""
     from torch import nn
     from torch.testing import assert_close
 
@@ -193,15 +205,17 @@ def assert_offloaded_mlp_trains_as_fused_adamw(prepare: Callable[[Any], None] = 
     model = nn.Sequential(nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 4))
     ref = nn.Sequential(nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 4))
     ref.load_state_dict(model.state_dict())
-    xs = [torch.randn(8, 32) for _ in range(2)]
-    w = wrap(model, (xs[0],), {"cpu:0": "100%"}, store="cpu:1", method="offload", profile="model", param_home="cpu:1")
+    ref.to(device)
+    xs = [torch.randn(8, 32, device=device) for _ in range(2)]
+    w = wrap(model, (xs[0],), {device: "100%"}, store=home, method="offload", profile="model", param_home=home)
     prepare(w)
     named = dict(model.named_parameters())
     host = HostAdamW([(n, named[n]) for n in w.release_order], dict.fromkeys(named, 0.0), lr=1e-2)
     w.listen(host)
     opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.0, fused=True)
-    steps_beside_adamw(w, host, ref, opt, xs)
+    for took, want in steps_beside_adamw(w, host, ref, opt, xs):
+        assert took == pytest.approx(want, rel=1e-5)
     assert host.direct == 2 * len(named)  # every gradient, both steps
     for p, q in zip(model.parameters(), ref.parameters()):
-        assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6)
+        assert_close(p.detach(), q.detach().to(p.device), rtol=1e-5, atol=1e-6)
     return w

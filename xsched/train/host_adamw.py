@@ -109,7 +109,7 @@ class HostAdamW:
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
         self._tasks = TaskQueue(read_ranks([list(b.slots) for b in self.buckets], read_order))
-        self._norms: dict[str, torch.Tensor | float] = {}  # squared gradient norms taken where they were made
+        self._norms: dict[str, torch.Tensor | float] = {}  # a GPU's norm (pinned), or a host's squared
         self._norm_out: dict[str, torch.Tensor] = {}  # pinned scalars a GPU's norms are copied home into
         self._urgent: collections.deque[Bucket] = collections.deque()  # write-backs, before any update
         self._error: BaseException | None = None
@@ -142,18 +142,17 @@ class HostAdamW:
 
     def copying(self, name: str, grad: torch.Tensor) -> None:
         """The run is about to copy `name`'s gradient home (on its lane: a GPU's copy stream is current). On a step
-        of one micro-batch its squared norm is taken here, on the gradient's device (a pinned scalar's copy home
-        rides on the same stream, before the event the worker waits for), so the worker need not read it again."""
+        of one micro-batch its norm is taken here, on the gradient's device (a pinned scalar's copy home rides on
+        the same stream, before the event the worker waits for), so the worker need not read it again."""
         b = self.of.get(name)
         first, last, _ = self._flags
         if b is None or not (first and last):
             return
-        if grad.is_cuda:
-            sq = torch.linalg.vector_norm(grad, dtype=torch.float32).square()
+        if grad.is_cuda:  # the norm, squared where it is read: a launch fewer per gradient on the issuing thread
             out = self._norm_out.get(name)
             if out is None:
                 out = self._norm_out[name] = pinned_empty((), torch.float32)
-            out.copy_(sq, non_blocking=True)
+            out.copy_(torch.linalg.vector_norm(grad, dtype=torch.float32), non_blocking=True)
             value: torch.Tensor | float = out
         elif grad.dtype == torch.float32:
             value = sq_norm(grad.detach().reshape(-1))
@@ -319,7 +318,9 @@ class HostAdamW:
         one is missing."""
         with self._lock:
             got = [self._norms.pop(n, None) for n in names]
-        return None if any(g is None for g in got) else [float(g) for g in got]  # type: ignore[arg-type]
+        if any(g is None for g in got):
+            return None
+        return [float(g) ** 2 if isinstance(g, torch.Tensor) else g for g in got]  # type: ignore[misc]
 
     def _update(self, b: Bucket, lr: float) -> None:
         t0 = time.perf_counter()
