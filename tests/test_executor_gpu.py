@@ -97,15 +97,21 @@ def test_gpu_compute_with_host_homes_is_as_accurate_as_eager_on_the_gpu(name: st
             assert mine <= 3 * eager + 1e-5, f"grad of {n}: {mine:.2e} from float64, eager on the GPU {eager:.2e}"
 
 
-def test_dropout_captured_on_the_gpu_draws_eagers_masks() -> None:
-    """A model captured from GPU tensors records CUDA's fused dropout (captured from CPU tensors, dropout is
+@pytest.mark.parametrize("captured_from", ["gpu", "cpu"])
+def test_dropout_captured_for_the_gpu_draws_eagers_masks(captured_from: str) -> None:
+    """A model captured for the GPU records CUDA's fused dropout, from GPU tensors or from CPU tensors typed for
+    it (`device_type="cuda"`, as `xsched train` and `wrap` capture a model on the host; the CPU's own dropout is
     bernoulli_, another random stream on CUDA): run on the GPU, it draws the masks eager PyTorch draws there."""
     z = zoo.build("gpt2", scale="tiny")
-    gpu_model, gpu_inputs = copy.deepcopy(z.model).cuda(), tuple(x.cuda() for x in z.inputs)
-    graph = capture(gpu_model, gpu_inputs)
+    if captured_from == "gpu":
+        gpu_model, gpu_inputs = copy.deepcopy(z.model).cuda(), tuple(x.cuda() for x in z.inputs)
+        graph = capture(gpu_model, gpu_inputs)
+        tangents = [v for v in graph.inputs if graph.value[v].kind == "tangent"]
+        assert tangents and all(bind_inputs(graph, gpu_model, gpu_inputs)[v].is_cuda for v in tangents)
+    else:
+        graph = capture(z.model, z.inputs, device_type="cuda")
     assert any(o.target == "aten.native_dropout.default" for o in graph.ops)
-    tangents = [v for v, t in bind_inputs(graph, gpu_model, gpu_inputs).items() if graph.value[v].kind == "tangent"]
-    assert tangents and all(bind_inputs(graph, gpu_model, gpu_inputs)[v].is_cuda for v in tangents)
+    assert not any(o.target == "aten.bernoulli.p" for o in graph.ops)
     outs, grads = eager_step(z.model, z.inputs, "cuda", torch.float32)
     for got in run_on_gpu_from_host(graph, z.model, z.inputs):
         for a, b in zip(got.outputs, outs):

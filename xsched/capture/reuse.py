@@ -50,9 +50,10 @@ def _leaf_key(x: Any) -> Any:
     return ("value", type(x).__name__, x)
 
 
-def capture_key(model: nn.Module, inputs: tuple, inference: bool, grad_outputs: Any) -> tuple:
+def capture_key(model: nn.Module, inputs: tuple, inference: bool, grad_outputs: Any, target: str = "") -> tuple:
     """What a capture depends on besides the model's code: the model object and its mode, every parameter's and
-    buffer's name and metadata, the inputs' structure and metadata, grad and autocast state, and the options."""
+    buffer's name and metadata, the inputs' structure and metadata, grad and autocast state, and the options (the
+    target device type among them: its kernels decide some ops, as dropout)."""
     leaves, spec = tree_flatten(inputs)
     autocast = tuple(
         (k, torch.is_autocast_enabled(k), torch.get_autocast_dtype(k) if torch.is_autocast_enabled(k) else None)
@@ -69,11 +70,18 @@ def capture_key(model: nn.Module, inputs: tuple, inference: bool, grad_outputs: 
         autocast,
         inference,
         _leaf_key(tuple(grad_outputs) if isinstance(grad_outputs, list) else grad_outputs),
+        target,
     )
 
 
 def reuse_or_capture(
-    model: nn.Module, inputs: tuple, inference: bool, grad_outputs: Any, name: str, trace: Callable[[], Graph]
+    model: nn.Module,
+    inputs: tuple,
+    inference: bool,
+    grad_outputs: Any,
+    name: str,
+    trace: Callable[[], Graph],
+    target: str = "",
 ) -> Graph:
     """Outside a scope `trace()`; within, the scope's graph of the same `capture_key` (renamed `name`: the
     fingerprint leaves the name out), else `trace()`, kept for the scope's next capture of the same key. The scope
@@ -81,7 +89,7 @@ def reuse_or_capture(
     scope = _SCOPE.get()
     if scope is None:
         return trace()
-    key = capture_key(model, inputs, inference, grad_outputs)
+    key = capture_key(model, inputs, inference, grad_outputs, target)
     if key in scope and scope[key][0] is model:
         graph = scope[key][1]
         return graph if graph.name == name else dataclasses.replace(graph, name=name)

@@ -28,6 +28,7 @@ from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._pytree import tree_flatten
 
 from xsched.capture.blocks import capture_blocks
+from xsched.capture.fused_dropout import fused_dropout
 from xsched.capture.fxgraph import Slot, TraceInfo, build_graph
 from xsched.capture.grad_outputs import GradOutputs, differentiated
 from xsched.capture.module_frames import ModuleTracker, compiler_tracing, located
@@ -74,17 +75,24 @@ def capture(
     """
     if not isinstance(model, nn.Module):
         raise CaptureError(f"capture needs an nn.Module, got {type(model).__name__}")
+    tensors = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    target = device_type or _model_device(model, tensors).type
     cut = lambda m: _capture(m, example_inputs, inference, name, grad_outputs)  # noqa: E731
-    trace = lambda: cut(model)  # noqa: E731
-    if reuse_blocks:
-        tensors = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-        trace = lambda: capture_blocks(model, tensors, inference, cut, lambda: cut(model))  # noqa: E731
+    whole = lambda: cut(model)  # noqa: E731
+    blocks = lambda: capture_blocks(model, tensors, inference, cut, whole)  # noqa: E731
+    traced = blocks if reuse_blocks else whole
+
+    def trace() -> Graph:
+        with fused_dropout(target):  # dropout as the target's kernels run it (a GPU's fused kernel)
+            return traced()
+
     try:  # within `captured_once()`, a repeat of a capture returns its graph
-        graph = reuse_or_capture(model, example_inputs, inference, grad_outputs, name or type(model).__name__, trace)
+        graph = reuse_or_capture(
+            model, example_inputs, inference, grad_outputs, name or type(model).__name__, trace, target
+        )
     except CaptureError as e:  # one line that names the model (and the library model inside a loss wrapper)
         raise CaptureError(f"{model_label(model)}: {e.detail}", op=e.op, value=e.value) from e
-    tensors = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-    return typed_for(graph, device_type or _model_device(model, tensors).type)
+    return typed_for(graph, target)
 
 
 def model_label(model: nn.Module) -> str:

@@ -1,0 +1,105 @@
+"""Dropout captured for a GPU from CPU tensors records CUDA's fused kernel (`native_dropout`: one op, a bool mask),
+not the CPU's four ops with a float mask; the graph still runs as eager PyTorch on the CPU (the CPU's
+`native_dropout` draws the mask its own dropout draws), recomputed dropout included; a graph for the CPU is as
+before, and a capture for one target is not reused for the other."""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.testing import assert_close
+
+from xsched import zoo
+from xsched.capture import bind_inputs, capture, unpack_outputs
+from xsched.capture.reuse import captured_once
+from xsched.contracts.plan import Compute
+from xsched.contracts.random_ops import random_ops
+from xsched.execute.executor import Executor
+from xsched.profiling.model import cost_profile
+from xsched.solve.api import solve
+
+DROPOUT_TARGETS = ("aten.native_dropout.default", "aten.bernoulli.p", "aten.empty_like.default")
+
+
+def dropout_ops(graph) -> Counter:
+    return Counter(o.target for o in graph.ops if o.target in DROPOUT_TARGETS)
+
+
+def test_a_gpu_target_records_the_fused_kernel_and_its_bool_mask() -> None:
+    """gpt2 tiny has 7 dropouts: for a GPU each is one native_dropout whose mask is 1 byte an element (its output's
+    element count); for the CPU, empty_like and bernoulli each, as before."""
+    z = zoo.build("gpt2", scale="tiny")
+    cpu, gpu = capture(z.model, z.inputs), capture(z.model, z.inputs, device_type="cuda")
+    assert dropout_ops(cpu) == Counter({"aten.empty_like.default": 7, "aten.bernoulli.p": 7})
+    assert dropout_ops(gpu) == Counter({"aten.native_dropout.default": 7})
+    assert sum(o.target == "aten.native_dropout_backward.default" for o in gpu.ops) == 7
+    for op in (o for o in gpu.ops if o.target == "aten.native_dropout.default"):
+        out, mask = (gpu.value[v] for v in op.outputs)
+        assert mask.dtype.endswith("bool") and mask.shape == out.shape
+        assert mask.nbytes * 4 == out.nbytes  # float32 activations: the mask is a quarter of their bytes
+    assert len(gpu.ops) == len(cpu.ops) - 21  # each dropout: 4 ops forward, 1 backward, against 1 and 1
+
+
+class Dropouts(nn.Module):
+    """Each way a model asks for dropout: the module, F.dropout by keyword, torch.dropout, F.dropout in place
+    (unfused on CUDA too), and p = 0 and p = 1 (no mask drawn)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 4)
+        self.drop = nn.Dropout(0.25)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.drop(torch.tanh(self.fc1(x)))
+        h = F.dropout(h, p=0.5, training=self.training) + torch.dropout(h, 0.1, self.training)
+        h = F.dropout(h * 1.0, 0.3, self.training, inplace=True)
+        return self.fc2(F.dropout(h, 0.0) + F.dropout(h, 1.0))
+
+
+def test_each_way_to_ask_for_dropout_is_fused_where_aten_fuses_it() -> None:
+    torch.manual_seed(0)
+    graph = capture(Dropouts(), (torch.randn(8, 16),), device_type="cuda")
+    assert sum(o.target == "aten.native_dropout.default" for o in graph.ops) == 3
+    assert sum(o.target == "aten.bernoulli.p" for o in graph.ops) == 1  # the in-place one
+
+
+@pytest.mark.parametrize("model_name", ["gpt2", "dropouts"])
+def test_a_graph_captured_for_a_gpu_runs_as_eager_on_the_cpu_recomputing_its_dropouts(model_name: str) -> None:
+    """The graph for a GPU, run on the CPU by a plan that frees and recomputes activations (dropouts among them,
+    replayed from the generator state they first drew from): outputs and every gradient equal eager PyTorch's on
+    the CPU from the same seed."""
+    if model_name == "gpt2":
+        z = zoo.build("gpt2", scale="tiny")
+        model, inputs = z.model, z.inputs
+    else:
+        torch.manual_seed(0)
+        model, inputs = Dropouts(), (torch.randn(8, 16),)
+    graph = capture(model, inputs, device_type="cuda")
+    plan = solve(graph, cost_profile(graph, ["cpu"]), {"cpu": "100%"}, ["cpu"], "sqrt")
+    computes = Counter(s.op for s in plan.steps if isinstance(s, Compute))
+    assert any(computes[o] > 1 for o in random_ops(graph)), "the plan recomputes a dropout"
+    eager = copy.deepcopy(model)
+    torch.manual_seed(11)
+    want = [o for o in eager(*inputs) if o.requires_grad] if model_name == "gpt2" else [eager(*inputs)]
+    torch.autograd.backward(want, [torch.ones_like(o) for o in want])
+    torch.manual_seed(11)
+    got = unpack_outputs(graph, Executor(graph, plan)(bind_inputs(graph, model, inputs)).outputs)
+    for a, b in zip([o for o in got.outputs if o.is_floating_point()], want):
+        assert_close(a, b.detach())
+    for name, p in eager.named_parameters():
+        assert_close(got.grads[name], p.grad, msg=name)
+
+
+def test_a_capture_for_one_target_is_not_reused_for_the_other() -> None:
+    """Within one capture scope (as `xsched train` plans, then wraps), the GPU's graph and the CPU's differ."""
+    z = zoo.build("gpt2", scale="tiny")
+    with captured_once():
+        gpu = capture(z.model, z.inputs, device_type="cuda")
+        cpu = capture(z.model, z.inputs, device_type="cpu")
+        again = capture(z.model, z.inputs, device_type="cuda")
+    assert dropout_ops(gpu) != dropout_ops(cpu) and again is gpu
