@@ -56,8 +56,8 @@ def graphs(a: argparse.Namespace) -> dict[int, Graph]:
     """0 -> the captured graph; K -> it with its loss in K chunks."""
     z = zoo.build("gpt2", batch=a.batch, scale=a.scale)
     model = LossOnly(z.model) if a.loss_only else z.model
-    with autocast(a.precision, ("cuda",)):  # as `xsched train` captures for a GPU
-        g = capture(model, z.inputs, grad_outputs=a.grad_outputs)
+    with autocast(a.precision, ("cuda",)):  # as `xsched train` captures for a GPU (its dropout and dtypes too)
+        g = capture(model, z.inputs, grad_outputs=a.grad_outputs, device_type=a.device_type)
     if a.held:  # as `wrap` plans it: the caller holds the logits from the autograd boundary to the end
         g = dataclasses.replace(g, held_outputs=tuple(v for v in forward_outputs(g) if g.value[v].shape != ()))
     return {0: g, **{k: chunk_cross_entropy(g, k, a.weight_grad_sum) for k in (int(x) for x in a.chunks.split(","))}}
@@ -128,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="bf16: xsched train's autocast")
     ap.add_argument("--loss-only", action="store_true", help="the model returns its loss alone (no logits output)")
     ap.add_argument("--held", action="store_true", help="the logits held by the caller, as `wrap` plans it")
+    ap.add_argument(
+        "--device-type", default="cuda", choices=["cuda", "cpu"], help="the kernels the graph is captured for"
+    )
     ap.add_argument("--chunks", default="4,8,16", help="chunk counts to compare with the original")
     ap.add_argument("--weight-grad-sum", default="per_chunk", choices=WEIGHT_GRAD_SUMS, help="a bf16 dW's sum")
     ap.add_argument("--budgets", default="", help="GPU budgets in %% of the original eager peak (plans; slow)")

@@ -6,8 +6,10 @@ train` builds and traces the model on the host) recorded the CPU's four: the GPU
 runs one, held the float mask, and drew other masks than eager from the same seed. While `fused_dropout` is active,
 training-mode dropout is traced as ATen's CUDA path takes it (`dropout` in aten/src/ATen/native/Dropout.cpp: fused
 where 0 < p < 1 and the input is not empty; in-place dropout is not fused there either). On the CPU `native_dropout`
-draws the same mask from the same generator state as the CPU's own dropout, so a graph typed for a GPU still runs
-as eager on logical CPU devices (tests/test_fused_dropout.py)."""
+draws the same mask from the same generator state as the CPU's own dropout, and gives the same outputs, so a graph
+typed for a GPU still runs as eager on logical CPU devices (in float32 bit for bit; in half precision its backward
+scales the gradient by the unrounded 1 / (1 - p), the CPU's by that scale rounded to the dtype: tests/
+test_fused_dropout.py)."""
 
 from __future__ import annotations
 
