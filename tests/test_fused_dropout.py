@@ -1,7 +1,8 @@
 """Dropout captured for a GPU from CPU tensors records CUDA's fused kernel (`native_dropout`: one op, a bool mask),
 not the CPU's four ops with a float mask; the graph still runs as eager PyTorch on the CPU (the CPU's
 `native_dropout` draws the mask its own dropout draws), recomputed dropout included; a graph for the CPU is as
-before, and a capture for one target is not reused for the other."""
+before, a capture for one target is not reused for the other, the capture for CUDA is the graph the H100 captured,
+and `xsched run` still takes a plan made for a graph file captured for the CPU."""
 
 from __future__ import annotations
 
@@ -120,3 +121,21 @@ def test_the_cpu_capture_for_a_gpu_records_what_the_h100_recorded() -> None:
     ours = capture(z.model, z.inputs, device_type="cuda")
     assert [o.target for o in ours.ops] == [o.target for o in h100.ops]
     assert [(v.dtype, v.shape, v.nbytes) for v in ours.values] == [(v.dtype, v.shape, v.nbytes) for v in h100.values]
+
+
+def test_xsched_run_takes_a_plan_made_for_a_cpu_typed_graph_file_on_gpu_devices(tmp_path, monkeypatch, capsys) -> None:
+    """`xsched capture` writes the CPU's graph unless told `--device-type cuda`; a plan made for that file on a GPU
+    still runs under `xsched run`, which captures for the plan's devices first (here patched to say a GPU: there
+    is none), then as the file was captured. A plan for neither graph is one line and exit 2."""
+    import xsched.contracts.device_dtypes as device_dtypes
+    from xsched.cli import main
+    from xsched.solve.reference import eager_plan
+
+    z = zoo.build("gpt2", scale="tiny")
+    eager_plan(capture(z.model, z.inputs), "cpu").save(tmp_path / "plan.json")
+    monkeypatch.setattr(device_dtypes, "target_device_type", lambda devices: "cuda")
+    argv = ["run", "zoo:gpt2", str(tmp_path / "plan.json"), "--scale", "tiny", "--iters", "1", "--warmup", "0"]
+    assert main(argv) == 0
+    assert "iteration time" in capsys.readouterr().out
+    assert main([*argv, "--batch", "3"]) == 2
+    assert "plan it again" in capsys.readouterr().err

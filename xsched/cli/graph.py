@@ -104,8 +104,8 @@ def add(sub: argparse._SubParsersAction) -> None:
         "--device-type",
         choices=("cpu", "cuda"),
         help="the devices whose kernels run the graph (default the model's): its outputs whose dtype the device "
-        "decides (a bf16 layer norm's mean and rstd are float32 on CUDA) as they make them; `xsched profile` and "
-        "`train` type a captured model by their devices",
+        "decides (a bf16 layer norm's mean and rstd are float32 on CUDA) as they make them, and dropout as they run "
+        "it (CUDA's fused kernel); `xsched profile` and `train` type a captured model by their devices",
     )
     add_shape_flag(c)
     c.add_argument("-o", "--output", required=True)

@@ -25,11 +25,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.model.endswith(".onnx"):
         return _run_onnx(args, plan)
     model, inputs = load_model(args.model, args.batch, args.scale)
-    typed = target_device_type(plan.devices)  # as `xsched profile` and `train` type the graph for these devices
-    graph = capture(model, inputs, name=args.model, device_type=typed)
-    if graph.fingerprint != plan.graph:
-        graph = capture(model, inputs, inference=True, name=args.model, device_type=typed)
-    if graph.fingerprint != plan.graph:
+    # typed for these devices as `xsched profile` and `train` capture it; else as `xsched capture` wrote the graph
+    # file the plan was made for (typed for the CPU: a GPU runs it through the dtype adapters, dropout unfused)
+    typed = target_device_type(plan.devices)
+    tries = [(inference, t) for t in dict.fromkeys((typed, "cpu")) for inference in (False, True)]
+    for inference, device_type in tries:
+        graph = capture(model, inputs, inference=inference, name=args.model, device_type=device_type)
+        if graph.fingerprint == plan.graph:
+            break
+    else:
         raise PlanError(
             f"{args.plan} was made for graph {plan.graph}; {args.model} (batch/scale as given) captures as "
             f"{graph.fingerprint}: plan it again for this model",
