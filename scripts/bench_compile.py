@@ -50,7 +50,8 @@ from xsched.devices import get_device
 from xsched.errors import BudgetError, XschedError
 from xsched.execute.back_to_back import profile_calibrated
 from xsched.execute.compiled_memory import MAX_SPLITS
-from xsched.execute.wrap import MAX_REPLANS, held_by_caller, wrap
+from xsched.execute.wrap import MAX_REPLANS, wrap
+from xsched.execute.wrap_graph import held_by_caller
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_compile_fit import fit_row, fit_table  # noqa: E402

@@ -15,7 +15,7 @@ from torch.utils.checkpoint import checkpoint
 from xsched import zoo
 from xsched.capture.torch import bind_inputs, capture
 from xsched.execute.live_bytes import LiveBytes, measured_peaks
-from xsched.execute.wrap import held_by_caller
+from xsched.execute.wrap_graph import held_by_caller
 from xsched.pipeline import solve_plan
 from xsched.solve.bounds.memory import lower_bounds
 from xsched.train.optim import autocast as xsched_autocast

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import gzip
+import importlib
 import json
 from collections import Counter
 from pathlib import Path
@@ -139,3 +140,35 @@ def test_xsched_run_takes_a_plan_made_for_a_cpu_typed_graph_file_on_gpu_devices(
     assert "iteration time" in capsys.readouterr().out
     assert main([*argv, "--batch", "3"]) == 2
     assert "plan it again" in capsys.readouterr().err
+
+
+def test_wrap_takes_a_plan_made_for_a_cpu_typed_graph_file_on_gpu_devices(monkeypatch) -> None:
+    """The same for `wrap(..., plan=)`: its devices say a GPU (patched), the plan was made for the CPU's graph, and
+    the wrapped model trains as eager PyTorch from the same seed."""
+    from xsched.solve.reference import eager_plan
+
+    wrap_module = importlib.import_module("xsched.execute.wrap")  # the package exports `wrap`, the function
+    torch.manual_seed(0)
+    model, x = Dropouts(), torch.randn(8, 16)
+    plan = eager_plan(capture(model, (x,)), "cpu")
+    monkeypatch.setattr(wrap_module, "target_device_type", lambda devices: "cuda")
+    eager = copy.deepcopy(model)
+    w = wrap_module.wrap(model, (x,), {"cpu": "100%"}, plan=plan)
+    assert w.device_type == "cuda"
+    for m in (w, eager):
+        torch.manual_seed(5)
+        m(x).square().sum().backward()
+    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+        assert_close(p.grad, q.grad, msg=name)
+
+
+def test_wrap_given_a_plan_for_another_model_says_so_in_one_line() -> None:
+    from xsched.errors import PlanError
+    from xsched.execute.wrap import wrap
+    from xsched.solve.reference import eager_plan
+
+    torch.manual_seed(0)
+    other = eager_plan(capture(nn.Sequential(nn.Linear(16, 4)), (torch.randn(8, 16),)), "cpu")
+    with pytest.raises(PlanError, match="plan it again for this model") as e:
+        wrap(Dropouts(), (torch.randn(8, 16),), {"cpu": "100%"}, plan=other)
+    assert "\n" not in str(e.value) and e.value.stage == "execute"

@@ -17,6 +17,7 @@ from xsched.errors import BudgetError
 from xsched.execute.executor import Executor
 from xsched.execute.live_bytes import LiveBytes, _named, measured_peaks
 from xsched.execute.steps import prepare_compute, prepare_copy, prepare_free
+from xsched.execute.wrap_graph import held_by_caller
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 wrap_module = importlib.import_module("xsched.execute.wrap")
@@ -130,7 +131,7 @@ def test_held_outputs_survive_json_and_keep_the_fingerprint() -> None:
     from xsched.contracts.graph import Graph, GraphError
 
     g = capture(blocks(), (torch.randn(8, 64),))
-    held = wrap_module.held_by_caller(g)
+    held = held_by_caller(g)
     assert held.held_outputs and held.fingerprint == g.fingerprint
     assert Graph.from_dict(held.to_dict()).held_outputs == held.held_outputs
     with pytest.raises(GraphError, match="held output"):

@@ -5,7 +5,6 @@ backward runs the rest, so `loss.backward()` and `optimizer.step()` work unchang
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -14,7 +13,6 @@ import torch
 from torch import nn
 from torch.utils._pytree import TreeSpec
 
-from xsched.capture.chunk_loss import chunked_as_asked
 from xsched.capture.grad_outputs import GradOutputs
 from xsched.capture.torch import capture
 from xsched.contracts.device_dtypes import target_device_type
@@ -29,10 +27,10 @@ from xsched.execute.executor import Executor
 from xsched.execute.host_pin import move_to_homes, pin_unpinned, pins_host
 from xsched.execute.param_home import ListenerSlot, ParamListener, ParamPoints, check_homes, param_homes
 from xsched.execute.state_hooks import install_state_hooks
+from xsched.execute.wrap_graph import graph_to_run
 from xsched.execute.wrap_run import Compiled, _apply_c, _PlanFunction, _Run
 from xsched.execute.wrap_signature import describe, output_spec, signature
 from xsched.pipeline import plan_report, solve_plan
-from xsched.solve.autograd_boundary import forward_outputs
 
 
 class XschedModule(CompiledReplans, nn.Module):
@@ -162,15 +160,9 @@ class XschedModule(CompiledReplans, nn.Module):
         """Capture, plan (unless given) and bind; `limits`: a compiled re-plan's budgets, its plan solved within
         lower ones (`replan` of the plan it replaces), the `replans`-th for this key; `fallback`: the measured plan
         that fits, which a re-plan solved within more replaces until its own first run is measured."""
-        traced = partial(capture, self.module, inputs, name=type(self.module).__name__, device_type=self.device_type)
-        graph = traced(inference=inference, grad_outputs=self.grad_outputs, reuse_blocks=True)
-        graph = graph if inference else chunked_as_asked(graph, self.chunk_loss)
-        graph = held_by_caller(graph) if self.hold_outputs and not inference else graph
-        if plan is not None and plan.graph != graph.fingerprint and self.grad_outputs == "auto" and not inference:
-            # a plan made for the graph of every output (capture's and `xsched capture`'s default) runs as made
-            every = chunked_as_asked(traced(grad_outputs="all"), self.chunk_loss)
-            graph = every if every.fingerprint == plan.graph else graph
-            graph = held_by_caller(graph) if self.hold_outputs else graph
+        traced = partial(capture, self.module, inputs, name=type(self.module).__name__, reuse_blocks=True)
+        how_captured = (inference, self.grad_outputs, self.device_type, self.chunk_loss, self.hold_outputs)
+        graph = graph_to_run(traced, plan, *how_captured)
         homes = param_homes(graph, self.param_home) if self.param_home is not None else None
         solved = plan is None
         if plan is None:
@@ -316,13 +308,6 @@ def _read_after_update(graph: Graph, plan: Plan) -> set[str]:
             out.update(b for b in op.inputs if of.get(b) in updated)
             updated.update(op.outputs)
     return out
-
-
-def held_by_caller(graph: Graph) -> Graph:
-    """`graph` with its non-scalar forward outputs held by the caller from the autograd boundary on: `wrap` returns
-    them, and code such as `loss = F.cross_entropy(model(x), y); loss.backward()` keeps them through backward."""
-    held = tuple(v for v in forward_outputs(graph) if graph.value[v].shape != ())
-    return dataclasses.replace(graph, held_outputs=held) if held else graph
 
 
 def _computing_first(devices: Sequence[str], stores: Sequence[str]) -> list[str]:
