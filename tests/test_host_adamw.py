@@ -192,16 +192,29 @@ def test_a_wrapped_model_reads_its_first_layer_first() -> None:
     assert w.release_order.index("4.weight") < w.release_order.index("0.weight")
 
 
-@pytest.mark.parametrize("micro", [1, 2])
-def test_norms_taken_as_the_gradients_are_copied_equal_eager_and_spare_the_worker(monkeypatch, micro: int) -> None:
+class CudaLike(torch.Tensor):
+    """A CPU gradient that says it is on a GPU: HostAdamW.copying takes its norm as it does a GPU's."""
+
+    @property
+    def is_cuda(self) -> bool:  # type: ignore[override]
+        return True
+
+
+@pytest.mark.parametrize(("micro", "gpu"), [(1, False), (2, False), (1, True)])
+def test_norms_taken_as_the_gradients_are_copied_equal_eager_and_spare_the_worker(
+    monkeypatch, micro: int, gpu: bool
+) -> None:
     """cpu:0 computes, cpu:1 holds the parameters: with one micro-batch the norms are taken on the copy's lane (the
-    worker takes none); with two, the worker takes the norm of the sum. Either way grad_norm() equals eager's."""
+    worker takes none); with two, the worker takes the norm of the sum. Either way grad_norm() equals eager's.
+    `gpu`: the gradients say they are on a GPU, so `copying` takes the GPU's branch (the norm into a pinned scalar,
+    one launch and one copy, squared by the worker): the host takes no norm at all."""
     from xsched.execute.wrap import wrap
     from xsched.train import host_adamw as module
 
     calls: list[str] = []
     real = module.sq_norm
     monkeypatch.setattr(module, "sq_norm", lambda t: calls.append(threading.current_thread().name) or real(t))
+    monkeypatch.setattr(module, "pinned_empty", lambda shape, dtype: torch.empty(shape, dtype=dtype))
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 4))
     ref = nn.Sequential(nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 4))
@@ -210,6 +223,9 @@ def test_norms_taken_as_the_gradients_are_copied_equal_eager_and_spare_the_worke
     w = wrap(model, (xs[0],), {"cpu:0": "100%"}, store="cpu:1", method="offload", profile="model", param_home="cpu:1")
     named = dict(model.named_parameters())
     host = HostAdamW([(n, named[n]) for n in w.release_order], dict.fromkeys(named, 0.0), lr=1e-2)
+    if gpu:
+        copying = host.copying
+        host.copying = lambda name, grad: copying(name, grad.as_subclass(CudaLike))  # type: ignore[method-assign]
     w.listen(host)
     try:
         for k, x in enumerate(xs):
@@ -227,43 +243,4 @@ def test_norms_taken_as_the_gradients_are_copied_equal_eager_and_spare_the_worke
     assert norm == pytest.approx(want, rel=1e-5)
     on_worker = calls.count("xsched-host-adamw")
     assert (on_worker == 0) if micro == 1 else (on_worker == len(host.buckets) and len(calls) == on_worker)
-
-
-class CudaLike(torch.Tensor):
-    """A CPU gradient that says it is on a GPU: HostAdamW.copying takes its norm as it does a GPU's."""
-
-    @property
-    def is_cuda(self) -> bool:  # type: ignore[override]
-        return True
-
-
-def test_a_gpus_gradient_norm_goes_home_unsquared_and_is_squared_when_read(monkeypatch) -> None:
-    """The GPU branch of `copying` (the norm into a pinned scalar, one launch and one copy; squared by the worker)
-    on CPU tensors that say they are on a GPU: grad_norm() equals eager's, and the host took no norm itself."""
-    from xsched.execute.wrap import wrap
-
-    monkeypatch.setattr(host_adamw, "pinned_empty", lambda shape, dtype: torch.empty(shape, dtype=dtype))
-    monkeypatch.setattr(host_adamw, "sq_norm", lambda t: pytest.fail("the host took a norm"))
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 4))
-    ref = nn.Sequential(nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 4))
-    ref.load_state_dict(model.state_dict())
-    x = torch.randn(8, 32)
-    w = wrap(model, (x,), {"cpu:0": "100%"}, store="cpu:1", method="offload", profile="model", param_home="cpu:1")
-    named = dict(model.named_parameters())
-    host = HostAdamW([(n, named[n]) for n in w.release_order], dict.fromkeys(named, 0.0), lr=1e-2)
-    copying = host.copying
-    host.copying = lambda name, grad: copying(name, grad.as_subclass(CudaLike))  # type: ignore[method-assign]
-    w.listen(host)
-    try:
-        host.begin(True, True, 1e-2)
-        w(x).square().sum().backward()
-        host.end_backward()
-        norm = host.grad_norm()
-        host.settle()
-    finally:
-        w.listen(None)
-        host.close()
-    ref(x).square().sum().backward()
-    assert norm == pytest.approx(float(torch.nn.utils.clip_grad_norm_(ref.parameters(), float("inf"))), rel=1e-5)
-    assert all(isinstance(t, torch.Tensor) for t in host._norm_out.values()) and len(host._norm_out) == len(named)
+    assert (not calls and len(host._norm_out) == len(named)) if gpu else not host._norm_out
