@@ -46,7 +46,7 @@ import torch
 from bench_cuda import device_name, no_plan, one_line
 from bench_gpu_compiled_rows import compiled_plan_rows
 from bench_gpu_plan_rows import captured, log_row, plan_row
-from bench_gpu_torch_rows import compile_rows, log, step_named, torch_rows
+from bench_gpu_torch_rows import compile_rows, eager_grads, log, step_named, torch_rows
 from gpu.memory_report import frontier_plot, mib, render
 
 from xsched import zoo
@@ -109,6 +109,7 @@ def chunked_rows(
     a,
     limit: float,
     ckpt_budget: int | None = None,
+    want_grads: dict | None = None,
 ) -> list[dict]:
     """--chunk-loss K: xsched rows on the graph with its cross-entropy in K row blocks (xsched.capture.chunk_loss),
     with the store at every budget, and at torch checkpoint's measured peak (`ckpt_budget`) both alone and with
@@ -150,7 +151,7 @@ def chunked_rows(
             rows.append({"plan": k, "error": p})
             continue
         try:
-            got = plan_row(k, chunked, p, profile, env, compute, eager, a)  # the row, and its expandable twin
+            got = plan_row(k, chunked, p, profile, env, compute, eager, a, want_grads)  # the row, its twins
         except Exception as e:  # an out-of-memory or a failing plan must not lose the other rows
             traceback.print_exc()
             got = [{"plan": k, "error": f"error: {one_line(e)}"}]
@@ -300,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     resident = sum(graph.value[v].nbytes for v in graph.inputs)
     log(f"{graph.name}: {len(graph.ops)} ops, {graph.fingerprint}, batch {a.batch}, on {device_name(dev)}")
     rows, eager_run, eager_times = torch_rows(model, inputs, dev, a)
+    want_grads = eager_grads(model, inputs, a.loss_backward)  # the oracle of every xsched row's gradients
     torch_done = list(rows)
     eager, ckpt = rows[0], rows[1]
 
@@ -325,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"plan": k, "error": p})
             continue
         try:
-            got_rows = plan_row(k, graph, p, profile, env, compute, eager_run, a)
+            got_rows = plan_row(k, graph, p, profile, env, compute, eager_run, a, want_grads)
         except Exception as e:  # an out-of-memory or a failing plan must not lose the other rows
             traceback.print_exc()
             rows.append({"plan": k, "error": f"error: {one_line(e)}"})
@@ -338,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             log_row(row)
 
     ckpt_budget = resident + ckpt["peak"] if ckpt.get("peak") else None
-    chunked = chunked_rows(graph, env, compute, store, store_budget, eager_run, a, limit, ckpt_budget)
+    chunked = chunked_rows(graph, env, compute, store, store_budget, eager_run, a, limit, ckpt_budget, want_grads)
     rows += chunked
     eager_times += [t for r in chunked for t in r.get("eager_times", [])]
 

@@ -7,20 +7,20 @@ from __future__ import annotations
 
 import functools
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
-from bench_gpu_torch_rows import grad_outputs, log, timed
+from bench_gpu_torch_rows import SEED, grad_outputs, log, timed
 from bench_offload import hidden_share
 from gpu.memory_report import mib
 
 from xsched.allocator import reserved_range, segment_size
 from xsched.allocator.placement import ArenaPlan
-from xsched.capture.torch import capture
+from xsched.capture.torch import capture, unpack_outputs
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Plan
 from xsched.contracts.profile import Profile
-from xsched.errors import CaptureError
+from xsched.errors import CaptureError, XschedError
 from xsched.execute.alloc_settings import use_expandable_segments
 from xsched.execute.executor import Executor
 from xsched.execute.live_bytes import measured_peaks
@@ -76,12 +76,24 @@ def executors(graph: Graph, plan: Plan, a) -> dict[str, Executor]:
     return exs
 
 
-def plan_row(label: str, graph: Graph, plan: Plan, profile: Profile, env: dict, compute: str, eager: Callable, a):
+def plan_row(
+    label: str,
+    graph: Graph,
+    plan: Plan,
+    profile: Profile,
+    env: dict,
+    compute: str,
+    eager: Callable,
+    a,
+    want_grads: Mapping[str, torch.Tensor] | None = None,
+):
     """The plan through the executor as it runs by default (`a.lanes`; CUDA: on its lanes, copies on side streams;
     logical CPUs: in plan order on the calling thread), interleaved with eager PyTorch (the row's "vs eager") and,
     when the plan copies, with the executor's other mode. Measured on the lanes, the step in plan order (copies on
     the compute stream) less the step on the lanes, over the plan's predicted copy time, is the share of copy time
-    the lanes hide. The rows: the plan's, then (`a.expandable_segments`) the same plan with expandable segments."""
+    the lanes hide. The rows: the plan's, then (`a.expandable_segments`) the same plan with expandable segments.
+    `want_grads`: eager PyTorch's gradients of the seeded step (bench_gpu_torch_rows.eager_grads); the row's
+    `grad_err` is the largest relative error (norm-wise) of the plan's, from one more seeded run after the timed."""
     sim = simulate(graph, plan, profile, check_budgets=False)
     copy_s, predicted_hidden = hidden_share(graph, plan, profile)
     copies = sum(isinstance(s, Copy) for s in plan.steps)
@@ -126,6 +138,7 @@ def plan_row(label: str, graph: Graph, plan: Plan, profile: Profile, env: dict, 
     try:
         runs = {k: functools.partial(run, k) for k in exs}
         got = timed({**runs, "eager": eager}, exs["default"].dev[compute], a.iters, a.warmup)
+        grad_err = grads_against(graph, exs["default"], env, want_grads) if want_grads else None
     finally:
         for ex in exs.values():
             ex.close()
@@ -142,6 +155,7 @@ def plan_row(label: str, graph: Graph, plan: Plan, profile: Profile, env: dict, 
         "predicted_reserved": low.step_reserved,
         "predicted_reserved_ahead": high.step_reserved,
         "loss": mine["loss"],
+        "grad_err": grad_err,
         "predicted_s": sim.makespan_s,
         "predicted_seq_s": sim.time_s,
         "predicted_peak": sim.peak_bytes[compute] - resident,
@@ -164,6 +178,24 @@ def plan_row(label: str, graph: Graph, plan: Plan, profile: Profile, env: dict, 
     if "arena" in got:
         rows.append(arena_row(row, got["arena"], counted["arena"], arena, arena_predicted, compute))
     return rows
+
+
+def grads_against(graph: Graph, ex: Executor, env: dict, want: Mapping[str, torch.Tensor]) -> float:
+    """One more step of `ex`, seeded as the timed ones: the largest relative error (norm-wise: a GPU's reductions
+    may sum in another order than eager's kernels) of its parameters' gradients against `want`, every one present."""
+    torch.manual_seed(SEED)
+    st = ex.start(env)
+    ex.run(st)
+    got = unpack_outputs(graph, ex.outputs(st, list(graph.outputs))).grads
+    del st
+    missing = sorted(set(want) - set(got))
+    if missing:
+        raise XschedError(f"the plan's step made no gradient of {missing[0]}", stage="bench")
+    errs = [
+        (got[n].detach().double().cpu() - w.double()).norm() / w.double().norm().clamp_min(1e-30)
+        for n, w in want.items()
+    ]
+    return float(max(errs))
 
 
 def expandable_row(row: dict, got: dict, counted: int, predicted: tuple) -> dict:

@@ -37,6 +37,18 @@ def ones_for(model: torch.nn.Module, inputs: tuple, loss_backward: bool) -> list
     return ones
 
 
+def eager_grads(model: torch.nn.Module, inputs: tuple, loss_backward: bool) -> dict[str, torch.Tensor]:
+    """The parameters' gradients of one eager step seeded as every timed step (the executor replays dropout's
+    draws), on the host: the oracle each xsched row's gradients are held to."""
+    ones = ones_for(model, inputs, loss_backward)
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(SEED)
+    torch.autograd.backward(backpropagated(_tensor_leaves(model(*inputs)), loss_backward), ones)
+    grads = {n: p.grad.detach().cpu() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
 def grad_outputs(loss_backward: bool) -> str:
     """capture's and wrap's grad_outputs for that step: "all", or "auto", which differentiates the forward's scalar
     outputs: GPT-2's loss alone (bench_gpu_plan_rows.captured checks it)."""

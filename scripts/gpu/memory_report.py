@@ -21,6 +21,7 @@ COLUMNS = (
     "recomputes",
     "copy time hidden (measured / predicted)",
     "loss - eager loss",
+    "grads vs eager",
 )
 
 NOTES = """\
@@ -46,7 +47,9 @@ resident + the step peak measured for torch.utils.checkpoint.
 resident inputs. `copy time hidden` = (the same plan with every step in plan order on the calling thread, copies on
 the compute stream, less the step on the lanes) / the plan's copy time predicted by the profile; {hidden}. Beside
 it, the lanes model's own share: 1 - (makespan - makespan with free copies) / copy time. `loss - eager loss`: the
-last step's loss against eager PyTorch's, every step seeded alike (the executor replays dropout draws)."""
+last step's loss against eager PyTorch's, every step seeded alike (the executor replays dropout draws). `grads vs
+eager`: one more seeded step of the plan after the timed ones, the largest relative error (norm-wise) of a
+parameter's gradient against eager PyTorch's (xsched rows; their twins run the same plan)."""
 
 MODES = {
     True: "on its lanes (a thread per stream, copies on side streams)",
@@ -108,6 +111,7 @@ def cells(row: dict, eager: dict) -> list[str]:
         str(row.get("recomputes", "-")),
         hidden,
         loss,
+        "-" if row.get("grad_err") is None else f"{row['grad_err']:.1e}",
     ]
 
 
