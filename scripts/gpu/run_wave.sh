@@ -32,7 +32,7 @@ elif [ "$PART" = B ]; then
   timeout 235 python3 scripts/bench_compile.py --device cuda:0 --iters 8 --deadline 215 --profile-s 10 --no-settle \
     --json $R/compile.json --out $R/compile.md > $R/compile.log 2>&1
   cp $R/compile.md $R/compile.json "$OUT"/ 2>/dev/null; tail -20 $R/compile.log
-  timeout 60 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_device_dtypes.py tests/test_executor_gpu.py \
+  timeout 80 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_device_dtypes.py tests/test_executor_gpu.py \
     tests/test_device_kernels.py \
     > $R/gpu_tests.log 2>&1
   tail -8 $R/gpu_tests.log
