@@ -14,6 +14,7 @@ from torch import nn
 from xsched.capture.torch import bind_inputs, capture
 from xsched.cli import main
 from xsched.contracts.plan import Copy, Plan
+from xsched.errors import XschedError
 from xsched.profiling.measure import profile_graph
 from xsched.profiling.model import cost_profile
 from xsched.report.trace import measured_trace, predicted_trace
@@ -180,3 +181,20 @@ def test_measured_trace_on_lanes_and_predicted_trace_match_their_models(one_thre
     assert [e["ts"] for e in pe] == pytest.approx([a * 1e6 for a, _ in spans])
     assert [e["dur"] for e in pe] == pytest.approx([(b - a) * 1e6 for a, b in spans])
     assert isinstance(Plan.from_dict(plan.to_dict()), Plan)
+
+
+def test_report_captures_a_model_for_its_machines_devices(tmp_path, monkeypatch):
+    """As `xsched profile` does: a machine with a GPU gets the graph its GPU runs (CUDA's dtypes and dropout), a
+    CPU-only one the CPU's (the capture is stopped there: no GPU here to profile)."""
+    import xsched.loaders as loaders
+
+    typed = []
+
+    def stop(spec, **kw):
+        typed.append(kw.get("device_type"))
+        raise XschedError("stopped after the capture's arguments", stage="test")
+
+    monkeypatch.setattr(loaders, "load_graph", stop)
+    for machine in ("cuda:0+cpu", "cpu"):
+        assert main(["report", "zoo:gpt2", "--scale", "tiny", "--machine", machine, "-o", str(tmp_path / "r")]) == 2
+    assert typed == ["cuda", "cpu"]

@@ -21,6 +21,7 @@ def _csv(text: str) -> tuple[str, ...]:
 
 def cmd_report(a: argparse.Namespace) -> int:
     """`xsched report MODEL|graph.json --machine DEV[@BUDGET]+DEV... -o DIR`: solve every what-if, write the report."""
+    from xsched.contracts.device_dtypes import target_device_type
     from xsched.loaders import load_graph
     from xsched.report.build import ReportSettings, build_report, check_settings
     from xsched.report.machines import parse_machine, union_devices
@@ -38,8 +39,9 @@ def cmd_report(a: argparse.Namespace) -> int:
         measured=a.measured,
     )
     check_settings(settings)  # matplotlib, sections, methods: before capturing and profiling
-    graph = load_graph(a.model, batch=a.batch, scale=a.scale)
-    profile = _profile(a, graph, union_devices(machines))
+    devices = union_devices(machines)  # a captured model typed for them, as `xsched profile` types it
+    graph = load_graph(a.model, batch=a.batch, scale=a.scale, device_type=target_device_type(devices))
+    profile = _profile(a, graph, devices)
     command = shlex.join(["xsched", *getattr(a, "argv", [])]) if getattr(a, "argv", None) else ""
     report = build_report(graph, profile, machines, a.output, settings, command)
     if a.json:
