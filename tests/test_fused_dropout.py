@@ -21,6 +21,7 @@ from torch.testing import assert_close
 
 from xsched import zoo
 from xsched.capture import bind_inputs, capture, unpack_outputs
+from xsched.capture.chunk_loss import chunk_cross_entropy
 from xsched.capture.reuse import captured_once
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute
@@ -115,13 +116,16 @@ def test_a_capture_for_one_target_is_not_reused_for_the_other() -> None:
 def test_the_cpu_capture_for_a_gpu_records_what_the_h100_recorded() -> None:
     """GPT-2 (6 layers, batch 8, T1024, dropout 0.1) captured from CPU tensors for CUDA against the graph the lent
     H100 captured from GPU tensors (benchmarks/gpu/, 2026-11-27): op for op the same aten ops, value for value the
-    same dtypes, shapes and bytes (for the CPU, 57 more ops and 1.9 GiB more at the eager peak)."""
-    stored = ROOT / "benchmarks" / "gpu" / "gpt2-full_n_layer6.h100-20261127.graph.json.gz"
-    h100 = Graph.from_dict(json.loads(gzip.decompress(stored.read_bytes())))
+    same dtypes, shapes and bytes (for the CPU, 57 more ops and 1.9 GiB more at the eager peak); its loss in 8 chunks
+    as the H100's chunked graph."""
     z = zoo.build("gpt2", batch=8, scale="full:n_layer=6")
     ours = capture(z.model, z.inputs, device_type="cuda")
-    assert [o.target for o in ours.ops] == [o.target for o in h100.ops]
-    assert [(v.dtype, v.shape, v.nbytes) for v in ours.values] == [(v.dtype, v.shape, v.nbytes) for v in h100.values]
+    for graph, name in ((ours, "gpt2-full_n_layer6"), (chunk_cross_entropy(ours, 8), "gpt2-full_n_layer6-chunk8")):
+        stored = ROOT / "benchmarks" / "gpu" / f"{name}.h100-20261127.graph.json.gz"
+        h100 = Graph.from_dict(json.loads(gzip.decompress(stored.read_bytes())))
+        assert [o.target for o in graph.ops] == [o.target for o in h100.ops], name
+        shapes = [(v.dtype, v.shape, v.nbytes) for v in h100.values]
+        assert [(v.dtype, v.shape, v.nbytes) for v in graph.values] == shapes, name
 
 
 def test_xsched_run_takes_a_plan_made_for_a_cpu_typed_graph_file_on_gpu_devices(tmp_path, monkeypatch, capsys) -> None:
