@@ -182,7 +182,9 @@ def row_xsched_allcores(setup: dict[str, Any]) -> dict[str, Any]:
 def row_xsched_one(setup: dict[str, Any]) -> dict[str, Any]:
     """row_xsched with every step issued by the training thread (`--issue one`), not a thread per lane."""
     _, out = xsched_run(setup, "gpt2", setup["scale"], setup["budget"], issue="one")
-    out["note"] = "issued by the training thread alone; " + out["note"]
+    gpu = setup["device"].startswith("cuda")  # one thread issues GPU streams; host lanes keep a thread each
+    how = "issued by the training thread alone" if gpu else "--issue one, run on lanes: its lanes are host lanes"
+    out["note"] = f"{how}; " + out["note"]
     return out
 
 

@@ -112,7 +112,7 @@ def test_the_offload_bench_rows_of_the_issuer_and_the_share_train_as_the_xsched_
     base = rows.row_xsched(setup)
     one, allcores = rows.row_xsched_one(setup), rows.row_xsched_allcores(setup)
     assert one["losses"] == base["losses"] == allcores["losses"]  # the same arithmetic, the same plan (cached)
-    assert one["note"].startswith("issued by the training thread alone; host AdamW: ")
+    assert one["note"].startswith("--issue one, run on lanes: its lanes are host lanes; host AdamW: ")  # on cpu:0
     assert allcores["note"].startswith("host AdamW: ") and "nice as it is; plan offload at 3MiB" in allcores["note"]
 
 

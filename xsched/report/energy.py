@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from xsched.contracts.graph import Graph
 from xsched.contracts.profile import Profile
 from xsched.report.machines import Machine, energy_label
-from xsched.report.sweep import SweepSettings, found_by, plan_point
+from xsched.report.sweep import PlanTimes, SweepSettings, found_by, plan_point
 
 # alpha as multiples of (time / energy of the fastest plan): at 1, a joule saved is worth as much as the same
 # share of the time; 0 is the fastest plan
@@ -19,7 +19,7 @@ BELOW = 0.9  # one more cap at this share of the least energy seen: where plans 
 
 
 @dataclass(frozen=True)
-class EnergyPoint:
+class EnergyPoint(PlanTimes):
     """One plan of the study: `kind` "alpha" (objective time + alpha x energy, alpha in s/J) or "cap" (the fastest
     plan with energy_j <= cap_j); no plan: time_s None, `status` and `note` say why."""
 
@@ -32,16 +32,6 @@ class EnergyPoint:
     energy_j: float | None = None
     found_by: str | None = None
     note: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.time_s is not None
-
-    @property
-    def step_s(self) -> float | None:
-        """The time shown for the plan: its makespan (the overlapped run, what the executor does); the sequential
-        sum only where there is no makespan."""
-        return self.makespan_s if self.makespan_s is not None else self.time_s
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,25 @@ class SweepSettings:
         return (self.method, *(b for b in self.baselines if b != self.method))
 
 
+class PlanTimes:
+    """What a report point shows of its plan's time: `time_s` (sequential) and `makespan_s`, None without a plan."""
+
+    time_s: float | None
+    makespan_s: float | None
+
+    @property
+    def ok(self) -> bool:
+        return self.time_s is not None
+
+    @property
+    def step_s(self) -> float | None:
+        """The time shown for the plan: its makespan (the overlapped run, what the executor does); the sequential
+        sum only where there is no makespan."""
+        return self.makespan_s if self.makespan_s is not None else self.time_s
+
+
 @dataclass(frozen=True)
-class Point:
+class Point(PlanTimes):
     """One plan (or the reason there is none) for one machine at one budget. Times in seconds, energy in joules,
     bytes per device; `status` is the solver's (optimal, time_limit, heuristic, ...) or "infeasible" (proven) or
     "no plan" (none found; `note` says why)."""
@@ -63,16 +80,6 @@ class Point:
     expandable_bytes: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     planned_bytes: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     arena_bytes: Mapping[str, int] = field(default_factory=dict)  # the planned addresses' arena
-
-    @property
-    def ok(self) -> bool:
-        return self.time_s is not None
-
-    @property
-    def step_s(self) -> float | None:
-        """The time shown for the plan: its makespan (the overlapped run, what the executor does); the sequential
-        sum only where there is no makespan."""
-        return self.makespan_s if self.makespan_s is not None else self.time_s
 
 
 @dataclass(frozen=True)
