@@ -22,11 +22,10 @@ from xsched.contracts.device_dtypes import (
     agrees,
     norm_stats,
     on_device,
-    target_device_type,
     typed_for,
 )
 from xsched.contracts.graph import Graph
-from xsched.contracts.plan import Compute, Copy, Plan
+from xsched.contracts.plan import Compute, Copy, Plan, target_device_type
 from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
 from xsched.execute.executor import Executor
 from xsched.execute.reference import run_plan

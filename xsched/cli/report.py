@@ -21,6 +21,7 @@ def _csv(text: str) -> tuple[str, ...]:
 
 def cmd_report(a: argparse.Namespace) -> int:
     """`xsched report MODEL|graph.json --machine DEV[@BUDGET]+DEV... -o DIR`: solve every what-if, write the report."""
+    from xsched.contracts.plan import target_device_type
     from xsched.loaders import load_graph
     from xsched.report.build import ReportSettings, build_report, check_settings
     from xsched.report.machines import parse_machine, union_devices
@@ -38,8 +39,9 @@ def cmd_report(a: argparse.Namespace) -> int:
         measured=a.measured,
     )
     check_settings(settings)  # matplotlib, sections, methods: before capturing and profiling
-    devices = union_devices(machines)
-    graph = load_graph(a.model, batch=a.batch, scale=a.scale, device_type=_kernels_of(a.model, devices))
+    devices = union_devices(machines)  # a captured model typed for them, as `xsched profile` types it (a graph or
+    # ONNX file is taken as it is)
+    graph = load_graph(a.model, batch=a.batch, scale=a.scale, device_type=target_device_type(devices))
     profile = _profile(a, graph, devices)
     command = shlex.join(["xsched", *getattr(a, "argv", [])]) if getattr(a, "argv", None) else ""
     report = build_report(graph, profile, machines, a.output, settings, command)
@@ -56,16 +58,6 @@ def cmd_report(a: argparse.Namespace) -> int:
         )
         print(f"  {m['machine']:<40} {what}")
     return 0
-
-
-def _kernels_of(model: str, devices: list[str]) -> str | None:
-    """The device type a captured model is typed for, as `xsched profile` types it (a GPU machine's graph is the
-    one its GPU runs); None for a graph or ONNX file, taken as it is (planning from a graph file imports no torch)."""
-    if model.endswith((".json", ".onnx")):
-        return None
-    from xsched.contracts.device_dtypes import target_device_type
-
-    return target_device_type(devices)
 
 
 def _profile(a: argparse.Namespace, graph: Graph, devices: list[str]) -> Profile:

@@ -57,12 +57,6 @@ DEVICE_TYPED: dict[str, DeviceTyped] = {
 }
 
 
-def target_device_type(devices: Sequence[str]) -> str:
-    """The device type a graph planned over `devices` (plan device names, stores included) is typed for: "cuda"
-    where any is a GPU (its kernels then make what the graph says, as in its eager run), else "cpu"."""
-    return "cuda" if any(d.startswith("cuda") for d in devices) else "cpu"
-
-
 # ---- the graph pass ----
 def typed_for(graph: Graph, device_type: str) -> Graph:
     """`graph` with each device-typed output in the dtype `device_type`'s kernel makes it (its nbytes scaled), so

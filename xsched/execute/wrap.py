@@ -15,9 +15,8 @@ from torch.utils._pytree import TreeSpec
 
 from xsched.capture.grad_outputs import GradOutputs
 from xsched.capture.torch import capture
-from xsched.contracts.device_dtypes import target_device_type
 from xsched.contracts.graph import Graph
-from xsched.contracts.plan import Compute, Copy, Plan
+from xsched.contracts.plan import Compute, Copy, Plan, target_device_type
 from xsched.contracts.profile import Profile
 from xsched.errors import XschedError
 from xsched.execute.back_to_back import stored_profile

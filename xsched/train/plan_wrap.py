@@ -6,8 +6,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from xsched.contracts.device_dtypes import target_device_type
 from xsched.contracts.graph import Graph
+from xsched.contracts.plan import target_device_type
 from xsched.loaders import TrainingTask
 from xsched.train import dist
 from xsched.train.config import TrainConfig
