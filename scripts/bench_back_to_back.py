@@ -39,7 +39,7 @@ from xsched.contracts.profile import Profile
 from xsched.errors import XschedError
 from xsched.execute.back_to_back import WARMUP, measure_back_to_back, profile_calibrated, time_plan_step
 from xsched.execute.reference import torch_device
-from xsched.profiling.back_to_back import calibrate
+from xsched.profiling.back_to_back import calibrate, eager_alone_times, step_time
 from xsched.profiling.measure import profile_graph
 from xsched.simulate import simulate
 from xsched.solve.api import solve
@@ -100,6 +100,11 @@ def one_device(a: argparse.Namespace) -> None:
             f"  {d}: eager step back to back {b.step_s * 1e3:.2f} ms (in {run['back_to_back_s']:.1f} s), sum alone"
             f" {b.alone_s * 1e3:.2f} ms, fitted overhead {b.overhead_s * 1e6:.1f} us/op"
         )
+        closest = step_time(eager_alone_times(graph, alone, d), b.overhead_s)
+        if closest > b.step_s * (1 + 1e-9):  # an op back to back costs at least half its time alone (BackToBack.time)
+            print(
+                f"  {d}: the model's closest eager step {closest * 1e3:.2f} ms: the ops alone took too long to fit it"
+            )
     print("| plan | measured | predicted alone | predicted calibrated | alone / measured | calibrated / measured |")
     print("|---|---|---|---|---|---|")
     todo: dict[str, Plan | str] = {"eager": eager_plan(graph, dev)}
