@@ -107,7 +107,7 @@ def _profile_capped(setup: dict[str, Any], cache: str) -> str:
     """Measure the profile within --profile-s and store it where `xsched train` looks for it: the graph captured
     as train captures it (bf16 autocast, the same name). Returns the profile mode for TrainConfig."""
     from xsched.capture.torch import capture
-    from xsched.contracts.plan import target_device_type
+    from xsched.devices.spec import target_device_type
     from xsched.execute.back_to_back import profile_calibrated
     from xsched.pipeline import profile_path
     from xsched.profiling.store import save_profile

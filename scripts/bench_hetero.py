@@ -24,6 +24,7 @@ from xsched.capture.torch import capture
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Compute, Copy, Plan
 from xsched.contracts.profile import Profile
+from xsched.devices.spec import target_device_type
 from xsched.errors import BudgetError
 from xsched.execute.back_to_back import profile_calibrated
 from xsched.solve.api import solve
@@ -106,11 +107,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="also write the markdown table here")
     args = p.parse_args(argv)
     options = SolverOptions(time_limit_s=args.time_limit)
-    rows = []
+    rows, typed = [], target_device_type([args.cpu, args.gpu])
     for name in args.models.split(","):
         z = zoo.build(name, scale=args.scale)
         for mode in args.modes.split(","):
-            graph = capture(z.model, z.inputs, inference=mode == "inference", name=f"{name}-{mode}")
+            graph = capture(  # typed for its devices, as `xsched profile` types it: the GPU's dropout
+                z.model, z.inputs, inference=mode == "inference", name=f"{name}-{mode}", device_type=typed
+            )
             t0 = time.perf_counter()
             # the CPU measured and calibrated by its eager step back to back; the simulated GPU modelled
             profile = profile_calibrated(graph, [args.cpu, args.gpu], max_total_s=args.profile_s, progress=False)

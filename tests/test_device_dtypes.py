@@ -25,8 +25,9 @@ from xsched.contracts.device_dtypes import (
     typed_for,
 )
 from xsched.contracts.graph import Graph
-from xsched.contracts.plan import Compute, Copy, Plan, target_device_type
+from xsched.contracts.plan import Compute, Copy, Plan
 from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
+from xsched.devices.spec import target_device_type
 from xsched.execute.executor import Executor
 from xsched.execute.reference import run_plan
 from xsched.solve.api import solve

@@ -132,13 +132,13 @@ def test_xsched_run_takes_a_plan_made_for_a_cpu_typed_graph_file_on_gpu_devices(
     """`xsched capture` writes the CPU's graph unless told `--device-type cuda`; a plan made for that file on a GPU
     still runs under `xsched run`, which captures for the plan's devices first (here patched to say a GPU: there
     is none), then as the file was captured. A plan for neither graph is one line and exit 2."""
-    import xsched.contracts.plan as plan_contract
+    import xsched.devices.spec as spec
     from xsched.cli import main
     from xsched.solve.reference import eager_plan
 
     z = zoo.build("gpt2", scale="tiny")
     eager_plan(capture(z.model, z.inputs), "cpu").save(tmp_path / "plan.json")
-    monkeypatch.setattr(plan_contract, "target_device_type", lambda devices: "cuda")
+    monkeypatch.setattr(spec, "target_device_type", lambda devices: "cuda")
     argv = ["run", "zoo:gpt2", str(tmp_path / "plan.json"), "--scale", "tiny", "--iters", "1", "--warmup", "0"]
     assert main(argv) == 0
     assert "iteration time" in capsys.readouterr().out

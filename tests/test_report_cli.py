@@ -184,8 +184,8 @@ def test_measured_trace_on_lanes_and_predicted_trace_match_their_models(one_thre
 
 
 def test_report_captures_a_model_for_its_machines_devices(tmp_path, monkeypatch):
-    """As `xsched profile` does: a machine with a GPU gets the graph its GPU runs (CUDA's dtypes and dropout), a
-    CPU-only one the CPU's (the capture is stopped there: no GPU here to profile)."""
+    """As `xsched profile` does: a machine with a GPU, real or simulated, gets the graph its GPU runs (CUDA's dtypes
+    and dropout), a CPU-only one the CPU's (the capture is stopped there: no GPU here to profile)."""
     import xsched.loaders as loaders
 
     typed = []
@@ -195,6 +195,7 @@ def test_report_captures_a_model_for_its_machines_devices(tmp_path, monkeypatch)
         raise XschedError("stopped after the capture's arguments", stage="test")
 
     monkeypatch.setattr(loaders, "load_graph", stop)
-    for machine in ("cuda:0+cpu", "cpu"):
+    machines = ("cuda:0+cpu", "cpu", "sim:h100+cpu", "sim:l4#0+sim:l4#1+cpu", "sim:xeon-8480")
+    for machine in machines:
         assert main(["report", "zoo:gpt2", "--scale", "tiny", "--machine", machine, "-o", str(tmp_path / "r")]) == 2
-    assert typed == ["cuda", "cpu"]
+    assert typed == ["cuda", "cpu", "cuda", "cuda", "cpu"]

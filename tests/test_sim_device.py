@@ -10,7 +10,7 @@ import pytest
 from xsched.contracts.graph import Graph, Op, Value
 from xsched.devices import DeviceError, get_device
 from xsched.devices.energy import modelled_energy
-from xsched.devices.sim import all_specs, load_spec, spec_files
+from xsched.devices.spec import all_specs, load_spec, spec_files
 
 SHIPPED = {
     "h100-sxm",
@@ -207,3 +207,25 @@ def test_the_checkouts_devices_folder_holds_the_measured_machines(gpu, monkeypat
     assert f"{gpu}-measured" not in spec_files()
     monkeypatch.setenv("XSCHED_DEVICES_PATH", str(ROOT / "devices"))
     assert spec_files()[f"{gpu}-measured"] == ROOT / "devices" / f"{gpu}-measured.toml"
+
+
+def test_a_simulated_gpu_types_its_graph_as_a_gpu(tmp_path):
+    """What a what-if GPU is profiled on is the graph a GPU runs (fused dropout, one bool mask), a simulated CPU the
+    CPU's; a name whose spec cannot be found says so before anything is captured."""
+    from xsched.capture.torch import capture
+    from xsched.cli import main
+    from xsched.contracts.profile import Profile
+    from xsched.devices.spec import target_device_type
+    from xsched.zoo import build
+
+    assert target_device_type(["cpu", "sim:h100"]) == target_device_type(["sim:l4#1"]) == "cuda"
+    assert target_device_type(["cpu", "sim:xeon-8480"]) == target_device_type(["cpu:1"]) == "cpu"
+    assert target_device_type(["cuda:1", "sim:xeon-8480"]) == "cuda"
+    with pytest.raises(DeviceError, match="no device spec named 'h999'"):
+        target_device_type(["cpu", "sim:h999"])
+    out = tmp_path / "p.json"
+    assert main(["profile", "zoo:gpt2", "--scale", "tiny", "--devices", "sim:h100", "-o", str(out)]) == 0
+    z = build("gpt2", scale="tiny")
+    for_gpu = capture(z.model, z.inputs, name="zoo:gpt2", device_type="cuda")
+    assert Profile.load(out).graph == for_gpu.fingerprint
+    assert any(op.target == "aten.native_dropout.default" for op in for_gpu.ops)

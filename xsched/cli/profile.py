@@ -37,7 +37,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     """`xsched profile MODEL|graph.json --devices cpu,cuda:0,sim:h100 [--store cpu] -o profile.json [--reps N]
     [--max-time S]`."""
-    from xsched.contracts.plan import target_device_type
+    from xsched.devices.spec import target_device_type
     from xsched.loaders import load_graph  # capturing and measuring import torch
     from xsched.profiling.measure import profile_graph
 

@@ -21,7 +21,7 @@ def _csv(text: str) -> tuple[str, ...]:
 
 def cmd_report(a: argparse.Namespace) -> int:
     """`xsched report MODEL|graph.json --machine DEV[@BUDGET]+DEV... -o DIR`: solve every what-if, write the report."""
-    from xsched.contracts.plan import target_device_type
+    from xsched.devices.spec import target_device_type
     from xsched.loaders import load_graph
     from xsched.report.build import ReportSettings, build_report, check_settings
     from xsched.report.machines import parse_machine, union_devices

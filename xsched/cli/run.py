@@ -17,7 +17,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """`xsched run MODEL plan.json [--iters N] [--profile P] [--batch B] [--scale S] [--trace OUT.json]`: run a plan,
     print the report, and with --trace write a Chrome trace of one more run."""
     from xsched.capture.torch import bind_inputs, capture  # running a plan imports torch
-    from xsched.contracts.plan import target_device_type
+    from xsched.devices.spec import target_device_type
     from xsched.execute.run_report import measure
     from xsched.loaders import load_model
 

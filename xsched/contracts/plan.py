@@ -165,12 +165,6 @@ def rng_domain(device: str) -> str:
     return device if device.startswith("cuda") else "cpu"
 
 
-def target_device_type(devices: Sequence[str]) -> str:
-    """The device type a graph planned over `devices` (plan device names, stores included) is typed for: "cuda"
-    where any is a GPU (its kernels then make what the graph says, as in its eager run), else "cpu"."""
-    return "cuda" if any(d.startswith("cuda") for d in devices) else "cpu"
-
-
 def ends_on_one_device(graph: Graph, homes: Mapping[str, str]) -> set[str]:
     """The values that must be resident at the end when the plan has one device: every graph output (it must end
     somewhere, and there is nowhere else) and every required home."""

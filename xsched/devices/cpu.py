@@ -121,7 +121,7 @@ class CpuDevice(Device):
             raise DeviceError(f"clock must be wall or thread, got {self.clock!r}", device=name)
         if self.clock == "thread" and self.threads != 1:
             raise DeviceError("clock=thread measures one thread's CPU time: it needs threads=1", device=name)
-        from xsched.devices.sim import match_spec
+        from xsched.devices.spec import match_spec
 
         self.spec = match_spec(cpu_model()["brand"], "cpu")
 

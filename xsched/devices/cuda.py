@@ -86,7 +86,7 @@ class CudaDevice(Device):
         # rather no counter (energy modelled, and labelled so) than another GPU's counter
         remapped = bus is None and os.environ.get("CUDA_VISIBLE_DEVICES") not in (None, "")
         self.nvml = None if remapped else nvml_handle(self.index, bus)
-        from xsched.devices.sim import match_spec
+        from xsched.devices.spec import match_spec
 
         self.spec = match_spec(self.props.name, "gpu")
 

@@ -84,7 +84,7 @@ class OrtDevice(Device):
                 "onnxruntime-gpu)",
                 device=name,
             )
-        from xsched.devices.sim import match_spec
+        from xsched.devices.spec import match_spec
 
         hardware = cpu_model()["brand"] if where == "cpu" else str(self._gpu().get("name", ""))
         self.spec = match_spec(hardware, "cpu" if where == "cpu" else "gpu")

@@ -16,8 +16,9 @@ from torch.utils._pytree import TreeSpec
 from xsched.capture.grad_outputs import GradOutputs
 from xsched.capture.torch import capture
 from xsched.contracts.graph import Graph
-from xsched.contracts.plan import Compute, Copy, Plan, target_device_type
+from xsched.contracts.plan import Compute, Copy, Plan
 from xsched.contracts.profile import Profile
+from xsched.devices.spec import target_device_type
 from xsched.errors import XschedError
 from xsched.execute.back_to_back import stored_profile
 from xsched.execute.compiled_memory import as_replanned

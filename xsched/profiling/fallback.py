@@ -21,7 +21,8 @@ from collections.abc import Mapping, Sequence
 from xsched.contracts.graph import Graph, Op
 from xsched.contracts.profile import OpCost
 from xsched.devices.base import Device
-from xsched.devices.sim import DeviceSpec, op_dtype, op_flops, op_io_bytes
+from xsched.devices.sim import op_dtype, op_flops, op_io_bytes
+from xsched.devices.spec import DeviceSpec
 from xsched.devices.stand_in import op_stand_in_workspace
 from xsched.profiling.model import MODEL_BANDWIDTH, MODEL_FLOPS, MODEL_LATENCY_S, model_kind
 

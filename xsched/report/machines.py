@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from xsched.budgets import parse_budget
 from xsched.contracts.graph import Graph
 from xsched.contracts.profile import Profile
+from xsched.devices.spec import load_spec, sim_spec
 from xsched.errors import BudgetError, XschedError
 
 MEM_SUFFIX = "%mem"  # "60%mem": a share of the device's own memory (the plain "60%" is of the eager peak)
@@ -91,10 +92,9 @@ def is_host(profile: Profile, device: str) -> bool:
     """True for a CPU (real, or a simulated CPU spec): the device that is not an accelerator."""
     info = profile.devices[device]
     if info.kind == "sim":
-        from xsched.devices.sim import load_spec
-
         try:
-            return load_spec(str(info.extra.get("spec", device.split(":", 1)[1].split("#")[0]))).kind == "cpu"
+            spec = load_spec(str(info.extra["spec"])) if "spec" in info.extra else sim_spec(device)
+            return spec.kind == "cpu"
         except XschedError:
             return False
     return info.kind == "cpu"

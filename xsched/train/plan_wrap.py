@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from xsched.contracts.graph import Graph
-from xsched.contracts.plan import target_device_type
+from xsched.devices.spec import target_device_type
 from xsched.loaders import TrainingTask
 from xsched.train import dist
 from xsched.train.config import TrainConfig
