@@ -199,3 +199,41 @@ def test_report_captures_a_model_for_its_machines_devices(tmp_path, monkeypatch)
     for machine in machines:
         assert main(["report", "zoo:gpt2", "--scale", "tiny", "--machine", machine, "-o", str(tmp_path / "r")]) == 2
     assert typed == ["cuda", "cpu", "cuda", "cuda", "cpu"]
+
+
+def test_a_profile_made_on_the_cpus_capture_still_serves_a_gpu_machine(tmp_path, capsys):
+    """README's "profile once here, then ask about other machines": `xsched profile MODEL --devices cpu` profiled
+    the CPU's capture, and a machine with a simulated GPU would capture the GPU's (fused dropout), which that profile
+    is not for. The report plans the capture the profile was made on, and says so in one line; a profile of another
+    model is still refused."""
+    from xsched import zoo
+
+    z = zoo.build("gpt2", scale="tiny")
+    on_cpu = capture(z.model, z.inputs, name="zoo:gpt2", device_type="cpu")
+    cost_profile(on_cpu, ["cpu"]).save(tmp_path / "cpu.json")
+    args = ["--machine", "sim:rtx4090+cpu", "--points", "2", "--time-limit", "0.2", "--sections", "sweep"]
+    args += ["--baselines", "eager", "--quiet"]
+    out = tmp_path / "r"
+    assert (
+        main(["report", "zoo:gpt2", "--scale", "tiny", "--profile", str(tmp_path / "cpu.json"), "-o", str(out), *args])
+        == 0
+    )
+    assert "was made on the CPU's capture of zoo:gpt2" in capsys.readouterr().err
+    assert json.loads((out / "profile.json").read_text())["graph"] == on_cpu.fingerprint
+    assert (
+        main(
+            [
+                "report",
+                "zoo:mlp_mixer",
+                "--scale",
+                "tiny",
+                "--profile",
+                str(tmp_path / "cpu.json"),
+                "-o",
+                str(out),
+                *args,
+            ]
+        )
+        == 2
+    )
+    assert "profile is for graph" in capsys.readouterr().err

@@ -21,8 +21,6 @@ def _csv(text: str) -> tuple[str, ...]:
 
 def cmd_report(a: argparse.Namespace) -> int:
     """`xsched report MODEL|graph.json --machine DEV[@BUDGET]+DEV... -o DIR`: solve every what-if, write the report."""
-    from xsched.devices.spec import target_device_type
-    from xsched.loaders import load_graph
     from xsched.report.build import ReportSettings, build_report, check_settings
     from xsched.report.machines import parse_machine, union_devices
     from xsched.report.sweep import SweepSettings
@@ -39,9 +37,8 @@ def cmd_report(a: argparse.Namespace) -> int:
         measured=a.measured,
     )
     check_settings(settings)  # matplotlib, sections, methods: before capturing and profiling
-    devices = union_devices(machines)  # a captured model typed for them, as `xsched profile` types it (a graph or
-    # ONNX file is taken as it is)
-    graph = load_graph(a.model, batch=a.batch, scale=a.scale, device_type=target_device_type(devices))
+    devices = union_devices(machines)
+    graph = _graph(a, devices)
     profile = _profile(a, graph, devices)
     command = shlex.join(["xsched", *getattr(a, "argv", [])]) if getattr(a, "argv", None) else ""
     report = build_report(graph, profile, machines, a.output, settings, command)
@@ -58,6 +55,33 @@ def cmd_report(a: argparse.Namespace) -> int:
         )
         print(f"  {m['machine']:<40} {what}")
     return 0
+
+
+def _graph(a: argparse.Namespace, devices: list[str]) -> Graph:
+    """The model captured for `devices`, as `xsched profile` types it (a graph or ONNX file is taken as it is); or,
+    where the --profile given was made on the CPU's capture (`xsched profile MODEL --devices cpu`), that capture."""
+    from xsched.devices.spec import target_device_type
+    from xsched.loaders import load_graph
+
+    typed = target_device_type(devices)
+    graph = load_graph(a.model, batch=a.batch, scale=a.scale, device_type=typed)
+    if not a.profile or typed == "cpu":
+        return graph
+    try:
+        made_on = Profile.load(a.profile).graph
+    except XschedError:  # unreadable: loading it for the graph says why
+        return graph
+    if made_on == graph.fingerprint:
+        return graph
+    cpu = load_graph(a.model, batch=a.batch, scale=a.scale, device_type="cpu")
+    if cpu.fingerprint != made_on:
+        return graph  # a profile of another model: loading it for the graph says so
+    print(
+        f"xsched: {a.profile} was made on the CPU's capture of {a.model}: the report plans that graph, so its GPUs are"
+        " modelled on the CPU's kernels (dropout unfused); profile with a GPU among --devices for the graph a GPU runs",
+        file=sys.stderr,
+    )
+    return cpu
 
 
 def _profile(a: argparse.Namespace, graph: Graph, devices: list[str]) -> Profile:
