@@ -116,8 +116,8 @@ def test_a_capture_for_one_target_is_not_reused_for_the_other() -> None:
 def test_the_cpu_capture_for_a_gpu_records_what_the_h100_recorded() -> None:
     """GPT-2 (6 layers, batch 8, T1024, dropout 0.1) captured from CPU tensors for CUDA against the graph the lent
     H100 captured from GPU tensors (benchmarks/gpu/, 2026-11-27): op for op the same aten ops, value for value the
-    same dtypes, shapes and bytes (for the CPU, 57 more ops and 1.9 GiB more at the eager peak); its loss in 8 chunks
-    as the H100's chunked graph."""
+    same dtypes, shapes and bytes (for the CPU, 57 more ops and 1.9 GiB more at the eager peak), and the same
+    fingerprint, device literals included; its loss in 8 chunks as the H100's chunked graph."""
     z = zoo.build("gpt2", batch=8, scale="full:n_layer=6")
     ours = capture(z.model, z.inputs, device_type="cuda")
     for graph, name in ((ours, "gpt2-full_n_layer6"), (chunk_cross_entropy(ours, 8), "gpt2-full_n_layer6-chunk8")):
@@ -126,6 +126,7 @@ def test_the_cpu_capture_for_a_gpu_records_what_the_h100_recorded() -> None:
         assert [o.target for o in graph.ops] == [o.target for o in h100.ops], name
         shapes = [(v.dtype, v.shape, v.nbytes) for v in h100.values]
         assert [(v.dtype, v.shape, v.nbytes) for v in graph.values] == shapes, name
+        assert graph.fingerprint == h100.fingerprint, name  # `arange`'s device too: the H100's profiles apply
 
 
 def test_xsched_run_takes_a_plan_made_for_a_cpu_typed_graph_file_on_gpu_devices(tmp_path, monkeypatch, capsys) -> None:

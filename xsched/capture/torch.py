@@ -35,7 +35,7 @@ from xsched.capture.module_frames import ModuleTracker, compiler_tracing, locate
 from xsched.capture.reuse import TensorMeta, fake_outputs, fake_state, reuse_or_capture
 from xsched.contracts.device_dtypes import typed_for
 from xsched.contracts.graph import Graph
-from xsched.contracts.torch_ops import resolve_ref
+from xsched.contracts.torch_ops import resolve_ref, with_device_literals
 from xsched.errors import CaptureError, XschedError
 
 
@@ -82,9 +82,12 @@ def capture(
     blocks = lambda: capture_blocks(model, tensors, inference, cut, whole)  # noqa: E731
     traced = blocks if reuse_blocks else whole
 
+    on_host_for_gpu = target == "cuda" and _model_device(model, tensors).type == "cpu"
+
     def trace() -> Graph:
         with fused_dropout(target):  # dropout as the target's kernels run it (a GPU's fused kernel)
-            return traced()
+            graph = traced()
+        return _devices_named(graph, "cuda:0") if on_host_for_gpu else graph  # as from the GPU's tensors
 
     try:  # within `captured_once()`, a repeat of a capture returns its graph
         graph = reuse_or_capture(
@@ -93,6 +96,16 @@ def capture(
     except CaptureError as e:  # one line that names the model (and the library model inside a loss wrapper)
         raise CaptureError(f"{model_label(model)}: {e.detail}", op=e.op, value=e.value) from e
     return typed_for(graph, target)
+
+
+def _devices_named(graph: Graph, device: str) -> Graph:
+    """`graph` with its ops' device literals (`torch.arange(T, device=x.device)`) naming `device`. The run device
+    replaces them when an op runs, so they only make the fingerprint: a capture for a GPU from CPU tensors then
+    fingerprints as one from the GPU's, and the profiles and plans made for either serve both."""
+    ops = tuple(
+        dataclasses.replace(op, call=with_device_literals(dict(op.call), device)) if op.call else op for op in graph.ops
+    )
+    return dataclasses.replace(graph, ops=ops)
 
 
 def model_label(model: nn.Module) -> str:

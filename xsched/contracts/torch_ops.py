@@ -185,6 +185,17 @@ def iter_refs(x: Any) -> Iterator[Ref]:
                 yield from iter_refs(y)
 
 
+def with_device_literals(x: Any, device: str) -> Any:
+    """An encoded argument tree with every device literal naming `device` (the run device replaces it anyway)."""
+    if isinstance(x, list):
+        return [with_device_literals(y, device) for y in x]
+    if not isinstance(x, dict) or "ref" in x:
+        return x
+    if set(x) == {"device"}:
+        return {"device": device}
+    return {k: with_device_literals(y, device) for k, y in x.items()}
+
+
 # ---- running ----
 def is_executable(op: Op) -> bool:
     """True when `op.call` says how to run it and its target is a known torch op."""
