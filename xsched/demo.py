@@ -23,8 +23,8 @@ if TYPE_CHECKING:  # the run imports torch and the pipeline; `xsched --help` rea
 @dataclass(frozen=True)
 class DemoSettings:
     """The embedded default: GPT-2 at scale "small" (228 ops as a GPU runs it; activations dominate its memory, so
-    budgets matter), this CPU and a GPU (a real one when CUDA is here, else the roofline model of an RTX 4090), the CPU-only plan
-    trained for real at `cpu_budget` of its eager peak."""
+    budgets matter), this CPU and a GPU (a real one when CUDA is here, else the roofline model of an RTX 4090), the
+    CPU-only plan trained for real at `cpu_budget` of its eager peak."""
 
     model: str = "gpt2"
     scale: str = "small"
