@@ -37,6 +37,7 @@ from xsched import zoo
 from xsched.budgets import parse_budget
 from xsched.capture.reuse import captured_once
 from xsched.capture.torch import capture
+from xsched.devices.spec import target_device_type
 from xsched.errors import XschedError
 from xsched.execute.param_home import param_homes
 from xsched.loaders import TrainingTask, load_training_task
@@ -47,6 +48,7 @@ from xsched.train.plan_wrap import grad_outputs, graph_name
 from xsched.zoo import drawn_once, tasks
 
 GPU, HOST = "sim:h100-measured", "cpu"
+TYPED = target_device_type([GPU, HOST])  # as `xsched train` types its capture for its devices: a GPU's kernels
 SCALE = "full:n_layer=48,n_head=25,n_embd=1600,seq=512,batch=2,dropout=0.0"  # bench_gpu_param_offload's GPU scale
 
 
@@ -98,17 +100,30 @@ def build(
         print(f"loss outs {clock.lap()}", flush=True)
         reuse = blocks in ("reuse", "both")
         graph = capture(
-            task.model, task.example_batch[0], name=graph_name(f"zoo:{name}"), grad_outputs=grads, reuse_blocks=reuse
+            task.model,
+            task.example_batch[0],
+            name=graph_name(f"zoo:{name}"),
+            grad_outputs=grads,
+            reuse_blocks=reuse,
+            device_type=TYPED,
         )
         print(f"capture   {clock.lap()}  {len(graph.ops)} ops{', blocks reused' if reuse else ''}", flush=True)
         if blocks == "both":
             with captured_once():  # a scope of its own: the full trace, not the graph above again
-                full = capture(task.model, task.example_batch[0], name=graph_name(f"zoo:{name}"), grad_outputs=grads)
+                full = capture(
+                    task.model,
+                    task.example_batch[0],
+                    name=graph_name(f"zoo:{name}"),
+                    grad_outputs=grads,
+                    device_type=TYPED,
+                )
             same = full == graph and full.fingerprint == graph.fingerprint
             print(
                 f"full      {clock.lap()}  {len(full.ops)} ops, every block traced; the same graph: {same}", flush=True
             )
-        again = capture(task.model, task.example_batch[0], name=type(task.model).__name__, grad_outputs=grads)
+        again = capture(
+            task.model, task.example_batch[0], name=type(task.model).__name__, grad_outputs=grads, device_type=TYPED
+        )
         print(f"wrap's    {clock.lap()}  the same graph: {again.fingerprint == graph.fingerprint}", flush=True)
     del task
     if only:
