@@ -118,9 +118,12 @@ def test_auto_runs_the_example_solver_with_a_warm_start(registry) -> None:
         del registry[name]
     registry[entry.name] = replace(entry, fn=spy)
     g, p, _ = example()
-    plan = solve(
-        g, p, {"cuda:0": 600}, devices=["cuda:0", "cpu"], homes={"x": "cpu"}, options=SolverOptions(time_limit_s=5)
-    )
+    # x on the CPU: a heuristic's plan (6.5 ms) meets the floor (the chain x, op0, a's copy, op1, op2), so auto stops
+    options = SolverOptions(time_limit_s=5)
+    plan = solve(g, p, {"cuda:0": 600}, devices=["cuda:0", "cpu"], homes={"x": "cpu"}, options=options)
+    assert plan.solver.status == "optimal" and plan.predicted.makespan_s == pytest.approx(0.0065) and not warm_starts
+    # x on the GPU: no plan meets the floor, so the timed members run, the example's last, warm-started
+    plan = solve(g, p, {"cuda:0": 600}, devices=["cuda:0", "cpu"], homes={"x": "cuda:0"}, options=options)
     assert [m.method for m in plan.solver.stats.members][-1] == "first-fit"
     assert len(warm_starts) == 1 and warm_starts[0] is not None
 

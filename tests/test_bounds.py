@@ -173,10 +173,12 @@ def test_bench_bounds_below_the_eager_peak(name):
 
 def test_time_bounds_by_hand() -> None:
     """f0 runs only on the CPU (1 s), f1 on both (3 s / 1 s), f2 only on the GPU (2 s) and reads x (100 B, homed on
-    the CPU) over a 10 B/s link with 0.5 s latency: the critical path is 1 + 1 + 2 = 4 s, the GPU alone must run
-    2 s, the CPU 1 s, the work spread over both is 2 s, and x must cross the link: 10.5 s. The phases around f2
-    see that f2 starts once x is in, and runs 2 s: 12.5 s (a margin below), which the plan that copies x first
-    meets."""
+    the CPU) over a 10 B/s link with 0.5 s latency. x must cross the link (10.5 s) before f2 runs (2 s): the
+    critical path, copies counted, is 12.5 s (with x on the GPU, 1 + 1 + 2 = 4 s), which the plan that copies x
+    first meets. The CPU must run f0, and f1 too in a step under 4.6 s (its chain on the GPU is 1 + 0.6 for b's copy
+    + 1 + 2 s): 4 s. The GPU must run f2, and f1 too in a step under 6 s (its chain on the CPU is 1 + 3 + 2 s): 3 s.
+    The work spread over both is 2 s, the link's load 10.5 s, and the phases around f2 see that f2 starts once x is
+    in: 12.5 s (a margin below)."""
     from xsched.contracts.graph import Graph, Op, Value
     from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
     from xsched.solve.bounds.time import time_bound, time_bounds
@@ -192,7 +194,31 @@ def test_time_bounds_by_hand() -> None:
     devices = {"cpu": DeviceInfo("cpu"), "gpu": DeviceInfo("cuda")}
     prof = Profile(g.fingerprint, devices, compute, {"cpu->gpu": link, "gpu->cpu": link})
     found = {b.by: b.seconds for b in time_bounds(g, prof, ["cpu", "gpu"], {"x": "cpu"})}
-    want = {"critical path": 4.0, "compute on cpu": 1.0, "compute on gpu": 2.0, "link cpu->gpu": 10.5}
+    want = {"critical path": 12.5, "compute on cpu": 4.0, "compute on gpu": 3.0, "link cpu->gpu": 10.5}
     assert found == pytest.approx({**want, "compute spread over 2 devices": 2.0, "phases around f2": 12.5}, rel=1e-5)
-    assert time_bound(g, prof, ["cpu", "gpu"], {"x": "cpu"}).by == "phases around f2"
-    assert time_bound(g, prof, ["cpu", "gpu"], {"x": "gpu"}).seconds == pytest.approx(4.0)  # x is there already
+    assert time_bound(g, prof, ["cpu", "gpu"], {"x": "cpu"}).seconds == pytest.approx(12.5)
+    # x there already: f0's a (or f1's b) still crosses, 1 + 0.6 + 1 + 2 s, as the best plan takes
+    assert time_bound(g, prof, ["cpu", "gpu"], {"x": "gpu"}).seconds == pytest.approx(4.6)
+
+
+def test_ops_no_other_device_can_fit_bound_the_device_and_exhaustive_search_meets_it() -> None:
+    """x (homed on g) feeds f1 and f2, whose outputs f3 joins; each runs in 1 s on g, and f1 and f2 in 10 s on c
+    (f3 only on g). The critical path is 2 s and only f3 must run on g (1 s), but in any step under 11 s f1 and f2
+    run on g too (either on c makes a chain of 10 + 1 s): g computes 3 s one after another, and no plan is faster
+    (an exhaustive search over step sequences, makespans by the oracle's sweep)."""
+    from test_bounds_phases import least_makespan
+
+    from xsched.contracts.profile import DeviceInfo, LinkCost, OpCost, Profile
+    from xsched.solve.bounds.time import time_bound, time_bounds
+
+    values = (Value("x", 1, "input"), Value("a", 1), Value("b", 1), Value("y", 1))
+    ops = (Op("f1", "t", ("x",), ("a",)), Op("f2", "t", ("x",), ("b",)), Op("f3", "t", ("a", "b"), ("y",)))
+    g = Graph("fork", values, ops, ("y",))
+    compute = {"g": {o.id: OpCost(1.0) for o in ops}, "c": {"f1": OpCost(10.0), "f2": OpCost(10.0)}}
+    link = LinkCost(0.0, 1e9)
+    infos = {"g": DeviceInfo("cuda"), "c": DeviceInfo("cpu")}
+    prof = Profile(g.fingerprint, infos, compute, {"g->c": link, "c->g": link})
+    found = {b.by: b.seconds for b in time_bounds(g, prof, ["g", "c"], {"x": "g"})}
+    assert found["critical path"] == pytest.approx(2.0) and found["compute on g"] == pytest.approx(3.0)
+    assert time_bound(g, prof, ["g", "c"], {"x": "g"}).by == "compute on g"
+    assert least_makespan(g, prof, {}, ["g", "c"], {"x": "g"}, below=10.0, runs=1, depth=9) == pytest.approx(3.0)

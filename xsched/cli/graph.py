@@ -105,7 +105,8 @@ def add(sub: argparse._SubParsersAction) -> None:
         choices=("cpu", "cuda"),
         help="the devices whose kernels run the graph (default the model's): its outputs whose dtype the device "
         "decides (a bf16 layer norm's mean and rstd are float32 on CUDA) as they make them, and dropout as they run "
-        "it (CUDA's fused kernel); `xsched profile` and `train` type a captured model by their devices",
+        "it (CUDA's fused kernel); `xsched profile`, `report` and `train` type a captured model by their devices (a "
+        "simulated GPU counts as a GPU)",
     )
     add_shape_flag(c)
     c.add_argument("-o", "--output", required=True)

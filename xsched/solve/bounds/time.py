@@ -3,12 +3,14 @@ plan. The runner measures its gap against it; `xsched plan --explain` and the re
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import required_homes
 from xsched.contracts.profile import Profile
+from xsched.solve.bounds.chains import Chains, chains
 from xsched.solve.bounds.phases import phase_bound
 
 
@@ -30,8 +32,10 @@ def time_bounds(
     budgets: Mapping[str, int] | None = None,
 ) -> list[TimeBound]:
     """Every bound that holds (largest first):
-    - the critical path: the longest chain of ops, each at its cheapest device, copies free;
-    - per device, the ops that can run only there, one after another on its one compute lane;
+    - the critical path: the longest chain of ops, each on its best device, copies at their links' time;
+    - per device, the ops that no other device could run without making the step longer than the bound (those that
+      run only there, and those whose chain through them elsewhere would be longer), one after another on its one
+      compute lane;
     - every op at its cheapest, spread perfectly over the devices that compute;
     - per link, the bytes that must cross it (a graph input read only by ops that cannot run on its home, an
       output that must end on a home where its producer cannot run) at its bandwidth, each copy with its latency;
@@ -39,12 +43,8 @@ def time_bounds(
       runs, the ops after it after, and under `budgets` (bytes) what is not held then moved or computed again."""
     cheapest = {o.id: _cheapest(profile, o.id, devices) for o in graph.ops}
     runs_on = {o.id: [d for d in devices if profile.can_run(o.id, d)] for o in graph.ops}
-    bounds = [_critical_path(graph, cheapest)]
-    for d in devices:
-        only = [o.id for o in graph.ops if runs_on[o.id] == [d]]
-        if only:
-            total = sum(profile.op_cost(o, d).time_s for o in only)
-            bounds.append(TimeBound(total, f"compute on {d}", f"{len(only)} ops can run only on {d}: {total:.6g} s"))
+    ways = chains(graph, profile, devices, homes)
+    bounds = [_critical_path(graph, ways, devices), *_kept_on_device(graph, ways, devices)]
     computing = [d for d in devices if profile.compute.get(d)]
     if len(computing) > 1:
         total = sum(cheapest.values()) / len(computing)
@@ -78,14 +78,43 @@ def _cheapest(profile: Profile, op: str, devices: Sequence[str]) -> float:
     return min(times, default=0.0)
 
 
-def _critical_path(graph: Graph, cheapest: Mapping[str, float]) -> TimeBound:
-    """The longest path through the ops (graph order is topological), each op at its cheapest."""
-    finish: dict[str, float] = {}
-    for o in graph.ops:
-        ready = max((finish[graph.producer[v]] for v in o.inputs if v in graph.producer), default=0.0)
-        finish[o.id] = ready + cheapest[o.id]
-    longest = max(finish.values(), default=0.0)
-    return TimeBound(longest, "critical path", f"the longest chain of ops, each at its cheapest: {longest:.6g} s")
+def _critical_path(graph: Graph, ways: Chains, devices: Sequence[str]) -> TimeBound:
+    """The longest chain through any op on its best device, copies at their links' time (`bounds.chains`)."""
+    spans = (min(ways.through(o.id, d) for d in devices) for o in graph.ops)
+    longest = max((t for t in spans if math.isfinite(t)), default=0.0)
+    why = f"the longest chain of ops, each on its best device, copies at their links' time: {longest:.6g} s"
+    return TimeBound(longest, "critical path", why)
+
+
+def _kept_on_device(graph: Graph, ways: Chains, devices: Sequence[str]) -> list[TimeBound]:
+    """Per device d, the least T with T >= the time d must compute in any plan whose step is at most T. An op must
+    run on d in such a plan where on every other device its chain (`Chains.through`) is longer than T: d runs those
+    ops one after another."""
+    out = []
+    for d in devices:
+        rows = []  # (the shortest step with the op elsewhere, its time on d)
+        for o in graph.ops:
+            if math.isfinite(ways.time[d][o.id]):
+                elsewhere = min((ways.through(o.id, e) for e in devices if e != d), default=math.inf)
+                rows.append((elsewhere, ways.time[d][o.id]))
+        seconds, n = _least_fixed_point(rows)
+        if n:
+            why = f"{n} ops no other device can run within {seconds:.6g} s run on {d} one after another"
+            out.append(TimeBound(seconds, f"compute on {d}", why))
+    return out
+
+
+def _least_fixed_point(rows: list[tuple[float, float]]) -> tuple[float, int]:
+    """The least T >= the sum of the times of the rows whose threshold is above T, and how many those are. The sum
+    only falls as T passes thresholds, so the answer lies in the first interval between them that holds it."""
+    rows = sorted(rows)
+    left = sum(t for _, t in rows)  # the rows above the current interval's start
+    start = 0.0
+    for k, (threshold, t) in enumerate(rows):
+        if max(left, start) < threshold:
+            return max(left, start), len(rows) - k
+        left, start = left - t, threshold
+    return start, 0
 
 
 def _links(graph, profile, devices, homes, runs_on) -> list[TimeBound]:
