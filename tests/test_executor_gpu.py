@@ -120,6 +120,19 @@ def test_dropout_captured_for_the_gpu_draws_eagers_masks(captured_from: str) -> 
             assert relative_error(got.grads[n], g) < 1e-5, n
 
 
+@pytest.mark.parametrize("model", ["gpt2", "mlp_mixer"])
+def test_the_hosts_capture_for_the_gpu_fingerprints_as_the_gpus_own(model: str) -> None:
+    """Captured from CPU tensors for CUDA (as `xsched train` and `wrap` capture a model on the host), the graph is
+    the one a capture from the GPU's tensors records, device literals included: one fingerprint, so profiles and
+    plans made for either serve both (the stored H100 graph is this test's oracle on the CPU). Models with batch
+    norm are left out: the host records the native kernel where CUDA records cuDNN's."""
+    z = zoo.build(model, scale="tiny")
+    on_gpu = capture(copy.deepcopy(z.model).cuda(), tuple(x.cuda() for x in z.inputs))
+    on_host = capture(z.model, z.inputs, device_type="cuda")
+    assert [o.target for o in on_host.ops] == [o.target for o in on_gpu.ops]
+    assert on_host.fingerprint == on_gpu.fingerprint
+
+
 def test_gpu_free_right_after_copy_out_keeps_the_data() -> None:
     """A large GPU value copied to the host and freed on the GPU in the next step, while a new allocation
     on the GPU would reuse its memory at once: the copy must still read the right numbers."""
