@@ -99,31 +99,17 @@ def build(
         grads = grad_outputs(task)
         print(f"loss outs {clock.lap()}", flush=True)
         reuse = blocks in ("reuse", "both")
-        graph = capture(
-            task.model,
-            task.example_batch[0],
-            name=graph_name(f"zoo:{name}"),
-            grad_outputs=grads,
-            reuse_blocks=reuse,
-            device_type=TYPED,
-        )
+        traced = partial(capture, task.model, task.example_batch[0], grad_outputs=grads, device_type=TYPED)
+        graph = traced(name=graph_name(f"zoo:{name}"), reuse_blocks=reuse)
         print(f"capture   {clock.lap()}  {len(graph.ops)} ops{', blocks reused' if reuse else ''}", flush=True)
         if blocks == "both":
             with captured_once():  # a scope of its own: the full trace, not the graph above again
-                full = capture(
-                    task.model,
-                    task.example_batch[0],
-                    name=graph_name(f"zoo:{name}"),
-                    grad_outputs=grads,
-                    device_type=TYPED,
-                )
+                full = traced(name=graph_name(f"zoo:{name}"))
             same = full == graph and full.fingerprint == graph.fingerprint
             print(
                 f"full      {clock.lap()}  {len(full.ops)} ops, every block traced; the same graph: {same}", flush=True
             )
-        again = capture(
-            task.model, task.example_batch[0], name=type(task.model).__name__, grad_outputs=grads, device_type=TYPED
-        )
+        again = traced(name=type(task.model).__name__)
         print(f"wrap's    {clock.lap()}  the same graph: {again.fingerprint == graph.fingerprint}", flush=True)
     del task
     if only:

@@ -89,7 +89,11 @@ def run_demo(s: DemoSettings = DemoSettings(), say: Callable[[str], None] = prin
     )
     t0 = time.perf_counter()
     # the CPU alone runs the CPU's kernels: its own graph (the report's where no dropout or dtype differs)
-    cpu_graph = capture(copy.deepcopy(z.model), z.inputs, name=f"{s.model}-{s.scale}", device_type="cpu")
+    cpu_graph = (
+        graph
+        if typed == "cpu"
+        else capture(copy.deepcopy(z.model), z.inputs, name=f"{s.model}-{s.scale}", device_type="cpu")
+    )
     cpu = profile  # its costs on the CPU are in the report's profile (measured again alone beside a real GPU)
     if cpu_graph.fingerprint != graph.fingerprint or gpu.startswith("cuda"):
         cpu = profile_calibrated(cpu_graph, ["cpu"], max_total_s=s.profile_s, progress=False)

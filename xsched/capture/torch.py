@@ -76,13 +76,14 @@ def capture(
     if not isinstance(model, nn.Module):
         raise CaptureError(f"capture needs an nn.Module, got {type(model).__name__}")
     tensors = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-    target = device_type or _model_device(model, tensors).type
+    on = _model_device(model, tensors).type
+    target = device_type or on
     cut = lambda m: _capture(m, example_inputs, inference, name, grad_outputs)  # noqa: E731
     whole = lambda: cut(model)  # noqa: E731
     blocks = lambda: capture_blocks(model, tensors, inference, cut, whole)  # noqa: E731
     traced = blocks if reuse_blocks else whole
 
-    on_host_for_gpu = target == "cuda" and _model_device(model, tensors).type == "cpu"
+    on_host_for_gpu = target == "cuda" and on == "cpu"
 
     def trace() -> Graph:
         with fused_dropout(target):  # dropout as the target's kernels run it (a GPU's fused kernel)

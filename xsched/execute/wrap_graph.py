@@ -43,8 +43,11 @@ def graph_to_run(
     graph = graph_of(grad_outputs, device_type)
     if plan is None or plan.graph == graph.fingerprint:
         return graph
-    others = [] if inference else [("all", device_type), (grad_outputs, "cpu"), ("all", "cpu")]
-    for grads, kind in others:
+    tried = [(grad_outputs, device_type)]
+    for grads, kind in [] if inference else [("all", device_type), (grad_outputs, "cpu"), ("all", "cpu")]:
+        if (grads, kind) in tried:  # the same capture again (grad_outputs "all", or typed for the CPU already)
+            continue
+        tried.append((grads, kind))
         other = graph_of(grads, kind)
         if other.fingerprint == plan.graph:
             return other

@@ -41,9 +41,9 @@ def time_bounds(
       output that must end on a home where its producer cannot run) at its bandwidth, each copy with its latency;
     - the phases around the cut op (`bounds.phases`): the ops before it and the copies they need before it first
       runs, the ops after it after, and under `budgets` (bytes) what is not held then moved or computed again."""
-    cheapest = {o.id: _cheapest(profile, o.id, devices) for o in graph.ops}
     runs_on = {o.id: [d for d in devices if profile.can_run(o.id, d)] for o in graph.ops}
     ways = chains(graph, profile, devices, homes)
+    cheapest = {o.id: min(ways.time[d][o.id] for d in devices) for o in graph.ops}  # 0 where no device runs it
     bounds = [_critical_path(graph, ways, devices), *_kept_on_device(graph, ways, devices)]
     computing = [d for d in devices if profile.compute.get(d)]
     if len(computing) > 1:
@@ -71,11 +71,6 @@ def time_bound(
 ) -> TimeBound:
     """The largest of `time_bounds`."""
     return time_bounds(graph, profile, devices, homes, budgets)[0]
-
-
-def _cheapest(profile: Profile, op: str, devices: Sequence[str]) -> float:
-    times = [c.time_s for d in devices if (c := profile.op_cost(op, d)) is not None]
-    return min(times, default=0.0)
 
 
 def _critical_path(graph: Graph, ways: Chains, devices: Sequence[str]) -> TimeBound:
