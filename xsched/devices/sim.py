@@ -1,8 +1,10 @@
 """Simulated devices: an analytic roofline from a TOML spec in xsched/devices/specs/ (peak FLOP/s, bandwidths, power).
 
 Op time   = max(flops / peak_flops[dtype], bytes / memory_bandwidth) + launch_overhead_s, where flops come
-            from torch's FlopCounterMode running the op on meta tensors and bytes are the op's input and
-            output nbytes. A dtype the spec does not list runs at its float32 rate.
+            from torch's FlopCounterMode running the op on meta tensors and bytes are the op's output nbytes
+            and, of each input, what the op reads of it: the bytes its views expose (a row block of the
+            logits, not all of them), or the rows an index picks (nll_loss, embedding), at most its nbytes.
+            A dtype the spec does not list runs at its float32 rate.
 Op energy = (idle_power_w + (max_power_w - idle_power_w) * u) * time, u = roofline time / total time
             (the fraction of the op's time the device is busy rather than waiting on the launch).
 Copies    = latency_s + nbytes / bandwidth over the spec's host [link] (pageable_bandwidth for pageable
@@ -11,6 +13,8 @@ Copies    = latency_s + nbytes / bandwidth over the spec's host [link] (pageable
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -21,7 +25,7 @@ from xsched.devices.energy import modelled_energy
 from xsched.devices.spec import DeviceSpec, all_specs, sim_spec
 from xsched.devices.stand_in import op_stand_in_workspace
 
-MODEL_VERSION = "roofline/2"  # part of every sim fingerprint: bump when the formulas above change
+MODEL_VERSION = "roofline/3"  # part of every sim fingerprint: bump when the formulas above change
 
 
 # ---- FLOPs ----
@@ -69,7 +73,74 @@ def op_dtype(graph: Graph, op: Op) -> str | None:
 
 
 def op_io_bytes(graph: Graph, op: Op) -> int:
-    return sum(graph.value[v].nbytes for v in dict.fromkeys((*op.inputs, *op.outputs)))
+    """The bytes one call of `op` moves: its outputs, and of each input what the op reads of it."""
+    read = _read_bytes(graph, op)
+    inputs = sum(read.get(v, graph.value[v].nbytes) for v in dict.fromkeys(op.inputs))
+    return inputs + sum(graph.value[v].nbytes for v in dict.fromkeys(op.outputs) if v not in op.inputs)
+
+
+_READ: dict[tuple[str, str], dict[str, int]] = {}  # (graph fingerprint, op id) -> bytes read of inputs read in part
+
+
+def _picked_rows(args: list) -> dict[int, int]:
+    """nll_loss_forward(self, target, ...) reads one element of `self` per target: arg 0's bytes."""
+    return {0: args[1].numel() * args[0].element_size()}
+
+
+def _shape_only(position: int) -> Callable[[list], dict[int, int]]:
+    """An argument the kernel takes for its shape alone (nll_loss_backward's `self`): none of its bytes."""
+    return lambda args: {position: 0}
+
+
+def _looked_up_rows(args: list) -> dict[int, int]:
+    """embedding(weight, indices) reads one row of `weight` per index: arg 0's bytes."""
+    return {0: args[1].numel() * args[0].shape[-1] * args[0].element_size()}
+
+
+# ops that read only part of an argument whatever its views: target -> (its decoded args -> position -> bytes read)
+PARTIAL_READS: dict[str, Callable[[list], dict[int, int]]] = {
+    "aten.nll_loss_forward.default": _picked_rows,
+    "aten.nll_loss2d_forward.default": _picked_rows,
+    "aten.nll_loss_backward.default": _shape_only(1),
+    "aten.nll_loss2d_backward.default": _shape_only(1),
+    "aten.embedding.default": _looked_up_rows,
+}
+
+
+def _read_bytes(graph: Graph, op: Op) -> dict[str, int]:
+    """For each input the op reads only in part, the bytes it reads (at most its nbytes): through views, the bytes
+    the views expose (numel x item size, on meta tensors; an expanded view reads no more than its base), summed
+    over its refs; by the op's nature, `PARTIAL_READS`. An input also read whole is left out (all of it counts)."""
+    from xsched.contracts import torch_ops as ops
+
+    if not op.call or not ops.is_executable(op):
+        return {}
+    refs = list(ops.iter_refs(op.call))
+    viewed = {r["ref"] for r in refs if r.get("view")} - {r["ref"] for r in refs if not r.get("view")}
+    rule = PARTIAL_READS.get(op.target)
+    if not viewed and rule is None:
+        return {}
+    key = (graph.fingerprint, op.id)
+    if key not in _READ:
+        if len(_READ) > 1_000_000:
+            _READ.clear()
+        env = ops.op_input_tensors(graph, op, "meta")
+        read = dict.fromkeys(viewed, 0)
+        for r in refs:
+            if r["ref"] in read:
+                t = ops.resolve_ref(r, env)
+                if isinstance(t, torch.Tensor):
+                    read[r["ref"]] += t.numel() * t.element_size()
+                else:  # a view chain ending in something else: count the whole input
+                    del read[r["ref"]]
+        if rule is not None:
+            args = op.call.get("args", [])
+            once = {v for v in (r["ref"] for r in refs) if sum(r["ref"] == v for r in refs) == 1}
+            for k, nbytes in rule(ops.decode(list(args), env, torch.device("meta"))).items():
+                if isinstance(args[k], dict) and args[k].get("ref") in once:
+                    read[args[k]["ref"]] = nbytes
+        _READ[key] = {v: min(b, graph.value[v].nbytes) for v, b in read.items()}
+    return _READ[key]
 
 
 def roofline(spec: DeviceSpec, flops: float, nbytes: int, dtype: str | None) -> tuple[float, float]:
