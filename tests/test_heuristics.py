@@ -25,6 +25,7 @@ from xsched.solve.heuristics.evict import evict_computes
 from xsched.solve.heuristics.fastest import fastest
 from xsched.solve.heuristics.gaps import gap_remat
 from xsched.solve.heuristics.greedy import greedy_fill
+from xsched.solve.heuristics.keep_recomputes import keep_recomputes_search
 from xsched.solve.heuristics.offload import offload_search
 from xsched.solve.heuristics.park import park_remat
 from xsched.solve.heuristics.park_recomputes import park_recomputes_search
@@ -44,6 +45,7 @@ HEURISTICS = {
     "park": park_remat,
     "checkpoint": checkpoint_search,
     "park-recomputes": park_recomputes_search,
+    "keep-recomputes": keep_recomputes_search,
     "offload": offload_search,
 }
 

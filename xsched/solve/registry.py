@@ -21,6 +21,7 @@ from xsched.solve.heuristics.eager import eager
 from xsched.solve.heuristics.fastest import fastest
 from xsched.solve.heuristics.gaps import gap_remat
 from xsched.solve.heuristics.greedy import greedy_fill
+from xsched.solve.heuristics.keep_recomputes import keep_recomputes_search
 from xsched.solve.heuristics.offload import offload_search
 from xsched.solve.heuristics.park import park_remat
 from xsched.solve.heuristics.park_recomputes import park_recomputes_search
@@ -221,6 +222,7 @@ register(heuristic("park", park_remat))
 register(heuristic("checkpoint", checkpoint_search))
 # after checkpoint, whose plan (or park's) it refines, and before offload, which takes whatever time is left
 register(replace(heuristic("park-recomputes", park_recomputes_search), refines=True))
+register(replace(heuristic("keep-recomputes", keep_recomputes_search), refines=True))
 register(heuristic("offload", offload_search))
 register(
     lazy_entry(

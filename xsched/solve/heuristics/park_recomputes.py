@@ -71,7 +71,7 @@ def trades(graph: Graph, body: Sequence[Step], device: str, store: str, cost: Ma
         for v in graph.op[s.op].outputs:
             if not _read_after(graph, body, j, v, device):
                 continue
-            made = _made_before(graph, body, j, v, device)
+            made = made_before(graph, body, j, v, device)
             if made is None:
                 break
             out = None if _on_store(body, made, j, v, store) else made
@@ -98,7 +98,7 @@ def _read_after(graph: Graph, body: Sequence[Step], j: int, v: str, device: str)
     return v in graph.outputs
 
 
-def _made_before(graph: Graph, body: Sequence[Step], j: int, v: str, device: str) -> int | None:
+def made_before(graph: Graph, body: Sequence[Step], j: int, v: str, device: str) -> int | None:
     """The index of the latest step before `j` that made `v` on `device` (a compute or a copy there)."""
     for i in range(j - 1, -1, -1):
         s = body[i]
@@ -191,16 +191,16 @@ def _defer_free(graph: Graph, steps: list[Step], copy: Copy, after: Step) -> Non
         if isinstance(s, Free) and s.value == v and s.device == d:
             f = k
             break
-        if _makes(graph, s, v, d):
+        if makes(graph, s, v, d):
             return
     t = next((k for k, s in enumerate(steps) if s is after), None)
-    if f is None or t is None or t <= f or any(_makes(graph, s, v, d) for s in steps[f + 1 : t + 1]):
+    if f is None or t is None or t <= f or any(makes(graph, s, v, d) for s in steps[f + 1 : t + 1]):
         return
     steps.insert(t + 1, steps[f])
     del steps[f]
 
 
-def _makes(graph: Graph, s: Step, v: str, d: str) -> bool:
+def makes(graph: Graph, s: Step, v: str, d: str) -> bool:
     return (isinstance(s, Compute) and s.device == d and v in graph.op[s.op].outputs) or (
         isinstance(s, Copy) and s.value == v and s.dst == d
     )
