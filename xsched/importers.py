@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from xsched.contracts.graph import Graph, Op, Value
+from xsched.contracts.graph import Graph, Op, Value, read_text
 from xsched.contracts.profile import DeviceInfo, OpCost, Profile
 from xsched.contracts.toposort import topological_order
 from xsched.errors import GraphError
@@ -25,9 +25,9 @@ def import_networkx(path: str | Path) -> tuple[Graph, Profile]:
     empty), as in those papers: a node's output lives until its last consumer has run.
     """
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(read_text(path))
         nodes, links = data["nodes"], data["links"]
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, EOFError, KeyError, TypeError) as e:
         raise GraphError(f"cannot read node-link graph {path}: {e}", stage="import") from e
     dialect = _dialect(nodes, path)
     key = "id" if dialect == "checkmate" else "name"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import sys
 import threading
 import time
@@ -11,6 +13,29 @@ from contextlib import contextmanager
 from typing import Any
 
 from xsched.errors import XschedError
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a finite, positive number of seconds (--time-limit, --max-time)."""
+    x = _number(text)
+    if not math.isfinite(x) or x <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds above 0, got {text!r}")
+    return x
+
+
+def relative_gap(text: str) -> float:
+    """An argparse type: a relative gap in [0, 1) (--gap)."""
+    x = _number(text)
+    if not 0 <= x < 1:
+        raise argparse.ArgumentTypeError(f"must be a relative gap in [0, 1), got {text!r}")
+    return x
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
 
 
 def parse_budget_flags(flags: Sequence[str]) -> dict[str, str]:

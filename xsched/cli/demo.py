@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from xsched.cli.common import quiet
+from xsched.cli.common import quiet, seconds
 from xsched.demo import DemoSettings
 
 
@@ -27,6 +27,6 @@ def add(sub: argparse._SubParsersAction) -> None:
     )
     m.add_argument("--cpu-budget", default=d.cpu_budget, help="budget of the plan trained for real on the CPU")
     m.add_argument("-o", "--output", default=d.out, help=f"folder for the report (default {d.out})")
-    m.add_argument("--time-limit", type=float, default=d.time_limit_s, help="seconds per plan in the report")
+    m.add_argument("--time-limit", type=seconds, default=d.time_limit_s, help="seconds per plan in the report")
     m.add_argument("--quiet", action="store_true", help="no progress bars")
     m.set_defaults(run=cmd_demo)

@@ -6,7 +6,7 @@ import argparse
 import time
 
 from xsched.budgets import format_bytes
-from xsched.cli.common import parse_budget_flags, print_json, quiet, timed_progress
+from xsched.cli.common import parse_budget_flags, print_json, quiet, relative_gap, seconds, timed_progress
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Plan
 from xsched.profiling.store import load_profile
@@ -157,12 +157,12 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--devices", help="comma-separated devices (default: the budgets' devices)")
     p.add_argument(
         "--time-limit",
-        type=float,
+        type=seconds,
         default=60.0,
         help="seconds for the command, reading the graph and profile included (default 60); it returns within "
         "this x 1.1 + 1 s",
     )
-    p.add_argument("--gap", type=float, default=1e-4)
+    p.add_argument("--gap", type=relative_gap, default=1e-4)
     p.add_argument("--solver", default="highs")
     p.add_argument(
         "--reprofile", action="store_true", help="re-profile when the profile is stale for this graph or machine"

@@ -8,6 +8,7 @@ import json
 import shlex
 import sys
 
+from xsched.cli.common import seconds
 from xsched.contracts.graph import Graph
 from xsched.contracts.profile import Profile
 from xsched.errors import XschedError
@@ -28,8 +29,6 @@ def cmd_report(a: argparse.Namespace) -> int:
     machines = [parse_machine(m) for m in (a.machine or [DEFAULT_MACHINE])]
     if a.points < 2:
         raise XschedError(f"--points must be at least 2, got {a.points}", stage="cli")
-    if a.time_limit <= 0:
-        raise XschedError(f"--time-limit must be positive, got {a.time_limit}", stage="cli")
     settings = ReportSettings(
         SweepSettings(a.method, a.time_limit, a.points, _csv(a.baselines)),
         _csv(a.sections),
@@ -121,7 +120,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--batch", type=int)
     r.add_argument("--scale", default="default", help="zoo size knob: tiny, small, default")
     r.add_argument("--method", default="auto", help="the solver at each point (auto; a heuristic is cheaper)")
-    r.add_argument("--time-limit", type=float, default=2.0, help="seconds per plan (default 2)")
+    r.add_argument("--time-limit", type=seconds, default=2.0, help="seconds per plan (default 2)")
     r.add_argument("--points", type=int, default=8, help="budgets per sweep (default 8)")
     r.add_argument("--baselines", default="eager,greedy,checkpoint", help="heuristics beside the solver ('' none)")
     r.add_argument("--sections", default="sweep,whatif,energy,pictures", help="which what-ifs to build")

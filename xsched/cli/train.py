@@ -11,7 +11,7 @@ import sys
 from collections.abc import Iterator
 from typing import TextIO
 
-from xsched.cli.common import parse_budget_flags
+from xsched.cli.common import parse_budget_flags, seconds
 from xsched.lanes import ISSUE_MODES
 
 
@@ -134,7 +134,7 @@ def add(sub: argparse._SubParsersAction) -> None:
         help="a device that holds values and runs no op (only its copies are profiled), e.g. cpu; repeatable",
     )
     t.add_argument("--method", default="auto", help="solver method (default auto)")
-    t.add_argument("--time-limit", type=float, help="solver time limit in seconds (default 60)")
+    t.add_argument("--time-limit", type=seconds, help="solver time limit in seconds (default 60)")
     t.add_argument(
         "--gap", type=float, help="stop planning once the plan is within this relative gap of the lower bound"
     )

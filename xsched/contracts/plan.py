@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
-from xsched.contracts.graph import Graph
+from xsched.contracts.graph import Graph, read_text
 from xsched.contracts.result import SolveResult, result_from_dict
 from xsched.errors import PlanError
 
@@ -134,9 +134,9 @@ class Plan:
     @staticmethod
     def load(path: str | Path) -> Plan:
         try:
-            d = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise PlanError(f"cannot read plan file {path}: {e}", stage="plan") from e
+            d = json.loads(read_text(path))
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError, EOFError) as e:
+            raise PlanError(f"cannot read plan file {path}: corrupt or unreadable ({e})", stage="plan") from e
         return Plan.from_dict(d)
 
 

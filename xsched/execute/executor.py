@@ -36,7 +36,7 @@ from xsched.execute.arena import ARENA_KINDS, Arena
 from xsched.execute.compiled import reusable_inputs
 from xsched.execute.lane_run import LaneRunner
 from xsched.execute.program import PreparedPlan, inline_program
-from xsched.execute.reference import RunTrace, torch_device
+from xsched.execute.reference import RunTrace, device_present
 from xsched.execute.segments import Segments
 from xsched.execute.steps import (
     STEP_KINDS,
@@ -109,7 +109,7 @@ class Executor:
         self.graph = graph
         self.plan = plan
         self.names = plan.devices
-        self.dev = {d: torch_device(d, devices) for d in self.names}
+        self.dev = {d: device_present(d, devices) for d in self.names}
         self.expandable_segments = expandable_segments and use_expandable_segments(self.dev.values())
         self.overlap = overlap if overlap is not None else any(t.type == "cuda" for t in self.dev.values())
         self.nbytes = {v.id: v.nbytes for v in graph.values}

@@ -40,6 +40,22 @@ def torch_device(name: str, devices: Mapping[str, torch.device | str] | None = N
     return torch.device(name) if name.startswith("cuda") else torch.device("cpu")
 
 
+def device_present(name: str, devices: Mapping[str, torch.device | str] | None = None) -> torch.device:
+    """`torch_device(name, devices)`, refused in one line where it is a CUDA device this machine does not have (a
+    plan made for a GPU, run on a host without one)."""
+    dev = torch_device(name, devices)
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (dev.index or 0) >= count:
+            raise XschedError(
+                f"the plan runs on {name} ({dev}), and this machine has {count} CUDA device(s): run it where that GPU "
+                "is, or plan again for these devices",
+                stage="execute",
+                device=name,
+            )
+    return dev
+
+
 def is_random(op: Op) -> bool:
     """Ops that draw from the RNG (dropout, bernoulli, rand*): recomputing them must replay the same state."""
     return is_random_target(op.target)
@@ -59,7 +75,7 @@ class ReferenceRun(PlanInterpreter):
         devices: Mapping[str, torch.device | str] | None,
     ) -> None:
         super().__init__(graph, plan, check_budgets=True)
-        self.dev = {d: torch_device(d, devices) for d in self.devices}
+        self.dev = {d: device_present(d, devices) for d in self.devices}
         self.stores: dict[str, dict[str, torch.Tensor]] = {d: {} for d in self.devices}
         self.rng: dict[str, tuple[str, torch.Tensor]] = {}  # op id -> (device type, RNG state) before its first run
         self.after: list[dict[str, int]] = []
