@@ -41,7 +41,6 @@ def one_line_error(capsys) -> str:
         ["report", "G", "--profile", "P", "--machine", "bench", "--time-limit"],
         ["train", "zoo:gpt2", "--scale", "tiny", "--time-limit"],
         ["demo", "gpt2", "--time-limit"],
-        ["profile", "G", "--devices", "cpu", "--max-time"],
     ],
     ids=lambda v: v[0] if isinstance(v, list) else v,
 )
@@ -53,6 +52,17 @@ def test_time_limits_must_be_finite_positive_seconds(verb, value, files, capsys)
     assert e.value.code == 2
     err = one_line_error(capsys)
     assert f"argument {verb[-1]}" in err and repr(value) in err
+
+
+@pytest.mark.parametrize("value", ["-5", "nan", "inf"])
+def test_a_profiling_cap_must_be_finite_seconds(value, files, capsys):
+    """`--max-time 0` measures nothing (every op modelled); below 0 or not finite is refused."""
+    g, _, _ = files
+    with pytest.raises(SystemExit) as e:
+        main(["profile", str(g), "--devices", "cpu", "--max-time", value])
+    assert e.value.code == 2
+    err = one_line_error(capsys)
+    assert "argument --max-time" in err and repr(value) in err
 
 
 @pytest.mark.parametrize("value", ["-1", "1", "2", "nan", "inf"])

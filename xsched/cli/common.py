@@ -16,10 +16,18 @@ from xsched.errors import XschedError
 
 
 def seconds(text: str) -> float:
-    """An argparse type: a finite, positive number of seconds (--time-limit, --max-time)."""
+    """An argparse type: a finite, positive number of seconds (--time-limit)."""
     x = _number(text)
     if not math.isfinite(x) or x <= 0:
         raise argparse.ArgumentTypeError(f"must be a finite number of seconds above 0, got {text!r}")
+    return x
+
+
+def cap_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds, 0 included (--max-time 0: measure nothing, model every op)."""
+    x = _number(text)
+    if not math.isfinite(x) or x < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds, 0 or more, got {text!r}")
     return x
 
 

@@ -7,7 +7,7 @@ import dataclasses
 import json
 
 from xsched.budgets import format_bytes
-from xsched.cli.common import add_shape_flag, parse_shape_flags, print_json, quiet, seconds
+from xsched.cli.common import add_shape_flag, cap_seconds, parse_shape_flags, print_json, quiet
 from xsched.devices.base import Policy, available_devices, split_device_list
 from xsched.profiling.store import default_profile_path, save_profile
 
@@ -143,7 +143,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     )
     f.add_argument(
         "--max-time",
-        type=seconds,
+        type=cap_seconds,
         help="seconds for the whole run, the eager steps back to back included (a tenth kept for them); ops it leaves"
         " unmeasured are modelled (listed in the profile)",
     )
