@@ -11,10 +11,9 @@ import functools
 from dataclasses import replace
 
 import pytest
-import torch
 from oracle import assert_prediction_matches, resident_at_end
 from test_park_quarter import LINK, model_and_inputs  # the same small GPT and slow store link
-from test_park_store import assert_plan_trains_as_eager
+from test_park_store import assert_plan_trains_as_eager, eager_loss_backward
 
 from xsched.capture.chunk_loss import chunk_cross_entropy
 from xsched.capture.torch import bind_inputs, capture
@@ -142,9 +141,5 @@ def test_the_traded_plan_trains_as_eager(overlap: bool | None) -> None:
     model, inputs = model_and_inputs()
     g, _, _ = setup()
     _, traded = plans()
-    torch.manual_seed(7)  # the same dropout masks as the plan's run
-    logits, loss = model(*inputs)
-    loss.backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
-    assert_plan_trains_as_eager(g, traded, bind_inputs(g, model, inputs), [logits, loss], grads, overlap)
+    outputs, grads = eager_loss_backward(model, inputs)
+    assert_plan_trains_as_eager(g, traded, bind_inputs(g, model, inputs), outputs, grads, overlap)

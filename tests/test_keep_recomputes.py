@@ -10,10 +10,9 @@ import functools
 from dataclasses import replace
 
 import pytest
-import torch
 from oracle import assert_prediction_matches, residencies
 from test_park_quarter import LINK, model_and_inputs
-from test_park_store import assert_plan_trains_as_eager
+from test_park_store import assert_plan_trains_as_eager, eager_loss_backward
 
 from xsched.capture.chunk_loss import chunk_cross_entropy
 from xsched.capture.torch import bind_inputs, capture
@@ -127,9 +126,5 @@ def test_the_kept_plan_trains_as_eager(overlap: bool | None) -> None:
     model, inputs = model_and_inputs()
     g, _, _ = setup()
     _, kept = plans()
-    torch.manual_seed(7)  # the same dropout masks as the plan's run
-    logits, loss = model(*inputs)
-    loss.backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
-    assert_plan_trains_as_eager(g, kept, bind_inputs(g, model, inputs), [logits, loss], grads, overlap)
+    outputs, grads = eager_loss_backward(model, inputs)
+    assert_plan_trains_as_eager(g, kept, bind_inputs(g, model, inputs), outputs, grads, overlap)

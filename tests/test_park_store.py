@@ -115,6 +115,17 @@ def test_the_plan_trains_as_eager(overlap: bool | None) -> None:
     assert_plan_trains_as_eager(g, plan, bind_inputs(g, module, inputs), [loss], grads, overlap)
 
 
+def eager_loss_backward(model: torch.nn.Module, inputs: tuple) -> tuple[list[torch.Tensor], dict]:
+    """Eager's logits and loss, and the gradients of `loss.backward()`, under seed 7 (the dropout masks the plan's
+    run draws); the model's grads are cleared again."""
+    torch.manual_seed(7)
+    logits, loss = model(*inputs)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return [logits, loss], grads
+
+
 def assert_plan_trains_as_eager(
     g: Graph, plan: Plan, env: dict, outputs: list[torch.Tensor], grads: dict, overlap: bool | None
 ) -> None:

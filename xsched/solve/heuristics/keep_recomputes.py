@@ -16,7 +16,7 @@ from xsched.contracts.plan import Compute, Copy, Free, Plan, Step
 from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError, PlanError
 from xsched.solve.heuristics.checkpoint import checkpoint_search
-from xsched.solve.heuristics.park_recomputes import made_before, makes
+from xsched.solve.heuristics.park_recomputes import made_before, makes, read_after
 from xsched.solve.heuristics.routing import finish
 from xsched.solve.heuristics.timeline import op_seconds
 from xsched.solve.objective import better
@@ -37,32 +37,19 @@ def without_rerun(graph: Graph, steps: Sequence[Step], k: int) -> list[Step] | N
         made = made_before(graph, steps, k, w, d)
         start = 0 if made is None else made + 1
         frees = [i for i in range(start, k) if _frees(steps[i], w, d)]
-        if _read_after(graph, steps, k, w, d):
+        if read_after(graph, steps, k, w, d):
             if made is None or any(isinstance(t, Copy) and t.value == w for t in steps[start:k]):
                 return None
             drop.update(frees)
         elif frees or made is None:  # not resident when the rerun made it: its free after the rerun goes too
-            drop.update(i for i in [_free_after(graph, steps, k, w, d)] if i is not None)
+            after = _free_after(graph, steps, k, w, d)
+            if after is not None:
+                drop.add(after)
     return [t for i, t in enumerate(steps) if i not in drop]
 
 
 def _frees(s: Step, v: str, d: str) -> bool:
     return isinstance(s, Free) and s.value == v and s.device == d
-
-
-def _read_after(graph: Graph, steps: Sequence[Step], k: int, v: str, d: str) -> bool:
-    """`v` is read on `d` after step `k` before it is made there again (a copy from `d` reads it), or is a graph
-    output left there."""
-    for s in steps[k + 1 :]:
-        if isinstance(s, Compute) and s.device == d and v in graph.op[s.op].inputs:
-            return True
-        if isinstance(s, Copy) and s.value == v and s.src == d:
-            return True
-        if makes(graph, s, v, d):
-            return False
-        if _frees(s, v, d):
-            return False
-    return v in graph.outputs
 
 
 def _free_after(graph: Graph, steps: Sequence[Step], k: int, v: str, d: str) -> int | None:

@@ -69,7 +69,7 @@ def trades(graph: Graph, body: Sequence[Step], device: str, store: str, cost: Ma
             continue
         copies = []
         for v in graph.op[s.op].outputs:
-            if not _read_after(graph, body, j, v, device):
+            if not read_after(graph, body, j, v, device):
                 continue
             made = made_before(graph, body, j, v, device)
             if made is None:
@@ -82,19 +82,16 @@ def trades(graph: Graph, body: Sequence[Step], device: str, store: str, cost: Ma
     return sorted(found, key=lambda t: (-t.saved / max(t.moved, 1), t.index))
 
 
-def _read_after(graph: Graph, body: Sequence[Step], j: int, v: str, device: str) -> bool:
-    """`v` is read on `device` after step `j` before it is made there again (a copy out counts as a read)."""
-    for s in body[j + 1 :]:
-        if isinstance(s, Compute) and s.device == device:
-            if v in graph.op[s.op].inputs:
-                return True
-            if v in graph.op[s.op].outputs:
-                return False
-        elif isinstance(s, Copy) and s.value == v:
-            if s.src == device:
-                return True
-            if s.dst == device:
-                return False
+def read_after(graph: Graph, steps: Sequence[Step], j: int, v: str, device: str) -> bool:
+    """`v` is read on `device` after step `j` before it is made or freed there again (a copy out counts as a read),
+    or is a graph output left there."""
+    for s in steps[j + 1 :]:
+        if isinstance(s, Compute) and s.device == device and v in graph.op[s.op].inputs:
+            return True
+        if isinstance(s, Copy) and s.value == v and s.src == device:
+            return True
+        if makes(graph, s, v, device) or (isinstance(s, Free) and s.value == v and s.device == device):
+            return False
     return v in graph.outputs
 
 
@@ -232,7 +229,7 @@ def _unread(graph: Graph, steps: Sequence[Step], j: int, device: str) -> bool:
     """Compute `j` on `device` makes nothing read before it is made there again (nor a graph output)."""
     s = steps[j]
     assert isinstance(s, Compute)
-    return s.device == device and not any(_read_after(graph, steps, j, v, device) for v in graph.op[s.op].outputs)
+    return s.device == device and not any(read_after(graph, steps, j, v, device) for v in graph.op[s.op].outputs)
 
 
 def plan_of(
