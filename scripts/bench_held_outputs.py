@@ -2,7 +2,8 @@
 batch 8, T1024) with its op costs measured on an NVIDIA H100 (benchmarks/gpu/) and the host as a store over the
 measured link, at GPU budgets in % of the eager peak, planned by each method with the logits held. Per method and
 budget: whether a plan is found, its predicted makespan against eager's and its predicted GPU peak (simulator
-replays through `validated`, which holds the output to the end; no GPU runs).
+replays through `validated`, which holds the output to the end or, as the logits come from a matmul, may release
+the caller's storage during backward and refill it: `contracts.holds`; no GPU runs).
 
     python scripts/bench_held_outputs.py --budgets 50,56,63 --methods auto,park,gaps,offload,checkpoint --limit 40
 """

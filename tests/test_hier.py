@@ -213,8 +213,12 @@ def test_hier_is_a_method_and_trains_like_eager() -> None:
     opts = SolverOptions(time_limit_s=600, node_limit=200, hier_processes=1, hier_refine=False)
     prof = cost_profile(g, ["cpu"])
     named = solve(g, prof, {"cpu": "80%"}, method="hier", options=opts)
-    ran = {m.method: m for m in named.solver.stats.members}["hier"]
-    assert ran.objective is not None and named.predicted.makespan_s <= ran.objective * (1 + 1e-9)
+    members = getattr(named.solver.stats, "members", None)
+    if members is None:  # hier's own plan came back: nothing the heuristics' start led to was faster
+        assert named.solver.method == "hier" and named.solver.status != "heuristic"
+    else:  # a faster plan came back (the heuristics' searches are timed: which one wins varies with the load)
+        ran = {m.method: m for m in members}["hier"]
+        assert ran.objective is not None and named.predicted.makespan_s <= ran.objective * (1 + 1e-9)
     plan = solve_hier(Problem.make(g, prof, {"cpu": "80%"}), opts)
     assert plan.solver.method == "hier"
     w = wrap(model, z.inputs, {"cpu": "80%"}, plan=plan)

@@ -180,6 +180,7 @@ def bad_inputs(d: Path) -> dict[str, tuple[list[str], str]]:
         "hf-name": (["hf:gpt3"], "unknown Hugging Face causal language model type 'gpt3'; did you mean gptj, gpt2"),
         "hf-key": (["hf:gpt2", "--config", "n_layer=1,n_lyer=2"], "unknown config key 'n_lyer' for hf:gpt2"),
         "hf-pretrained": (["hf:gpt2", "--pretrained", str(d)], "has no config.json"),
+        "hf-scale": (["hf:gpt2", "--scale", "tiny"], "--scale applies to zoo models only; hf:gpt2 takes its size"),
     }
 
 
@@ -200,6 +201,7 @@ CASES = [
     "hf-name",
     "hf-key",
     "hf-pretrained",
+    "hf-scale",
 ]
 
 
@@ -212,6 +214,8 @@ def test_bad_input_is_one_line_exit_2_and_loses_no_checkpoint(case, saved_run, t
     argv = list(args)
     if extra[0].startswith(("zoo:", "hf:")):
         argv[0], extra = extra[0], extra[1:]
+    if argv[0].startswith("hf:"):  # sized by --config, not the zoo's --scale
+        del argv[argv.index("--scale") : argv.index("--scale") + 2]
     for flag, value in zip(extra[::2], extra[1::2]):
         if flag in argv:
             argv[argv.index(flag) + 1] = value

@@ -33,7 +33,7 @@ elif [ "$PART" = B ]; then
     --json $R/compile.json --out $R/compile.md > $R/compile.log 2>&1
   cp $R/compile.md $R/compile.json "$OUT"/ 2>/dev/null; tail -20 $R/compile.log
   timeout 80 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_device_dtypes.py tests/test_executor_gpu.py \
-    tests/test_device_kernels.py \
+    tests/test_device_kernels.py tests/test_held_release.py \
     > $R/gpu_tests.log 2>&1
   tail -8 $R/gpu_tests.log
 elif [ "$PART" = D ]; then

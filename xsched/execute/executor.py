@@ -28,12 +28,14 @@ import torch
 
 from xsched.allocator import COPY_POOLS, DEFAULT_COPY_POOL
 from xsched.contracts.graph import Graph
+from xsched.contracts.holds import held_steps, releasable
 from xsched.contracts.plan import Compute, Copy, Free, Plan, required_homes
 from xsched.contracts.random_ops import random_ops
 from xsched.errors import PlanError, XschedError
 from xsched.execute.alloc_settings import use_expandable_segments
 from xsched.execute.arena import ARENA_KINDS, Arena
 from xsched.execute.compiled import reusable_inputs
+from xsched.execute.held import poison_released, prepare_held
 from xsched.execute.lane_run import LaneRunner
 from xsched.execute.program import PreparedPlan, inline_program
 from xsched.execute.reference import RunTrace, device_present
@@ -125,7 +127,9 @@ class Executor:
             for d in self.names
         ]
         steps = plan.steps
-        self.reuse = reusable_inputs(graph, steps, watch) if inplace and not planned_addresses else {}
+        self.reuse = (
+            reusable_inputs(graph, steps, watch | releasable(graph)) if inplace and not planned_addresses else {}
+        )
         # the simulator's overlapped model, with the frees that wait only on their compute lane run on it
         self.lane_of = inline_free_lanes(graph, steps, self.random)
         self.deps = step_waits(graph, steps, self.random, self.lane_of)
@@ -142,6 +146,12 @@ class Executor:
         self.arena = Arena(graph, plan, self.dev, watch, handed=not whole) if planned_addresses else None
         kinds = {**STEP_KINDS, **(ARENA_KINDS if self.arena else {}), **(table or {})}
         self.fns: list[StepFn] = prepare_steps(self, kinds, check)
+        # releases and refills of outputs the caller holds, run alone outside generated programs (execute.held). A
+        # whole-step run hands nothing over midway, so no caller holds them there: its frees and makes are plain.
+        # Planned addresses place no residency of theirs (live across the boundary, or to the end: placement._fits)
+        self.held = {} if whole else held_steps(graph, plan)
+        for i, (kind, _) in self.held.items():
+            self.fns[i] = tagged(prepare_held(self, i, kind, steps[i]), i, steps[i])
         # inline slices and compute lanes run generated programs, unless a custom step kind must see its steps
         self.generate = kinds[Compute] is prepare_compute and kinds[Free] is prepare_free
         self.prepared = PreparedPlan(
@@ -222,10 +232,14 @@ class Executor:
             )
         t0, kept = time.perf_counter(), len(st.keep)
         with torch.no_grad():
-            if trace or not self.overlap or self._one_device(start, stop):
-                self._run_inline(st, start, stop, trace)
-            else:
-                self.lane_runner.run(st, start, stop, one_thread=self.issue == "one")
+            try:
+                if trace or not self.overlap or self._one_device(start, stop):
+                    self._run_inline(st, start, stop, trace)
+                else:
+                    self.lane_runner.run(st, start, stop, one_thread=self.issue == "one")
+            except BaseException:
+                poison_released(st)
+                raise
         st.next_step = stop
         if self.clock is not None:
             forward = self.plan.boundary is None or stop <= self.plan.boundary
@@ -261,6 +275,8 @@ class Executor:
 
     def _inline_fn(self, a: int, b: int) -> StepFn:
         """Steps [a, b): a single copy's step function (its errors naming the step), else the run's program."""
+        if b - a == 1 and a in self.held:
+            return self.fns[a]
         if b - a == 1 and isinstance(self.plan.steps[a], Copy):
             if a in self.d2h:  # the copy must land before host steps read it: _run_steps synchronises
                 return lambda st: self._run_steps(st, a, b, trace=False)
@@ -284,9 +300,9 @@ class Executor:
             steps, cuts, a = self.plan.steps, [], start
             while a < stop:
                 b = a + 1
-                if not isinstance(steps[a], Copy):
+                if not isinstance(steps[a], Copy) and a not in self.held:
                     d = steps[a].device  # type: ignore[union-attr]
-                    while b < stop and not isinstance(steps[b], Copy) and steps[b].device == d:  # type: ignore[union-attr]
+                    while b < stop and not isinstance(steps[b], Copy) and b not in self.held and steps[b].device == d:  # type: ignore[union-attr]
                         b += 1
                 cuts.append((a, b))
                 a = b

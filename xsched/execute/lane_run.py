@@ -92,7 +92,7 @@ class LaneRunner:
             fn = ex.fns[i] if len(group) == 1 else self._run_group(group)
             if ex.segments and key.startswith("compute:") and len(group) > 1:
                 fn = ex.segments.program(group)
-            elif ex.generate and key.startswith("compute:"):
+            elif ex.generate and key.startswith("compute:") and i not in ex.held:
                 fn = step_program(ex.prepared, group, shared=True)  # a call per op, not closures per argument
             if ex.clock is not None:
                 fn = ex.clock.timed(key, f"steps {i}-{group[-1]}", fn, lane.stream)
@@ -105,17 +105,17 @@ class LaneRunner:
         """Steps [start, stop) cut into tasks: runs of one lane's steps, in plan order, where only the first waits
         for another lane and only the last is waited for by another lane. One hand-off per task, not per step."""
         if (start, stop) not in self._groups:
-            deps, lane_of = self.ex.deps, self.ex.lane_of
+            deps, lane_of, held = self.ex.deps, self.ex.lane_of, self.ex.held
             waited = {j for i in range(start, stop) for j in deps[i] if j >= start}
             groups: list[list[int]] = []
             open_: dict[str, list[int]] = {}  # lane -> its group still taking steps
             for i in range(start, stop):
                 key = lane_of[i]
-                if key not in open_ or any(j >= start for j in deps[i]):
+                if key not in open_ or any(j >= start for j in deps[i]) or i in held:  # a held step runs alone
                     open_[key] = []
                     groups.append(open_[key])
                 open_[key].append(i)
-                if i in waited:
+                if i in waited or i in held:
                     del open_[key]
             self._groups[(start, stop)] = [tuple(g) for g in groups]
         return self._groups[(start, stop)]

@@ -4,6 +4,8 @@
 the storage's real size, charged to the logical device named by `LiveBytes.device` (the step running); a
 finalizer on the storage object charges its release back. Views and in-place results share a seen storage and
 cost nothing, as in the allocator. What a kernel allocates and releases inside one call (C++ scratch) is not seen.
+A storage resized in place (a held output emptied and refilled, `execute.held`) counts its new size when `resync`
+runs: around each step of `counted_executor`, and when the mode exits.
 `counted_executor` runs a plan through the executor with each step naming its device, so the count of a
 `cpu:0` + `cpu:1` run on one CPU is split as the plan's devices are. Tests use it as the oracle of a plan's peak.
 """
@@ -31,7 +33,7 @@ class LiveBytes(TorchDispatchMode):
         self.device = "?"
         self.used: dict[str, int] = {}
         self.peak: dict[str, int] = {}
-        self._seen: dict[int, str] = {}  # id(storage) -> the device it counts on
+        self._seen: dict[int, list] = {}  # id(storage) -> [weakref to it, the device it counts on, its bytes]
 
     def track(self, t: torch.Tensor, device: str | None = None) -> None:
         """Count `t`'s storage on `device` (default the current one) unless it is counted already."""
@@ -40,14 +42,32 @@ class LiveBytes(TorchDispatchMode):
         if key in self._seen or n == 0:
             return
         d = device or self.device
-        self._seen[key] = d
-        self.used[d] = self.used.get(d, 0) + n
-        self.peak[d] = max(self.peak.get(d, 0), self.used[d])
-        weakref.finalize(s, self._release, key, d, n)
+        self._seen[key] = [weakref.ref(s), d, n]
+        self._charge(d, n)
+        weakref.finalize(s, self._release, key)
 
-    def _release(self, key: int, device: str, n: int) -> None:
-        self._seen.pop(key, None)
-        self.used[device] -= n
+    def resync(self) -> None:
+        """Storages resized in place since they were counted (emptied, or given their bytes back, outside any op)
+        count their size now, on the device where they were made."""
+        for entry in self._seen.values():
+            s = entry[0]()
+            if s is not None and s.nbytes() != entry[2]:
+                n = s.nbytes()
+                self._charge(entry[1], n - entry[2])
+                entry[2] = n
+
+    def _charge(self, device: str, n: int) -> None:
+        self.used[device] = self.used.get(device, 0) + n
+        self.peak[device] = max(self.peak.get(device, 0), self.used[device])
+
+    def _release(self, key: int) -> None:
+        entry = self._seen.pop(key, None)
+        if entry is not None:
+            self.used[entry[1]] -= entry[2]
+
+    def __exit__(self, *exc: Any) -> Any:
+        self.resync()
+        return super().__exit__(*exc)
 
     def reset_peak(self) -> None:
         self.peak = dict(self.used)
@@ -65,8 +85,10 @@ def _named(prepare: Callable, device_of: Callable[[Any], str], count: LiveBytes)
         fn, d = prepare(ex, i, s), device_of(s)
 
         def step(st: Any) -> None:
+            count.resync()  # a storage emptied or refilled in place by a step not named here
             count.device = d
             fn(st)
+            count.resync()  # or by this one
 
         return step
 

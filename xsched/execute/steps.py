@@ -43,6 +43,8 @@ class RunState:
     keep: list[torch.Tensor] = field(default_factory=list)  # pinned staging buffers, alive while copies may read them
     resident_after: list[dict[str, int]] = field(default_factory=list)
     first: dict[str, torch.Tensor] = field(default_factory=dict)  # watched values as first computed
+    # held outputs released on a device: the caller's tensor, emptied in place, and its storage's bytes
+    released: dict[tuple[str, str], tuple[torch.Tensor, int]] = field(default_factory=dict)
     next_step: int = 0
 
     def resident(self) -> dict[str, int]:

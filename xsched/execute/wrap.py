@@ -358,7 +358,8 @@ def wrap(
     left out raises a one-line XschedError at that backward, which names the output.
     `hold_outputs`: the caller keeps the returned non-scalar outputs until its backward has run, as PyTorch code
     does (`logits = model(x); F.cross_entropy(logits, y).backward()`), so the plan counts them resident from the
-    forward's end to the backward's; False where the caller drops them before `backward()` (the plan may then
+    forward's end to the backward's, or, where their op has an `out=` form, may empty the caller's storage during
+    the backward and refill it before it returns (xsched.execute.held); False where the caller drops them before `backward()` (the plan may then
     free and recompute them). `expandable_segments`, `planned_addresses`, `issue`: the Executor's options (CUDA's
     expandable segments before the plan's first allocation; the step's values in one arena; who issues the steps).
     `chunk_loss`: the training graph's cross-entropy (log_softmax + nll_loss, and its backward through the logits'

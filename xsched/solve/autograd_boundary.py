@@ -2,15 +2,19 @@
 starts, so each must be resident when the first step that reads a tangent (or runs a backward op) runs. Only the
 interval model holds that rule (`intervals/boundary`); this module checks it and repairs plans that break it by
 computing the missing outputs earlier, or by holding until the boundary those that are freed before it. The
-caller's hold of `graph.held_outputs` from the boundary to the end (`hold_to_end`) the solvers do model: the
-heuristics' timeline (`heuristics/timeline`), the stage MILP (`milp.held`) and the memory lower bound."""
+caller's hold of `graph.held_outputs` from the boundary to the end (`hold_to_end`: those it may release, emptied
+and refilled in place, and the rest pinned) the solvers model for the pinned ones (`contracts.holds.pinned_holds`):
+the heuristics' timeline (`heuristics/timeline`), the stage MILP (`milp.held`), the interval and hierarchical
+models and the memory lower bound. They plan a releasable one as any forward output."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
 from xsched.contracts.graph import Graph
+from xsched.contracts.holds import releasable
 from xsched.contracts.plan import Compute, Copy, Free, Plan, Step, autograd_boundary, place_frees
+from xsched.errors import PlanError
 
 
 def forward_outputs(graph: Graph) -> list[str]:
@@ -101,29 +105,55 @@ def hold_to_boundary(graph: Graph, steps: Sequence[Step]) -> list[Step]:
 
 
 def hold_to_end(graph: Graph, plan: Plan) -> Plan:
-    """The plan as it runs when the caller holds `graph.held_outputs` from the boundary on: where one is resident
-    at the boundary, a later free of it there releases nothing and a later copy or compute making it there again
-    makes nothing new, so those steps are dropped (the value stays resident to the end, as the simulator then
-    counts it). Unchanged where nothing is held or nothing is dropped."""
+    """The plan as it runs when the caller holds `graph.held_outputs` from the boundary on. Where one is resident
+    at the boundary, the caller's storage is there. A releasable one (`contracts.holds`) may be freed there and made
+    there again (its storage emptied and refilled in place); one left elsewhere at the end is copied back there. Any
+    other free of a held residency releases nothing, and a copy or compute making it there again while it is
+    resident makes nothing new: those steps are dropped (the value stays resident, as the simulator then counts it).
+    Unchanged where nothing is held or nothing changes."""
     held = set(graph.held_outputs)
     b = plan.boundary
     if not held or b is None:
         return plan
-    where: dict[str, set[str]] = {}  # held output -> devices where it is resident at the boundary
+    where: dict[str, set[str]] = {}  # held output -> devices where it is resident (at the boundary, then on)
     for s in plan.steps[:b]:
-        if isinstance(s, Compute):
-            for v in held.intersection(graph.op[s.op].outputs):
-                where.setdefault(v, set()).add(s.device)
-        elif isinstance(s, Copy) and s.value in held:
-            where.setdefault(s.value, set()).add(s.dst)
-        elif isinstance(s, Free) and s.value in held:
-            where.get(s.value, set()).discard(s.device)
+        _follow(graph, s, held, where)
     pinned = {(v, d) for v, ds in where.items() for d in ds}
-    kept = [s for s in plan.steps[b:] if not _remakes_or_frees(graph, s, pinned)]
-    if len(kept) == len(plan.steps) - b:
+    free = releasable(graph)
+    released: set[tuple[str, str]] = set()
+    kept: list[Step] = []
+    for s in plan.steps[b:]:
+        key = (s.value, s.device) if isinstance(s, Free) else (s.value, s.dst) if isinstance(s, Copy) else None
+        if isinstance(s, Free) and key in pinned and s.value in free:
+            released.add(key)
+        elif isinstance(s, Copy) and key in released:
+            released.discard(key)
+        elif isinstance(s, Compute) and released.intersection((v, s.device) for v in graph.op[s.op].outputs):
+            released.difference_update((v, s.device) for v in graph.op[s.op].outputs)
+        elif _remakes_or_frees(graph, s, pinned):
+            continue
+        kept.append(s)
+        _follow(graph, s, held, where)
+    for v, d in sorted(released):  # left elsewhere at the end: back into the caller's storage
+        src = next(iter(sorted(where.get(v, set()) - {d})), None)
+        if src is None:
+            raise PlanError("a held output is resident nowhere at the end", stage="solve", value=v)
+        kept.append(Copy(v, src, d))
+    if kept == list(plan.steps[b:]):
         return plan
     steps = (*plan.steps[:b], *kept)
     return Plan(**{**plan.__dict__, "steps": steps, "boundary": autograd_boundary(graph, steps), "predicted": None})
+
+
+def _follow(graph: Graph, s: Step, held: set[str], where: dict[str, set[str]]) -> None:
+    """Update `where` (held output -> devices where it is resident) by step `s`."""
+    if isinstance(s, Compute):
+        for v in held.intersection(graph.op[s.op].outputs):
+            where.setdefault(v, set()).add(s.device)
+    elif isinstance(s, Copy) and s.value in held:
+        where.setdefault(s.value, set()).add(s.dst)
+    elif isinstance(s, Free) and s.value in held:
+        where.get(s.value, set()).discard(s.device)
 
 
 def _remakes_or_frees(graph: Graph, s: Step, pinned: set[tuple[str, str]]) -> bool:

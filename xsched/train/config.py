@@ -195,6 +195,8 @@ class TrainConfig:
                 _fail(f"{flag} applies to hf:NAME models only (zoo models take sizes in --scale, e.g. small:seq=32)")
         if self.seq_len is not None and self.seq_len < 1:
             _fail(f"--seq-len must be at least 1, got {self.seq_len}")
+        if hf and self.scale != "default":  # else the full-size model is built, as if --scale were not given
+            _fail(f"--scale applies to zoo models only; {self.model} takes its size from --config (e.g. n_layer=2)")
 
 
 def _fail(message: str) -> NoReturn:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from xsched.budgets import format_bytes
 from xsched.contracts.graph import Graph, Op
+from xsched.contracts.holds import pinned_holds
 from xsched.contracts.plan import ends_on_one_device, required_homes
 from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError, ProfileError
@@ -102,7 +103,7 @@ def _held_through_backward(graph: Graph, needs: Mapping[str, int], homes: Mappin
     reads nor makes, and that op; None when nothing is held. A held forward output must be resident when backward
     starts (the boundary rule) and the caller keeps it from then to the end, so every backward op runs beside it."""
     refs = {r.get("ref") for r in graph.forward_outputs or () if isinstance(r, Mapping)}
-    held = [v for v in graph.held_outputs if v in refs and v not in homes]
+    held = [v for v in pinned_holds(graph) if v in refs and v not in homes]
     if not held:
         return None
     tangents = {v.id for v in graph.values if v.kind == "tangent"}

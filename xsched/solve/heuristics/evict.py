@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from xsched.budgets import format_bytes
 from xsched.contracts.graph import Graph
+from xsched.contracts.holds import pinned_holds
 from xsched.contracts.plan import Compute
 from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError
@@ -38,11 +39,11 @@ def evict_computes(
     # (the boundary rule holds them until backward starts) and are recomputed at the end; gradients and buffer
     # updates stay (recomputing one redoes a chain at the end for a few bytes)
     # (never those the caller holds through backward: evicting one frees nothing)
-    late = (set(forward_outputs(graph)) & set(graph.outputs)) - set(graph.held_outputs) if evict_outputs else set()
+    late = (set(forward_outputs(graph)) & set(graph.outputs)) - set(pinned_holds(graph)) if evict_outputs else set()
     # re-making a producer at the end re-makes all its outputs, so each must have been read in backward first
     siblings = {v: [u for u in graph.op[graph.producer[v]].outputs if u in late] for v in late}
     read_in_bwd: set[str] = set()
-    on = Resident(graph, device, fixed=set(graph.inputs) | (set(graph.outputs) - late) | set(graph.held_outputs))
+    on = Resident(graph, device, fixed=set(graph.inputs) | (set(graph.outputs) - late) | set(pinned_holds(graph)))
     nbytes, held, uses = on.nbytes, on.held, on.ahead  # the same objects, updated by `on`
     for v in late:
         uses[v].insert(0, end)  # read again at the end

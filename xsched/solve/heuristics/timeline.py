@@ -14,6 +14,7 @@ import numpy as np
 
 from xsched.budgets import format_bytes
 from xsched.contracts.graph import Graph, Op
+from xsched.contracts.holds import pinned_holds
 from xsched.contracts.plan import Compute, autograd_boundary
 from xsched.contracts.profile import Profile
 from xsched.errors import BudgetError
@@ -58,7 +59,7 @@ class Liveness:
         self.graph, self.device = graph, device
         self.ops = list(ops)
         self.boundary = backward_start(graph, self.ops)
-        self.held = frozenset(graph.held_outputs) if self.boundary >= 0 else frozenset()
+        self.held = frozenset(pinned_holds(graph)) if self.boundary >= 0 else frozenset()
         self.uses: dict[str, list[int]] = {v.id: [] for v in graph.values}
         self.made: dict[str, list[int]] = {v.id: [] for v in graph.values}
         self.stretches: list[tuple[int, int, str]] = []

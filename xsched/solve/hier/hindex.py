@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from xsched.contracts.graph import Graph
+from xsched.contracts.holds import pinned_holds
 from xsched.contracts.plan import required_homes
 from xsched.contracts.profile import Profile
 from xsched.solve.hier.menu import EMPTY, Option, Part
@@ -166,7 +167,7 @@ def index(
         end_dev=end_dev,
         fwd_out=[vix[v] for v in fwd_out if v in vix],
         t_back=min(twin, default=None),
-        held=[vix[v] for v in graph.held_outputs if v in vix and vix[v] in need_end] if twin else [],
+        held=[vix[v] for v in pinned_holds(graph) if v in vix and vix[v] in need_end] if twin else [],
         reads=reads,
         outs=outs,
     )

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from xsched.contracts.graph import Graph
+from xsched.contracts.holds import pinned_holds
 from xsched.contracts.plan import required_homes, rng_domain
 from xsched.contracts.profile import Profile
 from xsched.contracts.random_ops import random_ops
@@ -350,7 +351,7 @@ def build_data(
         rng_groups=tuple(rng_groups),
         scale=scale,
         floor=floor,
-        held=tuple(vix[v] for v in dict.fromkeys(graph.held_outputs)) if boundary else (),
+        held=tuple(vix[v] for v in dict.fromkeys(pinned_holds(graph))) if boundary else (),
         boundary=boundary,
         forward=tuple(vix[v] for v in forward_outputs(graph)) if boundary else (),
     )

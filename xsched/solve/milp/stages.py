@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xsched.contracts.graph import Graph
+from xsched.contracts.holds import pinned_holds
 from xsched.contracts.plan import Compute, autograd_boundary, rng_domain
 from xsched.contracts.profile import Profile
 from xsched.contracts.random_ops import random_ops
@@ -160,7 +161,7 @@ def index_stages(
         may.append(reach)
     s_lo = [0 if v in free_home else 1 if prod[v] is None else prod[v] + 1 for v in range(nv)]
     boundary = backward_stage(graph)
-    held = tuple(dict.fromkeys(vix[v] for v in graph.held_outputs)) if boundary is not None else ()
+    held = tuple(dict.fromkeys(vix[v] for v in pinned_holds(graph))) if boundary is not None else ()
     s_hi = [T if (v in out_set or v in free_home or v in held) else (T - 1 if users[v] else -1) for v in range(nv)]
     st = Stages(
         graph=graph,
