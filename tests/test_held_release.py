@@ -88,6 +88,17 @@ def test_a_released_output_is_counted_and_refilled_as_eager_made_it(
         assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=lambda m, n=n: f"grad {n}: {m}")
 
 
+@pytest.mark.parametrize("method", ["checkpoint", "auto"])
+def test_where_keeping_the_output_fits_the_plan_keeps_it(method: str) -> None:
+    """A release costs the refill at the end, which the heuristics do not weigh: where a plan keeping the output
+    resident fits (92%), that is the plan (solve.registry.run_member tries it first); at 82% only a release fits."""
+    x = torch.randn(512, 64)
+    kept = wrap_module.wrap(blocks(), (x,), {"cpu:0": "92%"}, method=method, profile="model", time_limit=10)
+    assert not holds.held_steps(kept.graph, kept.plan)
+    tight = wrap_module.wrap(blocks(), (x,), {"cpu:0": "82%"}, method=method, profile="model", time_limit=10)
+    assert holds.held_steps(tight.graph, tight.plan)
+
+
 def test_the_callers_storage_is_empty_between_release_and_refill() -> None:
     """The release frees the bytes the caller holds, not a copy of them: run up to the refill, the caller's tensor
     has an empty storage; after it, the same storage holds the value."""

@@ -6,6 +6,9 @@ refill them (`held_steps`), for the solvers' hold rule and the executor alike.""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import cache
 
 from xsched.contracts.graph import Graph, Op
@@ -50,9 +53,25 @@ def refills_in_place(op: Op) -> bool:
     )
 
 
+_PINNED: ContextVar[bool] = ContextVar("xsched_holds_pinned", default=False)
+
+
+@contextmanager
+def holds_pinned(on: bool = True) -> Iterator[None]:
+    """Within it (`on`), no held output is releasable: plans keep every one resident from the boundary to the end,
+    as the solvers planned before releases existed (solve.registry tries that first)."""
+    token = _PINNED.set(on)
+    try:
+        yield
+    finally:
+        _PINNED.reset(token)
+
+
 def releasable(graph: Graph) -> frozenset[str]:
     """The held outputs a plan may release after the boundary: their producer refills them in place (so the
-    storage the caller holds is the producer's own, never a view of another value's)."""
+    storage the caller holds is the producer's own, never a view of another value's); none within `holds_pinned`."""
+    if not graph.held_outputs or _PINNED.get():
+        return frozenset()
     return frozenset(
         v for v in graph.held_outputs if v in graph.producer and refills_in_place(graph.op[graph.producer[v]])
     )
