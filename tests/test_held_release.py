@@ -88,50 +88,54 @@ def test_a_released_output_is_counted_and_refilled_as_eager_made_it(
         assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=lambda m, n=n: f"grad {n}: {m}")
 
 
-@pytest.mark.parametrize("method", ["checkpoint", "auto"])
-def test_where_keeping_the_output_fits_the_plan_keeps_it(method: str) -> None:
-    """A release costs the refill at the end, which the heuristics do not weigh: where a plan keeping the output
-    resident fits (92%), that is the plan (solve.registry.run_member tries it first); at 82% only a release fits."""
+@pytest.mark.parametrize(
+    "method,stores,fits,tight", [("checkpoint", (), "92%", "82%"), ("park", ("cpu:1",), "88%", "80%")]
+)
+def test_where_keeping_the_output_fits_the_plan_keeps_it(method: str, stores: tuple, fits: str, tight: str) -> None:
+    """A release costs the refill at the end, which the heuristics do not weigh (park, free to release, releases at
+    88% too): where a plan keeping the output resident fits, that is the plan (solve.registry.run_member tries it
+    first); at the tight budget only a release fits."""
     x = torch.randn(512, 64)
-    kept = wrap_module.wrap(blocks(), (x,), {"cpu:0": "92%"}, method=method, profile="model", time_limit=10)
+    kw = {"method": method, "profile": "model", "time_limit": 10, "stores": stores}
+    kept = wrap_module.wrap(blocks(), (x,), {"cpu:0": fits}, **kw)
     assert not holds.held_steps(kept.graph, kept.plan)
-    tight = wrap_module.wrap(blocks(), (x,), {"cpu:0": "82%"}, method=method, profile="model", time_limit=10)
-    assert holds.held_steps(tight.graph, tight.plan)
+    tight_plan = wrap_module.wrap(blocks(), (x,), {"cpu:0": tight}, **kw)
+    assert holds.held_steps(tight_plan.graph, tight_plan.plan)
 
 
-def test_the_callers_storage_is_empty_between_release_and_refill() -> None:
-    """The release frees the bytes the caller holds, not a copy of them: run up to the refill, the caller's tensor
-    has an empty storage; after it, the same storage holds the value."""
+def at_the_boundary() -> tuple:
+    """A wrapped step at 82% (only a release fits) run up to the autograd boundary: the module, its input, its
+    executor, the run, the tensor the caller holds and the step that refills it."""
+    from xsched.capture.torch import bind_inputs
+
     x = torch.randn(512, 64)
     w = wrap_module.wrap(blocks(), (x,), {"cpu:0": "82%"}, method="checkpoint", profile="model")
     (refill,) = [i for i, (k, _) in holds.held_steps(w.graph, w.plan).items() if k == "refill"]
     (v,) = w.graph.held_outputs
     ex = Executor(w.graph, w.plan)
-    from xsched.capture.torch import bind_inputs
-
     st = ex.start(bind_inputs(w.graph, w.module, (x,)))
     ex.run(st, 0, w.plan.boundary)
-    caller = st.stores["cpu:0"].tensors[v]
+    return w, x, ex, st, st.stores["cpu:0"].tensors[v], refill
+
+
+def test_the_callers_storage_is_empty_between_release_and_refill() -> None:
+    """The release frees the bytes the caller holds, not a copy of them: run up to the refill, the caller's tensor
+    has an empty storage; after it, the same storage holds the value."""
+    w, x, ex, st, caller, refill = at_the_boundary()
     ex.run(st, w.plan.boundary, refill)
     assert caller.untyped_storage().nbytes() == 0
     ex.run(st, refill)
-    assert st.stores["cpu:0"].tensors[v] is caller and caller.untyped_storage().nbytes() == caller.nbytes
+    assert (
+        st.stores["cpu:0"].tensors[w.graph.held_outputs[0]] is caller
+        and caller.untyped_storage().nbytes() == caller.nbytes
+    )
     assert_close(caller, w.module(x).detach())
 
 
 def test_a_run_stopped_between_release_and_refill_leaves_nan_not_an_empty_storage() -> None:
     """An error after the release (here a step that raises) must not leave the caller a tensor over an empty storage,
     which reads past its end: it gets its bytes back, as NaN."""
-    x = torch.randn(512, 64)
-    w = wrap_module.wrap(blocks(), (x,), {"cpu:0": "82%"}, method="checkpoint", profile="model")
-    (refill,) = [i for i, (k, _) in holds.held_steps(w.graph, w.plan).items() if k == "refill"]
-    (v,) = w.graph.held_outputs
-    ex = Executor(w.graph, w.plan)
-    from xsched.capture.torch import bind_inputs
-
-    st = ex.start(bind_inputs(w.graph, w.module, (x,)))
-    ex.run(st, 0, w.plan.boundary)
-    caller = st.stores["cpu:0"].tensors[v]
+    w, x, ex, st, caller, refill = at_the_boundary()
 
     def fails(st: object) -> None:
         raise XschedError("a step failed", stage="execute")

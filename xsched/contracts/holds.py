@@ -6,13 +6,13 @@ refill them (`held_steps`), for the solvers' hold rule and the executor alike.""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Set
 from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import cache
 
 from xsched.contracts.graph import Graph, Op
-from xsched.contracts.plan import Compute, Copy, Free, Plan
+from xsched.contracts.plan import Compute, Copy, Free, Plan, Step
 
 
 @cache
@@ -93,13 +93,7 @@ def held_steps(graph: Graph, plan: Plan) -> dict[int, tuple[str, str]]:
         return {}
     on: dict[str, set[str]] = {}  # held output -> devices where it is resident (the caller's storage among them)
     for s in plan.steps[:b]:
-        if isinstance(s, Compute):
-            for v in free.intersection(graph.op[s.op].outputs):
-                on.setdefault(v, set()).add(s.device)
-        elif isinstance(s, Copy) and s.value in free:
-            on.setdefault(s.value, set()).add(s.dst)
-        elif isinstance(s, Free) and s.value in free:
-            on.get(s.value, set()).discard(s.device)
+        follow(graph, s, free, on)
     pinned = {(v, d) for v, ds in on.items() for d in ds}
     out: dict[int, tuple[str, str]] = {}
     released: dict[tuple[str, str], int] = {}  # residency -> the step that released it, until refilled
@@ -115,3 +109,14 @@ def held_steps(graph: Graph, plan: Plan) -> dict[int, tuple[str, str]]:
             out[released.pop(made)] = ("release", made[0])
             out[i] = ("refill", made[0])
     return dict(sorted(out.items()))  # a free never refilled stays a plain free: the caller keeps its bytes
+
+
+def follow(graph: Graph, s: Step, values: Set[str], where: dict[str, set[str]]) -> None:
+    """Update `where` (value -> devices where it is resident), for `values`, by plan step `s`."""
+    if isinstance(s, Compute):
+        for v in values.intersection(graph.op[s.op].outputs):
+            where.setdefault(v, set()).add(s.device)
+    elif isinstance(s, Copy) and s.value in values:
+        where.setdefault(s.value, set()).add(s.dst)
+    elif isinstance(s, Free) and s.value in values:
+        where.get(s.value, set()).discard(s.device)

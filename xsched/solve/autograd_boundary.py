@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from xsched.contracts.graph import Graph
-from xsched.contracts.holds import releasable
+from xsched.contracts.holds import follow, releasable
 from xsched.contracts.plan import Compute, Copy, Free, Plan, Step, autograd_boundary, place_frees
 from xsched.errors import PlanError
 
@@ -117,7 +117,7 @@ def hold_to_end(graph: Graph, plan: Plan) -> Plan:
         return plan
     where: dict[str, set[str]] = {}  # held output -> devices where it is resident (at the boundary, then on)
     for s in plan.steps[:b]:
-        _follow(graph, s, held, where)
+        follow(graph, s, held, where)
     pinned = {(v, d) for v, ds in where.items() for d in ds}
     free = releasable(graph)
     released: set[tuple[str, str]] = set()
@@ -133,7 +133,7 @@ def hold_to_end(graph: Graph, plan: Plan) -> Plan:
         elif _remakes_or_frees(graph, s, pinned):
             continue
         kept.append(s)
-        _follow(graph, s, held, where)
+        follow(graph, s, held, where)
     for v, d in sorted(released):  # left elsewhere at the end: back into the caller's storage
         src = next(iter(sorted(where.get(v, set()) - {d})), None)
         if src is None:
@@ -143,17 +143,6 @@ def hold_to_end(graph: Graph, plan: Plan) -> Plan:
         return plan
     steps = (*plan.steps[:b], *kept)
     return Plan(**{**plan.__dict__, "steps": steps, "boundary": autograd_boundary(graph, steps), "predicted": None})
-
-
-def _follow(graph: Graph, s: Step, held: set[str], where: dict[str, set[str]]) -> None:
-    """Update `where` (held output -> devices where it is resident) by step `s`."""
-    if isinstance(s, Compute):
-        for v in held.intersection(graph.op[s.op].outputs):
-            where.setdefault(v, set()).add(s.device)
-    elif isinstance(s, Copy) and s.value in held:
-        where.setdefault(s.value, set()).add(s.dst)
-    elif isinstance(s, Free) and s.value in held:
-        where.get(s.value, set()).discard(s.device)
 
 
 def _remakes_or_frees(graph: Graph, s: Step, pinned: set[tuple[str, str]]) -> bool:
