@@ -213,3 +213,18 @@ def test_on_a_gpu_a_released_output_comes_back_as_eager_made_it(
         assert_close(got, want, rtol=1e-4, atol=1e-5)
     for p, q in zip(model.parameters(), eager.parameters()):
         assert_close(p, q, rtol=1e-4, atol=1e-5)
+
+
+def pinned_here(task: int) -> bool:
+    return holds.all_pinned()
+
+
+def test_hier_worker_processes_plan_held_outputs_as_the_runner_asked() -> None:
+    """A worker process does not share the runner's context: the pool tells it whether held outputs are pinned."""
+    from xsched.solve.hier.blocks import BlockPool
+
+    pool = BlockPool(2, 2)
+    with pool as run:
+        with holds.holds_pinned():
+            assert run(pinned_here, [0, 1]) == [True, True]
+        assert run(pinned_here, [0, 1]) == [False, False]

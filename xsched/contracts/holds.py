@@ -67,6 +67,11 @@ def holds_pinned(on: bool = True) -> Iterator[None]:
         _PINNED.reset(token)
 
 
+def all_pinned() -> bool:
+    """Whether this context is within `holds_pinned` (a worker process is told it: solve.hier.blocks)."""
+    return _PINNED.get()
+
+
 def releasable(graph: Graph) -> frozenset[str]:
     """The held outputs a plan may release after the boundary: their producer refills them in place (so the
     storage the caller holds is the producer's own, never a view of another value's); none within `holds_pinned`."""

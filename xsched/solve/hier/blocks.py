@@ -10,9 +10,12 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from functools import partial
 from multiprocessing import get_context
+from typing import Any
 
 from xsched.contracts.graph import Graph
+from xsched.contracts.holds import all_pinned, holds_pinned
 from xsched.contracts.profile import Profile
 from xsched.errors import NoIncumbent
 from xsched.solve.hier.canon import Canon, canon
@@ -184,8 +187,8 @@ class BlockPool:
             return [fn(t) for t in tasks]
         if self.executor is None:
             self.executor = ProcessPoolExecutor(self.workers, mp_context=get_context(start_method()))
-        try:
-            return list(self.executor.map(fn, tasks))
+        try:  # a worker does not see this process's context: it is told whether held outputs are pinned
+            return list(self.executor.map(partial(_holding, all_pinned(), fn), tasks))
         except BrokenProcessPool as e:
             _logger.warning("hier: a worker process died (%s); solving the blocks in this process", e)
             self.workers = 1
@@ -196,3 +199,9 @@ class BlockPool:
     def __exit__(self, *exc: object) -> None:
         if self.executor is not None:
             self.executor.shutdown(cancel_futures=True)
+
+
+def _holding(pinned: bool, fn: Callable, task: Any) -> Any:
+    """`fn(task)` in a worker process, with held outputs pinned as in the process that sent it (contracts.holds)."""
+    with holds_pinned(pinned):
+        return fn(task)
