@@ -146,6 +146,24 @@ def test_a_run_stopped_between_release_and_refill_leaves_nan_not_an_empty_storag
     assert caller.untyped_storage().nbytes() == caller.nbytes and caller.isnan().all()
 
 
+def test_memory_the_output_does_not_own_is_kept_not_emptied() -> None:
+    """A storage that cannot be resized (memory from numpy, say) is not emptied: the release keeps it, as any free
+    of a held tensor, and the refill writes into it as it is."""
+    import numpy as np
+
+    from xsched.contracts.plan import Free
+    from xsched.execute.held import _refilled, _release
+    from xsched.execute.steps import RunState
+    from xsched.execute.stores import DeviceStore
+
+    t = torch.from_numpy(np.ones(8, np.float32))
+    st = RunState({"cpu:0": DeviceStore("cpu:0", torch.device("cpu"), {"v": t.nbytes})})
+    st.stores["cpu:0"].put("v", t)
+    _release(Free("v", "cpu:0"))(st)
+    assert t.untyped_storage().nbytes() == t.nbytes and st.stores["cpu:0"].bytes == 0
+    assert _refilled(st, "v", "cpu:0") is t and (t == 1).all()
+
+
 def test_an_output_left_on_the_store_is_copied_back_at_the_end() -> None:
     """A plan that parks the held output and never brings it back would leave the caller's storage empty: the hold
     rule appends the copy back."""

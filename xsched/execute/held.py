@@ -34,8 +34,12 @@ def _release(s: Free) -> StepFn:
     def release(st: RunState) -> None:
         t = st.stores[d].drop(v)
         assert t is not None
-        st.released[(v, d)] = (t, t.untyped_storage().nbytes())
-        t.untyped_storage().resize_(0)
+        storage = t.untyped_storage()
+        if not storage.resizable():  # memory it does not own (from_numpy, say): kept, as any held tensor's free
+            st.released[(v, d)] = (t, -1)
+            return
+        st.released[(v, d)] = (t, storage.nbytes())
+        storage.resize_(0)
 
     return release
 
@@ -43,7 +47,8 @@ def _release(s: Free) -> StepFn:
 def _refilled(st: RunState, v: str, d: str) -> torch.Tensor:
     """The caller's tensor of `v` on `d`, its storage given its bytes back (contents undefined until written)."""
     t, n = st.released.pop((v, d))
-    t.untyped_storage().resize_(n)
+    if n >= 0:
+        t.untyped_storage().resize_(n)
     return t
 
 
@@ -88,6 +93,8 @@ def poison_released(st: RunState) -> None:
     filled with NaN (or its dtype's largest value), so that reading it gives visibly wrong numbers, not a read
     past an empty storage."""
     for t, n in st.released.values():
+        if n < 0:  # never emptied
+            continue
         t.untyped_storage().resize_(n)
         t.fill_(
             float("nan")
