@@ -96,11 +96,12 @@ def poison_released(st: RunState) -> None:
         if n < 0:  # never emptied
             continue
         t.untyped_storage().resize_(n)
-        t.fill_(
-            float("nan")
-            if t.is_floating_point() or t.is_complex()
-            else torch.iinfo(t.dtype).max
-            if t.dtype != torch.bool
-            else True
-        )
+        t.fill_(_poison(t.dtype))
     st.released.clear()
+
+
+def _poison(dtype: torch.dtype) -> float | int | bool:
+    """What fills a tensor whose value was lost: NaN, else the dtype's largest value (True for bool)."""
+    if dtype.is_floating_point or dtype.is_complex:
+        return float("nan")
+    return True if dtype == torch.bool else torch.iinfo(dtype).max
