@@ -127,6 +127,8 @@ class Executor:
             for d in self.names
         ]
         steps = plan.steps
+        # an output the caller holds is never overwritten in place, as a watched value is not: its free may be a
+        # release (execute.held), which would empty the storage the in-place result was written into
         self.reuse = (
             reusable_inputs(graph, steps, watch | releasable(graph)) if inplace and not planned_addresses else {}
         )
