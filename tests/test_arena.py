@@ -246,7 +246,7 @@ def test_wrap_with_planned_addresses_trains_like_eager(budgets, method) -> None:
 
     eager = mlp()
     model = copy.deepcopy(eager)
-    w = wrap(model, batch()[:1], budgets, method=method, profile="model", time_limit=10, planned_addresses=True)
+    w = wrap(model, batch()[:1], budgets, method=method, profile="model", time_limit=3, planned_addresses=True)
     ref, got = train(eager, 3), train(w, 3)
     assert w._first.executor.arena is not None and w._first.executor.arena.planned.addresses.offsets
     for a, b in zip(got, ref):

@@ -51,7 +51,7 @@ def test_peak_of_an_xsched_plan_is_the_simulated_peak(mlp, budget):
         method="eager" if budget == "100%" else "auto",
         inplace=False,
         profile="model",
-        time_limit=10,
+        time_limit=3,
     )
     peak, predicted, recomputes = bench.xsched_figures(w)
     assert (recomputes > 0) == (budget != "100%")

@@ -46,10 +46,11 @@ def valid(g: Graph, plan: Plan, prof: Profile, budgets: dict[str, int]) -> Plan:
 
 def test_every_hierarchical_plan_is_valid_or_no_plan_is_said() -> None:
     """Random training graphs on two devices, random homes and budgets, three levels of blocks; at least a quarter
-    of the draws give a plan (a solver that never found one would pass vacuously; 25 of 25 do here)."""
+    of the draws give a plan (a solver that never found one would pass vacuously; 14 of 15 did here). 15 draws, for the
+    suite's time: each solves three levels of blocks, about a second."""
     found: list[bool] = []
 
-    @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(train_dags(max_ops=8), st.data())
     def draw(g: Graph, data) -> None:
         prof = two_device_profile(g, slow_b=data.draw(st.sampled_from([0.5, 2.0])))
@@ -199,26 +200,33 @@ def test_the_refinement_never_slows_hiers_plan_and_says_what_it_started_from() -
     assert (from_warm.solver.stats.refined_from is not None) == (from_warm.predicted.time_s < start)
 
 
-def test_hier_is_a_method_and_trains_like_eager() -> None:
-    """solve(method="hier") on a zoo GPT at 80% of its eager peak runs hier, and hier's own plan (solved without the
-    heuristics' warm start, which `keep-recomputes` can make the faster one) runs through wrap: losses, gradients,
-    params equal eager's. The H-ILPs stop at a node limit (not the clock), so hier's plan is the same on any
-    machine."""
-    z = build("gpt2", scale="tiny")
-    eager = z.model
-    model = copy.deepcopy(eager)
-    from xsched.execute.wrap import wrap
-
-    g = capture(model, z.inputs, name=type(model).__name__)
+def test_hier_is_a_method_and_its_plan_trains_like_eager() -> None:
+    """solve(method="hier") runs hier (on a 4-layer chain below its eager peak). Hier's own plan for a zoo GPT at 80%
+    of its eager peak (solved alone: with the heuristics' warm start `keep-recomputes` can make the faster one) runs
+    through wrap: losses, gradients, params equal eager's. The H-ILPs stop at a node limit (not the clock), so hier's
+    plan is the same on any machine."""
     opts = SolverOptions(time_limit_s=600, node_limit=200, hier_processes=1, hier_refine=False)
-    prof = cost_profile(g, ["cpu"])
-    named = solve(g, prof, {"cpu": "80%"}, method="hier", options=opts)
+    chain = chain_graph([10, 30, 20, 40], train=True)
+    named = solve(
+        chain,
+        profile_for(chain, {"cpu": times_of(chain)}),
+        {"cpu": eager_peak(chain) - 20},
+        method="hier",
+        options=opts,
+    )
     members = getattr(named.solver.stats, "members", None)
     if members is None:  # hier's own plan came back: nothing the heuristics' start led to was faster
         assert named.solver.method == "hier" and named.solver.status != "heuristic"
     else:  # a faster plan came back (the heuristics' searches are timed: which one wins varies with the load)
         ran = {m.method: m for m in members}["hier"]
         assert ran.objective is not None and named.predicted.makespan_s <= ran.objective * (1 + 1e-9)
+    z = build("gpt2", scale="tiny")
+    eager = z.model
+    model = copy.deepcopy(eager)
+    from xsched.execute.wrap import wrap
+
+    g = capture(model, z.inputs, name=type(model).__name__)
+    prof = cost_profile(g, ["cpu"])
     plan = solve_hier(Problem.make(g, prof, {"cpu": "80%"}), opts)
     assert plan.solver.method == "hier"
     w = wrap(model, z.inputs, {"cpu": "80%"}, plan=plan)

@@ -40,7 +40,7 @@ def test_program_matches_step_functions_and_simulator(budget: str, method: str) 
     """Untraced (generated program) and traced (one step function at a time) runs: the same tensors bit for bit,
     the same bytes resident at the end (the simulator's) and the same peak; recomputed dropout masks replay."""
     graph, env = mlp_graph()
-    plan = solve_plan(graph, {"cpu": budget}, method=method, time_limit=10)
+    plan = solve_plan(graph, {"cpu": budget}, method=method, time_limit=3)
     watch = frozenset(r["ref"] for r in graph.buffer_updates.values())
     ex = Executor(graph, plan, watch=watch)
     assert ex.reuse, "the eager and checkpoint plans both run some ReLU in place"

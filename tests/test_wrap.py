@@ -60,7 +60,7 @@ def test_trains_like_eager(budgets: dict, method: str) -> None:
     """Dropout + batch norm, SGD with momentum, 3 steps: losses, params and running stats equal eager's."""
     eager = mlp()
     model = copy.deepcopy(eager)
-    w = wrap(model, batch()[:1], budgets, method=method, profile="model", time_limit=10)
+    w = wrap(model, batch()[:1], budgets, method=method, profile="model", time_limit=3)
     c = w._first
     if method == "auto":  # the 50% budget forces recomputation
         assert sum(isinstance(s, Compute) for s in c.plan.steps) > len(c.graph.ops)
@@ -105,7 +105,7 @@ def test_a_forward_output_no_backward_op_reads_is_never_evicted() -> None:
 def test_two_calls_in_one_iteration() -> None:
     eager = mlp()
     model = copy.deepcopy(eager)
-    w = wrap(model, batch()[:1], {"cpu": "50%"}, profile="model", time_limit=10)
+    w = wrap(model, batch()[:1], {"cpu": "50%"}, profile="model", time_limit=3)
     ref = train(eager, 2, calls=2)
     got = train(w, 2, calls=2)
     for a, b in zip(got, ref):
