@@ -270,6 +270,72 @@ def test_a_loss_reads_the_rows_its_targets_pick_and_its_backward_only_the_shape(
     assert h100.measure_op(g, g.op["op1"]).time_s == pytest.approx((4 + n * 8 + 4 + n * v * 4) / 3.35e12 + 5e-6)
 
 
+def test_masked_fill_and_layer_norm_backward_pass_twice_over_what_their_kernels_read_again():
+    """masked_fill (out of place) is ATen's clone, then a fill in place: the output is read and written again. The
+    layer norm backward's weight and bias gradients come from a second kernel that reads the output's gradient and
+    the input again; without those gradients (its output mask) there is no second kernel."""
+    b, t, c = 4, 1024, 768
+    big, mask, stats, w = b * t * c * 4, t * c, b * t * 4, c * 4
+    values = (
+        Value("s", big, "input", (b, t, c), "float32"),
+        Value("m", mask, "input", (t, c), "bool"),
+        Value("f", big, "activation", (b, t, c), "float32"),
+        Value("dy", big, "input", (b, t, c), "float32"),
+        Value("x", big, "input", (b, t, c), "float32"),
+        Value("mean", stats, "input", (b, t, 1), "float32"),
+        Value("rstd", stats, "input", (b, t, 1), "float32"),
+        Value("w", w, "input", (c,), "float32"),
+        Value("bias", w, "input", (c,), "float32"),
+        Value("dx", big, "activation", (b, t, c), "float32"),
+        Value("dw", w, "activation", (c,), "float32"),
+        Value("db", w, "activation", (c,), "float32"),
+    )
+
+    def ln_call(out_mask: list[bool]) -> dict:
+        refs = [{"ref": r} for r in ("dy", "x")] + [[c]] + [{"ref": r} for r in ("mean", "rstd", "w", "bias")]
+        return {"args": [*refs, out_mask], "kwargs": {}, "outs": [[0], [1], [2]]}
+
+    fill = {"args": [{"ref": "s"}, {"ref": "m"}, 0.0], "kwargs": {}, "outs": [[]]}
+    ln_in = ("dy", "x", "mean", "rstd", "w", "bias")
+
+    def graph(out_mask: list[bool]) -> Graph:
+        ops = (
+            Op("op0", "aten.masked_fill.Scalar", ("s", "m"), ("f",), call=fill),
+            Op("op1", "aten.native_layer_norm_backward.default", ln_in, ("dx", "dw", "db"), call=ln_call(out_mask)),
+        )
+        return Graph("passes", values, ops, ("f", "dx", "dw", "db"))
+
+    h100 = get_device("sim:h100")
+    g = graph([True, True, True])
+    # the clone: s read, f written; the fill: m and f read, f written
+    assert h100.measure_op(g, g.op["op0"]).time_s == pytest.approx((big + mask + 3 * big) / 3.35e12 + 5e-6)
+    once = 3 * big + 2 * stats + 4 * w  # dy, x and dx, the statistics, w, bias and their gradients, each once
+    assert h100.measure_op(g, g.op["op1"]).time_s == pytest.approx((once + 2 * big) / 3.35e12 + 5e-6)
+    g = graph([True, False, False])
+    assert h100.measure_op(g, g.op["op1"]).time_s == pytest.approx(once / 3.35e12 + 5e-6)
+
+
+def test_masked_fill_costs_what_the_h100_measured(monkeypatch):
+    """GPT-2's attention masked_fill (forward and backward, 12 ops on [8, 12, 1024, 1024] scores) measured 6.93 ms
+    on the H100 (benchmarks/gpu/, 2026-11-27); priced as one pass over its bytes the model gave 3.58 ms."""
+    import gzip
+    import json
+
+    from xsched.contracts.profile import Profile
+
+    stem = ROOT / "benchmarks" / "gpu" / "gpt2-full_n_layer6.h100-20261127"
+    with gzip.open(f"{stem}.graph.json.gz") as f:
+        g = Graph.from_dict(json.load(f))
+    with gzip.open(f"{stem}.profile.json.gz") as f:
+        p = Profile.from_dict(json.load(f))
+    monkeypatch.chdir(ROOT)
+    sim = get_device("sim:h100-measured")
+    fills = [o for o in g.ops if o.target == "aten.masked_fill.Scalar"]
+    measured = sum(p.op_cost(o.id, "cuda:0").time_s for o in fills)
+    assert len(fills) == 12 and measured == pytest.approx(6.93e-3, rel=0.01)
+    assert sum(sim.measure_op(g, o).time_s for o in fills) == pytest.approx(measured, rel=0.1)
+
+
 def test_a_row_block_costs_its_share_as_the_h100_measured(monkeypatch):
     """The H100 measured a chunked loss's log_softmax on one of 8 row blocks at 0.236 ms, the whole at 2.058 ms
     (benchmarks/gpu/, 2026-11-27): the model prices the block at its share too, not at the whole input's bytes."""

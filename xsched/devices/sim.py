@@ -3,7 +3,9 @@
 Op time   = max(flops / peak_flops[dtype], bytes / memory_bandwidth) + launch_overhead_s, where flops come
             from torch's FlopCounterMode running the op on meta tensors and bytes are the op's output nbytes
             and, of each input, what the op reads of it: the bytes its views expose (a row block of the
-            logits, not all of them), or the rows an index picks (nll_loss, embedding), at most its nbytes.
+            logits, not all of them), or the rows an index picks (nll_loss, embedding), at most its nbytes;
+            and again, what an op's kernels read or write a second time (masked_fill's clone, filled in
+            place; layer norm backward's weight gradients).
             A dtype the spec does not list runs at its float32 rate.
 Op energy = (idle_power_w + (max_power_w - idle_power_w) * u) * time, u = roofline time / total time
             (the fraction of the op's time the device is busy rather than waiting on the launch).
@@ -25,7 +27,7 @@ from xsched.devices.energy import modelled_energy
 from xsched.devices.spec import DeviceSpec, all_specs, sim_spec
 from xsched.devices.stand_in import op_stand_in_workspace
 
-MODEL_VERSION = "roofline/3"  # part of every sim fingerprint: bump when the formulas above change
+MODEL_VERSION = "roofline/4"  # part of every sim fingerprint: bump when the formulas above change
 
 
 # ---- FLOPs ----
@@ -73,10 +75,38 @@ def op_dtype(graph: Graph, op: Op) -> str | None:
 
 
 def op_io_bytes(graph: Graph, op: Op) -> int:
-    """The bytes one call of `op` moves: its outputs, and of each input what the op reads of it."""
+    """The bytes one call of `op` moves: its outputs, and of each input what the op reads of it; for an op whose
+    kernels pass over some of them more than once (`SECOND_PASSES`), those bytes again."""
     read = _read_bytes(graph, op)
     inputs = sum(read.get(v, graph.value[v].nbytes) for v in dict.fromkeys(op.inputs))
-    return inputs + sum(graph.value[v].nbytes for v in dict.fromkeys(op.outputs) if v not in op.inputs)
+    once = inputs + sum(graph.value[v].nbytes for v in dict.fromkeys(op.outputs) if v not in op.inputs)
+    again = SECOND_PASSES.get(op.target)
+    return once + (again(graph, op, read) if again is not None and op.call else 0)
+
+
+def _filled_clone(graph: Graph, op: Op, read: dict[str, int]) -> int:
+    """masked_fill (out of place) is ATen's clone of `self`, then masked_fill_ on the clone: the fill reads and
+    writes the output again."""
+    return 2 * sum(graph.value[v].nbytes for v in dict.fromkeys(op.outputs))
+
+
+def _gamma_beta_again(graph: Graph, op: Op, read: dict[str, int]) -> int:
+    """native_layer_norm_backward's weight and bias gradients come from a second kernel (CUDA's GammaBetaBackward,
+    the CPU's second loop), which reads the output's gradient and the input again."""
+    args = op.call.get("args", [])
+    mask = args[7] if len(args) > 7 and isinstance(args[7], list) else [True, True, True]
+    if not (mask[1] or mask[2]):
+        return 0
+    refs = [a["ref"] for a in args[:2] if isinstance(a, dict) and "ref" in a]
+    return sum(read.get(v, graph.value[v].nbytes) for v in refs)
+
+
+# ops whose kernels pass over some bytes twice: target -> (graph, op, bytes read in part) -> the bytes moved again
+SECOND_PASSES: dict[str, Callable[[Graph, Op, dict[str, int]], int]] = {
+    "aten.masked_fill.Scalar": _filled_clone,
+    "aten.masked_fill.Tensor": _filled_clone,
+    "aten.native_layer_norm_backward.default": _gamma_beta_again,
+}
 
 
 _READ: dict[tuple[str, str], dict[str, int]] = {}  # (graph fingerprint, op id) -> bytes read of inputs read in part
