@@ -3,11 +3,18 @@ class by op class, on the stored graphs and profiles of benchmarks/gpu/ (GPT-2 6
 and in 8 row blocks; 2026-11-27). Nothing runs on a GPU: the measured column is the stored profile.
 
     python scripts/bench_sim_fidelity.py [--top 20]
+    python scripts/bench_sim_fidelity.py --plans chunk8:35:held,whole:56:held --limit 30
+
+`--plans`: each case's `auto` plan made on the model (the H100 as `sim:h100-measured`, the host as a store, a budget
+in % of the whole loss's eager peak; `held`: the logits held, as `wrap` runs `loss.backward()`), then replayed on the
+H100's measured profile: what a plan made on the model would take on the H100's own costs. Budgets are not checked
+on the replay (the measured profile has workspaces the model does not). Run it under two checkouts to compare models.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import json
 import os
@@ -15,11 +22,14 @@ from collections import defaultdict
 from pathlib import Path
 
 from xsched.contracts.graph import Graph
+from xsched.contracts.plan import Compute, Copy, Free, Plan, Step
 from xsched.contracts.profile import Profile
 from xsched.devices import get_device
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAPHS = {"loss whole": "gpt2-full_n_layer6", "loss in 8 blocks": "gpt2-full_n_layer6-chunk8"}
+CASE_GRAPHS = {"whole": "gpt2-full_n_layer6", "chunk8": "gpt2-full_n_layer6-chunk8"}
+MODEL, GPU, STORE = "sim:h100-measured", "cuda:0", "cpu"
 
 
 def load(stem: str) -> tuple[Graph, Profile]:
@@ -42,11 +52,60 @@ def by_class(graph: Graph, profile: Profile) -> dict[str, tuple[int, float, floa
     return {t: (int(n), m, s) for t, (n, m, s) in rows.items()}
 
 
+def on_measured(step: Step) -> Step:
+    """`step` with the modelled H100 renamed to the measured one."""
+    if isinstance(step, Copy):
+        return dataclasses.replace(
+            step, src=GPU if step.src == MODEL else step.src, dst=GPU if step.dst == MODEL else step.dst
+        )
+    if isinstance(step, (Compute, Free)) and step.device == MODEL:
+        return dataclasses.replace(step, device=GPU)
+    return step
+
+
+def plan_case(case: str, limit: float) -> str:
+    """One `--plans` case as a table row: made on the model, replayed on the H100's measured profile."""
+    from xsched.profiling.measure import profile_graph
+    from xsched.simulate import simulate
+    from xsched.solve import SolverOptions, eager_peak, eager_plan, solve
+    from xsched.solve.autograd_boundary import forward_outputs
+
+    name, pct, hold = case.split(":")
+    graph, measured = load(CASE_GRAPHS[name])
+    if hold == "held":
+        graph = dataclasses.replace(
+            graph, held_outputs=tuple(v for v in forward_outputs(graph) if graph.value[v].shape)
+        )
+    budget = eager_peak(load(CASE_GRAPHS["whole"])[0]) * int(pct) // 100
+    model = profile_graph(graph, [MODEL], stores=[STORE], progress=False)
+    plan = solve(
+        graph, model, {MODEL: budget, STORE: 1 << 40}, [MODEL, STORE], options=SolverOptions(time_limit_s=limit)
+    )
+    modelled = plan.predicted.makespan_s / simulate(graph, eager_plan(graph, MODEL, model), model).makespan_s
+    steps = tuple(on_measured(s) for s in plan.steps)
+    budgets = {GPU if d == MODEL else d: b for d, b in plan.budgets.items()}
+    homes = {v: GPU if d == MODEL else d for v, d in plan.homes.items()}
+    replay = Plan(**{**plan.__dict__, "steps": steps, "budgets": budgets, "homes": homes, "predicted": None})
+    ran = simulate(graph, replay, measured, check_budgets=False).makespan_s
+    eager = simulate(graph, eager_plan(graph, GPU, measured), measured).makespan_s
+    return f"| {name}, {pct}%, {hold} | {modelled:.4f}x | {ran / eager:.4f}x |"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--top", type=int, default=20, help="op classes shown per graph, by measured time")
+    ap.add_argument(
+        "--plans", default="", help="cases graph:budget%%:held|free (graph whole or chunk8), comma-separated"
+    )
+    ap.add_argument("--limit", type=float, default=30.0, help="auto's time limit per --plans case, seconds")
     a = ap.parse_args(argv)
     os.chdir(ROOT)  # the measured spec lives in the checkout's devices/
+    if a.plans:
+        print("\n| case | on the model (vs its eager) | replayed on the H100's costs (vs measured eager) |")
+        print("|---|---|---|")
+        for case in a.plans.split(","):
+            print(plan_case(case, a.limit), flush=True)
+        return 0
     totals = {}
     for label, stem in GRAPHS.items():
         rows = by_class(*load(stem))
