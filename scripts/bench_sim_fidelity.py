@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gzip
-import json
 import os
 from collections import defaultdict
+from functools import cache
 from pathlib import Path
 
 from xsched.contracts.graph import Graph
@@ -32,12 +31,10 @@ CASE_GRAPHS = {"whole": "gpt2-full_n_layer6", "chunk8": "gpt2-full_n_layer6-chun
 MODEL, GPU, STORE = "sim:h100-measured", "cuda:0", "cpu"
 
 
+@cache
 def load(stem: str) -> tuple[Graph, Profile]:
     base = ROOT / "benchmarks" / "gpu" / f"{stem}.h100-20261127"
-    with gzip.open(f"{base}.graph.json.gz") as f:
-        graph = Graph.from_dict(json.load(f))
-    with gzip.open(f"{base}.profile.json.gz") as f:
-        return graph, Profile.from_dict(json.load(f))
+    return Graph.load(f"{base}.graph.json.gz"), Profile.load(f"{base}.profile.json.gz")
 
 
 def by_class(graph: Graph, profile: Profile) -> dict[str, tuple[int, float, float]]:
@@ -52,14 +49,17 @@ def by_class(graph: Graph, profile: Profile) -> dict[str, tuple[int, float, floa
     return {t: (int(n), m, s) for t, (n, m, s) in rows.items()}
 
 
+def measured_name(device: str) -> str:
+    """The measured H100's name for the modelled one; any other device as it is."""
+    return GPU if device == MODEL else device
+
+
 def on_measured(step: Step) -> Step:
     """`step` with the modelled H100 renamed to the measured one."""
     if isinstance(step, Copy):
-        return dataclasses.replace(
-            step, src=GPU if step.src == MODEL else step.src, dst=GPU if step.dst == MODEL else step.dst
-        )
-    if isinstance(step, (Compute, Free)) and step.device == MODEL:
-        return dataclasses.replace(step, device=GPU)
+        return dataclasses.replace(step, src=measured_name(step.src), dst=measured_name(step.dst))
+    if isinstance(step, (Compute, Free)):
+        return dataclasses.replace(step, device=measured_name(step.device))
     return step
 
 
@@ -83,8 +83,8 @@ def plan_case(case: str, limit: float) -> str:
     )
     modelled = plan.predicted.makespan_s / simulate(graph, eager_plan(graph, MODEL, model), model).makespan_s
     steps = tuple(on_measured(s) for s in plan.steps)
-    budgets = {GPU if d == MODEL else d: b for d, b in plan.budgets.items()}
-    homes = {v: GPU if d == MODEL else d for v, d in plan.homes.items()}
+    budgets = {measured_name(d): b for d, b in plan.budgets.items()}
+    homes = {v: measured_name(d) for v, d in plan.homes.items()}
     replay = Plan(**{**plan.__dict__, "steps": steps, "budgets": budgets, "homes": homes, "predicted": None})
     ran = simulate(graph, replay, measured, check_budgets=False).makespan_s
     eager = simulate(graph, eager_plan(graph, GPU, measured), measured).makespan_s

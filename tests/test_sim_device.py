@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from xsched.contracts.graph import Graph, Op, Value
+from xsched.contracts.profile import Profile
 from xsched.devices import DeviceError, get_device
 from xsched.devices.energy import modelled_energy
 from xsched.devices.spec import all_specs, load_spec, spec_files
@@ -270,6 +271,13 @@ def test_a_loss_reads_the_rows_its_targets_pick_and_its_backward_only_the_shape(
     assert h100.measure_op(g, g.op["op1"]).time_s == pytest.approx((4 + n * 8 + 4 + n * v * 4) / 3.35e12 + 5e-6)
 
 
+def h100_stored(name: str) -> tuple[Graph, Profile]:
+    """GPT-2 (6 layers, b8, T1024) as the H100 ran it on 2026-11-27, and its measured profile (benchmarks/gpu/;
+    `name`: "" for the loss whole, "-chunk8" for it in 8 row blocks)."""
+    stem = ROOT / "benchmarks" / "gpu" / f"gpt2-full_n_layer6{name}.h100-20261127"
+    return Graph.load(f"{stem}.graph.json.gz"), Profile.load(f"{stem}.profile.json.gz")
+
+
 def test_masked_fill_and_layer_norm_backward_pass_twice_over_what_their_kernels_read_again():
     """masked_fill (out of place) is ATen's clone, then a fill in place: the output is read and written again. The
     layer norm backward's weight and bias gradients come from a second kernel that reads the output's gradient and
@@ -318,16 +326,7 @@ def test_masked_fill_and_layer_norm_backward_pass_twice_over_what_their_kernels_
 def test_masked_fill_costs_what_the_h100_measured(monkeypatch):
     """GPT-2's attention masked_fill (forward and backward, 12 ops on [8, 12, 1024, 1024] scores) measured 6.93 ms
     on the H100 (benchmarks/gpu/, 2026-11-27); priced as one pass over its bytes the model gave 3.58 ms."""
-    import gzip
-    import json
-
-    from xsched.contracts.profile import Profile
-
-    stem = ROOT / "benchmarks" / "gpu" / "gpt2-full_n_layer6.h100-20261127"
-    with gzip.open(f"{stem}.graph.json.gz") as f:
-        g = Graph.from_dict(json.load(f))
-    with gzip.open(f"{stem}.profile.json.gz") as f:
-        p = Profile.from_dict(json.load(f))
+    g, p = h100_stored("")
     monkeypatch.chdir(ROOT)
     sim = get_device("sim:h100-measured")
     fills = [o for o in g.ops if o.target == "aten.masked_fill.Scalar"]
@@ -339,17 +338,9 @@ def test_masked_fill_costs_what_the_h100_measured(monkeypatch):
 def test_a_row_block_costs_its_share_as_the_h100_measured(monkeypatch):
     """The H100 measured a chunked loss's log_softmax on one of 8 row blocks at 0.236 ms, the whole at 2.058 ms
     (benchmarks/gpu/, 2026-11-27): the model prices the block at its share too, not at the whole input's bytes."""
-    import gzip
-    import json
-
-    from xsched.contracts.profile import Profile
 
     def log_softmax(name: str) -> tuple[Graph, Op, float]:
-        stem = ROOT / "benchmarks" / "gpu" / f"gpt2-full_n_layer6{name}.h100-20261127"
-        with gzip.open(f"{stem}.graph.json.gz") as f:
-            g = Graph.from_dict(json.load(f))
-        with gzip.open(f"{stem}.profile.json.gz") as f:
-            p = Profile.from_dict(json.load(f))
+        g, p = h100_stored(name)
         op = next(o for o in g.ops if o.target == "aten._log_softmax.default")
         return g, op, p.op_cost(op.id, "cuda:0").time_s
 
