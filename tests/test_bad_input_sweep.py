@@ -126,3 +126,22 @@ def test_a_gpu_plan_on_a_host_without_that_gpu_is_refused_in_one_line(tmp_path, 
     with pytest.raises(XschedError, match="has 0 CUDA device"):
         device_present("cuda:1")
     assert device_present("cpu:1") == torch.device("cpu")
+
+
+def test_xsched_trains_plan_names_an_op_no_device_runs(tmp_path):
+    """`xsched train`'s planning (cached_plan) said "op cannot run on any of cpu (no cost in the profile)" from the
+    solver where a profile left an op out (a bf16 batch norm's backward, before its statistics were typed): now one
+    line naming the operator, its module and the device's reason, before any solver runs, as `wrap` says it."""
+    from conftest import chain_graph
+
+    from xsched.contracts.profile import DeviceInfo, OpCost, Profile
+    from xsched.train.plans import cached_plan
+
+    graph = chain_graph([100, 200, 300], train=True)
+    left_out = graph.ops[-1].id
+    costs = {o.id: OpCost(1e-3) for o in graph.ops if o.id != left_out}
+    extra = {"unsupported": {"cpu": {left_out: "RuntimeError: mixed dtype (CPU): expect parameter to be Float"}}}
+    profile = Profile(graph.fingerprint, {"cpu": DeviceInfo("cpu")}, {"cpu": costs}, {}, extra=extra)
+    with pytest.raises(XschedError, match=r"operator t.bwd .*cannot run on any of cpu: RuntimeError: mixed dtype") as e:
+        cached_plan(graph, {"cpu": "100%"}, ["cpu"], "eager", profile, cache_dir=tmp_path)
+    assert "\n" not in str(e.value) and e.value.op == left_out

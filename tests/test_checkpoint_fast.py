@@ -12,6 +12,7 @@ from xsched.errors import BudgetError
 from xsched.simulate import simulate
 from xsched.solve.heuristics import checkpoint as CK
 from xsched.solve.heuristics.routing import route
+from xsched.solve.options import deadline
 from xsched.solve.problem import Problem
 from xsched.solve.reference import eager_peak
 
@@ -74,6 +75,16 @@ def test_no_fit_is_found_without_planning_the_candidates(monkeypatch: pytest.Mon
     assert isinstance(before, BudgetError) and isinstance(after, BudgetError)
     assert str(after).split(";")[0] == str(before).split(";")[0]  # "none of N checkpoint candidates fits"
     assert routed_after < routed_before
+
+
+def test_a_search_stopped_before_any_candidate_was_planned_says_so() -> None:
+    """Past the deadline nothing after the first candidate (eviction, which cannot fit at 20%) is planned: the error
+    says that none was planned before the time limit, not that the leanest of none peaks at 0 B."""
+    with deadline(0):
+        with pytest.raises(BudgetError) as e:
+            CK.checkpoint_search(problem(20))
+    assert "none of" in str(e.value) and "was planned before the time limit" in str(e.value)
+    assert "0 B" not in str(e.value)
 
 
 @pytest.mark.parametrize("percent", [40, 55, 70, 100])

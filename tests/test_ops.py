@@ -151,6 +151,31 @@ def test_op_input_tensors_are_valid_for_indexing_ops():
         run_op(op, tensors)  # valid inputs: the op runs
 
 
+class _Bags(nn.Module):
+    def __init__(self, mode: str, last: bool) -> None:
+        super().__init__()
+        self.bags, self.out = nn.EmbeddingBag(40, 6, mode=mode, include_last_offset=last), nn.Linear(6, 3)
+
+    def forward(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return self.out(self.bags(indices, offsets))
+
+
+@pytest.mark.parametrize(("mode", "last"), [("mean", False), ("sum", True), ("max", False)])
+def test_op_input_tensors_run_embedding_bags_forward_and_backward(mode: str, last: bool):
+    """An embedding bag's offsets must start at 0 and ascend (random ones were an error, so the op "could not run"
+    on the CPU and the model could not be planned); its backward's bag of each index is a bag."""
+    offsets = torch.arange(0, 33 if last else 32, 4)
+    g = capture(_Bags(mode, last), (torch.randint(0, 40, (32,)), offsets))
+    bag_ops = [op for op in g.ops if "embedding_bag" in op.target]
+    assert len(bag_ops) == 2
+    for seed in range(3):
+        for op in bag_ops:
+            tensors = op_input_tensors(g, op, "cpu", torch.Generator().manual_seed(seed))
+            offs = tensors[op.call["args"][2]["ref"]]
+            assert offs[0] == 0 and (offs.diff() >= 0).all() and offs.max() <= 32
+            run_op(op, tensors)
+
+
 def test_op_input_tensors_positive_variance_bool_masks_and_shapes():
     x = Value("x", 4 * 6 * 4, "input", (4, 6), "float32")
     var = Value("var", 6 * 4, "input", (6,), "float32")

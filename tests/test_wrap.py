@@ -142,10 +142,27 @@ def test_eval_and_no_grad_run_inference_plans() -> None:
     assert not got.requires_grad
     w.eval()
     eager.eval()
-    got, want = w(x), eager(x)
+    with torch.no_grad():
+        got, want = w(x), eager(x)
     assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert {k[0] for k in w.compiled} == {"train", "train-nograd", "eval"}
     assert all(c.plan.boundary is None for k, c in w.compiled.items() if k[0] != "train")
+
+
+def test_eval_mode_with_grad_differentiates_like_eager() -> None:
+    """`.eval()` without `no_grad` (fine-tuning with batch norm's statistics frozen, or an evaluation that forgot
+    `no_grad`): eager PyTorch still differentiates, so the call runs a training plan captured in eval mode, whose
+    outputs have a gradient (they had none, and `backward()` failed) and whose buffers are left alone."""
+    eager = mlp().eval()
+    model = copy.deepcopy(eager)
+    w = wrap(model, batch()[:1], {"cpu": "50%"}, method="checkpoint", profile="model").eval()
+    x, y = batch()
+    for m in (w, eager):
+        nn.functional.cross_entropy(m(x), y).backward()
+    assert {k[0] for k in w.compiled} == {"train", "eval-grad"}
+    assert_same_state(model, eager)
+    for p, q in zip(model.parameters(), eager.parameters(), strict=True):
+        assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
 
 
 def test_new_input_shape_replans() -> None:
@@ -160,6 +177,46 @@ def test_new_input_shape_replans() -> None:
     assert len(w.compiled) == 2
     for p, q in zip(model.parameters(), eager.parameters()):
         assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_a_smaller_last_batch_is_planned_within_the_first_calls_bytes() -> None:
+    """A percentage is of the example inputs' eager peak: the epoch's last batch of 8 rows (whose own eager peak is
+    mostly the weights, so 50% of it is below any plan's need) is planned within the same bytes, and trains like
+    eager."""
+    eager = mlp()
+    model = copy.deepcopy(eager)
+    w = wrap(model, batch()[:1], {"cpu": "50%"}, method="checkpoint", profile="model")
+    x, y = batch(n=8)
+    torch.manual_seed(2)
+    nn.functional.cross_entropy(w(x), y).backward()
+    torch.manual_seed(2)
+    nn.functional.cross_entropy(eager(x), y).backward()
+    small = next(c for key, c in w.compiled.items() if key[1][0][1] == (8, 48))
+    assert small.plan.budgets["cpu"] == w.plan.budgets["cpu"]
+    for p, q in zip(model.parameters(), eager.parameters(), strict=True):
+        assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_a_call_under_autocast_is_captured_under_it() -> None:
+    """Wrapped outside autocast, called inside `torch.autocast("cpu", bfloat16)` (as a user's mixed-precision loop
+    does): that call's graph computes in bf16, as eager's does, instead of failing on the fp32 graph's sizes."""
+    eager = mlp(depth=2)
+    model = copy.deepcopy(eager)
+    w = wrap(model, batch(n=64)[:1], {"cpu": "100%"}, method="eager", profile="model")
+    x, y = batch(n=64)
+    for m in (w, eager):
+        torch.manual_seed(3)  # the same dropout masks
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = m(x)
+        assert out.dtype == torch.bfloat16
+        nn.functional.cross_entropy(out.float(), y).backward()
+    assert_same_state(model, eager)
+    for p, q in zip(model.parameters(), eager.parameters(), strict=True):
+        assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+    assert len(w.compiled) == 2  # fp32 and bf16
+    w.eval(), eager.eval()
+    with torch.no_grad():
+        assert_close(w(x), eager(x), rtol=1e-5, atol=1e-6)  # outside autocast again: fp32
 
 
 def test_given_plan_rejects_other_shapes() -> None:

@@ -50,15 +50,19 @@ def _leaf_key(x: Any) -> Any:
     return ("value", type(x).__name__, x)
 
 
+def autocast_state() -> tuple:
+    """Which device types' autocast is on, and to which dtype: a trace records the casts it makes."""
+    return tuple(
+        (k, torch.is_autocast_enabled(k), torch.get_autocast_dtype(k) if torch.is_autocast_enabled(k) else None)
+        for k in _AUTOCAST_KINDS
+    )
+
+
 def capture_key(model: nn.Module, inputs: tuple, inference: bool, grad_outputs: Any, target: str = "") -> tuple:
     """What a capture depends on besides the model's code: the model object and its mode, every parameter's and
     buffer's name and metadata, the inputs' structure and metadata, grad and autocast state, and the options (the
     target device type among them: its kernels decide some ops, as dropout)."""
     leaves, spec = tree_flatten(inputs)
-    autocast = tuple(
-        (k, torch.is_autocast_enabled(k), torch.get_autocast_dtype(k) if torch.is_autocast_enabled(k) else None)
-        for k in _AUTOCAST_KINDS
-    )
     return (
         id(model),
         tuple(m.training for m in model.modules()),
@@ -67,7 +71,7 @@ def capture_key(model: nn.Module, inputs: tuple, inference: bool, grad_outputs: 
         str(spec),
         tuple(_leaf_key(x) for x in leaves),
         torch.is_grad_enabled(),
-        autocast,
+        autocast_state(),
         inference,
         _leaf_key(tuple(grad_outputs) if isinstance(grad_outputs, list) else grad_outputs),
         target,

@@ -14,8 +14,9 @@ The traced FX graph is then lowered to an xsched Graph by xsched.capture.fxgraph
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,7 +87,8 @@ def capture(
     on_host_for_gpu = target == "cuda" and on == "cpu"
 
     def trace() -> Graph:
-        with fused_dropout(target):  # dropout as the target's kernels run it (a GPU's fused kernel)
+        # dropout as the target's kernels run it (a GPU's fused kernel)
+        with fused_dropout(target), _lstm_per_step(not inference or target != "cpu"):
             graph = traced()
         return _devices_named(graph, "cuda:0") if on_host_for_gpu else graph  # as from the GPU's tensors
 
@@ -97,6 +99,19 @@ def capture(
     except CaptureError as e:  # one line that names the model (and the library model inside a loss wrapper)
         raise CaptureError(f"{model_label(model)}: {e.detail}", op=e.op, value=e.value) from e
     return typed_for(graph, target)
+
+
+@contextlib.contextmanager
+def _lstm_per_step(on: bool) -> Iterator[None]:
+    """torch's LSTM decomposition takes oneDNN's fused layer on a CPU. Its fake kernel sizes the workspace that its
+    backward reads as empty (a real one holds every step's gates), and no GPU runs it. So in training, or for a
+    GPU, the LSTM is traced as its per-step ops, which every device runs and whose sizes are exact."""
+    before = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = before and not on  # what the decomposition reads (`use_mkldnn`)
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = before
 
 
 def _devices_named(graph: Graph, device: str) -> Graph:

@@ -4,7 +4,8 @@ a device, and the adapter that runs such an op where the device's kernel makes (
 For half/bf16 inputs, `native_layer_norm` keeps its mean and rstd in float32 on CUDA (the accumulation type) but
 in the input's dtype on the CPU (float32 there only beside float32 weights: ATen's mixed types), and each device's
 `native_layer_norm_backward` reads them only in the dtype its own forward makes (measured on the H100 for bf16 and
-fp16; group norm, batch norm and fused RMS norm make the same dtypes on both). Capture traces fake tensors of the
+fp16; group norm and fused RMS norm make the same dtypes on both). Batch norm follows the same rule: on the CPU its
+statistics are float32 for a bf16 input beside float32 weights (measured), which the fake kernel misses. Capture traces fake tensors of the
 model's weights, whose kernels follow the model's device (and miss the CPU's mixed types), so a CPU model captured
 for a GPU says what the CPU makes: `typed_for(graph, "cuda")` makes it say what the GPU makes. `on_device` runs such
 an op on a device whose kernel disagrees with the graph (a CUDA-typed graph's layer norm on the CPU, a CPU-typed
@@ -51,9 +52,20 @@ class DeviceTyped:
     rule: Callable[[str, str, str | None], str] = norm_stats
 
 
+_BN_PARAMS = ("weight", "bias", "running_mean", "running_var")  # ATen's mixed-type check reads each of them
+_BN = DeviceTyped(outputs=(1, 2), params=_BN_PARAMS)  # save_mean, save_invstd
 DEVICE_TYPED: dict[str, DeviceTyped] = {
     "aten.native_layer_norm.default": DeviceTyped(outputs=(1, 2)),  # mean, rstd
     "aten.native_layer_norm_backward.default": DeviceTyped(reads=("mean", "rstd")),
+    # a bf16 input beside float32 weights and statistics (CPU autocast leaves batch norm alone): float32 on the CPU
+    # too, where the fake kernel says bf16 and the backward refuses bf16 statistics
+    "aten._native_batch_norm_legit_functional.default": _BN,
+    "aten._native_batch_norm_legit.default": _BN,
+    "aten._native_batch_norm_legit_no_training.default": _BN,
+    "aten.native_batch_norm.default": _BN,
+    "aten.native_batch_norm_backward.default": DeviceTyped(
+        reads=("save_mean", "save_invstd"), params=("weight", "running_mean", "running_var")
+    ),
 }
 
 

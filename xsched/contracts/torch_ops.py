@@ -253,7 +253,8 @@ def op_input_tensors(
 
     Floats are standard normal (positive where the op needs it: log, sqrt, a variance); bools are
     random masks; integer tensors used as indices are drawn below the size they index (embedding
-    rows, gather's dim, loss classes, pooling windows), other integers below the smallest size.
+    rows, gather's dim, loss classes, pooling windows), an embedding bag's offsets ascend from 0 within its
+    indices, other integers below the smallest size.
     They are drawn on `device` itself (made on the host and copied, a GPU op's logits-sized input took seconds)
     by `generator` when it is on that device, else by a generator there seeded with its seed (default 0);
     on "meta" nothing is drawn (no data).
@@ -271,7 +272,7 @@ def op_input_tensors(
         flat[vid], env[vid] = laid_out(v, lambda n, dt: _random_tensor((n,), dt, device, gen))
     if gen is None:
         return env
-    bounds, positive = _input_constraints(op, env)
+    bounds, positive, ascending = _input_constraints(op, env)
     for vid, t in flat.items():
         if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
             if vid in positive:
@@ -279,6 +280,9 @@ def op_input_tensors(
             continue
         hi = bounds.get(vid, _fallback_bound(op, env))
         t.random_(0, max(int(hi), 1), generator=gen)
+        if vid in ascending and t.numel():  # an embedding bag's offsets: sorted, the first bag at 0
+            t.copy_(t.sort().values)
+            t[0] = 0
     return env
 
 
@@ -331,12 +335,14 @@ def _named_args(op: Op, env: Mapping[str, torch.Tensor]) -> tuple[dict[str, Any]
     return encoded, {k: decode(v, env, torch.device("cpu")) for k, v in encoded.items()}
 
 
-def _input_constraints(op: Op, env: Mapping[str, torch.Tensor]) -> tuple[dict[str, int], set[str]]:
-    """(value id -> exclusive upper bound for index values, value ids that must be positive)."""
+def _input_constraints(op: Op, env: Mapping[str, torch.Tensor]) -> tuple[dict[str, int], set[str], set[str]]:
+    """(value id -> exclusive upper bound for index values, value ids that must be positive, value ids of integers
+    that ascend from 0)."""
     encoded, named = _named_args(op, env)
     packet = op.target.split(".")[1].removesuffix("_").removeprefix("_")
     bounds: dict[str, int] = {}
     positive: set[str] = set()
+    ascending: set[str] = set()
 
     def bound(argname: str, hi: int) -> None:
         for r in iter_refs(encoded.get(argname)):
@@ -345,7 +351,15 @@ def _input_constraints(op: Op, env: Mapping[str, torch.Tensor]) -> tuple[dict[st
     self_t = named.get("self", named.get("input"))
     if "embedding" in packet and "indices" in named:
         w = named.get("weight")
-        bound("indices", w.shape[0] if isinstance(w, torch.Tensor) else int(named.get("num_weights", 1)))
+        rows = w.shape[0] if isinstance(w, torch.Tensor) else int(named.get("num_weights", 1))
+        bound("indices", rows)
+        if "bag" in packet:  # each bag starts within the indices, after the one before; a max's row is a row
+            indices, offsets, grad = named["indices"], named.get("offsets"), named.get("grad")
+            bound("offsets", indices.numel() + 1 if isinstance(indices, torch.Tensor) else 1)
+            bags = grad if isinstance(grad, torch.Tensor) else offsets
+            bound("offset2bag", bags.shape[0] if isinstance(bags, torch.Tensor) and bags.dim() else 1)
+            bound("maximum_indices", rows)
+            ascending.update(r["ref"] for name in ("offsets", "offset2bag") for r in iter_refs(encoded.get(name)))
     elif packet.startswith("nll_loss") or packet.startswith("cross_entropy") or packet.startswith("multi_margin"):
         if isinstance(self_t, torch.Tensor):
             bound("target", self_t.shape[1] if self_t.dim() >= 2 else self_t.shape[0])
@@ -361,4 +375,4 @@ def _input_constraints(op: Op, env: Mapping[str, torch.Tensor]) -> tuple[dict[st
         positive.update(r["ref"] for r in iter_refs(encoded.get(name)))
     if packet in _POSITIVE_OPS:
         positive.update(r["ref"] for r in iter_refs(encoded.get("self")))
-    return bounds, positive
+    return bounds, positive, ascending

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import TreeSpec
 
+from xsched.budgets import parse_budgets
 from xsched.capture.grad_outputs import GradOutputs
 from xsched.capture.torch import capture
 from xsched.contracts.graph import Graph
@@ -31,15 +32,20 @@ from xsched.execute.wrap_graph import graph_to_run
 from xsched.execute.wrap_run import Compiled, _apply_c, _PlanFunction, _Run
 from xsched.execute.wrap_signature import describe, output_spec, signature
 from xsched.pipeline import plan_report, solve_plan
+from xsched.solve.reference import eager_peak
+
+GRADED_MODES = ("train", "eval-grad")  # calls whose graph has a backward, run through autograd
 
 
 class XschedModule(CompiledReplans, nn.Module):
-    """A model run by xsched plans. Training calls (train mode, grad enabled) run the training plan through
-    autograd; `torch.no_grad()` or `.eval()` runs an inference plan, captured and solved at first use.
+    """A model run by xsched plans. Calls with grad enabled run a training plan through autograd (in eval mode, one
+    captured with eval's dropout and batch norm, as eager PyTorch differentiates them too); under `torch.no_grad()`
+    an inference plan runs. Each is captured and solved at its first use.
 
-    A call whose inputs differ in shape or dtype from every plan so far is re-captured and re-planned under
-    the same budgets (each signature's plan is kept), unless the module was built from a given `plan`:
-    then it raises XschedError, since that plan only fits the graph it was made for.
+    A call whose inputs differ in shape or dtype from every plan so far is re-captured and re-planned within
+    the same budgets in bytes (a percentage is of the example inputs' eager peak; each signature's plan is kept),
+    unless the module was built from a given `plan`: then it raises XschedError, since that plan only fits the
+    graph it was made for.
 
     profile: "measure" (default: the graph's costs measured on `devices` once, cached under `profile_dir`, default
     profiles/, as `xsched profile` stores them, and reused), "model" (modelled costs, no measurement) or a Profile.
@@ -100,6 +106,9 @@ class XschedModule(CompiledReplans, nn.Module):
         self.compiled: dict[tuple, Compiled] = {}
         inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
         self._first = self._compile(("train", signature(inputs)), inputs, inference=False, plan=plan)
+        # a budget is the device's memory: a percentage is of the example inputs' eager peak, so a call of other
+        # shapes (an epoch's last, smaller batch) or an inference plan is planned within the same bytes
+        self.budgets = parse_budgets(self.budgets, lambda: eager_peak(self._first.graph))
         self._move_to_homes(self._first)
 
     @property
@@ -255,20 +264,22 @@ class XschedModule(CompiledReplans, nn.Module):
                 f"plan, mode {mode!r}); wrap without plan= to re-plan per input shape",
                 stage="execute",
             )
-        return self._compile(key, inputs, inference=mode != "train")
+        return self._compile(key, inputs, inference=mode not in GRADED_MODES)
 
     def use_plan(self, plan: Plan, example_inputs: Any) -> None:
         """Run this mode's calls (see `_mode`) with inputs like `example_inputs` by `plan`, made for the graph the
         mode captures (e.g. an inference plan `xsched train` cached), instead of solving one at their first call."""
         inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
         mode = self._mode()
-        self._compile((mode, signature(inputs)), inputs, inference=mode != "train", plan=plan)
+        self._compile((mode, signature(inputs)), inputs, inference=mode not in GRADED_MODES, plan=plan)
 
     def _mode(self) -> str:
-        """train (train mode, grad enabled: the training plan through autograd), train-nograd or eval."""
+        """train (train mode, grad enabled: the training plan through autograd), train-nograd, eval-grad (eval mode
+        with grad enabled: eval's dropout and batch norm, differentiated as eager PyTorch differentiates them) or
+        eval."""
         if self.training:
             return "train" if torch.is_grad_enabled() else "train-nograd"
-        return "eval"
+        return "eval-grad" if torch.is_grad_enabled() else "eval"
 
     def pin_host_memory(self) -> None:
         """Pin the host parameters and buffers not pinned yet, once, where `pins_host` (the first run does it)."""
@@ -279,8 +290,8 @@ class XschedModule(CompiledReplans, nn.Module):
     def forward(self, *inputs: Any) -> Any:
         self.pin_host_memory()
         mode = self._mode()
-        if mode == "train":
-            c = self._get("train", inputs)
+        if mode in GRADED_MODES:
+            c = self._get(mode, inputs)
             run = _Run(c, inputs)
             apply = _PlanFunction.apply if torch._C._are_functorch_transforms_active() else _apply_c
             outs = apply(run, *c.params, *[x for x in inputs if isinstance(x, torch.Tensor)])

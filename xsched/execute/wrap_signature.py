@@ -1,4 +1,4 @@
-"""A wrapped call's signature: the key its plan is kept under (its inputs' shapes and dtypes), their description
+"""A wrapped call's signature: the key its plan is kept under (its inputs' shapes and dtypes, the autocast), their description
 in errors, and the structure of the call's outputs."""
 
 from __future__ import annotations
@@ -10,14 +10,18 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import TreeSpec
 
-from xsched.capture.reuse import TensorMeta, fake_outputs, fake_state
+from xsched.capture.reuse import TensorMeta, autocast_state, fake_outputs, fake_state
 
 
 def signature(inputs: tuple) -> tuple:
-    """The key of a call's plan: each input's shape, dtype and requires_grad, or a constant's repr."""
-    return tuple(
-        ("tensor", tuple(x.shape), x.dtype, x.requires_grad) if isinstance(x, torch.Tensor) else ("const", repr(x))
-        for x in inputs
+    """The key of a call's plan: each input's shape, dtype and requires_grad, or a constant's repr, and the autocast
+    in effect (a call under another autocast computes in other dtypes: its graph is captured again)."""
+    return (
+        *(
+            ("tensor", tuple(x.shape), x.dtype, x.requires_grad) if isinstance(x, torch.Tensor) else ("const", repr(x))
+            for x in inputs
+        ),
+        ("autocast", autocast_state()),
     )
 
 

@@ -21,6 +21,7 @@ from xsched.errors import BudgetError, PlanError, XschedError
 from xsched.execute.back_to_back import stored_profile
 from xsched.files import atomic_write
 from xsched.pipeline import DEFAULT_TIME_LIMIT_S, plan_profile, profile_path
+from xsched.profiling.measure import check_runnable
 from xsched.simulate import simulate
 
 KEY_FIELD = "train_cache_key"
@@ -109,6 +110,7 @@ def cached_plan(
     compute = [d for d in devices if d not in stores]
     measured = stored_profile(graph, compute, cache_dir, stores) if profile == "measure" else profile
     costs = plan_profile(graph, devices, measured, cache_dir, stores, fused=fused)
+    check_runnable(graph, costs, compute)  # an op no device runs: one line naming its operator and why
     stored = profile_path(graph, compute, cache_dir, stores) if profile == "measure" else None
     key = plan_key(graph, costs, devices, budgets, method, time_limit, stores, homes, gap)
     path = plan_path(cache_dir, graph, key)
