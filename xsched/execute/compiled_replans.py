@@ -85,7 +85,12 @@ class CompiledReplans:
         raised = c if not over_budget(c.plan.predicted.peak_bytes, c.limits) else None
         try:
             new = self._compile(
-                key, inputs, inference=key[0] not in ("train", "eval-grad"), limits=c.limits, replans=c.replans + 1, fallback=raised
+                key,
+                inputs,
+                inference=key[0] not in ("train", "eval-grad"),
+                limits=c.limits,
+                replans=c.replans + 1,
+                fallback=raised,
             )
         except BudgetError as e:
             which = "raised" if raised else "lowered"
