@@ -219,6 +219,41 @@ def test_a_call_under_autocast_is_captured_under_it() -> None:
         assert_close(w(x), eager(x), rtol=1e-5, atol=1e-6)  # outside autocast again: fp32
 
 
+class Masked(nn.Module):
+    """A forward with a keyword-friendly signature, as Hugging Face models have: input, an optional mask, a
+    scale with a default, and a keyword-only flag."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = nn.Linear(48, 32), nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, scale: float = 1.0, *, flip: bool = False):
+        h = torch.relu(self.a(x)) * scale
+        return self.b(h if mask is None else h * mask)
+
+
+def test_keyword_arguments_are_placed_as_the_forward_orders_them() -> None:
+    """`wrapped(x, mask=m)` and example inputs given as a dict run as `model(x, m)` does in eager (they raised
+    TypeError); a keyword skipped over takes its default; a keyword-only parameter is a one-line error."""
+    eager = Masked()
+    model = copy.deepcopy(eager)
+    x, y = batch(n=16)
+    mask = (torch.arange(32) % 3 != 0).float()
+    w = wrap(model, {"x": x, "mask": mask}, {"cpu": "100%"}, method="eager", profile="model")
+    for kwargs in ({"mask": mask}, {"mask": mask, "scale": 2.0}, {"scale": 0.5}):
+        for m in (w, eager):
+            m.zero_grad()
+            nn.functional.cross_entropy(m(x, **kwargs), y).backward()
+        for p, q in zip(model.parameters(), eager.parameters(), strict=True):
+            assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+    assert_close(w(x=x), eager(x), rtol=1e-5, atol=1e-6)
+    with pytest.raises(XschedError, match="takes 'flip' by keyword only"):
+        w(x, flip=True)
+    with pytest.raises(TypeError):
+        w(x, bias=1.0)
+
+
 def test_given_plan_rejects_other_shapes() -> None:
     model = mlp(depth=2)
     first = wrap(model, batch(n=64)[:1], {"cpu": "100%"}, method="eager", profile="model")

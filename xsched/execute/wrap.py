@@ -30,7 +30,7 @@ from xsched.execute.param_home import ListenerSlot, ParamListener, ParamPoints, 
 from xsched.execute.state_hooks import install_state_hooks
 from xsched.execute.wrap_graph import graph_to_run
 from xsched.execute.wrap_run import Compiled, _apply_c, _PlanFunction, _Run
-from xsched.execute.wrap_signature import describe, output_spec, signature
+from xsched.execute.wrap_signature import describe, output_spec, positional, signature
 from xsched.pipeline import plan_report, solve_plan
 from xsched.solve.reference import eager_peak
 
@@ -104,7 +104,10 @@ class XschedModule(CompiledReplans, nn.Module):
         self._slot = ListenerSlot()
         install_state_hooks(model, self._slot)  # saving and loading as of an eager model (xsched.execute.state_hooks)
         self.compiled: dict[tuple, Compiled] = {}
-        inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+        if isinstance(example_inputs, Mapping):  # keyword arguments, as `model(**batch)` takes them
+            inputs = positional(model, (), example_inputs)
+        else:
+            inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
         self._first = self._compile(("train", signature(inputs)), inputs, inference=False, plan=plan)
         # a budget is the device's memory: a percentage is of the example inputs' eager peak, so a call of other
         # shapes (an epoch's last, smaller batch) or an inference plan is planned within the same bytes
@@ -287,7 +290,8 @@ class XschedModule(CompiledReplans, nn.Module):
             pin_unpinned(self.module)
             self._pin_pending = False
 
-    def forward(self, *inputs: Any) -> Any:
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        inputs = positional(self.module, inputs, kwargs)
         self.pin_host_memory()
         mode = self._mode()
         if mode in GRADED_MODES:
@@ -357,7 +361,9 @@ def wrap(
     planned_addresses: bool = False,
     issue: str = "lanes",
 ) -> XschedModule:
-    """`model` as a module whose training steps run an xsched plan within `budgets` (see XschedModule): method
+    """`model` as a module whose training steps run an xsched plan within `budgets` (see XschedModule), traced on
+    `example_inputs` (the forward's positional arguments as a tuple, one tensor, or a dict of keyword arguments;
+    calls may pass keywords too): method
     "auto" by default, within `time_limit` seconds (default 60), on costs measured once and cached (`profile`).
     `store` (or several `stores`): a device that only holds values, e.g. `store="cpu"` beside `cuda:0`;
     `param_home`: where the parameters, buffers and gradients live (default the first device), e.g. that store;

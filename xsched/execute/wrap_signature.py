@@ -1,8 +1,10 @@
-"""A wrapped call's signature: the key its plan is kept under (its inputs' shapes and dtypes, the autocast), their description
-in errors, and the structure of the call's outputs."""
+"""A wrapped call's signature: its arguments in the forward's order, the key its plan is kept under (its inputs'
+shapes and dtypes, the autocast), their description in errors, and the structure of the call's outputs."""
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -11,6 +13,34 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import TreeSpec
 
 from xsched.capture.reuse import TensorMeta, autocast_state, fake_outputs, fake_state
+from xsched.errors import XschedError
+
+_BY_POSITION = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+_VAR_POSITIONAL = inspect.Parameter.VAR_POSITIONAL
+
+
+def positional(model: nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> tuple:
+    """The call's arguments in the order of `model.forward`'s parameters, as a graph's inputs are: a keyword takes
+    its parameter's place, the defaults of parameters before the last one given fill the gaps. A call eager would
+    refuse raises TypeError as eager does; a keyword-only parameter or one of `**kwargs` is a one-line error."""
+    if not kwargs:
+        return args
+    sig = inspect.signature(model.forward)
+    bound = sig.bind(*args, **kwargs)
+    named = [p for p in sig.parameters.values() if p.kind in _BY_POSITION]
+    by_position = {p.name for p in named}
+    others = [k for k in bound.arguments if k not in by_position and sig.parameters[k].kind != _VAR_POSITIONAL]
+    if others:
+        raise XschedError(
+            f"{type(model).__name__}.forward takes {others[0]!r} by keyword only; wrap passes a call's arguments by "
+            "position: give it a parameter that can be positional",
+            stage="execute",
+        )
+    given = [k for k, p in enumerate(named) if p.name in bound.arguments]
+    last = max(given, default=-1)
+    out = [bound.arguments.get(p.name, p.default) for p in named[: last + 1]]
+    var = next((p.name for p in sig.parameters.values() if p.kind == _VAR_POSITIONAL), None)
+    return (*out, *bound.arguments.get(var, ())) if var else tuple(out)
 
 
 def signature(inputs: tuple) -> tuple:

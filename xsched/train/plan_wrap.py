@@ -6,6 +6,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from xsched.contracts.graph import Graph
 from xsched.devices.spec import target_device_type
 from xsched.loaders import TrainingTask
@@ -121,7 +123,8 @@ def plan_and_wrap(
     if evaluates:
         wrapped.eval()
         inference = capture(task.model, inputs, inference=True, name=graph.name, reuse_blocks=True, device_type=typed)
-        wrapped.use_plan(plan_for(inference, chosen.plan.budgets).plan, inputs)
+        with torch.no_grad():  # the evaluation's calls: eval mode without grad (an inference plan)
+            wrapped.use_plan(plan_for(inference, chosen.plan.budgets).plan, inputs)
         wrapped.train()
         ended("eval plan")
     return graph, chosen, wrapped
