@@ -219,6 +219,12 @@ class _Lowering:
                 continue  # a dead random op: run for its RNG effect, result unused
             if not isinstance(t, torch.Tensor):
                 raise CaptureError(f"{target} output {list(path)} is not a tensor but is used whole", op=n.name)
+            if t.layout != torch.strided:  # its bytes, copies and frees are not a dense tensor's
+                raise CaptureError(
+                    f"{target} makes a {str(t.layout).removeprefix('torch.')} tensor; xsched runs dense tensors "
+                    "only (sparse gradients: nn.Embedding(..., sparse=False))",
+                    op=n.name,
+                )
             vid = f"v{len(self.values)}"
             self.values.append(Value(vid, _nbytes(t), "activation", tuple(t.shape), dtype_name(t.dtype), **_layout(t)))
             self.ref[leaf] = {"ref": vid}

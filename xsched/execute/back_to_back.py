@@ -15,7 +15,7 @@ import torch
 from xsched.contracts.graph import Graph
 from xsched.contracts.plan import Plan
 from xsched.contracts.profile import Profile
-from xsched.contracts.torch_ops import op_input_tensors
+from xsched.contracts.torch_ops import laid_out, op_input_tensors
 from xsched.devices.base import Device
 from xsched.execute.executor import Executor
 from xsched.pipeline import measured_profile
@@ -42,6 +42,8 @@ def graph_inputs(graph: Graph, device: torch.device) -> dict[str, torch.Tensor]:
             made = op_input_tensors(graph, op, device, gen)
             env.update({v: made[v] for v in wanted})
             pending.difference_update(wanted)
+    for v in pending:  # read by no op (a buffer the step only overwrites, as spectral norm's `_u`): any values
+        env[v] = laid_out(graph.value[v], lambda n, dt: torch.zeros(n, dtype=dt, device=device))[1]
     return env
 
 

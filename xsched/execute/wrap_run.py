@@ -21,6 +21,7 @@ from xsched.execute.executor import Executor
 from xsched.execute.param_home import ParamPoints
 from xsched.execute.program import gather
 from xsched.execute.steps import RunState
+from xsched.execute.wrap_signature import TENSOR
 
 
 @dataclass
@@ -103,7 +104,7 @@ class Compiled:
         if self.single:
             return outs[0]
         it = iter(outs)
-        return tree_unflatten([next(it) if x is None else x for x in self.leaves], self.spec)
+        return tree_unflatten([next(it) if x is TENSOR else x for x in self.leaves], self.spec)
 
 
 class _Run:

@@ -17,6 +17,7 @@ from xsched.errors import XschedError
 
 _BY_POSITION = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 _VAR_POSITIONAL = inspect.Parameter.VAR_POSITIONAL
+TENSOR = object()  # where an output's leaf is a tensor (None is a leaf a forward may return: `return out, None`)
 
 
 def positional(model: nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> tuple:
@@ -57,7 +58,7 @@ def signature(inputs: tuple) -> tuple:
 
 def output_spec(model: nn.Module, inputs: tuple) -> tuple[TreeSpec, list[Any], list[bool]]:
     """The structure of model(*inputs), found on fake tensors (or the capture scope's earlier fake forward): its
-    treespec, non-tensor leaves (None at tensors) and, for each tensor leaf, whether it has a gradient (floating
+    treespec, non-tensor leaves (TENSOR at tensors) and, for each tensor leaf, whether it has a gradient (floating
     point, requiring grad)."""
 
     def forward() -> Any:
@@ -66,7 +67,7 @@ def output_spec(model: nn.Module, inputs: tuple) -> tuple[TreeSpec, list[Any], l
             return torch.func.functional_call(model, state, args)
 
     out = fake_outputs(model, inputs, forward)
-    leaves = [None if isinstance(x, TensorMeta) else x for x in out.leaves]
+    leaves = [TENSOR if isinstance(x, TensorMeta) else x for x in out.leaves]
     return out.spec, leaves, [t.differentiable for t in out.tensors]
 
 
