@@ -79,3 +79,53 @@ def test_sparse_gradients_are_a_one_line_capture_error() -> None:
     with pytest.raises(CaptureError, match=r"Bag: .* makes a sparse_coo tensor; .*sparse=False") as e:
         capture(Bag(), (torch.randint(0, 30, (8, 5)),))
     assert "\n" not in str(e.value)
+
+
+def test_a_hugging_face_model_called_with_keywords_trains_like_eager() -> None:
+    """`wrap(model, dict(batch))` and `wrapped(**batch)`, as Hugging Face code calls a model (input_ids,
+    attention_mask, labels by name): BERT's ModelOutput and gradients equal eager's. Timing its eager step on
+    random inputs failed: the token-type buffer, gathered by position and then looked up in a table of 2 rows,
+    was drawn up to 63; integer buffers are zeros now."""
+    pytest.importorskip("transformers")
+    import hf_models
+
+    torch.manual_seed(0)
+    eager = hf_models.build("bert", "sdpa").model
+    model = copy.deepcopy(eager)
+    ids, labels = hf_models.batches("bert")(0)
+    mask = torch.ones_like(ids)
+    mask[:, -5:] = 0
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    graph = capture(model, (ids, mask, None, None, None, None, None, labels))
+    assert time_eager_step(graph, "cpu", reps=1) > 0
+    w = wrap(model, batch, {"cpu": "100%"}, method="eager", profile="model")
+    for m in (w, eager):
+        torch.manual_seed(9)  # the same dropout masks
+        out = m(**batch)
+        assert type(out).__name__ == "MaskedLMOutput"
+        out.loss.backward()
+    for (name, p), q in zip(eager.named_parameters(), model.parameters(), strict=True):
+        assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_copying_or_pickling_a_wrapped_module_is_a_one_line_error_and_dtype_changes_replan() -> None:
+    """`copy.deepcopy(wrapped)` (an EMA) and `torch.save(wrapped)` failed deep in the executor's queues and hooks:
+    one line now says what to do instead. `.double()` after wrapping at 100% plans the float64 graph within its own
+    eager peak (twice the bytes of the float32 one: the budget's bytes there are a floor, not a cap) and runs as
+    eager does."""
+    import io
+    import pickle
+
+    from xsched.errors import XschedError
+
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+    model = copy.deepcopy(eager)
+    x = batch(0)[0]
+    w = wrap(model, (x,), {"cpu": "100%"}, method="eager", profile="model")
+    for copying in (lambda: copy.deepcopy(w), lambda: torch.save(w, io.BytesIO()), lambda: pickle.dumps(w)):
+        with pytest.raises(XschedError, match="a wrapped module cannot be") as e:
+            copying()
+        assert "\n" not in str(e.value)
+    w.double(), eager.double()
+    assert_close(w(x.double()), eager(x.double()), rtol=1e-12, atol=1e-12)

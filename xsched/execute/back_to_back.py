@@ -33,9 +33,14 @@ SHARE = 0.1  # of a capped profiling run, kept back from measuring ops for the b
 
 
 def graph_inputs(graph: Graph, device: torch.device) -> dict[str, torch.Tensor]:
-    """Random graph inputs, each valid for the first op that reads it (indices below the size they index)."""
+    """Random graph inputs, each valid for the first op that reads it (indices below the size they index); integer
+    buffers are zeros: model state such as BERT's token types (gathered by position, then looked up in a table of
+    2 rows), which ops after the first reader index with, so no bound the first reader knows makes them valid."""
     gen = torch.Generator(device).manual_seed(0) if device.type != "meta" else None
     pending, env = set(graph.inputs), {}
+    for v in [v for v in graph.inputs if graph.value[v].kind == "buffer" and _integer(graph.value[v].dtype)]:
+        env[v] = laid_out(graph.value[v], lambda n, dt: torch.zeros(n, dtype=dt, device=device))[1]
+        pending.discard(v)
     for op in graph.ops:
         wanted = [v for v in dict.fromkeys(op.inputs) if v in pending]
         if wanted:
@@ -45,6 +50,10 @@ def graph_inputs(graph: Graph, device: torch.device) -> dict[str, torch.Tensor]:
     for v in pending:  # read by no op (a buffer the step only overwrites, as spectral norm's `_u`): any values
         env[v] = laid_out(graph.value[v], lambda n, dt: torch.zeros(n, dtype=dt, device=device))[1]
     return env
+
+
+def _integer(dtype: str | None) -> bool:
+    return dtype is not None and not getattr(torch, dtype).is_floating_point and dtype != "bool"
 
 
 def time_plan_step(

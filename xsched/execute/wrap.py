@@ -17,7 +17,7 @@ from xsched.budgets import parse_budgets
 from xsched.capture.grad_outputs import GradOutputs
 from xsched.capture.torch import capture
 from xsched.contracts.graph import Graph
-from xsched.contracts.plan import Compute, Copy, Plan
+from xsched.contracts.plan import Copy, Plan
 from xsched.contracts.profile import Profile
 from xsched.devices.spec import target_device_type
 from xsched.errors import XschedError
@@ -28,7 +28,7 @@ from xsched.execute.executor import Executor
 from xsched.execute.host_pin import move_to_homes, pin_unpinned, pins_host
 from xsched.execute.param_home import ListenerSlot, ParamListener, ParamPoints, check_homes, param_homes
 from xsched.execute.state_hooks import install_state_hooks
-from xsched.execute.wrap_graph import graph_to_run
+from xsched.execute.wrap_graph import computing_first, graph_to_run, read_after_update
 from xsched.execute.wrap_run import Compiled, _apply_c, _PlanFunction, _Run
 from xsched.execute.wrap_signature import describe, output_spec, positional, signature
 from xsched.pipeline import plan_report, solve_plan
@@ -42,10 +42,10 @@ class XschedModule(CompiledReplans, nn.Module):
     captured with eval's dropout and batch norm, as eager PyTorch differentiates them too); under `torch.no_grad()`
     an inference plan runs. Each is captured and solved at its first use.
 
-    A call whose inputs differ in shape or dtype from every plan so far is re-captured and re-planned within
-    the same budgets in bytes (a percentage is of the example inputs' eager peak; each signature's plan is kept),
-    unless the module was built from a given `plan`: then it raises XschedError, since that plan only fits the
-    graph it was made for.
+    A call whose inputs differ in shape or dtype (or autocast) from every plan so far is re-captured and re-planned
+    within the budgets (a percentage of its own eager peak, never less than the bytes it came to on the example
+    inputs; each signature's plan is kept), unless the module was built from a given `plan`: then it raises
+    XschedError, since that plan only fits the graph it was made for.
 
     profile: "measure" (default: the graph's costs measured on `devices` once, cached under `profile_dir`, default
     profiles/, as `xsched profile` stores them, and reused), "model" (modelled costs, no measurement) or a Profile.
@@ -94,7 +94,7 @@ class XschedModule(CompiledReplans, nn.Module):
         self.devices = list(devices) if devices is not None else (list(budgets) or (list(plan.devices) if plan else []))
         self.stores = list(dict.fromkeys(stores))
         if self.stores and plan is None:
-            self.devices = _computing_first(self.devices, self.stores)
+            self.devices = computing_first(self.devices, self.stores)
         self.device_type = target_device_type([*self.devices, *self.stores])  # whose kernels the graphs describe
         self.method, self.time_limit, self.profile = method, time_limit, profile
         self.profile_dir, self.fixed_plan = profile_dir, plan
@@ -108,11 +108,24 @@ class XschedModule(CompiledReplans, nn.Module):
             inputs = positional(model, (), example_inputs)
         else:
             inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+        self._first_bytes: dict[str, int] | None = None  # the budgets in bytes on the example inputs' graph
         self._first = self._compile(("train", signature(inputs)), inputs, inference=False, plan=plan)
-        # a budget is the device's memory: a percentage is of the example inputs' eager peak, so a call of other
-        # shapes (an epoch's last, smaller batch) or an inference plan is planned within the same bytes
-        self.budgets = parse_budgets(self.budgets, lambda: eager_peak(self._first.graph))
+        self._first_bytes = parse_budgets(self.budgets, lambda: eager_peak(self._first.graph))
         self._move_to_homes(self._first)
+
+    def __deepcopy__(self, memo: dict) -> XschedModule:
+        raise XschedError(
+            "a wrapped module cannot be copied (its plans hold executors and their threads): copy the model before "
+            "wrapping it (an EMA: copy.deepcopy(model)), and wrap the copy if it trains",
+            stage="execute",
+        )
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise XschedError(
+            "a wrapped module cannot be pickled (torch.save of the module): save wrapped.module.state_dict() and "
+            "wrap the model again after loading it",
+            stage="execute",
+        )
 
     @property
     def plan(self) -> Plan:
@@ -178,7 +191,7 @@ class XschedModule(CompiledReplans, nn.Module):
         homes = param_homes(graph, self.param_home) if self.param_home is not None else None
         solved = plan is None
         if plan is None:
-            budgets = self.compiled[key].replan if limits is not None else self.budgets
+            budgets = self.compiled[key].replan if limits is not None else self._budgets_for(graph)
             how = (self.method, self._costs(graph, budgets), self.time_limit, self.profile_dir, self.stores)
             plan = solve_plan(graph, budgets, self.devices or None, *how, homes=homes, compile=self.compile)
             plan = as_replanned(plan, limits) if limits is not None else plan
@@ -197,6 +210,15 @@ class XschedModule(CompiledReplans, nn.Module):
         self.compiled[key] = c
         return c
 
+    def _budgets_for(self, graph: Graph) -> Mapping[str, str | int]:
+        """Bytes per device for a graph of another call: a percentage of its own eager peak, never less than what it
+        came to on the example inputs (the device has that memory: an epoch's last, smaller batch, whose own peak
+        is mostly the weights, fits where a share of it would not)."""
+        if self._first_bytes is None:  # the example inputs' graph itself
+            return self.budgets
+        own = parse_budgets(self.budgets, lambda: eager_peak(graph))
+        return {d: max(b, self._first_bytes[d]) for d, b in own.items()}
+
     def _costs(self, graph: Graph, budgets: Mapping[str, str | int]) -> Profile | str:
         """The profile to plan with: "measure" is the stored one, else measured and calibrated back to back."""
         compute = [d for d in self.devices or list(budgets) if d not in self.stores]
@@ -212,7 +234,7 @@ class XschedModule(CompiledReplans, nn.Module):
         buffers = dict(self.module.named_buffers())
         updates = graph.buffer_updates or {}
         held, fed = [], []
-        reread = _read_after_update(graph, plan)
+        reread = read_after_update(graph, plan)
         for vid in graph.inputs:
             v = graph.value[vid]
             if v.kind == "param":
@@ -309,34 +331,6 @@ class XschedModule(CompiledReplans, nn.Module):
         c.points.end(run.state)
         c.ran()
         return c.structure(outs)
-
-
-def _read_after_update(graph: Graph, plan: Plan) -> set[str]:
-    """Buffers some step reads after their update was first computed (recomputation of a batch norm): these
-    need a per-call snapshot, since the update is written into the module buffer as soon as it exists."""
-    of = {graph.value[v].updates: v for v in graph.outputs if graph.value[v].updates}
-    updated: set[str] = set()
-    out: set[str] = set()
-    for s in plan.steps:
-        if isinstance(s, Compute):
-            op = graph.op[s.op]
-            out.update(b for b in op.inputs if of.get(b) in updated)
-            updated.update(op.outputs)
-    return out
-
-
-def _computing_first(devices: Sequence[str], stores: Sequence[str]) -> list[str]:
-    """The computing devices, then the stores (added where `devices` lacks them): the solver homes graph inputs on
-    the first device, which must run ops. A store that is the only device leaves nothing to compute on."""
-    computing = [d for d in devices if d not in stores]
-    if not computing:
-        raise XschedError(
-            f"no device left to compute on: devices {list(devices)} are all stores ({', '.join(stores)}); name a "
-            "compute device in budgets or devices",
-            stage="execute",
-            device=stores[0],
-        )
-    return computing + list(stores)
 
 
 def wrap(

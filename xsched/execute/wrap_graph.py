@@ -1,16 +1,17 @@
 """The graph `wrap` runs: the module captured for its devices (the loss chunked as asked, the outputs the caller
-holds marked), or, for a plan given to it, the capture that plan was made for."""
+holds marked), or, for a plan given to it, the capture that plan was made for; the buffers its plan reads after
+updating them, and the devices in the order the solver homes inputs by."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from xsched.capture.chunk_loss import chunked_as_asked
 from xsched.capture.grad_outputs import GradOutputs
 from xsched.contracts.graph import Graph
-from xsched.contracts.plan import Plan
-from xsched.errors import PlanError
+from xsched.contracts.plan import Compute, Plan
+from xsched.errors import PlanError, XschedError
 from xsched.solve.autograd_boundary import forward_outputs
 
 
@@ -56,3 +57,31 @@ def graph_to_run(
         "plan it again for this model",
         stage="execute",
     )
+
+
+def read_after_update(graph: Graph, plan: Plan) -> set[str]:
+    """Buffers some step reads after their update was first computed (recomputation of a batch norm): these
+    need a per-call snapshot, since the update is written into the module buffer as soon as it exists."""
+    of = {graph.value[v].updates: v for v in graph.outputs if graph.value[v].updates}
+    updated: set[str] = set()
+    out: set[str] = set()
+    for s in plan.steps:
+        if isinstance(s, Compute):
+            op = graph.op[s.op]
+            out.update(b for b in op.inputs if of.get(b) in updated)
+            updated.update(op.outputs)
+    return out
+
+
+def computing_first(devices: Sequence[str], stores: Sequence[str]) -> list[str]:
+    """The computing devices, then the stores (added where `devices` lacks them): the solver homes graph inputs on
+    the first device, which must run ops. A store that is the only device leaves nothing to compute on."""
+    computing = [d for d in devices if d not in stores]
+    if not computing:
+        raise XschedError(
+            f"no device left to compute on: devices {list(devices)} are all stores ({', '.join(stores)}); name a "
+            "compute device in budgets or devices",
+            stage="execute",
+            device=stores[0],
+        )
+    return computing + list(stores)
