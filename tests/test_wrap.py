@@ -12,6 +12,7 @@ from torch.testing import assert_close
 from xsched.contracts.plan import Compute, Copy
 from xsched.errors import BudgetError, XschedError
 from xsched.execute.wrap import XschedModule, wrap
+from xsched.execute.wrap_signature import positional
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -252,6 +253,13 @@ def test_keyword_arguments_are_placed_as_the_forward_orders_them() -> None:
         w(x, flip=True)
     with pytest.raises(TypeError):
         w(x, bias=1.0)
+
+    class Extra(nn.Module):
+        def forward(self, x: torch.Tensor, **extra: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+    with pytest.raises(XschedError, match="takes 'gain' by keyword only"):
+        positional(Extra(), (x,), {"gain": x})
 
 
 def test_given_plan_rejects_other_shapes() -> None:

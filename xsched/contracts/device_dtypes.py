@@ -5,11 +5,11 @@ For half/bf16 inputs, `native_layer_norm` keeps its mean and rstd in float32 on 
 in the input's dtype on the CPU (float32 there only beside float32 weights: ATen's mixed types), and each device's
 `native_layer_norm_backward` reads them only in the dtype its own forward makes (measured on the H100 for bf16 and
 fp16; group norm and fused RMS norm make the same dtypes on both). Batch norm follows the same rule: on the CPU its
-statistics are float32 for a bf16 input beside float32 weights (measured), which the fake kernel misses. Capture traces fake tensors of the
-model's weights, whose kernels follow the model's device (and miss the CPU's mixed types), so a CPU model captured
-for a GPU says what the CPU makes: `typed_for(graph, "cuda")` makes it say what the GPU makes. `on_device` runs such
-an op on a device whose kernel disagrees with the graph (a CUDA-typed graph's layer norm on the CPU, a CPU-typed
-graph file on a GPU). Another op of this kind is one line of DEVICE_TYPED.
+statistics are float32 for a bf16 input beside float32 weights (measured; on CUDA not yet). Capture traces fake
+tensors of the model's weights, whose kernels follow the model's device (and miss the CPU's mixed types), so a CPU
+model captured for a GPU says what the CPU makes: `typed_for(graph, "cuda")` makes it say what the GPU makes.
+`on_device` runs such an op on a device whose kernel disagrees with the graph (a CUDA-typed graph's layer norm on
+the CPU, a CPU-typed graph file on a GPU). Another op of this kind is one line of DEVICE_TYPED.
 """
 
 from __future__ import annotations

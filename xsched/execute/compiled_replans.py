@@ -22,6 +22,7 @@ from xsched.execute.compiled_memory import (
 )
 from xsched.execute.compiled_walk import compiled_peaks
 from xsched.execute.wrap_run import Compiled
+from xsched.execute.wrap_signature import GRADED_MODES
 
 # Re-plans of a compiled plan over its budget before its overrunning regions run uncompiled: the excess is the first
 # plan's, and a re-plan's regions allocate otherwise again (on gpt2 small, CPU, one re-plan fits in some runs only)
@@ -87,7 +88,7 @@ class CompiledReplans:
             new = self._compile(
                 key,
                 inputs,
-                inference=key[0] not in ("train", "eval-grad"),
+                inference=key[0] not in GRADED_MODES,
                 limits=c.limits,
                 replans=c.replans + 1,
                 fallback=raised,

@@ -30,11 +30,9 @@ from xsched.execute.param_home import ListenerSlot, ParamListener, ParamPoints, 
 from xsched.execute.state_hooks import install_state_hooks
 from xsched.execute.wrap_graph import computing_first, graph_to_run, read_after_update
 from xsched.execute.wrap_run import Compiled, _apply_c, _PlanFunction, _Run
-from xsched.execute.wrap_signature import describe, output_spec, positional, signature
+from xsched.execute.wrap_signature import GRADED_MODES, call_args, describe, output_spec, positional, signature
 from xsched.pipeline import plan_report, solve_plan
 from xsched.solve.reference import eager_peak
-
-GRADED_MODES = ("train", "eval-grad")  # calls whose graph has a backward, run through autograd
 
 
 class XschedModule(CompiledReplans, nn.Module):
@@ -104,10 +102,7 @@ class XschedModule(CompiledReplans, nn.Module):
         self._slot = ListenerSlot()
         install_state_hooks(model, self._slot)  # saving and loading as of an eager model (xsched.execute.state_hooks)
         self.compiled: dict[tuple, Compiled] = {}
-        if isinstance(example_inputs, Mapping):  # keyword arguments, as `model(**batch)` takes them
-            inputs = positional(model, (), example_inputs)
-        else:
-            inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+        inputs = call_args(model, example_inputs)
         self._first_bytes: dict[str, int] | None = None  # the budgets in bytes on the example inputs' graph
         self._first = self._compile(("train", signature(inputs)), inputs, inference=False, plan=plan)
         self._first_bytes = parse_budgets(self.budgets, lambda: eager_peak(self._first.graph))
@@ -294,7 +289,7 @@ class XschedModule(CompiledReplans, nn.Module):
     def use_plan(self, plan: Plan, example_inputs: Any) -> None:
         """Run this mode's calls (see `_mode`) with inputs like `example_inputs` by `plan`, made for the graph the
         mode captures (e.g. an inference plan `xsched train` cached), instead of solving one at their first call."""
-        inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+        inputs = call_args(self.module, example_inputs)
         mode = self._mode()
         self._compile((mode, signature(inputs)), inputs, inference=mode not in GRADED_MODES, plan=plan)
 

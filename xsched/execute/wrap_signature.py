@@ -16,7 +16,7 @@ from xsched.capture.reuse import TensorMeta, autocast_state, fake_outputs, fake_
 from xsched.errors import XschedError
 
 _BY_POSITION = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-_VAR_POSITIONAL = inspect.Parameter.VAR_POSITIONAL
+GRADED_MODES = ("train", "eval-grad")  # a call's modes whose graph has a backward, run through autograd
 TENSOR = object()  # where an output's leaf is a tensor (None is a leaf a forward may return: `return out, None`)
 
 
@@ -29,19 +29,26 @@ def positional(model: nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> tupl
     sig = inspect.signature(model.forward)
     bound = sig.bind(*args, **kwargs)
     named = [p for p in sig.parameters.values() if p.kind in _BY_POSITION]
-    by_position = {p.name for p in named}
-    others = [k for k in bound.arguments if k not in by_position and sig.parameters[k].kind != _VAR_POSITIONAL]
-    if others:
-        raise XschedError(
-            f"{type(model).__name__}.forward takes {others[0]!r} by keyword only; wrap passes a call's arguments by "
-            "position: give it a parameter that can be positional",
-            stage="execute",
-        )
-    given = [k for k, p in enumerate(named) if p.name in bound.arguments]
-    last = max(given, default=-1)
+    for name, value in bound.arguments.items():
+        kind = sig.parameters[name].kind
+        if kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.VAR_KEYWORD):
+            given = next(iter(value)) if kind == inspect.Parameter.VAR_KEYWORD else name
+            raise XschedError(
+                f"{type(model).__name__}.forward takes {given!r} by keyword only; wrap passes a call's arguments by "
+                "position: give it a parameter that can be positional",
+                stage="execute",
+            )
+    last = max((k for k, p in enumerate(named) if p.name in bound.arguments), default=-1)
     out = [bound.arguments.get(p.name, p.default) for p in named[: last + 1]]
-    var = next((p.name for p in sig.parameters.values() if p.kind == _VAR_POSITIONAL), None)
+    var = next((p.name for p in sig.parameters.values() if p.kind == inspect.Parameter.VAR_POSITIONAL), None)
     return (*out, *bound.arguments.get(var, ())) if var else tuple(out)
+
+
+def call_args(model: nn.Module, example_inputs: Any) -> tuple:
+    """Example inputs as a call's positional arguments: a tuple as it is, a dict as keywords, else one argument."""
+    if isinstance(example_inputs, Mapping):  # keyword arguments, as `model(**batch)` takes them
+        return positional(model, (), example_inputs)
+    return example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
 
 
 def signature(inputs: tuple) -> tuple:
