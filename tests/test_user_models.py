@@ -6,6 +6,7 @@ error). The LSTM, embedding bags, bf16 batch norm, autocast and keyword calls ha
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -129,3 +130,28 @@ def test_copying_or_pickling_a_wrapped_module_is_a_one_line_error_and_dtype_chan
         assert "\n" not in str(e.value)
     w.double(), eager.double()
     assert_close(w(x.double()), eager(x.double()), rtol=1e-12, atol=1e-12)
+
+
+def test_a_stored_profile_whose_left_out_op_runs_now_is_measured_again(tmp_path) -> None:
+    """A profile saved while an op could not run (an older profiler's inputs, as embedding bags' offsets were) was
+    reused as it was, so the model stayed unplannable after the fix until `profiles/` was deleted. Where that op
+    runs now, `wrap`'s and `xsched train`'s stored profile is measured again; a profile without such ops is reused."""
+    from functools import partial
+
+    from xsched.devices.base import Policy
+    from xsched.pipeline import measured_profile, profile_path
+    from xsched.profiling.measure import profile_graph
+    from xsched.profiling.store import save_profile
+
+    measure = partial(profile_graph, policy=Policy().quick(), rounds=1, copy_sizes=(1 << 10,))
+    graph = capture(nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4)), (batch(0)[0],))
+    fresh = measured_profile(graph, ["cpu"], tmp_path, measure=measure)
+    path = profile_path(graph, ["cpu"], tmp_path)
+    assert measured_profile(graph, ["cpu"], tmp_path, measure=measure) == fresh  # reused
+    left_out = graph.ops[1].id
+    costs = {o: c for o, c in fresh.compute["cpu"].items() if o != left_out}
+    reason = {"cpu": {left_out: "XschedError: an older profiler's inputs were refused"}}
+    stale = dataclasses.replace(fresh, compute={"cpu": costs}, extra={**fresh.extra, "unsupported": reason})
+    save_profile(stale, path)
+    again = measured_profile(graph, ["cpu"], tmp_path, measure=measure)
+    assert left_out in again.compute["cpu"] and not again.extra.get("unsupported")

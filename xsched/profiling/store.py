@@ -83,6 +83,25 @@ def check_profile(
             )
 
 
+def _check_left_out(profile: Profile, graph: Graph, device: str) -> None:
+    """A ProfileError where an op the profile left out as unsupported on `device` runs there now (an older
+    profiler's inputs that the op refused, say): each is tried once, quickly; a profile without any passes free."""
+    from xsched.devices.base import Policy
+
+    left_out = [graph.op[o] for o in profile.extra.get("unsupported", {}).get(device, {}) if o in graph.op]
+    if not left_out:
+        return
+    tried = get_device(device).measure_ops(graph, left_out, Policy().quick())
+    runs = [op for op, m in zip(left_out, tried, strict=True) if not isinstance(m, str)]
+    if runs:
+        raise ProfileError(
+            f"{len(runs)} of the {len(left_out)} ops the profile left out as unsupported run now (first {runs[0].id}, "
+            f"{runs[0].target})",
+            device=device,
+            op=runs[0].id,
+        )
+
+
 def load_profile(
     path: str | Path,
     graph: Graph | None = None,
@@ -96,8 +115,8 @@ def load_profile(
 ) -> Profile:
     """The stored profile, validated; with `graph`, checked to be for `graph` on `devices` (stores included) and
     (unless `check_machine` is off) this machine. A stale, foreign or corrupt one is a ProfileError, or with
-    `reprofile` measured again by `measure` (default profile_graph; ops on the devices that are not `stores`, or
-    not the stored profile's stores) and saved."""
+    `reprofile` (where an op it left out as unsupported runs now is stale too) measured again by `measure` (default
+    profile_graph; ops on the devices that are not `stores`, or not the stored profile's stores) and saved."""
     profile = None
     try:
         if not Path(path).exists():
@@ -105,6 +124,10 @@ def load_profile(
         profile = Profile.load(path)
         if graph is not None:
             check_profile(profile, graph, devices, check_machine=check_machine)
+            if reprofile and check_machine:  # measuring again is allowed: a fix since may make a left-out op run
+                for name in devices if devices is not None else profile.devices:
+                    if name.split(":", 1)[0] in installed_kinds():
+                        _check_left_out(profile, graph, name)
         return profile
     except ProfileError as e:
         if not reprofile or graph is None:
