@@ -115,6 +115,23 @@ def test_spans_without_cpu_and_the_trace() -> None:
     assert args["steps 4-4"] == {} and args["bucket 0"] == {}
 
 
+def test_updates_that_end_past_the_steps_close_join_its_trace_once_settled() -> None:
+    """The host AdamW's bucket updates run past the step's close (the last step's always do): `xsched train
+    --trace` wrote the last step without them whenever none ended inside it (a flaky test in CI). Once the loop
+    has settled, the optimizer's late spans join the closed step; other lanes' do not."""
+    clock = StepClock()
+    clock.start()
+    t = time.perf_counter()
+    clock.span("optimizer", "grads 0", t, t + 0.001)
+    clock.read()
+    clock.span("optimizer", "bucket 0", t + 0.002, t + 0.003)  # past the close
+    clock.span("compute:cpu:0", "steps 0-3", t + 0.002, t + 0.003)
+    names = lambda: [e["name"] for e in clock.trace()["traceEvents"] if e["ph"] == "X"]  # noqa: E731
+    assert names() == ["grads 0"]
+    clock.settled()
+    assert names() == ["grads 0", "bucket 0"]
+
+
 @pytest.mark.parametrize(
     "script, args, says",
     [

@@ -140,6 +140,14 @@ class StepClock:
         with self._lock:
             self._s.waits.append((what, t0, t1))
 
+    def settled(self) -> None:
+        """Once the loop has waited for the optimizer: its spans recorded since the last step closed (the updates
+        that ran past the close, as the last step's do) join that step, so its trace shows them."""
+        with self._lock:
+            late = [h for h in self._s.host if h[0] == "optimizer"]
+            self._s.host[:] = [h for h in self._s.host if h[0] != "optimizer"]
+        self.last.host.extend(late)
+
     # ---- reading ----
     def read(self) -> dict[str, Any]:
         """Close the step: its breakdown (the CUDA events it recorded must be complete: synchronise first)."""

@@ -164,6 +164,8 @@ def _loop(config: TrainConfig, s: Session, world: dist.World, rep: Reporter, sta
             if last is not None:
                 rep.checkpoint(done, last)
     s.updater.settle()
+    if s.clock is not None:
+        s.clock.settled()  # the last step's updates, run past its close, belong in its trace
     t1 = time.perf_counter()
     if config.trace is not None and s.clock is not None and records:
         write_trace(s.clock.trace(f"{config.model}: step {records[-1].step}"), config.trace)
