@@ -37,9 +37,13 @@ def graph_inputs(graph: Graph, device: torch.device) -> dict[str, torch.Tensor]:
     buffers are zeros: model state such as BERT's token types (gathered by position, then looked up in a table of
     2 rows), which ops after the first reader index with, so no bound the first reader knows makes them valid."""
     gen = torch.Generator(device).manual_seed(0) if device.type != "meta" else None
+
+    def zeros(v: str) -> torch.Tensor:
+        return laid_out(graph.value[v], lambda n, dt: torch.zeros(n, dtype=dt, device=device))[1]
+
     pending, env = set(graph.inputs), {}
     for v in [v for v in graph.inputs if graph.value[v].kind == "buffer" and _integer(graph.value[v].dtype)]:
-        env[v] = laid_out(graph.value[v], lambda n, dt: torch.zeros(n, dtype=dt, device=device))[1]
+        env[v] = zeros(v)
         pending.discard(v)
     for op in graph.ops:
         wanted = [v for v in dict.fromkeys(op.inputs) if v in pending]
@@ -48,7 +52,7 @@ def graph_inputs(graph: Graph, device: torch.device) -> dict[str, torch.Tensor]:
             env.update({v: made[v] for v in wanted})
             pending.difference_update(wanted)
     for v in pending:  # read by no op (a buffer the step only overwrites, as spectral norm's `_u`): any values
-        env[v] = laid_out(graph.value[v], lambda n, dt: torch.zeros(n, dtype=dt, device=device))[1]
+        env[v] = zeros(v)
     return env
 
 

@@ -103,9 +103,7 @@ class XschedModule(CompiledReplans, nn.Module):
         install_state_hooks(model, self._slot)  # saving and loading as of an eager model (xsched.execute.state_hooks)
         self.compiled: dict[tuple, Compiled] = {}
         inputs = call_args(model, example_inputs)
-        self._first_bytes: dict[str, int] | None = None  # the budgets in bytes on the example inputs' graph
         self._first = self._compile(("train", signature(inputs)), inputs, inference=False, plan=plan)
-        self._first_bytes = parse_budgets(self.budgets, lambda: eager_peak(self._first.graph))
         self._move_to_homes(self._first)
 
     def __deepcopy__(self, memo: dict) -> XschedModule:
@@ -209,10 +207,11 @@ class XschedModule(CompiledReplans, nn.Module):
         """Bytes per device for a graph of another call: a percentage of its own eager peak, never less than what it
         came to on the example inputs (the device has that memory: an epoch's last, smaller batch, whose own peak
         is mostly the weights, fits where a share of it would not)."""
-        if self._first_bytes is None:  # the example inputs' graph itself
+        if not self.compiled:  # the example inputs' graph itself
             return self.budgets
+        first = parse_budgets(self.budgets, lambda: eager_peak(self._first.graph))
         own = parse_budgets(self.budgets, lambda: eager_peak(graph))
-        return {d: max(b, self._first_bytes[d]) for d, b in own.items()}
+        return {d: max(b, first[d]) for d, b in own.items()}
 
     def _costs(self, graph: Graph, budgets: Mapping[str, str | int]) -> Profile | str:
         """The profile to plan with: "measure" is the stored one, else measured and calibrated back to back."""

@@ -11,7 +11,7 @@ from typing import Any
 
 from xsched.contracts.graph import Graph
 from xsched.contracts.profile import Profile
-from xsched.devices.base import get_device, installed_kinds
+from xsched.devices.base import Device, Policy, get_device, installed_kinds
 from xsched.errors import ProfileError
 from xsched.files import atomic_write
 
@@ -42,9 +42,15 @@ def save_profile(profile: Profile, path: str | Path) -> Path:
 
 
 def check_profile(
-    profile: Profile, graph: Graph, devices: Sequence[str] | None = None, *, check_machine: bool = True
+    profile: Profile,
+    graph: Graph,
+    devices: Sequence[str] | None = None,
+    *,
+    check_machine: bool = True,
+    retry_left_out: bool = False,
 ) -> None:
-    """Raise a ProfileError naming what differs: the graph, a missing device, torch's version or a device fingerprint.
+    """Raise a ProfileError naming what differs: the graph, a missing device, torch's version or a device fingerprint;
+    with `retry_left_out`, an op the profile left out as unsupported that runs on its device now.
 
     check_machine=False keeps the graph and device-name checks only: planning on another machine than the one
     that was profiled (the profile's own fingerprints still say where its numbers come from)."""
@@ -81,17 +87,17 @@ def check_profile(
             raise ProfileError(
                 f"device differs from the one profiled ({'; '.join(diff) or 'fingerprint'})", device=name
             )
+        if retry_left_out:
+            _check_left_out(profile, graph, name, now)
 
 
-def _check_left_out(profile: Profile, graph: Graph, device: str) -> None:
+def _check_left_out(profile: Profile, graph: Graph, device: str, plugin: Device) -> None:
     """A ProfileError where an op the profile left out as unsupported on `device` runs there now (an older
     profiler's inputs that the op refused, say): each is tried once, quickly; a profile without any passes free."""
-    from xsched.devices.base import Policy
-
     left_out = [graph.op[o] for o in profile.extra.get("unsupported", {}).get(device, {}) if o in graph.op]
     if not left_out:
         return
-    tried = get_device(device).measure_ops(graph, left_out, Policy().quick())
+    tried = plugin.measure_ops(graph, left_out, Policy().quick())
     runs = [op for op, m in zip(left_out, tried, strict=True) if not isinstance(m, str)]
     if runs:
         raise ProfileError(
@@ -123,11 +129,8 @@ def load_profile(
             raise ProfileError(f"no profile file at {path}")
         profile = Profile.load(path)
         if graph is not None:
-            check_profile(profile, graph, devices, check_machine=check_machine)
-            if reprofile and check_machine:  # measuring again is allowed: a fix since may make a left-out op run
-                for name in devices if devices is not None else profile.devices:
-                    if name.split(":", 1)[0] in installed_kinds():
-                        _check_left_out(profile, graph, name)
+            # measuring again is allowed: a fix since may make an op the profile left out run
+            check_profile(profile, graph, devices, check_machine=check_machine, retry_left_out=reprofile)
         return profile
     except ProfileError as e:
         if not reprofile or graph is None:
